@@ -1,0 +1,1 @@
+//! kube-emulator (placeholder until issue 5 lands).

@@ -1,0 +1,1 @@
+//! tuna-crds (placeholder until its issue lands; see DESIGN.md §2).

@@ -1,0 +1,1 @@
+//! tuna-routing (placeholder until its issue lands; see DESIGN.md §2).

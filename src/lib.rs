@@ -1,0 +1,10 @@
+//! The `tuna-operator` library: everything the binary does, reachable from tests.
+//!
+//! Each module is one concept (see DESIGN.md §2): `manifest` loads Kubernetes
+//! manifests from files, `translate` turns objects into desired routes (pure),
+//! `explain` is the `route explain` command.
+
+pub mod explain;
+pub mod manifest;
+pub mod telemetry;
+pub mod translate;

@@ -1,0 +1,1 @@
+//! Loading Kubernetes manifests from files (being written for issue 2).
