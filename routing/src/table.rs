@@ -1,0 +1,491 @@
+//! The compiled table: hosts in hash maps, paths in a segment trie per host.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::normalize::{self, MAX_HOST_LEN, MAX_PATH_LEN, RouteHost};
+use crate::{BuildIssue, Error, Match, PathType, Result, RouteSpec};
+
+/// Children of a trie node. Few children are scanned linearly (faster than
+/// hashing for short lists); many are hashed.
+#[derive(Debug)]
+enum Children {
+    Few(Box<[(Box<str>, u32)]>),
+    Many(HashMap<Box<str>, u32>),
+}
+
+/// Above this many children a node switches from a scan to a hash map.
+const FEW_CHILDREN: usize = 8;
+
+#[derive(Debug)]
+struct Node {
+    children: Children,
+    /// `Exact` route ending here, without a trailing slash (`/a/b`).
+    exact: Option<u32>,
+    /// `Exact` route ending here with a trailing slash (`/a/b/`).
+    exact_slash: Option<u32>,
+    /// Prefix-like route covering this node and everything below.
+    prefix: Option<u32>,
+}
+
+impl Node {
+    #[inline]
+    fn child(&self, segment: &str) -> Option<u32> {
+        match &self.children {
+            Children::Few(list) => list.iter().find(|(s, _)| &**s == segment).map(|&(_, i)| i),
+            Children::Many(map) => map.get(segment).copied(),
+        }
+    }
+}
+
+/// All routes of one host pattern.
+#[derive(Debug)]
+pub(crate) struct HostRoutes {
+    /// `nodes[0]` is the root (`/`).
+    nodes: Box<[Node]>,
+}
+
+impl HostRoutes {
+    /// Returns the winning spec index for a canonical path.
+    #[inline]
+    fn find(&self, path: &str) -> Option<u32> {
+        let mut node = &self.nodes[0];
+        let mut best = node.prefix;
+        let rest = &path[1..];
+        if rest.is_empty() {
+            return node.exact.or(best);
+        }
+        let (body, trailing) = match rest.strip_suffix('/') {
+            Some(body) => (body, true),
+            None => (rest, false),
+        };
+        for segment in body.split('/') {
+            match node.child(segment) {
+                Some(i) => {
+                    node = &self.nodes[i as usize];
+                    if node.prefix.is_some() {
+                        best = node.prefix;
+                    }
+                }
+                // No exact route can lie below a missing child.
+                None => return best,
+            }
+        }
+        let exact = if trailing {
+            node.exact_slash
+        } else {
+            node.exact
+        };
+        exact.or(best)
+    }
+}
+
+/// A trie node while the table is being built.
+#[derive(Default)]
+struct BuildNode {
+    children: BTreeMap<Box<str>, u32>,
+    exact: Option<u32>,
+    exact_slash: Option<u32>,
+    prefix: Option<u32>,
+}
+
+struct BuildHost {
+    nodes: Vec<BuildNode>,
+}
+
+impl Default for BuildHost {
+    /// A host starts with its root node.
+    fn default() -> Self {
+        Self {
+            nodes: vec![BuildNode::default()],
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Slot {
+    Exact,
+    ExactSlash,
+    Prefix,
+}
+
+impl BuildHost {
+    /// Returns the node for the segments of `body` (no leading slash),
+    /// creating it as needed.
+    fn node_for(&mut self, body: &str) -> usize {
+        let mut at = 0usize;
+        if body.is_empty() {
+            return at;
+        }
+        for segment in body.split('/') {
+            at = match self.nodes[at].children.get(segment) {
+                Some(&i) => i as usize,
+                None => {
+                    let i = self.nodes.len();
+                    self.nodes.push(BuildNode::default());
+                    self.nodes[at].children.insert(segment.into(), i as u32);
+                    i
+                }
+            };
+        }
+        at
+    }
+
+    fn slot(&mut self, node: usize, slot: Slot) -> &mut Option<u32> {
+        let n = &mut self.nodes[node];
+        match slot {
+            Slot::Exact => &mut n.exact,
+            Slot::ExactSlash => &mut n.exact_slash,
+            Slot::Prefix => &mut n.prefix,
+        }
+    }
+
+    fn freeze(self) -> HostRoutes {
+        let nodes = self
+            .nodes
+            .into_iter()
+            .map(|n| Node {
+                children: if n.children.len() <= FEW_CHILDREN {
+                    Children::Few(n.children.into_iter().collect())
+                } else {
+                    Children::Many(n.children.into_iter().collect())
+                },
+                exact: n.exact,
+                exact_slash: n.exact_slash,
+                prefix: n.prefix,
+            })
+            .collect();
+        HostRoutes { nodes }
+    }
+}
+
+/// What the build decided for one spec, kept for `explain`.
+#[derive(Debug, Clone)]
+pub(crate) enum SpecState {
+    /// Routed (it may still lose to longer or Exact routes at lookup).
+    Active { host: RouteHost, path: String },
+    /// Not routed: its host is invalid.
+    InvalidHost,
+    /// Not routed: its path is invalid.
+    InvalidPath { host: RouteHost },
+    /// Not routed: an equal rule (spec index `winner`) won the tie-break.
+    Conflict {
+        host: RouteHost,
+        path: String,
+        winner: usize,
+    },
+}
+
+/// An immutable, compiled route table. Cheap to share (`Send + Sync` when
+/// the backend is); rebuild and swap it to change routes.
+#[derive(Debug)]
+pub struct RouteTable<B> {
+    specs: Vec<RouteSpec<B>>,
+    pub(crate) states: Vec<SpecState>,
+    exact_hosts: HashMap<Box<str>, HostRoutes>,
+    /// Keyed by the suffix after `*.`.
+    wildcard_hosts: HashMap<Box<str>, HostRoutes>,
+    host_names: Vec<Box<str>>,
+}
+
+impl<B> Default for RouteTable<B> {
+    fn default() -> Self {
+        Self {
+            specs: Vec::new(),
+            states: Vec::new(),
+            exact_hosts: HashMap::new(),
+            wildcard_hosts: HashMap::new(),
+            host_names: Vec::new(),
+        }
+    }
+}
+
+impl<B> RouteTable<B> {
+    /// Compiles specs into a table. Invalid specs and losers of conflicts are
+    /// returned as issues (in input order) and left out; all other specs are
+    /// routed.
+    ///
+    /// ```
+    /// use tuna_routing::{BuildIssue, Origin, PathType, RouteSpec, RouteTable, TieBreak};
+    ///
+    /// let spec = |name: &str, created, path: &str| RouteSpec {
+    ///     host: "example.com".into(),
+    ///     path: path.into(),
+    ///     path_type: PathType::Prefix,
+    ///     backend: name.to_owned(),
+    ///     origin: Origin { namespace: "ns".into(), name: name.into(), rule: 0, path: 0 },
+    ///     tie_break: TieBreak { created, namespace: "ns".into(), name: name.into() },
+    /// };
+    /// let (table, issues) = RouteTable::build(vec![
+    ///     spec("newer", 200, "/app"),
+    ///     spec("older", 100, "/app/"), // same rule: a Prefix's trailing slash is ignored
+    ///     spec("broken", 100, "/a/../b"),
+    /// ])
+    /// .unwrap();
+    /// assert_eq!(table.lookup("example.com", "/app/x").unwrap().backend, "older");
+    /// assert!(matches!(&issues[0], BuildIssue::Conflict { loser, .. } if loser.name == "newer"));
+    /// assert_eq!(issues[1].reason(), "PathDotSegment");
+    /// ```
+    pub fn build(specs: Vec<RouteSpec<B>>) -> Result<(Self, Vec<BuildIssue>)> {
+        if specs.len() >= u32::MAX as usize {
+            return Err(Error::TooManySpecs {
+                count: specs.len(),
+                max: u32::MAX as usize - 1,
+            });
+        }
+        let mut states = Vec::with_capacity(specs.len());
+        let mut exact: HashMap<String, BuildHost> = HashMap::new();
+        let mut wild: HashMap<String, BuildHost> = HashMap::new();
+        // Losers of equal rules, with the slot they lost; the final holder of
+        // the slot is known only once every spec has been placed.
+        let mut losers: Vec<(usize, RouteHost, usize, Slot)> = Vec::new();
+
+        for (index, spec) in specs.iter().enumerate() {
+            let host = match normalize::parse_route_host(&spec.host) {
+                Ok(host) => host,
+                Err(_) => {
+                    states.push(SpecState::InvalidHost);
+                    continue;
+                }
+            };
+            let path = match normalize::parse_route_path(&spec.path) {
+                Ok(path) => path,
+                Err(_) => {
+                    states.push(SpecState::InvalidPath { host });
+                    continue;
+                }
+            };
+            let (key_path, slot) = rule_key(&path, spec.path_type);
+            let build = match &host {
+                RouteHost::Exact(h) => exact.entry(h.clone()).or_default(),
+                RouteHost::Wildcard(s) => wild.entry(s.clone()).or_default(),
+            };
+            let node = build.node_for(key_path.trim_start_matches('/').trim_end_matches('/'));
+            let current = build.slot(node, slot);
+            match *current {
+                None => *current = Some(index as u32),
+                Some(holder) => {
+                    let holder = holder as usize;
+                    if precedes(spec, index, &specs[holder], holder) {
+                        *current = Some(index as u32);
+                        losers.push((holder, host.clone(), node, slot));
+                    } else {
+                        losers.push((index, host.clone(), node, slot));
+                    }
+                }
+            }
+            states.push(SpecState::Active { host, path });
+        }
+        for (loser, host, node, slot) in losers {
+            let build = match &host {
+                RouteHost::Exact(h) => exact.get_mut(h.as_str()),
+                RouteHost::Wildcard(s) => wild.get_mut(s.as_str()),
+            }
+            .expect("host was created when the loser was placed");
+            let winner = build
+                .slot(node, slot)
+                .expect("a conflict slot has a holder") as usize;
+            let SpecState::Active { host, path } = states[loser].clone() else {
+                unreachable!("a spec loses a conflict only once")
+            };
+            states[loser] = SpecState::Conflict { host, path, winner };
+        }
+
+        let issues = collect_issues(&specs, &states);
+        let mut host_names: Vec<Box<str>> = exact
+            .keys()
+            .map(|h| h.as_str().into())
+            .chain(wild.keys().map(|s| format!("*.{s}").into()))
+            .collect();
+        host_names.sort();
+        let table = RouteTable {
+            specs,
+            states,
+            exact_hosts: exact
+                .into_iter()
+                .map(|(h, b)| (h.into(), b.freeze()))
+                .collect(),
+            wildcard_hosts: wild
+                .into_iter()
+                .map(|(h, b)| (h.into(), b.freeze()))
+                .collect(),
+            host_names,
+        };
+        Ok((table, issues))
+    }
+
+    /// Finds the route for a request. `host` is the raw `Host` header (any
+    /// case, optional port, optional trailing dot); `path` is the raw request
+    /// target path, query allowed. Allocates nothing.
+    ///
+    /// ```
+    /// use tuna_routing::{Origin, PathType, RouteSpec, RouteTable, TieBreak};
+    ///
+    /// let spec = |host: &str, path: &str, backend| RouteSpec {
+    ///     host: host.into(),
+    ///     path: path.into(),
+    ///     path_type: PathType::Prefix,
+    ///     backend,
+    ///     origin: Origin::default(),
+    ///     tie_break: TieBreak::default(),
+    /// };
+    /// let (table, _) = RouteTable::build(vec![
+    ///     spec("*.example.com", "/", 1),
+    ///     spec("www.example.com", "/docs", 2),
+    /// ])
+    /// .unwrap();
+    /// assert_eq!(table.lookup("any.example.com", "/x").map(|m| *m.backend), Some(1));
+    /// assert_eq!(table.lookup("a.b.example.com", "/x").map(|m| *m.backend), None);
+    /// assert_eq!(table.lookup("WWW.example.com.:80", "/docs/%2e%2e/docs/a").map(|m| *m.backend), Some(2));
+    /// // The exact host is selected first; its routes do not cover `/x`.
+    /// assert_eq!(table.lookup("www.example.com", "/x").map(|m| *m.backend), None);
+    /// ```
+    #[inline]
+    pub fn lookup(&self, host: &str, path: &str) -> Option<Match<'_, B>> {
+        let spec = &self.specs[self.lookup_index(host, path)?];
+        Some(Match {
+            backend: &spec.backend,
+            spec,
+        })
+    }
+
+    #[inline]
+    pub(crate) fn lookup_index(&self, host: &str, path: &str) -> Option<usize> {
+        let routes = self.host_routes(host)?.1;
+        find_path(routes, path).map(|i| i as usize)
+    }
+
+    /// The host names that have routes, sorted; wildcards as `*.example.com`.
+    ///
+    /// ```
+    /// # use tuna_routing::*;
+    /// let (table, _) = RouteTable::<()>::build(vec![]).unwrap();
+    /// assert_eq!(table.hosts().count(), 0);
+    /// ```
+    pub fn hosts(&self) -> impl Iterator<Item = &str> {
+        self.host_names.iter().map(|h| &**h)
+    }
+
+    /// All specs given to [`RouteTable::build`], in input order, including
+    /// the ones that were not routed.
+    ///
+    /// ```
+    /// # use tuna_routing::*;
+    /// let (table, _) = RouteTable::<()>::build(vec![]).unwrap();
+    /// assert!(table.specs().is_empty());
+    /// ```
+    pub fn specs(&self) -> &[RouteSpec<B>] {
+        &self.specs
+    }
+
+    /// Selects the host routes for a raw host: the exact host if it has
+    /// routes, else the one-label wildcard. Returns whether a wildcard was used.
+    #[inline]
+    fn host_routes(&self, raw_host: &str) -> Option<(bool, &HostRoutes)> {
+        if raw_host.bytes().any(|b| b.is_ascii_uppercase()) {
+            return self.host_routes_uppercase(raw_host);
+        }
+        self.host_routes_canonical(normalize::strip_host(raw_host)?)
+    }
+
+    /// Lower-cases into a stack buffer; rare, so kept off the hot path.
+    #[cold]
+    fn host_routes_uppercase(&self, raw_host: &str) -> Option<(bool, &HostRoutes)> {
+        let mut buf = [0u8; MAX_HOST_LEN];
+        let host = normalize::normalize_host_into(raw_host, &mut buf)?;
+        self.host_routes_canonical(host)
+    }
+
+    #[inline]
+    pub(crate) fn host_routes_canonical(&self, host: &str) -> Option<(bool, &HostRoutes)> {
+        if let Some(routes) = self.exact_hosts.get(host) {
+            return Some((false, routes));
+        }
+        if self.wildcard_hosts.is_empty() {
+            return None;
+        }
+        let dot = host.find('.')?;
+        if dot == 0 {
+            return None;
+        }
+        self.wildcard_hosts.get(&host[dot + 1..]).map(|r| (true, r))
+    }
+}
+
+/// Canonicalises the path (on the stack, only when needed) and walks the trie.
+#[inline]
+fn find_path(routes: &HostRoutes, raw: &str) -> Option<u32> {
+    let path = match raw.find(['?', '#']) {
+        Some(i) => &raw[..i],
+        None => raw,
+    };
+    if !path.is_empty() && normalize::is_canonical(path.as_bytes()) {
+        return routes.find(path);
+    }
+    find_path_slow(routes, path)
+}
+
+#[cold]
+fn find_path_slow(routes: &HostRoutes, path: &str) -> Option<u32> {
+    let mut buf = [0u8; MAX_PATH_LEN];
+    let path = normalize::normalize_path_into(path, &mut buf)?;
+    routes.find(path)
+}
+
+/// The trie key and slot of a rule: Prefix drops its trailing slash.
+fn rule_key(path: &str, path_type: PathType) -> (&str, Slot) {
+    if path_type.is_prefix() {
+        (path.trim_end_matches('/'), Slot::Prefix)
+    } else if path.len() > 1 && path.ends_with('/') {
+        (path, Slot::ExactSlash)
+    } else {
+        (path, Slot::Exact)
+    }
+}
+
+/// True when spec `a` (input index `ai`) wins an equal rule against `b`.
+fn precedes<B>(a: &RouteSpec<B>, ai: usize, b: &RouteSpec<B>, bi: usize) -> bool {
+    let key = |s: &RouteSpec<B>, i: usize| (s.tie_break.clone(), s.origin.rule, s.origin.path, i);
+    key(a, ai) < key(b, bi)
+}
+
+fn collect_issues<B>(specs: &[RouteSpec<B>], states: &[SpecState]) -> Vec<BuildIssue> {
+    let mut issues = Vec::new();
+    for (spec, state) in specs.iter().zip(states) {
+        match state {
+            SpecState::Active { .. } => {}
+            SpecState::InvalidHost => {
+                let reason =
+                    normalize::parse_route_host(&spec.host).expect_err("recorded as invalid");
+                issues.push(BuildIssue::InvalidHost {
+                    origin: spec.origin.clone(),
+                    host: spec.host.clone(),
+                    reason,
+                });
+            }
+            SpecState::InvalidPath { .. } => {
+                let reason =
+                    normalize::parse_route_path(&spec.path).expect_err("recorded as invalid");
+                issues.push(BuildIssue::InvalidPath {
+                    origin: spec.origin.clone(),
+                    path: spec.path.clone(),
+                    reason,
+                });
+            }
+            SpecState::Conflict { host, winner, .. } => issues.push(BuildIssue::Conflict {
+                loser: spec.origin.clone(),
+                winner: specs[*winner].origin.clone(),
+                host: match host {
+                    RouteHost::Exact(h) => h.clone(),
+                    RouteHost::Wildcard(s) => format!("*.{s}"),
+                },
+                path: spec.path.clone(),
+                path_type: if spec.path_type.is_prefix() {
+                    PathType::Prefix
+                } else {
+                    PathType::Exact
+                },
+            }),
+        }
+    }
+    issues
+}
