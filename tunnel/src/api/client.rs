@@ -1,0 +1,447 @@
+//! `TunaClient`: the typed REST client the operator's reconcilers use.
+//!
+//! Its error type sorts every failure into what a reconciler does next:
+//! adopt ([`ClientError::AlreadyExists`]), give up with a condition
+//! ([`ClientError::Forbidden`], [`ClientError::Invalid`]), wait
+//! ([`ClientError::RateLimited`]) or retry with backoff
+//! ([`ClientError::Transient`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode, Url};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::Secret;
+use super::types::{
+    CreateDomain, CreateTcpEndpoint, CreateToken, CreatedToken, Domain, ErrorBody, List,
+    RenewToken, TcpEndpoint, Token, WhoAmI, error_code,
+};
+
+/// How to reach an edge's REST API.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// `https://edge.example.net:8443` (a path prefix is kept).
+    pub base_url: String,
+    /// The API key, sent as `Authorization: Bearer`.
+    pub api_key: Secret,
+    /// PEM file of the CA that signed the edge's certificate (a self-hosted
+    /// edge writes `tls/ca.pem` into its data dir). Absent: the platform's
+    /// trust store.
+    pub ca_file: Option<PathBuf>,
+    /// Timeout of one request, connection included.
+    pub timeout: Duration,
+}
+
+impl ClientOptions {
+    /// Options with a 30 s timeout and the platform's trust store.
+    pub fn new(base_url: impl Into<String>, api_key: Secret) -> Self {
+        Self {
+            base_url: base_url.into(),
+            api_key,
+            ca_file: None,
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Trusts the CA in this PEM file (and nothing else).
+    pub fn with_ca_file(mut self, ca_file: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(ca_file.into());
+        self
+    }
+}
+
+/// Why a call failed, sorted by what the caller should do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// 409: the caller's account already holds this reservation; adopt it
+    /// with [`ClientError::existing`].
+    #[error("already exists: {message}")]
+    AlreadyExists {
+        /// The server's explanation.
+        message: String,
+        /// The object the account holds.
+        existing: Box<serde_json::Value>,
+    },
+    /// 401: the API key is missing, unknown or revoked.
+    #[error("unauthorized: {message}")]
+    Unauthorized {
+        /// The server's explanation.
+        message: String,
+    },
+    /// 403: the key lacks a scope (`missing_scope`) or another account holds
+    /// the name (`held_by_other_account`).
+    #[error("forbidden ({code}): {message}")]
+    Forbidden {
+        /// `missing_scope` or `held_by_other_account`.
+        code: String,
+        /// The server's explanation.
+        message: String,
+    },
+    /// 404: no such object in the caller's account.
+    #[error("not found: {message}")]
+    NotFound {
+        /// The server's explanation.
+        message: String,
+    },
+    /// 422 (or 400): the request can never succeed as sent.
+    #[error("invalid ({code}): {message}")]
+    Invalid {
+        /// `invalid_name`, `port_out_of_range`, `invalid_request`, `token_expired`.
+        code: String,
+        /// The server's explanation.
+        message: String,
+    },
+    /// 429: wait `retry_after` before the next call.
+    #[error("rate limited, retry after {retry_after:?}: {message}")]
+    RateLimited {
+        /// From the `Retry-After` header.
+        retry_after: Option<Duration>,
+        /// The server's explanation.
+        message: String,
+    },
+    /// Network failures, timeouts and 5xx answers: retry with backoff.
+    #[error("transient failure: {message}")]
+    Transient {
+        /// What failed.
+        message: String,
+        /// The HTTP status, when there was an answer.
+        status: Option<u16>,
+    },
+    /// Any other answer the contract does not define.
+    #[error("unexpected answer {status}: {message}")]
+    Unexpected {
+        /// The HTTP status.
+        status: u16,
+        /// The body or its `message`.
+        message: String,
+    },
+    /// The client could not be built (bad URL, unreadable CA file).
+    #[error("client configuration: {0}")]
+    Config(String),
+}
+
+impl ClientError {
+    /// The object behind a 409, decoded as `T` (e.g. [`Domain`]).
+    pub fn existing<T: DeserializeOwned>(&self) -> Option<T> {
+        match self {
+            Self::AlreadyExists { existing, .. } => {
+                serde_json::from_value((**existing).clone()).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether retrying the same call later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Transient { .. } | Self::RateLimited { .. })
+    }
+
+    /// The machine-readable code of the server's answer, when there was one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::AlreadyExists { .. } => Some(error_code::ALREADY_EXISTS),
+            Self::Unauthorized { .. } => Some(error_code::UNAUTHORIZED),
+            Self::Forbidden { code, .. } | Self::Invalid { code, .. } => Some(code),
+            Self::NotFound { .. } => Some(error_code::NOT_FOUND),
+            Self::RateLimited { .. } => Some(error_code::RATE_LIMITED),
+            Self::Transient { .. } | Self::Unexpected { .. } | Self::Config(_) => None,
+        }
+    }
+}
+
+/// A typed client of one edge's REST API (`docs/tuna-api.md`).
+///
+/// Cheap to clone: clones share the connection pool.
+#[derive(Clone, Debug)]
+pub struct TunaClient {
+    http: reqwest::Client,
+    base: Url,
+    api_key: Secret,
+}
+
+impl TunaClient {
+    /// Builds a client. Needs a rustls crypto provider installed in the
+    /// process (`rustls::crypto::ring::default_provider().install_default()`).
+    pub fn new(options: ClientOptions) -> Result<Self, ClientError> {
+        let mut base = Url::parse(&options.base_url)
+            .map_err(|e| ClientError::Config(format!("base URL {:?}: {e}", options.base_url)))?;
+        if base.cannot_be_a_base() {
+            return Err(ClientError::Config(format!(
+                "base URL {:?} cannot carry paths",
+                options.base_url
+            )));
+        }
+        // A trailing slash lets joined paths keep a prefix such as `/tuna`.
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let mut builder = reqwest::Client::builder()
+            .timeout(options.timeout)
+            .connect_timeout(options.timeout.min(Duration::from_secs(10)));
+        if let Some(ca_file) = &options.ca_file {
+            let tls = crate::tls::client_config_trusting(ca_file)
+                .map_err(|e| ClientError::Config(e.to_string()))?;
+            builder = builder.tls_backend_preconfigured(tls);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| ClientError::Config(format!("building the HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            base,
+            api_key: options.api_key,
+        })
+    }
+
+    /// `GET /v1/account`.
+    pub async fn whoami(&self) -> Result<WhoAmI, ClientError> {
+        self.call(Method::GET, &["v1", "account"], None::<&()>, &[])
+            .await
+    }
+
+    /// `POST /v1/domains`.
+    pub async fn create_domain(&self, request: &CreateDomain) -> Result<Domain, ClientError> {
+        self.call(Method::POST, &["v1", "domains"], Some(request), &[])
+            .await
+    }
+
+    /// `GET /v1/domains`.
+    pub async fn list_domains(&self) -> Result<Vec<Domain>, ClientError> {
+        let list: List<Domain> = self
+            .call(Method::GET, &["v1", "domains"], None::<&()>, &[])
+            .await?;
+        Ok(list.items)
+    }
+
+    /// `GET /v1/domains/{name}`.
+    pub async fn get_domain(&self, name: &str) -> Result<Domain, ClientError> {
+        self.call(Method::GET, &["v1", "domains", name], None::<&()>, &[])
+            .await
+    }
+
+    /// `DELETE /v1/domains/{name}`.
+    pub async fn delete_domain(&self, name: &str) -> Result<(), ClientError> {
+        self.call_empty(Method::DELETE, &["v1", "domains", name])
+            .await
+    }
+
+    /// `POST /v1/domains/{name}/verify`: looks the DNS records up now.
+    pub async fn verify_domain(&self, name: &str) -> Result<Domain, ClientError> {
+        self.call(
+            Method::POST,
+            &["v1", "domains", name, "verify"],
+            None::<&()>,
+            &[],
+        )
+        .await
+    }
+
+    /// `POST /v1/tcp-endpoints`.
+    pub async fn create_tcp_endpoint(
+        &self,
+        request: &CreateTcpEndpoint,
+    ) -> Result<TcpEndpoint, ClientError> {
+        self.call(Method::POST, &["v1", "tcp-endpoints"], Some(request), &[])
+            .await
+    }
+
+    /// `GET /v1/tcp-endpoints`.
+    pub async fn list_tcp_endpoints(&self) -> Result<Vec<TcpEndpoint>, ClientError> {
+        let list: List<TcpEndpoint> = self
+            .call(Method::GET, &["v1", "tcp-endpoints"], None::<&()>, &[])
+            .await?;
+        Ok(list.items)
+    }
+
+    /// `GET /v1/tcp-endpoints/{aliasOrPort}`.
+    pub async fn get_tcp_endpoint(&self, alias_or_port: &str) -> Result<TcpEndpoint, ClientError> {
+        self.call(
+            Method::GET,
+            &["v1", "tcp-endpoints", alias_or_port],
+            None::<&()>,
+            &[],
+        )
+        .await
+    }
+
+    /// `DELETE /v1/tcp-endpoints/{aliasOrPort}`.
+    pub async fn delete_tcp_endpoint(&self, alias_or_port: &str) -> Result<(), ClientError> {
+        self.call_empty(Method::DELETE, &["v1", "tcp-endpoints", alias_or_port])
+            .await
+    }
+
+    /// `POST /v1/tokens`.
+    pub async fn create_token(&self, request: &CreateToken) -> Result<CreatedToken, ClientError> {
+        self.call(Method::POST, &["v1", "tokens"], Some(request), &[])
+            .await
+    }
+
+    /// `GET /v1/tokens?selector=k=v,k2=v2` (empty selector: all tokens).
+    pub async fn list_tokens(&self, selector: &str) -> Result<Vec<Token>, ClientError> {
+        let query: &[(&str, &str)] = if selector.is_empty() {
+            &[]
+        } else {
+            &[("selector", selector)]
+        };
+        let list: List<Token> = self
+            .call(Method::GET, &["v1", "tokens"], None::<&()>, query)
+            .await?;
+        Ok(list.items)
+    }
+
+    /// `GET /v1/tokens/{id}`.
+    pub async fn get_token(&self, id: &str) -> Result<Token, ClientError> {
+        self.call(Method::GET, &["v1", "tokens", id], None::<&()>, &[])
+            .await
+    }
+
+    /// `DELETE /v1/tokens/{id}`: revokes the token; its sessions close.
+    pub async fn revoke_token(&self, id: &str) -> Result<(), ClientError> {
+        self.call_empty(Method::DELETE, &["v1", "tokens", id]).await
+    }
+
+    /// `POST /v1/tokens/{id}/renew`.
+    pub async fn renew_token(&self, id: &str, request: &RenewToken) -> Result<Token, ClientError> {
+        self.call(
+            Method::POST,
+            &["v1", "tokens", id, "renew"],
+            Some(request),
+            &[],
+        )
+        .await
+    }
+
+    fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {
+        let mut url = self.base.clone();
+        {
+            // `base` is known to be a base URL (checked in `new`).
+            let mut path = url.path_segments_mut().expect("checked in new");
+            path.pop_if_empty();
+            path.extend(segments);
+        }
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
+        }
+        url
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        segments: &[&str],
+        body: Option<&(impl Serialize + ?Sized)>,
+        query: &[(&str, &str)],
+    ) -> Result<reqwest::Response, ClientError> {
+        let mut request = self
+            .http
+            .request(method, self.url(segments, query))
+            .bearer_auth(self.api_key.expose());
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|e| ClientError::Transient {
+            message: error_chain(&e),
+            status: None,
+        })?;
+        if response.status().is_success() {
+            Ok(response)
+        } else {
+            Err(error_from_response(response).await)
+        }
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        segments: &[&str],
+        body: Option<&(impl Serialize + ?Sized)>,
+        query: &[(&str, &str)],
+    ) -> Result<T, ClientError> {
+        let response = self.send(method, segments, body, query).await?;
+        let status = response.status().as_u16();
+        response.json().await.map_err(|e| {
+            if e.is_decode() {
+                ClientError::Unexpected {
+                    status,
+                    message: format!("undecodable body: {e}"),
+                }
+            } else {
+                ClientError::Transient {
+                    message: error_chain(&e),
+                    status: Some(status),
+                }
+            }
+        })
+    }
+
+    async fn call_empty(&self, method: Method, segments: &[&str]) -> Result<(), ClientError> {
+        self.send(method, segments, None::<&()>, &[]).await?;
+        Ok(())
+    }
+}
+
+async fn error_from_response(response: reqwest::Response) -> ClientError {
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let text = response.text().await.unwrap_or_default();
+    let body: Option<ErrorBody> = serde_json::from_str(&text).ok();
+    let (code, message, existing) = match body {
+        Some(b) => (b.code, b.message, b.existing),
+        None => (String::new(), text, None),
+    };
+    match status {
+        StatusCode::CONFLICT => match existing {
+            Some(existing) => ClientError::AlreadyExists {
+                message,
+                existing: Box::new(existing),
+            },
+            None => ClientError::Unexpected {
+                status: status.as_u16(),
+                message,
+            },
+        },
+        StatusCode::UNAUTHORIZED => ClientError::Unauthorized { message },
+        StatusCode::FORBIDDEN => ClientError::Forbidden { code, message },
+        StatusCode::NOT_FOUND => ClientError::NotFound { message },
+        StatusCode::UNPROCESSABLE_ENTITY | StatusCode::BAD_REQUEST => {
+            ClientError::Invalid { code, message }
+        }
+        StatusCode::TOO_MANY_REQUESTS => ClientError::RateLimited {
+            retry_after,
+            message,
+        },
+        s if s.is_server_error() || s == StatusCode::REQUEST_TIMEOUT => ClientError::Transient {
+            message: if code.is_empty() {
+                message
+            } else {
+                format!("{code}: {message}")
+            },
+            status: Some(s.as_u16()),
+        },
+        s => ClientError::Unexpected {
+            status: s.as_u16(),
+            message,
+        },
+    }
+}
+
+/// reqwest's top-level message hides the cause (`error sending request`);
+/// the chain tells an operator whether it was DNS, TLS or a refused port.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

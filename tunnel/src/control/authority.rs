@@ -1,0 +1,215 @@
+//! The control plane as the data plane's [`SessionAuthority`]: who may open
+//! a tunnel session, what it may bind, and which sessions must close.
+//!
+//! Two credentials open sessions:
+//! * a tunnel token (`tunat_…`), limited to the bindings it was created with
+//!   *and* to what its account holds;
+//! * an API key with `tunnels:connect` (or full access), allowed to bind
+//!   anything its account holds. Its grant's token id is `key:<key id>`, so
+//!   revoking the key closes its sessions too.
+//!
+//! Bindings are judged against the store at the time they are declared, so
+//! a domain released or a token revoked after the handshake is refused on
+//! the next `UpdateBindings`. Revocations (and tokens expiring unrenewed) are
+//! broadcast; the edge closes the sessions at once.
+
+use std::time::{Duration, SystemTime};
+
+use futures::future::BoxFuture;
+use tokio::sync::broadcast;
+
+use super::ControlPlane;
+use super::names::normalize_host;
+use super::secrets::{self, API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
+use super::store::State;
+use crate::api::{DomainKind, Scope, Timestamp};
+use crate::edge::authority::{Grant, SessionAuthority, TokenId};
+use crate::wire::{Binding, BoundTarget, ErrorCode, Rejection, TunnelToken};
+
+/// Prefix of the token ids of grants opened with an API key.
+pub const KEY_GRANT_PREFIX: &str = "key:";
+
+fn system_time(unix_seconds: i64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(unix_seconds).unwrap_or(0))
+}
+
+fn bad_token() -> Rejection {
+    Rejection::new(
+        ErrorCode::BadToken,
+        "unknown, malformed or revoked tunnel token; create a new one with POST /v1/tokens",
+    )
+}
+
+impl ControlPlane {
+    /// Checks a tunnel credential (token or connect-scoped API key).
+    pub fn authenticate_tunnel(&self, presented: &str) -> Result<Grant, Rejection> {
+        let state = self.store().read();
+        if let Some(id) = secrets::id_of(TUNNEL_TOKEN_PREFIX, presented) {
+            let record = state.tokens.get(id).ok_or_else(bad_token)?;
+            if !secrets::matches(&record.hash, presented) {
+                return Err(bad_token());
+            }
+            if record.expires_at <= Timestamp::now().unix_seconds() {
+                return Err(Rejection::new(
+                    ErrorCode::TokenExpired,
+                    format!(
+                        "tunnel token {} expired at {}; create a new one",
+                        record.id,
+                        Timestamp(record.expires_at)
+                    ),
+                ));
+            }
+            let allowed = record
+                .bindings
+                .hosts
+                .iter()
+                .map(Binding::http)
+                .chain(record.bindings.tcp_endpoints.iter().map(Binding::tcp))
+                .collect();
+            return Ok(Grant {
+                token_id: TokenId(record.id.clone()),
+                account: record.account.clone(),
+                expires_at: system_time(record.expires_at),
+                allowed,
+            });
+        }
+        if let Some(id) = secrets::id_of(API_KEY_PREFIX, presented) {
+            let record = state.keys.get(id).ok_or_else(bad_token)?;
+            if !secrets::matches(&record.hash, presented) {
+                return Err(bad_token());
+            }
+            if !record.has_scope(Scope::TunnelsConnect) {
+                return Err(Rejection::new(
+                    ErrorCode::BadToken,
+                    format!(
+                        "API key {} lacks the scope tunnels:connect needed to open tunnels",
+                        record.id
+                    ),
+                ));
+            }
+            return Ok(Grant {
+                token_id: TokenId(format!("{KEY_GRANT_PREFIX}{}", record.id)),
+                account: record.account.clone(),
+                // Keys do not expire; revocation ends their sessions.
+                expires_at: SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 4),
+                allowed: Vec::new(),
+            });
+        }
+        Err(bad_token())
+    }
+
+    /// Judges one binding of a session opened with `grant`.
+    pub fn check_tunnel_binding(
+        &self,
+        grant: &Grant,
+        binding: &Binding,
+    ) -> Result<BoundTarget, Rejection> {
+        let state = self.store().read();
+        let token_bindings = live_credential(&state, grant)?;
+        let refuse = |why: String| Rejection::new(ErrorCode::BindingNotAllowed, why);
+        match binding {
+            Binding::Http { host } => {
+                let host = normalize_host(host);
+                if let Some(bindings) = token_bindings
+                    && !bindings.hosts.contains(&host)
+                {
+                    return Err(refuse(format!(
+                        "tunnel token {} was not created for host {host:?}",
+                        grant.token_id
+                    )));
+                }
+                let domain = state
+                    .domains
+                    .get(&host)
+                    .filter(|d| d.account == grant.account)
+                    .ok_or_else(|| {
+                        refuse(format!(
+                            "the account does not hold the domain {host:?}; reserve it with POST /v1/domains"
+                        ))
+                    })?;
+                if domain.kind == DomainKind::Custom && domain.verified_at.is_none() {
+                    return Err(refuse(format!(
+                        "the custom domain {host:?} is not verified yet; create its DNS records and call POST /v1/domains/{host}/verify"
+                    )));
+                }
+                Ok(BoundTarget::Http { host })
+            }
+            Binding::Tcp { endpoint } => {
+                let record = ControlPlane::find_tcp(&state, &grant.account, endpoint).ok_or_else(|| {
+                    refuse(format!(
+                        "the account holds no TCP endpoint {endpoint:?}; reserve it with POST /v1/tcp-endpoints"
+                    ))
+                })?;
+                if let Some(bindings) = token_bindings {
+                    let port = record.port.to_string();
+                    if !bindings
+                        .tcp_endpoints
+                        .iter()
+                        .any(|e| *e == record.alias || *e == port)
+                    {
+                        return Err(refuse(format!(
+                            "tunnel token {} was not created for TCP endpoint {endpoint:?}",
+                            grant.token_id
+                        )));
+                    }
+                }
+                Ok(BoundTarget::Tcp { port: record.port })
+            }
+        }
+    }
+
+    /// Token ids whose sessions must close: revoked tokens and keys, and
+    /// tokens that expired unrenewed.
+    pub fn subscribe_revocations(&self) -> broadcast::Receiver<TokenId> {
+        self.shared.revoked.subscribe()
+    }
+}
+
+/// The credential behind `grant` must still exist and be live. Returns the
+/// token's bindings, or `None` for an API-key grant (bounded by the account).
+fn live_credential<'s>(
+    state: &'s State,
+    grant: &Grant,
+) -> Result<Option<&'s crate::api::Bindings>, Rejection> {
+    let revoked = || {
+        Rejection::new(
+            ErrorCode::TokenRevoked,
+            format!("the credential {} has been revoked", grant.token_id),
+        )
+    };
+    if let Some(key_id) = grant.token_id.0.strip_prefix(KEY_GRANT_PREFIX) {
+        return match state.keys.get(key_id) {
+            Some(key) if key.has_scope(Scope::TunnelsConnect) => Ok(None),
+            _ => Err(revoked()),
+        };
+    }
+    let record = state.tokens.get(&grant.token_id.0).ok_or_else(revoked)?;
+    if record.expires_at <= Timestamp::now().unix_seconds() {
+        return Err(Rejection::new(
+            ErrorCode::TokenExpired,
+            format!("tunnel token {} has expired", record.id),
+        ));
+    }
+    Ok(Some(&record.bindings))
+}
+
+impl SessionAuthority for ControlPlane {
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a TunnelToken,
+    ) -> BoxFuture<'a, Result<Grant, Rejection>> {
+        Box::pin(async move { self.authenticate_tunnel(token.expose()) })
+    }
+
+    fn check_binding<'a>(
+        &'a self,
+        grant: &'a Grant,
+        binding: &'a Binding,
+    ) -> BoxFuture<'a, Result<BoundTarget, Rejection>> {
+        Box::pin(async move { self.check_tunnel_binding(grant, binding) })
+    }
+
+    fn revocations(&self) -> broadcast::Receiver<TokenId> {
+        self.subscribe_revocations()
+    }
+}

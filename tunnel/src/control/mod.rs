@@ -1,0 +1,234 @@
+//! The edge's control plane: API keys, reservations (domains, TCP
+//! endpoints), tunnel tokens, their persistent store, and the REST API that
+//! manages them (`docs/tuna-api.md`).
+//!
+//! The edge composition opens one [`ControlPlane`] and takes two things from
+//! it: [`ControlPlane::router`], the REST API as an axum `Router` (serve it
+//! over TLS, e.g. with [`serve_https`]), and the [`ControlPlane`] itself as the
+//! data plane's `SessionAuthority` (tunnel tokens, bindings, revocations).
+//!
+//! Every reservation belongs to an *account*; API keys act for one account.
+//! Reserving what the caller's account already holds answers 409 with the
+//! existing object (so reconcilers adopt it); what another account holds
+//! answers 403.
+
+mod authority;
+pub mod cli;
+mod dns;
+mod domains;
+mod error;
+mod keys;
+mod names;
+mod ratelimit;
+mod secrets;
+mod serve;
+mod server;
+mod store;
+mod tcp;
+mod tokens;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+pub use authority::KEY_GRANT_PREFIX;
+pub use dns::{DnsVerifier, challenge_record_name};
+pub use error::{ControlError, Result};
+pub use keys::Caller;
+pub use names::RESERVED_SUBDOMAINS;
+pub use ratelimit::RateLimit;
+pub use secrets::{API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
+pub use serve::serve_https;
+pub use server::ROUTES;
+pub use store::STORE_FILE;
+pub use tokens::{DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS};
+
+use ratelimit::RateLimiter;
+use store::Store;
+
+/// The account keys belong to when none is named.
+pub const DEFAULT_ACCOUNT: &str = "default";
+
+/// How the control plane is set up (the `edge` command's flags).
+#[derive(Clone, Debug)]
+pub struct ControlConfig {
+    /// Where the store (`control.redb`) lives.
+    pub data_dir: PathBuf,
+    /// Subdomains are reserved under it (`app.<base_domain>`).
+    pub base_domain: String,
+    /// The host name custom domains must CNAME to.
+    pub public_host: String,
+    /// Ports TCP endpoints are allocated from.
+    pub tcp_port_range: RangeInclusive<u16>,
+    /// DNS servers custom-domain verification asks; empty: the system's.
+    pub dns_nameservers: Vec<SocketAddr>,
+    /// Request budget per API key.
+    pub rate_limit: RateLimit,
+}
+
+impl ControlConfig {
+    /// A configuration with TCP ports 30000–30999, the system's DNS and the
+    /// default rate limit.
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        base_domain: impl Into<String>,
+        public_host: impl Into<String>,
+    ) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            base_domain: base_domain.into(),
+            public_host: public_host.into(),
+            tcp_port_range: 30000..=30999,
+            dns_nameservers: Vec::new(),
+            rate_limit: RateLimit::default(),
+        }
+    }
+}
+
+/// The control plane. Cheap to clone (clones share state).
+#[derive(Clone, Debug)]
+pub struct ControlPlane {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Store,
+    base_domain: String,
+    public_host: String,
+    tcp_port_range: RangeInclusive<u16>,
+    dns: DnsVerifier,
+    limiter: RateLimiter,
+    revoked: broadcast::Sender<crate::edge::authority::TokenId>,
+    /// Expired tokens already announced on `revoked` (expiry is final:
+    /// renewal of an expired token is refused).
+    announced_expired: Mutex<HashSet<String>>,
+}
+
+impl ControlPlane {
+    /// Opens the store in `config.data_dir` (creating it). Fails with
+    /// [`ControlError::StoreInUse`] when another process has it open.
+    ///
+    /// Inside a tokio runtime it also starts the expiry watcher, which
+    /// announces tokens that expire unrenewed on the revocation channel (so
+    /// their sessions close) and purges tokens expired for a week; the task
+    /// ends when the last clone of the control plane is dropped.
+    pub fn open(config: ControlConfig) -> Result<Self> {
+        let base_domain = names::normalize_host(&config.base_domain);
+        names::host_name(&base_domain)
+            .map_err(|e| ControlError::Config(format!("--base-domain: {e}")))?;
+        let public_host = names::normalize_host(&config.public_host);
+        names::host_name(&public_host)
+            .or_else(|_| {
+                // A loopback or IP public host is fine for tests and labs.
+                public_host
+                    .parse::<std::net::IpAddr>()
+                    .map(|_| public_host.clone())
+                    .map_err(|_| ())
+            })
+            .map_err(|()| {
+                ControlError::Config(format!(
+                    "public host {public_host:?} is neither a host name nor an IP address"
+                ))
+            })?;
+        if config.tcp_port_range.is_empty() || *config.tcp_port_range.start() == 0 {
+            return Err(ControlError::Config(format!(
+                "TCP port range {:?} is empty or starts at 0",
+                config.tcp_port_range
+            )));
+        }
+        let store = Store::open(&config.data_dir)?;
+        let (revoked, _) = broadcast::channel(1024);
+        let plane = Self {
+            shared: Arc::new(Shared {
+                store,
+                base_domain,
+                public_host,
+                tcp_port_range: config.tcp_port_range,
+                dns: DnsVerifier::new(config.dns_nameservers),
+                limiter: RateLimiter::new(config.rate_limit),
+                revoked,
+                announced_expired: Mutex::new(HashSet::new()),
+            }),
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(expiry_watcher(Arc::downgrade(&plane.shared)));
+        }
+        Ok(plane)
+    }
+
+    /// The REST API (`docs/tuna-api.md`), ready to serve.
+    pub fn router(&self) -> axum::Router {
+        server::router(self.clone())
+    }
+
+    /// The base domain subdomains live under.
+    pub fn base_domain(&self) -> &str {
+        &self.shared.base_domain
+    }
+
+    /// The host name custom domains must point to.
+    pub fn public_host(&self) -> &str {
+        &self.shared.public_host
+    }
+
+    /// The TCP port range endpoints are allocated from.
+    pub fn tcp_port_range(&self) -> RangeInclusive<u16> {
+        self.shared.tcp_port_range.clone()
+    }
+
+    fn store(&self) -> &Store {
+        &self.shared.store
+    }
+}
+
+async fn expiry_watcher(shared: Weak<Shared>) {
+    const PURGE_AFTER_SECS: i64 = 7 * 24 * 3600;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let now = crate::api::Timestamp::now().unix_seconds();
+        let expired: Vec<String> = shared
+            .store
+            .read()
+            .tokens
+            .values()
+            .filter(|t| t.expires_at <= now)
+            .map(|t| t.id.clone())
+            .collect();
+        {
+            let mut announced = shared
+                .announced_expired
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for id in &expired {
+                if announced.insert(id.clone()) {
+                    let _ = shared
+                        .revoked
+                        .send(crate::edge::authority::TokenId(id.clone()));
+                }
+            }
+        }
+        let purge = shared.store.commit(|state| {
+            let writes = state
+                .tokens
+                .values()
+                .filter(|t| t.expires_at + PURGE_AFTER_SECS <= now)
+                .map(|t| store::Write::DeleteToken(t.id.clone()))
+                .collect();
+            Ok(((), writes))
+        });
+        if let Err(e) = purge {
+            tracing::warn!(error = %e, "purging long-expired tunnel tokens failed");
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! The REST API as an axum `Router`: authentication, rate limiting, and one
+//! thin handler per endpoint over the [`ControlPlane`] operations.
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::error::{ControlError, Result};
+use super::{Caller, ControlPlane};
+use crate::api::{
+    CreateDomain, CreateTcpEndpoint, CreateToken, CreatedToken, Domain, List, RenewToken,
+    TcpEndpoint, Token, WhoAmI,
+};
+
+/// Every route of the REST API as `(method, path)`, as written in
+/// `docs/tuna-api.md` (a test checks the document lists each one).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/healthz"),
+    ("GET", "/v1/account"),
+    ("POST", "/v1/domains"),
+    ("GET", "/v1/domains"),
+    ("GET", "/v1/domains/{name}"),
+    ("DELETE", "/v1/domains/{name}"),
+    ("POST", "/v1/domains/{name}/verify"),
+    ("POST", "/v1/tcp-endpoints"),
+    ("GET", "/v1/tcp-endpoints"),
+    ("GET", "/v1/tcp-endpoints/{aliasOrPort}"),
+    ("DELETE", "/v1/tcp-endpoints/{aliasOrPort}"),
+    ("POST", "/v1/tokens"),
+    ("GET", "/v1/tokens"),
+    ("GET", "/v1/tokens/{id}"),
+    ("DELETE", "/v1/tokens/{id}"),
+    ("POST", "/v1/tokens/{id}/renew"),
+];
+
+pub(super) fn router(plane: ControlPlane) -> Router {
+    Router::new()
+        .route("/v1/account", get(whoami))
+        .route("/v1/domains", post(create_domain).get(list_domains))
+        .route("/v1/domains/{name}", get(get_domain).delete(delete_domain))
+        .route("/v1/domains/{name}/verify", post(verify_domain))
+        .route(
+            "/v1/tcp-endpoints",
+            post(create_tcp_endpoint).get(list_tcp_endpoints),
+        )
+        .route(
+            "/v1/tcp-endpoints/{aliasOrPort}",
+            get(get_tcp_endpoint).delete(delete_tcp_endpoint),
+        )
+        .route("/v1/tokens", post(create_token).get(list_tokens))
+        .route("/v1/tokens/{id}", get(get_token).delete(revoke_token))
+        .route("/v1/tokens/{id}/renew", post(renew_token))
+        // Only matched routes authenticate: unknown paths answer 404 below.
+        .route_layer(middleware::from_fn_with_state(plane.clone(), authenticate))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .with_state(plane)
+}
+
+/// Checks `Authorization: Bearer <key>` and the key's request budget, then
+/// hands the [`Caller`] to the handler.
+async fn authenticate(
+    State(plane): State<ControlPlane>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .unwrap_or_default();
+    let caller = match plane.authenticate_key(presented) {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(retry_after) = plane.shared.limiter.check(&caller.key_id) {
+        tracing::debug!(key_id = %caller.key_id, "REST API request rate limited");
+        return ControlError::RateLimited { retry_after }.into_response();
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn not_found() -> ControlError {
+    ControlError::NotFound("no such endpoint; see docs/tuna-api.md".into())
+}
+
+/// Decodes a JSON body whatever its content type; an empty body is `T::default()`
+/// (lenient on purpose: `curl -X POST …/renew` with no body works).
+fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        ControlError::InvalidRequest(format!(
+            "request body is not valid JSON for this endpoint: {e}"
+        ))
+    })
+}
+
+async fn whoami(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+) -> Json<WhoAmI> {
+    Json(WhoAmI {
+        account: caller.account,
+        key_id: caller.key_id,
+        scopes: caller.scopes,
+        base_domain: plane.base_domain().to_owned(),
+        public_host: plane.public_host().to_owned(),
+    })
+}
+
+async fn create_domain(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Result<(StatusCode, Json<Domain>)> {
+    let request: CreateDomain = body(&bytes)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(plane.create_domain(&caller, &request)?),
+    ))
+}
+
+async fn list_domains(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<List<Domain>>> {
+    Ok(Json(List {
+        items: plane.list_domains(&caller)?,
+    }))
+}
+
+async fn get_domain(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Json<Domain>> {
+    Ok(Json(plane.get_domain(&caller, &name)?))
+}
+
+async fn delete_domain(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<StatusCode> {
+    plane.delete_domain(&caller, &name)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn verify_domain(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Json<Domain>> {
+    Ok(Json(plane.verify_domain(&caller, &name).await?))
+}
+
+async fn create_tcp_endpoint(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Result<(StatusCode, Json<TcpEndpoint>)> {
+    let request: CreateTcpEndpoint = body(&bytes)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(plane.create_tcp_endpoint(&caller, &request)?),
+    ))
+}
+
+async fn list_tcp_endpoints(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<List<TcpEndpoint>>> {
+    Ok(Json(List {
+        items: plane.list_tcp_endpoints(&caller)?,
+    }))
+}
+
+async fn get_tcp_endpoint(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(alias_or_port): Path<String>,
+) -> Result<Json<TcpEndpoint>> {
+    Ok(Json(plane.get_tcp_endpoint(&caller, &alias_or_port)?))
+}
+
+async fn delete_tcp_endpoint(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(alias_or_port): Path<String>,
+) -> Result<StatusCode> {
+    plane.delete_tcp_endpoint(&caller, &alias_or_port)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn create_token(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Result<(StatusCode, Json<CreatedToken>)> {
+    let request: CreateToken = body(&bytes)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(plane.create_token(&caller, &request)?),
+    ))
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TokenQuery {
+    #[serde(default)]
+    selector: String,
+}
+
+async fn list_tokens(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    query: std::result::Result<Query<TokenQuery>, QueryRejection>,
+) -> Result<Json<List<Token>>> {
+    let Query(query) = query.map_err(|e| ControlError::InvalidRequest(e.body_text()))?;
+    Ok(Json(List {
+        items: plane.list_tokens(&caller, &query.selector)?,
+    }))
+}
+
+async fn get_token(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Token>> {
+    Ok(Json(plane.get_token(&caller, &id)?))
+}
+
+async fn revoke_token(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    plane.revoke_token(&caller, &id)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn renew_token(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Result<Json<Token>> {
+    let request: RenewToken = body(&bytes)?;
+    Ok(Json(plane.renew_token(&caller, &id, &request)?))
+}

@@ -1,0 +1,257 @@
+//! TLS material of the edge and the rustls configurations built from it.
+//!
+//! An edge given no certificate runs its own small CA: on first start it
+//! generates a CA key and certificate and persists them in
+//! `<data dir>/tls/` (`ca.pem`, `ca.key`, the key readable by the owner
+//! only). On every start it issues a fresh server certificate from that CA
+//! for the names it serves. Agents and API clients trust `ca.pem` (a CA file
+//! flag), so the server certificate may change — names added, a later
+//! rotation — without touching them.
+//!
+//! Every configuration built here names the ring provider explicitly, so it
+//! works whether or not a process-wide default provider was installed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::control::ControlError;
+
+/// Folder of the generated CA inside the data dir.
+pub const TLS_DIR: &str = "tls";
+/// The generated CA certificate clients trust.
+pub const CA_CERT_FILE: &str = "ca.pem";
+/// The generated CA private key.
+pub const CA_KEY_FILE: &str = "ca.key";
+
+/// ALPN of a server that speaks HTTP/2 and HTTP/1.1.
+pub const ALPN_H2_HTTP1: &[&[u8]] = &[b"h2", b"http/1.1"];
+
+type Result<T, E = ControlError> = std::result::Result<T, E>;
+
+/// A certificate chain and its private key.
+pub struct ServerIdentity {
+    /// Leaf first.
+    pub cert_chain: Vec<CertificateDer<'static>>,
+    /// The leaf's key.
+    pub key: PrivateKeyDer<'static>,
+    /// The CA file clients should trust, when the edge generated it.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ServerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerIdentity")
+            .field("certificates", &self.cert_chain.len())
+            .field("key", &"***")
+            .field("ca_file", &self.ca_file)
+            .finish()
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ControlError + '_ {
+    move |source| ControlError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn tls_error(what: &str) -> impl FnOnce(rcgen::Error) -> ControlError + '_ {
+    move |e| ControlError::Tls(format!("{what}: {e}"))
+}
+
+/// The CA's parameters. They are rebuilt identically on each start: an
+/// issuer needs only its name and key to sign, so the CA certificate itself
+/// never has to be parsed back.
+fn ca_params() -> Result<CertificateParams> {
+    let mut params =
+        CertificateParams::new(Vec::<String>::new()).map_err(tls_error("CA parameters"))?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "Tuna edge CA");
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, "tuna-operator self-hosted edge");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok(params)
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    let mut file = options.open(path).map_err(io(path))?;
+    file.write_all(contents.as_bytes()).map_err(io(path))?;
+    file.sync_all().map_err(io(path))
+}
+
+/// Loads the edge's CA from `<data_dir>/tls/` (generating it on first use)
+/// and issues a server certificate for `names` (host names or IP
+/// addresses; `localhost`, `127.0.0.1` and `::1` are always included).
+pub fn self_signed_identity(data_dir: &Path, names: &[String]) -> Result<ServerIdentity> {
+    let dir = data_dir.join(TLS_DIR);
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let ca_cert_path = dir.join(CA_CERT_FILE);
+    let ca_key_path = dir.join(CA_KEY_FILE);
+
+    let ca_key = if ca_key_path.exists() {
+        let pem = std::fs::read_to_string(&ca_key_path).map_err(io(&ca_key_path))?;
+        KeyPair::from_pem(&pem).map_err(tls_error("reading the CA key"))?
+    } else {
+        let key = KeyPair::generate().map_err(tls_error("generating the CA key"))?;
+        let cert = ca_params()?
+            .self_signed(&key)
+            .map_err(tls_error("signing the CA certificate"))?;
+        // Key first: a crash between the two writes leaves a key without a
+        // certificate, which the branch below completes.
+        write_private(&ca_key_path, &key.serialize_pem())?;
+        std::fs::write(&ca_cert_path, cert.pem()).map_err(io(&ca_cert_path))?;
+        key
+    };
+    if !ca_cert_path.exists() {
+        let cert = ca_params()?
+            .self_signed(&ca_key)
+            .map_err(tls_error("signing the CA certificate"))?;
+        std::fs::write(&ca_cert_path, cert.pem()).map_err(io(&ca_cert_path))?;
+    }
+    let ca_der = CertificateDer::from_pem_file(&ca_cert_path)
+        .map_err(|e| ControlError::Tls(format!("{}: {e}", ca_cert_path.display())))?;
+
+    let mut sans: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    for name in names {
+        if !sans.contains(name) {
+            sans.push(name.clone());
+        }
+    }
+    let mut params = CertificateParams::new(sans).map_err(tls_error("server certificate names"))?;
+    params.distinguished_name.push(
+        DnType::CommonName,
+        names.first().map_or("localhost", String::as_str),
+    );
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = KeyPair::generate().map_err(tls_error("generating the server key"))?;
+    let issuer = Issuer::new(ca_params()?, ca_key);
+    let leaf = params
+        .signed_by(&leaf_key, &issuer)
+        .map_err(tls_error("signing the server certificate"))?;
+    Ok(ServerIdentity {
+        cert_chain: vec![leaf.der().clone(), ca_der],
+        key: PrivateKeyDer::try_from(leaf_key.serialize_der())
+            .map_err(|e| ControlError::Tls(format!("server key: {e}")))?,
+        ca_file: Some(ca_cert_path),
+    })
+}
+
+/// Loads a PEM certificate chain and private key (e.g. a wildcard
+/// certificate for the base domain given by flags).
+pub fn pem_identity(cert_file: &Path, key_file: &Path) -> Result<ServerIdentity> {
+    let cert_chain = CertificateDer::pem_file_iter(cert_file)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| ControlError::Tls(format!("{}: {e}", cert_file.display())))?;
+    if cert_chain.is_empty() {
+        return Err(ControlError::Tls(format!(
+            "{}: no CERTIFICATE block found",
+            cert_file.display()
+        )));
+    }
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| ControlError::Tls(format!("{}: {e}", key_file.display())))?;
+    Ok(ServerIdentity {
+        cert_chain,
+        key,
+        ca_file: None,
+    })
+}
+
+/// A rustls server configuration for `identity`, offering `alpn`.
+pub fn server_config(
+    identity: &ServerIdentity,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ServerConfig>> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ControlError::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(identity.cert_chain.clone(), identity.key.clone_key())
+    .map_err(|e| ControlError::Tls(format!("certificate and key do not match: {e}")))?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// A rustls client configuration that trusts exactly the CA certificates in
+/// `ca_file` (PEM), without ALPN (callers set what they speak).
+pub fn client_config_trusting(ca_file: &Path) -> Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca_file)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| ControlError::Tls(format!("CA file {}: {e}", ca_file.display())))?;
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| ControlError::Tls(format!("CA file {}: {e}", ca_file.display())))?;
+    }
+    if roots.is_empty() {
+        return Err(ControlError::Tls(format!(
+            "CA file {}: no CERTIFICATE block found",
+            ca_file.display()
+        )));
+    }
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| ControlError::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ca_is_persisted_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = self_signed_identity(dir.path(), &["edge.tuna.test".into()]).unwrap();
+        let ca_pem = std::fs::read(dir.path().join("tls/ca.pem")).unwrap();
+        let second = self_signed_identity(dir.path(), &["other.tuna.test".into()]).unwrap();
+        assert_eq!(
+            std::fs::read(dir.path().join("tls/ca.pem")).unwrap(),
+            ca_pem
+        );
+        assert_eq!(first.cert_chain[1], second.cert_chain[1]);
+        assert_ne!(first.cert_chain[0], second.cert_chain[0]);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join("tls/ca.key"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "CA key must be private");
+        }
+        // Both identities load into a server config, and the CA file into a client config.
+        server_config(&first, ALPN_H2_HTTP1).unwrap();
+        client_config_trusting(&dir.path().join("tls/ca.pem")).unwrap();
+        assert!(format!("{first:?}").contains("***"));
+    }
+}
