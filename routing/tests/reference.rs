@@ -1,0 +1,185 @@
+//! Property tests: the compiled table against the naive reference in
+//! `support/naive.rs`, on random route sets and random requests.
+
+mod support;
+
+use proptest::prelude::*;
+use support::naive::{naive_host, naive_is_conflict_loser, naive_lookup, naive_path};
+use tuna_routing::{
+    BuildIssue, Origin, PathType, RouteSpec, RouteTable, TieBreak, normalize_host, normalize_path,
+};
+
+/// Route segments: a small alphabet so that routes overlap often.
+fn route_segment() -> impl Strategy<Value = String> {
+    prop::sample::select(vec!["a", "b", "ab", "A", "c~", "%7E", "x:y", "%3F"])
+        .prop_map(String::from)
+}
+
+fn route_path() -> impl Strategy<Value = String> {
+    (prop::collection::vec(route_segment(), 0..4), any::<bool>()).prop_map(|(segs, slash)| {
+        let mut p = format!("/{}", segs.join("/"));
+        if slash && !segs.is_empty() {
+            p.push('/');
+        }
+        p
+    })
+}
+
+fn path_type() -> impl Strategy<Value = PathType> {
+    prop::sample::select(vec![
+        PathType::Exact,
+        PathType::Prefix,
+        PathType::ImplementationSpecific,
+    ])
+}
+
+fn spec() -> impl Strategy<Value = (String, String, PathType, i64, String)> {
+    (
+        prop::sample::select(vec![
+            "a.example.com",
+            "B.example.com",
+            "*.example.com",
+            "*.b.example.com",
+            "example.com",
+        ]),
+        route_path(),
+        path_type(),
+        0i64..3,
+        prop::sample::select(vec!["x", "y"]),
+    )
+        .prop_map(|(h, p, t, c, n)| (h.to_string(), p, t, c, n.to_string()))
+}
+
+fn specs() -> impl Strategy<Value = Vec<RouteSpec<u32>>> {
+    prop::collection::vec(spec(), 0..24).prop_map(|raw| {
+        raw.into_iter()
+            .enumerate()
+            .map(|(i, (host, path, path_type, created, name))| RouteSpec {
+                host,
+                path,
+                path_type,
+                backend: i as u32,
+                origin: Origin {
+                    namespace: "ns".into(),
+                    name: name.clone(),
+                    rule: i % 3,
+                    path: i,
+                },
+                tie_break: TieBreak {
+                    created,
+                    namespace: "ns".into(),
+                    name,
+                },
+            })
+            .collect()
+    })
+}
+
+/// Request segments include everything the canonicalisation must handle.
+fn request_segment() -> impl Strategy<Value = String> {
+    prop::sample::select(vec![
+        "a", "b", "ab", "A", "c~", "c%7e", "%7E", "x:y", "%3f", "%3F", "%61", "%2F", "%2f", ".",
+        "..", "%2e", "%2E%2e", "", "a b", "%", "%zz", "{x}", "\\", "é",
+    ])
+    .prop_map(String::from)
+}
+
+fn request_path() -> impl Strategy<Value = String> {
+    (
+        prop::collection::vec(request_segment(), 0..6),
+        prop::sample::select(vec!["", "?", "?q=/a/../b", "#f"]),
+    )
+        .prop_map(|(segs, tail)| format!("/{}{}", segs.join("/"), tail))
+}
+
+fn request_host() -> impl Strategy<Value = String> {
+    prop::sample::select(vec![
+        "a.example.com",
+        "A.EXAMPLE.COM.",
+        "b.example.com:8080",
+        "c.example.com",
+        "x.b.example.com",
+        "y.x.b.example.com",
+        "example.com",
+        "Example.com.:1",
+        "example.com:x",
+        "[::1]:80",
+    ])
+    .prop_map(String::from)
+}
+
+/// Requests that mostly hit the routes: a route's own host and path with a
+/// suffix, mixed with fully random ones.
+fn specs_and_requests() -> impl Strategy<Value = (Vec<RouteSpec<u32>>, Vec<(String, String)>)> {
+    specs().prop_flat_map(|specs| {
+        let derived: Vec<(String, String)> = specs
+            .iter()
+            .map(|s| (s.host.replace('*', "w"), s.path.clone()))
+            .collect();
+        let n = derived.len().max(1);
+        let one = (
+            any::<bool>(),
+            0..n,
+            prop::sample::select(vec![
+                "", "/", "/a", "/b/", "/x/y", "?q=1", "/./", "/..", "//",
+            ]),
+            request_host(),
+            request_path(),
+        )
+            .prop_map(
+                move |(use_route, i, suffix, host, path)| match derived.get(i) {
+                    Some((h, p)) if use_route => (h.clone(), format!("{p}{suffix}")),
+                    _ => (host, path),
+                },
+            );
+        (Just(specs), prop::collection::vec(one, 1..16))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn table_agrees_with_reference((specs, requests) in specs_and_requests()) {
+        let (table, issues) = RouteTable::build(specs.clone()).unwrap();
+        for (host, path) in &requests {
+            let got = table.lookup(host, path).map(|m| *m.backend as usize);
+            let want = naive_lookup(&specs, host, path);
+            prop_assert_eq!(got, want, "lookup({:?}, {:?})", host, path);
+            let why = table.explain(host, path);
+            prop_assert_eq!(why.winner.map(|m| *m.backend as usize), want);
+            prop_assert_eq!(why.candidates.iter().filter(|c| c.outcome == tuna_routing::Outcome::Selected).count(), usize::from(want.is_some()));
+        }
+        let losers: Vec<usize> = (0..specs.len()).filter(|&i| naive_is_conflict_loser(&specs, i)).collect();
+        let reported: Vec<usize> = issues
+            .iter()
+            .map(|issue| match issue {
+                BuildIssue::Conflict { loser, .. } => loser.path,
+                other => panic!("unexpected issue {other}"),
+            })
+            .collect();
+        prop_assert_eq!(reported, losers);
+    }
+
+    #[test]
+    fn path_canonicalisation_agrees_with_reference(path in request_path()) {
+        let got = normalize_path(&path).map(|p| p.into_owned());
+        prop_assert_eq!(&got, &naive_path(&path));
+        // Idempotent: a canonical path is its own canonical form.
+        if let Some(c) = got {
+            let again = normalize_path(&c).map(|p| p.into_owned());
+            prop_assert_eq!(again, Some(c));
+        }
+    }
+
+    #[test]
+    fn arbitrary_paths_canonicalise_consistently(path in "/[a-zA-Z0-9%./?~ é-]{0,40}") {
+        let got = normalize_path(&path).map(|p| p.into_owned());
+        prop_assert_eq!(&got, &naive_path(&path));
+    }
+
+    #[test]
+    fn host_normalisation_agrees_with_reference(host in "[a-zA-Z.:\\[\\]0-9]{0,20}") {
+        prop_assert_eq!(normalize_host(&host).map(|h| h.into_owned()), naive_host(&host));
+    }
+}
