@@ -1,4 +1,13 @@
-//! The self-hosted edge's data plane: agent acceptor, session registry and
-//! public listeners. The control plane (REST API, store) lives in `control`.
+//! The self-hosted edge's data plane: agent acceptor, session registry,
+//! public HTTP/HTTPS/TCP listeners, and the composition that also serves
+//! the control plane's REST API ([`server::EdgeServer`]).
 
 pub mod authority;
+mod public;
+mod registry;
+pub mod server;
+mod session;
+mod tasks;
+
+pub use authority::{Grant, MemoryAuthority, SessionAuthority, TokenId};
+pub use server::{EdgeConfig, EdgeHandle, EdgeServer};

@@ -1,0 +1,348 @@
+//! Public listeners: HTTP and HTTPS (HTTP/1.1 and h2 via ALPN), routed by
+//! `Host` to the session that serves it.
+//!
+//! Each public connection gets its own data streams, one per host it talks
+//! to (so a stream's [`StreamMeta`] names one client and one host, and the
+//! agent's proxy core can set `X-Forwarded-*` from it). The edge speaks
+//! HTTP/1.1 on the stream; keep-alive requests reuse it. WebSocket (and any
+//! HTTP/1.1 `Upgrade`) requests get a stream of their own that turns into a
+//! raw pipe after `101`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+
+use super::registry::{Registry, Session};
+use crate::wire::{Scheme, StreamKind, StreamMeta};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+/// Idle HTTP/1.1 streams one public connection keeps for reuse.
+const MAX_IDLE_PER_CONNECTION: usize = 4;
+
+/// One accepted public connection.
+struct PublicConnection {
+    client_addr: SocketAddr,
+    scheme: Scheme,
+    registry: Arc<Registry>,
+    idle: Mutex<Vec<Idle>>,
+}
+
+struct Idle {
+    host: String,
+    session: Arc<Session>,
+    sender: http1::SendRequest<Incoming>,
+}
+
+/// Serves one public connection (plain or TLS-terminated) until it closes
+/// or the edge shuts down.
+pub(crate) async fn serve_connection<IO>(
+    io: IO,
+    client_addr: SocketAddr,
+    scheme: Scheme,
+    registry: Arc<Registry>,
+    cancel: CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = Arc::new(PublicConnection {
+        client_addr,
+        scheme,
+        registry,
+        idle: Mutex::new(Vec::new()),
+    });
+    let service = hyper::service::service_fn(move |req| {
+        let conn = Arc::clone(&conn);
+        async move { Ok::<_, Infallible>(conn.handle(req).await) }
+    });
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let serving = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        r = serving => {
+            if let Err(e) = r {
+                tracing::debug!(%client_addr, error = %e, "public connection ended with an error");
+            }
+        }
+    }
+}
+
+impl PublicConnection {
+    async fn handle(&self, mut req: Request<Incoming>) -> Response<Body> {
+        let Some(host) = request_host(&req) else {
+            return page(
+                StatusCode::BAD_REQUEST,
+                "Bad request",
+                "The request names no host.",
+                None,
+            );
+        };
+        let Some(session) = self.registry.session_for_host(&host) else {
+            if self.registry.host_went_offline(&host) {
+                return page(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Tunnel offline",
+                    &format!(
+                        "The tunnel serving {host} is not connected right now. Try again shortly."
+                    ),
+                    Some("5"),
+                );
+            }
+            return page(
+                StatusCode::NOT_FOUND,
+                "No tunnel for this host",
+                &format!("No tunnel serves {host} on this edge."),
+                None,
+            );
+        };
+        let upgrade = is_upgrade(&req);
+        to_origin_form(&mut req, &host);
+        if !upgrade {
+            strip_hop_by_hop(req.headers_mut());
+        }
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let sender = if upgrade {
+            None
+        } else {
+            self.take_idle(&host, &session)
+        };
+        let mut sender = match sender {
+            Some(s) => s,
+            None => match self.connect(&host, &session, upgrade).await {
+                Some(s) => s,
+                None => return bad_gateway(&host),
+            },
+        };
+        let mut resp = match sender.send_request(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(%host, error = %e, "request through the tunnel failed");
+                return bad_gateway(&host);
+            }
+        };
+        if let Some(client_upgrade) = client_upgrade {
+            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+                let agent_upgrade = hyper::upgrade::on(&mut resp);
+                let closed = session.closed.clone();
+                tokio::spawn(async move {
+                    let (Ok(client), Ok(agent)) = tokio::join!(client_upgrade, agent_upgrade)
+                    else {
+                        return;
+                    };
+                    let mut client = TokioIo::new(client);
+                    let mut agent = TokioIo::new(agent);
+                    tokio::select! {
+                        _ = closed.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut agent) => {}
+                    }
+                });
+            }
+        } else {
+            strip_hop_by_hop(resp.headers_mut());
+            self.put_idle(host, session, sender);
+        }
+        resp.map(|b| b.boxed())
+    }
+
+    fn take_idle(
+        &self,
+        host: &str,
+        session: &Arc<Session>,
+    ) -> Option<http1::SendRequest<Incoming>> {
+        let mut idle = self.idle.lock().expect("idle list poisoned");
+        idle.retain(|i| !i.sender.is_closed() && !i.session.closed.is_cancelled());
+        let pos = idle.iter().position(|i| {
+            i.host == host && Arc::ptr_eq(&i.session, session) && i.sender.is_ready()
+        })?;
+        Some(idle.swap_remove(pos).sender)
+    }
+
+    fn put_idle(&self, host: String, session: Arc<Session>, sender: http1::SendRequest<Incoming>) {
+        let mut idle = self.idle.lock().expect("idle list poisoned");
+        if idle.len() < MAX_IDLE_PER_CONNECTION {
+            idle.push(Idle {
+                host,
+                session,
+                sender,
+            });
+        }
+    }
+
+    async fn connect(
+        &self,
+        host: &str,
+        session: &Arc<Session>,
+        upgrade: bool,
+    ) -> Option<http1::SendRequest<Incoming>> {
+        let meta = StreamMeta {
+            client_addr: self.client_addr,
+            kind: StreamKind::Http {
+                host: host.to_owned(),
+                scheme: self.scheme,
+            },
+        };
+        let stream = match session.open(&meta).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(host, error = %e, "could not open a stream to the agent");
+                return None;
+            }
+        };
+        let (sender, conn) = match http1::Builder::new().handshake(TokioIo::new(stream)).await {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::debug!(host, error = %e, "HTTP/1.1 handshake over the tunnel failed");
+                return None;
+            }
+        };
+        let closed = session.closed.clone();
+        tokio::spawn(async move {
+            let r = if upgrade {
+                tokio::select! { _ = closed.cancelled() => Ok(()), r = conn.with_upgrades() => r }
+            } else {
+                tokio::select! { _ = closed.cancelled() => Ok(()), r = conn => r }
+            };
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "tunnel HTTP/1.1 connection ended with an error");
+            }
+        });
+        Some(sender)
+    }
+}
+
+/// The request's host, lower case, without port: from the URI (h2,
+/// absolute-form) or the `Host` header.
+fn request_host<B>(req: &Request<B>) -> Option<String> {
+    let raw = match req.uri().authority() {
+        Some(a) => a.host().to_owned(),
+        None => {
+            let value = req.headers().get(header::HOST)?.to_str().ok()?;
+            let authority: http::uri::Authority = value.parse().ok()?;
+            authority.host().to_owned()
+        }
+    };
+    let host = raw.trim_end_matches('.').to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
+}
+
+fn is_upgrade<B>(req: &Request<B>) -> bool {
+    req.version() <= http::Version::HTTP_11
+        && req.headers().contains_key(header::UPGRADE)
+        && req
+            .headers()
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+}
+
+/// HTTP/1.1 on the stream wants origin-form and a `Host` header, whatever
+/// the client spoke.
+fn to_origin_form<B>(req: &mut Request<B>, host_only: &str) {
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    if !req.headers().contains_key(header::HOST) {
+        let value = authority.unwrap_or_else(|| host_only.to_owned());
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            req.headers_mut().insert(header::HOST, v);
+        }
+    }
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    if let Ok(uri) = Uri::builder().path_and_query(path).build() {
+        *req.uri_mut() = uri;
+    }
+    *req.version_mut() = http::Version::HTTP_11;
+}
+
+/// Connection-scoped headers (RFC 9110 §7.6.1) describe one hop; they must
+/// not cross the tunnel.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+fn bad_gateway(host: &str) -> Response<Body> {
+    page(
+        StatusCode::BAD_GATEWAY,
+        "Tunnel unreachable",
+        &format!("The tunnel agent serving {host} did not answer."),
+        None,
+    )
+}
+
+/// A small self-explanatory HTML page.
+fn page(
+    status: StatusCode,
+    title: &str,
+    text: &str,
+    retry_after: Option<&'static str>,
+) -> Response<Body> {
+    let html = format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{code} {title}</title></head>\
+         <body><h1>{code} {title}</h1><p>{text}</p><hr><p>tuna edge</p></body></html>\n",
+        code = status.as_u16(),
+        title = escape(title),
+        text = escape(text),
+    );
+    let mut resp = Response::new(
+        Full::new(Bytes::from(html))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if let Some(secs) = retry_after {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
+    }
+    resp
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

@@ -1,0 +1,304 @@
+//! The edge composition: agent acceptor, public HTTP/HTTPS listeners, TCP
+//! endpoint listeners (opened on demand by the registry) and, optionally,
+//! the control plane's REST API router.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use super::authority::SessionAuthority;
+use super::public;
+use super::registry::Registry;
+use super::session::{AgentContext, serve_agent};
+use super::tasks::{TaskGuard, TaskSet, task_set};
+use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Error, Result, Scheme};
+
+/// Where the edge listens and with which TLS material.
+///
+/// TLS configurations are taken as built `rustls::ServerConfig`s (e.g. from
+/// `crate::tls`); the edge sets their ALPN itself.
+#[derive(Clone)]
+pub struct EdgeConfig {
+    /// Agent listener (TLS, ALPN `tuna-tunnel/1`).
+    pub agent_addr: SocketAddr,
+    /// TLS of the agent listener.
+    pub agent_tls: Arc<rustls::ServerConfig>,
+    /// Public plain-HTTP listener.
+    pub http_addr: Option<SocketAddr>,
+    /// Public HTTPS listener (HTTP/1.1 and h2 via ALPN); needs `public_tls`.
+    pub https_addr: Option<SocketAddr>,
+    /// Certificate for public HTTPS (e.g. a wildcard for the base domain).
+    pub public_tls: Option<Arc<rustls::ServerConfig>>,
+    /// REST API listener; served only when a router is given to `start`.
+    pub api_addr: Option<SocketAddr>,
+    /// TLS of the API listener; `None` means plain text, allowed only on loopback.
+    pub api_tls: Option<Arc<rustls::ServerConfig>>,
+    /// Address TCP endpoint listeners bind to.
+    pub tcp_bind_ip: IpAddr,
+    /// Ports TCP endpoints may use.
+    pub tcp_ports: RangeInclusive<u16>,
+    /// Heartbeat interval announced to agents.
+    pub heartbeat: Duration,
+}
+
+impl EdgeConfig {
+    /// A config with only the agent listener; add public listeners as needed.
+    pub fn new(agent_addr: SocketAddr, agent_tls: Arc<rustls::ServerConfig>) -> Self {
+        Self {
+            agent_addr,
+            agent_tls,
+            http_addr: None,
+            https_addr: None,
+            public_tls: None,
+            api_addr: None,
+            api_tls: None,
+            tcp_bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            tcp_ports: 20000..=29999,
+            heartbeat: DEFAULT_HEARTBEAT,
+        }
+    }
+}
+
+/// A running edge. Dropping it stops every listener and session (without
+/// waiting); [`EdgeHandle::shutdown`] also waits until sockets are closed.
+pub struct EdgeHandle {
+    /// Bound agent listener address.
+    pub agent_addr: SocketAddr,
+    /// Bound public HTTP address.
+    pub http_addr: Option<SocketAddr>,
+    /// Bound public HTTPS address.
+    pub https_addr: Option<SocketAddr>,
+    /// Bound REST API address.
+    pub api_addr: Option<SocketAddr>,
+    tasks: Option<TaskSet>,
+}
+
+impl EdgeHandle {
+    /// Stops the edge: sessions get `GoAway(shutting_down)`, listeners close;
+    /// returns when every task has ended (ports are free again).
+    pub async fn shutdown(mut self) {
+        if let Some(tasks) = self.tasks.take() {
+            tasks.shutdown().await;
+        }
+    }
+}
+
+impl Drop for EdgeHandle {
+    fn drop(&mut self) {
+        if let Some(tasks) = &self.tasks {
+            tasks.cancel.cancel();
+        }
+    }
+}
+
+/// Entry point of the edge.
+pub struct EdgeServer;
+
+impl EdgeServer {
+    /// Binds every configured listener, then serves in background tasks.
+    /// Fails if a listener cannot be bound or the configuration is unsafe
+    /// (plain-text API on a non-loopback address, HTTPS without a certificate).
+    pub async fn start(
+        config: EdgeConfig,
+        authority: Arc<dyn SessionAuthority>,
+        api_router: Option<axum::Router>,
+    ) -> Result<EdgeHandle> {
+        if config.https_addr.is_some() && config.public_tls.is_none() {
+            return Err(Error::Config(
+                "a public HTTPS listener needs a certificate (public_tls)".into(),
+            ));
+        }
+        if let (Some(addr), None, Some(_)) = (config.api_addr, &config.api_tls, &api_router) {
+            if !addr.ip().is_loopback() {
+                return Err(Error::Config(format!(
+                    "refusing a plain-text API listener on {addr}: plain text is for loopback tests only; give TLS material"
+                )));
+            }
+        }
+        let (guard, set) = task_set();
+        let registry = Registry::new(config.tcp_bind_ip, config.tcp_ports.clone(), guard.clone());
+
+        let agent_listener = bind(config.agent_addr, "agent").await?;
+        let agent_addr = agent_listener.local_addr()?;
+        let mut agent_tls = (*config.agent_tls).clone();
+        agent_tls.alpn_protocols = vec![ALPN.to_vec()];
+        let ctx = Arc::new(AgentContext {
+            authority,
+            registry: Arc::clone(&registry),
+            tls: TlsAcceptor::from(Arc::new(agent_tls)),
+            heartbeat: config.heartbeat,
+            tasks: guard.clone(),
+        });
+        spawn_accept_loop(agent_listener, guard.clone(), move |tcp, peer| {
+            tokio::spawn(serve_agent(tcp, peer, Arc::clone(&ctx)));
+        });
+
+        let http_addr = match config.http_addr {
+            Some(addr) => {
+                let listener = bind(addr, "public HTTP").await?;
+                let local = listener.local_addr()?;
+                let registry = Arc::clone(&registry);
+                let g = guard.clone();
+                spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let _ = tcp.set_nodelay(true);
+                    let registry = Arc::clone(&registry);
+                    let g = g.clone();
+                    tokio::spawn(async move {
+                        let _g = g.clone();
+                        public::serve_connection(
+                            tcp,
+                            peer,
+                            Scheme::Http,
+                            registry,
+                            g.cancel.clone(),
+                        )
+                        .await;
+                    });
+                });
+                Some(local)
+            }
+            None => None,
+        };
+
+        let https_addr = match (config.https_addr, &config.public_tls) {
+            (Some(addr), Some(tls)) => {
+                let listener = bind(addr, "public HTTPS").await?;
+                let local = listener.local_addr()?;
+                let mut tls = (**tls).clone();
+                tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+                let acceptor = TlsAcceptor::from(Arc::new(tls));
+                let registry = Arc::clone(&registry);
+                let g = guard.clone();
+                spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let _ = tcp.set_nodelay(true);
+                    let registry = Arc::clone(&registry);
+                    let acceptor = acceptor.clone();
+                    let g = g.clone();
+                    tokio::spawn(async move {
+                        let _g = g.clone();
+                        let handshake = tokio::time::timeout(
+                            crate::wire::HANDSHAKE_TIMEOUT,
+                            acceptor.accept(tcp),
+                        );
+                        let tls = tokio::select! {
+                            _ = g.cancel.cancelled() => return,
+                            r = handshake => match r {
+                                Ok(Ok(tls)) => tls,
+                                _ => return,
+                            },
+                        };
+                        public::serve_connection(
+                            tls,
+                            peer,
+                            Scheme::Https,
+                            registry,
+                            g.cancel.clone(),
+                        )
+                        .await;
+                    });
+                });
+                Some(local)
+            }
+            _ => None,
+        };
+
+        let api_addr = match (config.api_addr, api_router) {
+            (Some(addr), Some(router)) => {
+                let listener = bind(addr, "REST API").await?;
+                let local = listener.local_addr()?;
+                let tls = config.api_tls.as_ref().map(|tls| {
+                    let mut tls = (**tls).clone();
+                    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+                    TlsAcceptor::from(Arc::new(tls))
+                });
+                let g = guard.clone();
+                spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let router = router.clone();
+                    let tls = tls.clone();
+                    let g = g.clone();
+                    tokio::spawn(async move {
+                        let _g = g.clone();
+                        serve_api(tcp, peer, router, tls, g).await;
+                    });
+                });
+                Some(local)
+            }
+            _ => None,
+        };
+        drop(guard);
+        drop(registry);
+        Ok(EdgeHandle {
+            agent_addr,
+            http_addr,
+            https_addr,
+            api_addr,
+            tasks: Some(set),
+        })
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        Error::Config(format!(
+            "cannot listen on {addr} for the {what} listener: {e}"
+        ))
+    })
+}
+
+fn spawn_accept_loop<F>(listener: TcpListener, guard: TaskGuard, on_accept: F)
+where
+    F: Fn(tokio::net::TcpStream, SocketAddr) + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = guard.cancel.cancelled() => return,
+                a = listener.accept() => a,
+            };
+            match accepted {
+                Ok((tcp, peer)) => on_accept(tcp, peer),
+                Err(e) => {
+                    // EMFILE and friends: back off a little instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+}
+
+async fn serve_api(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    router: axum::Router,
+    tls: Option<TlsAcceptor>,
+    guard: TaskGuard,
+) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let result = match tls {
+        Some(acceptor) => {
+            match tokio::time::timeout(crate::wire::HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => {
+                    tokio::select! {
+                        _ = guard.cancel.cancelled() => return,
+                        r = builder.serve_connection(TokioIo::new(stream), service) => r,
+                    }
+                }
+                _ => return,
+            }
+        }
+        None => tokio::select! {
+            _ = guard.cancel.cancelled() => return,
+            r = builder.serve_connection(TokioIo::new(tcp), service) => r,
+        },
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "API connection ended with an error");
+    }
+}

@@ -1,0 +1,492 @@
+//! Data plane end to end: public client → edge → agent → backend, over real
+//! TLS and real sockets on 127.0.0.1.
+
+mod data_support;
+
+use std::sync::Arc;
+
+use data_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tuna_tunnel::agent::AgentStatus;
+use tuna_tunnel::edge::{EdgeServer, MemoryAuthority};
+use tuna_tunnel::wire::{Binding, BoundTarget, ErrorCode};
+
+const HOST: &str = "app.tuna.test";
+
+fn authority_with(token: &str, allowed: Vec<Binding>) -> MemoryAuthority {
+    let authority = MemoryAuthority::new();
+    authority.add_token(
+        "tok-1",
+        &tuna_tunnel::wire::TunnelToken::new(token),
+        "acct",
+        far_future(),
+        allowed,
+    );
+    authority
+}
+
+#[tokio::test]
+async fn http_request_reaches_the_backend_with_its_metadata() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    agent.connected().await.unwrap();
+    let client = http_client(&cert, &edge, &[HOST, "nobody.tuna.test"]);
+
+    for round in 0..3 {
+        let resp = client
+            .post(http_url(&edge, HOST, "/hello?x=1"))
+            .body(vec![7u8; 1000])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "round {round}");
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.starts_with("host=app.tuna.test scheme=http client_ip=127.0.0.1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "host_header=app.tuna.test:{}",
+                edge.http_addr.unwrap().port()
+            )),
+            "{text}"
+        );
+        assert!(text.ends_with("path=/hello body=1000"), "{text}");
+    }
+
+    let resp = client
+        .get(http_url(&edge, "nobody.tuna.test", "/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    assert!(
+        resp.text()
+            .await
+            .unwrap()
+            .contains("No tunnel serves nobody.tuna.test")
+    );
+}
+
+#[tokio::test]
+async fn https_with_h2_is_routed_by_host() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    agent.connected().await.unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(cert.cert_pem.as_bytes()).unwrap())
+        .resolve(HOST, edge.https_addr.unwrap())
+        .no_proxy()
+        .build()
+        .unwrap();
+    let requests = (0..20).map(|i| client.get(https_url(&edge, HOST, &format!("/r{i}"))).send());
+    for (i, resp) in futures::future::join_all(requests)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let resp = resp.unwrap();
+        assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+        let text = resp.text().await.unwrap();
+        assert!(
+            text.starts_with("host=app.tuna.test scheme=https"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("path=/r{i} ")), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn websocket_style_upgrades_pass_through() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    agent.connected().await.unwrap();
+
+    let mut tcp = TcpStream::connect(edge.http_addr.unwrap()).await.unwrap();
+    tcp.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: app.tuna.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        tcp.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    for msg in [&b"ping"[..], b"frames pass as raw bytes"] {
+        tcp.write_all(msg).await.unwrap();
+        let mut back = vec![0u8; msg.len()];
+        tcp.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, msg);
+    }
+}
+
+#[tokio::test]
+async fn tcp_endpoint_echoes_and_carries_large_transfers() {
+    init();
+    let cert = TestCert::new();
+    let port = free_port();
+    let authority = authority_with("t1", vec![Binding::tcp("db")]);
+    authority.add_tcp_alias("db", port);
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::tcp("db")]));
+    agent.connected().await.unwrap();
+
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    tcp.write_all(b"hello through the tunnel").await.unwrap();
+    let mut back = [0u8; 24];
+    tcp.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"hello through the tunnel");
+
+    // 256 MiB up and echoed back down, checked byte for byte by a running sum.
+    const TOTAL: usize = 256 * 1024 * 1024;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (mut r, mut w) = tcp.into_split();
+    let writer = tokio::spawn(async move {
+        let chunk: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+        let mut sent = 0;
+        while sent < TOTAL {
+            w.write_all(&chunk).await.unwrap();
+            sent += chunk.len();
+        }
+        w.shutdown().await.unwrap();
+    });
+    let mut received = 0usize;
+    let mut sum = 0u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = r.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        for (i, b) in buf[..n].iter().enumerate() {
+            assert_eq!(
+                *b,
+                ((received + i) % 65536 % 251) as u8,
+                "byte {}",
+                received + i
+            );
+        }
+        received += n;
+        sum = sum.wrapping_add(n as u64);
+    }
+    writer.await.unwrap();
+    assert_eq!(received, TOTAL);
+    assert_eq!(sum as usize, TOTAL);
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_streams() {
+    init();
+    let cert = TestCert::new();
+    let port = free_port();
+    let authority = authority_with(
+        "t1",
+        vec![Binding::tcp(port.to_string()), Binding::http(HOST)],
+    );
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(
+        &cert,
+        &edge,
+        "t1",
+        vec![Binding::tcp(port.to_string()), Binding::http(HOST)],
+    ));
+    agent.connected().await.unwrap();
+
+    let tcp_clients = (0..200u32).map(|i| async move {
+        let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let payload: Vec<u8> = (0..64 * 1024u32).map(|j| ((i + j) % 256) as u8).collect();
+        let (mut r, mut w) = tcp.split();
+        let (_, back) = tokio::join!(async { w.write_all(&payload).await.unwrap() }, async {
+            let mut back = vec![0u8; payload.len()];
+            r.read_exact(&mut back).await.unwrap();
+            back
+        });
+        assert_eq!(back, payload, "stream {i}");
+    });
+    futures::future::join_all(tcp_clients).await;
+
+    let client = http_client(&cert, &edge, &[HOST]);
+    let http_clients = (0..200).map(|i| {
+        let client = client.clone();
+        let url = http_url(&edge, HOST, &format!("/bytes/{}", 1000 + i));
+        async move {
+            let body = client.get(url).send().await.unwrap().bytes().await.unwrap();
+            assert_eq!(body.len(), 1000 + i);
+        }
+    });
+    futures::future::join_all(http_clients).await;
+}
+
+#[tokio::test]
+async fn binding_changes_travel_live_without_reconnecting() {
+    init();
+    let cert = TestCert::new();
+    let other = "other.tuna.test";
+    let authority = authority_with("t1", vec![Binding::http(HOST), Binding::http(other)]);
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let session = agent.connected().await.unwrap();
+    let client = http_client(&cert, &edge, &[HOST, other]);
+    assert_eq!(
+        client
+            .get(http_url(&edge, other, "/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+
+    let outcomes = agent
+        .set_bindings(vec![Binding::http(HOST), Binding::http(other)])
+        .await
+        .unwrap();
+    assert_eq!(outcomes.len(), 1);
+    assert_eq!(
+        outcomes[0].bound,
+        Some(BoundTarget::Http { host: other.into() })
+    );
+    let text = client
+        .get(http_url(&edge, other, "/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.starts_with("host=other.tuna.test"), "{text}");
+
+    agent.remove_binding(Binding::http(HOST)).await.unwrap();
+    let resp = client.get(http_url(&edge, HOST, "/")).send().await.unwrap();
+    assert_eq!(resp.status(), 503, "a host whose tunnel left answers 503");
+    assert_eq!(resp.headers()["retry-after"], "5");
+
+    assert_eq!(
+        agent.session_id(),
+        Some(session),
+        "the same session carried every change"
+    );
+    assert_eq!(
+        agent.current_bindings().into_iter().collect::<Vec<_>>(),
+        vec![Binding::http(other)]
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_edge_is_rejoined_and_traffic_resumes() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+    let agent_addr = edge.agent_addr;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let first = agent.connected().await.unwrap();
+    let client = http_client(&cert, &edge, &[HOST]);
+    assert_eq!(
+        client
+            .get(http_url(&edge, HOST, "/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    edge.shutdown().await;
+    wait_status(&agent, |s| !matches!(s, AgentStatus::Connected { .. })).await;
+
+    let edge = EdgeServer::start(
+        edge_config(&cert, agent_addr),
+        Arc::new(authority.clone()),
+        None,
+    )
+    .await
+    .unwrap();
+    let status = wait_status(
+        &agent,
+        |s| matches!(s, AgentStatus::Connected { session_id } if *session_id != first),
+    )
+    .await;
+    assert!(matches!(status, AgentStatus::Connected { .. }));
+    let client = http_client(&cert, &edge, &[HOST]);
+    let text = client
+        .get(http_url(&edge, HOST, "/again"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("path=/again"), "{text}");
+}
+
+#[tokio::test]
+async fn revoking_the_token_closes_the_session() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    agent.connected().await.unwrap();
+
+    authority.revoke("tok-1");
+    // The edge acts on the revocation event (no polling); the agent learns why.
+    let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
+    let AgentStatus::Rejected(reason) = status else {
+        unreachable!()
+    };
+    assert!(
+        matches!(reason.code, ErrorCode::TokenRevoked | ErrorCode::BadToken),
+        "closed with {reason:?}"
+    );
+    let client = http_client(&cert, &edge, &[HOST]);
+    assert_eq!(
+        client
+            .get(http_url(&edge, HOST, "/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    // Reconnects keep failing: the token is gone.
+    let status = wait_status(
+        &agent,
+        |s| matches!(s, AgentStatus::Rejected(r) if r.code == ErrorCode::BadToken),
+    )
+    .await;
+    assert!(matches!(status, AgentStatus::Rejected(_)));
+}
+
+#[tokio::test]
+async fn expired_and_unknown_tokens_are_refused() {
+    init();
+    let cert = TestCert::new();
+    let authority = MemoryAuthority::new();
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+    authority.add_token(
+        "old",
+        &tuna_tunnel::wire::TunnelToken::new("t-old"),
+        "acct",
+        past,
+        vec![Binding::http(HOST)],
+    );
+    let edge = start_edge(&cert, &authority).await;
+
+    for (token, code) in [
+        ("t-old", ErrorCode::TokenExpired),
+        ("nope", ErrorCode::BadToken),
+    ] {
+        let agent = start_agent(agent_config(&cert, &edge, token, vec![Binding::http(HOST)]));
+        let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
+        assert!(
+            matches!(&status, AgentStatus::Rejected(r) if r.code == code),
+            "{token}: {status:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn foreign_bindings_are_refused_at_handshake_and_live() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+
+    let agent = start_agent(agent_config(
+        &cert,
+        &edge,
+        "t1",
+        vec![Binding::http("victim.tuna.test")],
+    ));
+    let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
+    assert!(
+        matches!(&status, AgentStatus::Rejected(r) if r.code == ErrorCode::BindingNotAllowed),
+        "{status:?}"
+    );
+    drop(agent);
+
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let session = agent.connected().await.unwrap();
+    let outcomes = agent
+        .add_binding(Binding::http("victim.tuna.test"))
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes[0].error.as_ref().map(|e| e.code),
+        Some(ErrorCode::BindingNotAllowed)
+    );
+    let outcomes = agent.add_binding(Binding::tcp("1")).await.unwrap();
+    assert_eq!(
+        outcomes[0].error.as_ref().map(|e| e.code),
+        Some(ErrorCode::BindingNotAllowed)
+    );
+    assert_eq!(
+        agent.session_id(),
+        Some(session),
+        "a refused binding does not end the session"
+    );
+    let client = http_client(&cert, &edge, &["victim.tuna.test"]);
+    assert_eq!(
+        client
+            .get(http_url(&edge, "victim.tuna.test", "/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+}
+
+#[tokio::test]
+async fn a_gone_agent_turns_its_host_into_503() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    agent.connected().await.unwrap();
+    let client = http_client(&cert, &edge, &[HOST]);
+    assert_eq!(
+        client
+            .get(http_url(&edge, HOST, "/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    agent.shutdown().await;
+    // The edge notices the closed connection; wait for the route to go.
+    let mut status = 200;
+    for _ in 0..200 {
+        status = client
+            .get(http_url(&edge, HOST, "/"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if status != 200 {
+            break;
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(status == 503 || status == 502, "got {status}");
+}
