@@ -4,6 +4,7 @@
 //! manifests from files, `translate` turns objects into desired routes (pure),
 //! `explain` is the `route explain` command.
 
+pub mod crdgen;
 pub mod explain;
 pub mod manifest;
 pub mod telemetry;

@@ -14,6 +14,8 @@ enum Command {
     /// Inspect how routes are built and matched.
     #[command(subcommand)]
     Route(tuna_operator::explain::RouteCommand),
+    /// Write the CRDs into the Helm chart (or check them with --check).
+    Crdgen(tuna_operator::crdgen::CrdgenArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -21,5 +23,6 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Route(cmd) => tuna_operator::explain::run(cmd),
+        Command::Crdgen(args) => tuna_operator::crdgen::run(args),
     }
 }
