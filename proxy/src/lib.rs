@@ -1,1 +1,581 @@
-//! tuna-proxy (placeholder until its issue lands; see DESIGN.md §2).
+//! The proxy core: a Pingora-based reverse proxy that Ingress routes,
+//! Tunnels and TCPEndpoints all register into.
+//!
+//! # Contract
+//!
+//! - **Embedding.** [`ProxyCore::new`] needs only a running tokio runtime
+//!   (ours); Pingora's `Server`/`run_forever` is not used. Connections enter
+//!   Pingora through `pingora::proxy::http_proxy` + `ServerApp::process_new`,
+//!   from a plain listener ([`ProxyCore::listen`]) or from any async stream
+//!   ([`ProxyCore::serve_stream`], for connections that arrive through a
+//!   tunnel: no loopback hop; the stream is wrapped as a Pingora
+//!   `VirtualSocket` whose digest reports the public client address).
+//! - **Registration (the plugin seam).** [`ProxyCore::set_host_routes`],
+//!   [`ProxyCore::remove_host`], [`ProxyCore::add_tcp_listener`],
+//!   [`ProxyCore::remove_tcp_listener`], [`ProxyCore::set_tcp_service`],
+//!   [`ProxyCore::remove_tcp_service`], [`ProxyCore::serve_tcp_stream`]. The
+//!   core knows nothing about Kubernetes; callers pass resolved socket
+//!   addresses (the proxy never does DNS).
+//! - **Atomic snapshots.** Each change rebuilds an immutable route table off
+//!   the request path and swaps it in with `ArcSwap`; requests read it
+//!   without a lock. A request keeps the backend it was routed to even if
+//!   the table changes before it connects; open connections are never
+//!   disturbed by a swap.
+//! - **HTTP behaviour.** Host (normalised as in `tuna-routing`) + path
+//!   routing with Ingress semantics; unknown host or path → 404 page naming
+//!   the host; upstream refused/unreachable → 502; upstream timeout → 504;
+//!   only connect failures of idempotent requests are retried (on the next
+//!   address), plus Pingora's retry of a dead pooled connection. The public
+//!   `Host` reaches the backend unchanged; `X-Forwarded-Host`,
+//!   `X-Forwarded-Proto` (from [`ConnInfo::scheme`]) and `X-Forwarded-For`
+//!   (appended for trusted connections, replaced otherwise) are set;
+//!   hop-by-hop headers are stripped; a request id header is added (a
+//!   trusted hop's is kept) and carried by a tracing span per request.
+//!   WebSocket/Upgrade, streamed bodies of any size, HTTP/1.1 and h2c from
+//!   clients, upstream HTTP/1.1, h2c ([`UpstreamProtocol::H2c`], for gRPC)
+//!   and HTTPS.
+//! - **Limits.** First request header of a connection: size and field
+//!   count → 431, total read time → 408 ([`DownstreamLimits`]); later
+//!   requests on a keep-alive connection: 431 from the same limits.
+//! - **TCP.** Listeners and tunnel-fed services splice bytes both ways with
+//!   half-close, under a per-endpoint connection limit.
+//! - **Shutdown.** [`ProxyCore::shutdown`] stops accepting, lets open
+//!   connections finish for [`ProxyConfig::shutdown_grace`] (25 s by
+//!   default), then cuts the rest.
+//! - **Observability.** [`ProxyCore::serve_admin`]: `/healthz`, `/readyz`,
+//!   `/metrics` (Prometheus text).
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tuna_proxy::Error> {
+//! use tuna_proxy::*;
+//! let core = ProxyCore::new(ProxyConfig::default());
+//! let issues = core.set_host_routes("shop.example.com", vec![HttpRoute {
+//!     path: "/".into(),
+//!     path_type: PathType::Prefix,
+//!     backend: HttpBackend::http1(["10.0.0.7:8080".parse().unwrap()]),
+//!     origin: Origin::default(),
+//!     tie_break: TieBreak::default(),
+//! }])?;
+//! assert!(issues.is_empty());
+//! let addr = core.listen("127.0.0.1:0".parse().unwrap()).await?;
+//! # let _ = addr; Ok(()) }
+//! ```
+
+mod admin;
+mod config;
+mod conn;
+mod error;
+mod http;
+mod metrics;
+mod routes;
+mod tcp;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use pingora::apps::{HttpServerOptions, ServerApp};
+use pingora::protocols::GetSocketDigest;
+use pingora::protocols::SocketDigest;
+use pingora::protocols::l4::stream::Stream;
+use pingora::proxy::HttpProxy;
+use pingora::server::configuration::ServerConf;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::{DownstreamLimits, ProxyConfig, UpstreamTimeouts};
+pub use error::{Error, Result};
+pub use routes::{HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol};
+pub use tcp::{TcpLimits, TcpUpstream};
+pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
+
+use crate::http::{Router, Shared};
+use crate::routes::Registry;
+use crate::tcp::TcpEndpoint;
+
+/// The scheme the client used on the public side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scheme {
+    /// Plain HTTP.
+    #[default]
+    Http,
+    /// HTTPS (TLS terminated before the stream reached the proxy core,
+    /// e.g. at the edge).
+    Https,
+}
+
+impl Scheme {
+    /// `http` or `https`, as in `X-Forwarded-Proto`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Https => "https",
+        }
+    }
+}
+
+/// What the proxy must know about a connection it did not accept itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The public client's address (becomes `X-Forwarded-For`).
+    pub client_addr: SocketAddr,
+    /// The public address the client connected to, if known.
+    pub local_addr: Option<SocketAddr>,
+    /// Scheme the client used (becomes `X-Forwarded-Proto`).
+    pub scheme: Scheme,
+    /// Whether the hop that delivered the stream is trusted: its
+    /// `X-Forwarded-For` is appended to and its request id kept. True for
+    /// streams from our own edge.
+    pub trusted: bool,
+}
+
+/// A cheap, cloneable handle to one proxy core. All clones share the same
+/// configuration, pools and counters.
+#[derive(Clone)]
+pub struct ProxyCore {
+    inner: Arc<Inner>,
+}
+
+struct TcpListenerHandle {
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) shared: Arc<Shared>,
+    /// One Pingora application per (scheme, trusted); see `http::Router`.
+    apps: [Arc<HttpProxy<Router>>; 4],
+    /// Registrations as given; locked only by (rare) registration calls.
+    registry: Mutex<Registry>,
+    tcp_listeners: Mutex<HashMap<SocketAddr, TcpListenerHandle>>,
+    tcp_services: ArcSwap<HashMap<String, Arc<TcpEndpoint>>>,
+    tcp_services_write: Mutex<()>,
+    shutdown_tx: watch::Sender<bool>,
+    /// Stops the HTTP accept loops.
+    stopping: CancellationToken,
+    /// Cuts every connection when the grace period is over.
+    cut: CancellationToken,
+    /// Stops the admin listener after the drain.
+    admin_stop: CancellationToken,
+    tracker: TaskTracker,
+    ready: AtomicBool,
+}
+
+impl Inner {
+    pub(crate) fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed) && !*self.shutdown_tx.borrow()
+    }
+
+    fn app(&self, scheme: Scheme, trusted: bool) -> Arc<HttpProxy<Router>> {
+        let i = (scheme == Scheme::Https) as usize * 2 + trusted as usize;
+        self.apps[i].clone()
+    }
+}
+
+impl ProxyCore {
+    /// Creates a proxy core with an empty route table. Must be called inside
+    /// a tokio runtime only when listeners are started; creation itself does
+    /// no I/O.
+    pub fn new(config: ProxyConfig) -> Self {
+        let shared = Arc::new(Shared::new(config));
+        let config = &shared.config;
+        let mut conf = ServerConf {
+            max_retries: config.max_connect_attempts.max(1),
+            upstream_keepalive_pool_size: config.upstream_pool_size,
+            ..ServerConf::default()
+        };
+        conf.threads = 1;
+        let conf = Arc::new(conf);
+        let make = |scheme, trusted| {
+            let mut app = pingora::proxy::http_proxy(
+                &conf,
+                Router {
+                    shared: shared.clone(),
+                    scheme,
+                    trusted,
+                },
+            );
+            let mut options = HttpServerOptions::default();
+            options.h2c = true;
+            app.server_options = Some(options);
+            let mut h2 = pingora::protocols::http::v2::server::H2Options::new();
+            h2.max_header_list_size(config.limits.max_header_bytes as u32);
+            app.h2_options = Some(h2);
+            Arc::new(app)
+        };
+        let apps = [
+            make(Scheme::Http, false),
+            make(Scheme::Http, true),
+            make(Scheme::Https, false),
+            make(Scheme::Https, true),
+        ];
+        let (shutdown_tx, _) = watch::channel(false);
+        Self {
+            inner: Arc::new(Inner {
+                shared,
+                apps,
+                registry: Mutex::new(Registry::default()),
+                tcp_listeners: Mutex::new(HashMap::new()),
+                tcp_services: ArcSwap::from_pointee(HashMap::new()),
+                tcp_services_write: Mutex::new(()),
+                shutdown_tx,
+                stopping: CancellationToken::new(),
+                cut: CancellationToken::new(),
+                admin_stop: CancellationToken::new(),
+                tracker: TaskTracker::new(),
+                ready: AtomicBool::new(true),
+            }),
+        }
+    }
+
+    /// The configuration this core was created with.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.inner.shared.config
+    }
+
+    // ----- HTTP routes --------------------------------------------------
+
+    /// Sets (or replaces) every route of `host` and swaps the new table in.
+    /// Returns the rules of this host that are not routed (invalid path,
+    /// conflict lost) — the others are live when this returns.
+    /// An empty `routes` removes the host.
+    pub fn set_host_routes(&self, host: &str, routes: Vec<HttpRoute>) -> Result<Vec<BuildIssue>> {
+        if routes.is_empty() {
+            self.remove_host(host)?;
+            return Ok(Vec::new());
+        }
+        let config = &self.inner.shared.config;
+        let mut registry = lock(&self.inner.registry);
+        let issues = registry.set_host(host, routes, config)?;
+        self.inner
+            .shared
+            .snapshot
+            .store(Arc::new(registry.compile(config)?));
+        Ok(issues)
+    }
+
+    /// Removes every route of `host`; its requests get 404 from now on.
+    /// Returns whether the host had routes.
+    pub fn remove_host(&self, host: &str) -> Result<bool> {
+        let config = &self.inner.shared.config;
+        let mut registry = lock(&self.inner.registry);
+        let removed = registry.remove_host(host)?;
+        if removed {
+            self.inner
+                .shared
+                .snapshot
+                .store(Arc::new(registry.compile(config)?));
+        }
+        Ok(removed)
+    }
+
+    /// The hosts that currently have routes (canonical form).
+    pub fn hosts(&self) -> Vec<String> {
+        let snapshot = self.inner.shared.snapshot.load();
+        snapshot.hosts.iter().map(|(h, _)| h.clone()).collect()
+    }
+
+    // ----- HTTP entry points ---------------------------------------------
+
+    /// Binds a plain-HTTP listener (HTTP/1.1 and h2c) and serves it until
+    /// shutdown. Returns the bound address (use port 0 in tests).
+    /// Connections from [`ProxyConfig::trusted_peers`] count as trusted.
+    pub async fn listen(&self, addr: SocketAddr) -> Result<SocketAddr> {
+        if *self.inner.shutdown_tx.borrow() {
+            return Err(Error::ShuttingDown);
+        }
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind { addr, source })?;
+        let bound = listener.local_addr()?;
+        let inner = self.inner.clone();
+        self.inner.tracker.spawn(accept_http(listener, inner));
+        Ok(bound)
+    }
+
+    /// Serves one connection that arrived by other means (a tunnel stream)
+    /// until it closes: the stream goes straight into Pingora. Spawn it;
+    /// it returns when the connection is done or cut at shutdown.
+    pub async fn serve_stream<S>(&self, stream: S, info: ConnInfo)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        if *self.inner.shutdown_tx.borrow() {
+            return;
+        }
+        let stream = conn::tunnel_stream(stream, info.client_addr, info.local_addr);
+        let app = self.inner.app(info.scheme, info.trusted);
+        let fut = conn::serve_connection(
+            stream,
+            app,
+            self.inner.shared.clone(),
+            self.inner.shutdown_tx.subscribe(),
+        );
+        let cut = self.inner.cut.clone();
+        self.inner
+            .tracker
+            .track_future(async move {
+                tokio::select! {
+                    _ = fut => {}
+                    _ = cut.cancelled() => {}
+                }
+            })
+            .await
+    }
+
+    // ----- TCP listeners -------------------------------------------------
+
+    /// Binds a TCP listener that splices every connection to `upstream`.
+    /// Returns the bound address. Takes effect immediately.
+    pub async fn add_tcp_listener(
+        &self,
+        bind: SocketAddr,
+        upstream: TcpUpstream,
+        limits: TcpLimits,
+    ) -> Result<SocketAddr> {
+        if *self.inner.shutdown_tx.borrow() {
+            return Err(Error::ShuttingDown);
+        }
+        if bind.port() != 0 && lock(&self.inner.tcp_listeners).contains_key(&bind) {
+            return Err(Error::ListenerExists(bind));
+        }
+        let endpoint = Arc::new(TcpEndpoint::new(upstream, limits, &bind.to_string())?);
+        let listener = TcpListener::bind(bind)
+            .await
+            .map_err(|source| Error::Bind { addr: bind, source })?;
+        let bound = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(accept_tcp(
+            listener,
+            endpoint,
+            self.inner.clone(),
+            stop.clone(),
+        ));
+        let mut listeners = lock(&self.inner.tcp_listeners);
+        if listeners.contains_key(&bound) {
+            stop.cancel();
+            return Err(Error::ListenerExists(bound));
+        }
+        listeners.insert(bound, TcpListenerHandle { stop, task });
+        Ok(bound)
+    }
+
+    /// Closes the TCP listener bound at `bound` (the address returned by
+    /// [`Self::add_tcp_listener`]). The port is free when this returns;
+    /// connections already open are left to finish.
+    pub async fn remove_tcp_listener(&self, bound: SocketAddr) -> Result<()> {
+        let handle = lock(&self.inner.tcp_listeners)
+            .remove(&bound)
+            .ok_or(Error::NoSuchListener(bound))?;
+        handle.stop.cancel();
+        let _ = handle.task.await;
+        Ok(())
+    }
+
+    /// Addresses of the TCP listeners currently open.
+    pub fn tcp_listeners(&self) -> Vec<SocketAddr> {
+        lock(&self.inner.tcp_listeners).keys().copied().collect()
+    }
+
+    // ----- TCP services fed by a tunnel --------------------------------
+
+    /// Registers (or replaces) the upstream of the tunnel TCP endpoint
+    /// `key`. Connections already open keep their upstream.
+    pub fn set_tcp_service(&self, key: &str, upstream: TcpUpstream, limits: TcpLimits) -> Result<()> {
+        let endpoint = Arc::new(TcpEndpoint::new(upstream, limits, key)?);
+        let _w = lock(&self.inner.tcp_services_write);
+        let mut map = HashMap::clone(&self.inner.tcp_services.load());
+        map.insert(key.to_owned(), endpoint);
+        self.inner.tcp_services.store(Arc::new(map));
+        Ok(())
+    }
+
+    /// Unregisters a tunnel TCP endpoint; returns whether it existed. Open
+    /// connections are left to finish.
+    pub fn remove_tcp_service(&self, key: &str) -> bool {
+        let _w = lock(&self.inner.tcp_services_write);
+        let mut map = HashMap::clone(&self.inner.tcp_services.load());
+        let existed = map.remove(key).is_some();
+        self.inner.tcp_services.store(Arc::new(map));
+        existed
+    }
+
+    /// Splices one tunnel stream to the upstream registered as `key`, until
+    /// both directions are closed. Fails at once for an unknown key, a full
+    /// connection limit or an unreachable upstream (the stream is dropped,
+    /// i.e. closed).
+    pub async fn serve_tcp_stream<S>(&self, key: &str, stream: S, info: ConnInfo) -> Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        if *self.inner.shutdown_tx.borrow() {
+            return Err(Error::ShuttingDown);
+        }
+        let endpoint = self
+            .inner
+            .tcp_services
+            .load()
+            .get(key)
+            .cloned()
+            .ok_or_else(|| Error::NoSuchTcpService(key.to_owned()))?;
+        let metrics = &self.inner.shared.metrics;
+        let permit = endpoint.admit(metrics)?;
+        tracing::debug!(key, client = %info.client_addr, "tcp stream");
+        let cut = self.inner.cut.clone();
+        self.inner
+            .tracker
+            .track_future(async {
+                tokio::select! {
+                    res = endpoint.splice(stream, metrics, permit) => res,
+                    _ = cut.cancelled() => Err(Error::ShuttingDown),
+                }
+            })
+            .await
+    }
+
+    // ----- admin and lifecycle -----------------------------------------
+
+    /// Binds the admin listener (`/healthz`, `/readyz`, `/metrics`).
+    /// It keeps answering while the proxy drains (`/readyz` says 503).
+    pub async fn serve_admin(&self, addr: SocketAddr) -> Result<SocketAddr> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| Error::Bind { addr, source })?;
+        let bound = listener.local_addr()?;
+        tokio::spawn(admin::serve(
+            listener,
+            self.inner.clone(),
+            self.inner.admin_stop.clone(),
+        ));
+        Ok(bound)
+    }
+
+    /// Sets what `/readyz` reports (true by default); e.g. false until the
+    /// first configuration is loaded.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text that `/metrics` serves.
+    pub fn render_metrics(&self) -> String {
+        let snapshot = self.inner.shared.snapshot.load();
+        self.inner.shared.metrics.render(&snapshot.hosts)
+    }
+
+    /// Graceful shutdown: stop accepting, ask keep-alive and h2 clients to
+    /// go (no keep-alive, GOAWAY), wait for open connections and streams
+    /// for up to [`ProxyConfig::shutdown_grace`], then cut what is left.
+    /// Returns whether everything finished within the grace period.
+    pub async fn shutdown(&self) -> bool {
+        let inner = &self.inner;
+        let _ = inner.shutdown_tx.send(true);
+        inner.stopping.cancel();
+        for listener in lock(&inner.tcp_listeners).values() {
+            listener.stop.cancel();
+        }
+        for app in &inner.apps {
+            app.cleanup().await;
+        }
+        inner.tracker.close();
+        let clean =
+            tokio::time::timeout(inner.shared.config.shutdown_grace, inner.tracker.wait())
+                .await
+                .is_ok();
+        if !clean {
+            inner.cut.cancel();
+            inner.tracker.wait().await;
+        }
+        inner.admin_stop.cancel();
+        clean
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Registration calls never panic while holding these locks in a way
+    // that leaves the data inconsistent (every write is a whole-value
+    // replacement), so a poisoned lock's data is still good.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn accept_http(listener: TcpListener, inner: Arc<Inner>) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = inner.stopping.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of
+                    // spinning on a listener that cannot accept.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let trusted = inner.shared.config.trusted_peers.contains(&peer.ip());
+        #[cfg(unix)]
+        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&tcp);
+        let mut stream = Stream::from(tcp);
+        #[cfg(unix)]
+        stream.set_socket_digest(SocketDigest::from_raw_fd(fd));
+        let app = inner.app(Scheme::Http, trusted);
+        let shared = inner.shared.clone();
+        let watch = inner.shutdown_tx.subscribe();
+        let cut = inner.cut.clone();
+        inner.tracker.spawn(async move {
+            tokio::select! {
+                _ = conn::serve_connection(stream, app, shared, watch) => {}
+                _ = cut.cancelled() => {}
+            }
+        });
+    }
+}
+
+async fn accept_tcp(
+    listener: TcpListener,
+    endpoint: Arc<TcpEndpoint>,
+    inner: Arc<Inner>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("tcp accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = endpoint.admit(&inner.shared.metrics) else {
+            tracing::debug!(%peer, "tcp connection limit reached");
+            drop(tcp);
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let endpoint = endpoint.clone();
+        let shared = inner.shared.clone();
+        let cut = inner.cut.clone();
+        inner.tracker.spawn(async move {
+            tokio::select! {
+                res = endpoint.splice(tcp, &shared.metrics, permit) => {
+                    if let Err(e) = res {
+                        tracing::debug!(%peer, "tcp connection ended: {e}");
+                    }
+                }
+                _ = cut.cancelled() => {}
+            }
+        });
+    }
+}

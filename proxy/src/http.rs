@@ -1,0 +1,508 @@
+//! The Pingora application: routing, header policy, errors and accounting.
+//!
+//! Hooks used, in request order, and why each:
+//! - `new_ctx`: start the latency clock.
+//! - `request_filter`: header-count/size limit (431) for requests after the
+//!   first on a keep-alive connection (the first is checked before Pingora
+//!   sees it, see `conn.rs`), request id + tracing span, the route lookup in
+//!   the current snapshot, and the 404 page. It is the first hook that can
+//!   answer on its own (`Ok(true)`).
+//! - `upstream_peer`: picks the address (round-robin; retries move on to
+//!   the next address) from the backend the lookup pinned in the context,
+//!   so a table swap between lookup and connect cannot change the backend
+//!   a request goes to.
+//! - `upstream_request_filter`: hop-by-hop stripping and the `X-Forwarded-*`
+//!   and request id headers, on the copy that goes upstream.
+//! - `upstream_response_filter` / `response_filter`: hop-by-hop stripping of
+//!   the upstream response; request id on the downstream response.
+//! - `fail_to_connect` / `error_while_proxy`: the retry policy and the
+//!   upstream-error counters (each failed attempt counts once).
+//! - `fail_to_proxy`: maps the final error to 502/504/4xx with a short page.
+//! - `logging`: per-host status counters, latency histogram, a trace event.
+//! - `suppress_error_log`: Pingora logs every failed request at `error`;
+//!   refused and timed-out upstreams are expected operational events that
+//!   our own counters and trace events already report.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, header};
+use pingora::prelude::HttpPeer;
+use pingora::proxy::{FailToProxy, ProxyHttp, Session};
+use pingora::{Error, ErrorSource, ErrorType, RetryType};
+use pingora::http::{RequestHeader, ResponseHeader};
+
+use crate::config::ProxyConfig;
+use crate::metrics::{HostStats, Metrics, UpstreamErrorCause};
+use crate::routes::{CompiledBackend, Snapshot};
+use crate::Scheme;
+
+/// State shared by every connection of one proxy core.
+pub(crate) struct Shared {
+    pub(crate) snapshot: ArcSwap<Snapshot>,
+    pub(crate) metrics: Metrics,
+    pub(crate) config: ProxyConfig,
+    id_prefix: u32,
+    id_counter: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(config: ProxyConfig) -> Self {
+        // A per-process prefix keeps ids of restarted processes apart
+        // without a random-number dependency.
+        let id_prefix = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default(),
+            );
+            h.finish() as u32
+        };
+        Self {
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            metrics: Metrics::default(),
+            config,
+            id_prefix,
+            id_counter: AtomicU64::new(0),
+        }
+    }
+
+    fn next_request_id(&self) -> HeaderValue {
+        let n = self.id_counter.fetch_add(1, Relaxed);
+        let id = format!("{:08x}{:016x}", self.id_prefix, n);
+        HeaderValue::from_str(&id).expect("hex is a valid header value")
+    }
+}
+
+/// One Pingora application per (scheme, trusted) pair: the pair is a
+/// property of the connection, and Pingora gives hooks no per-connection
+/// context, so the application itself carries it.
+pub(crate) struct Router {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) scheme: Scheme,
+    /// Whether connections handed to this application come from a trusted
+    /// hop (always for tunnel streams marked so; for the listener, only
+    /// peers in `trusted_peers` go to the trusted application).
+    pub(crate) trusted: bool,
+}
+
+/// Per-request state.
+pub struct RequestCtx {
+    start: Instant,
+    backend: Option<Arc<CompiledBackend>>,
+    rr_start: usize,
+    attempt: usize,
+    request_id: Option<HeaderValue>,
+    client_ip: Option<IpAddr>,
+    public_host: Option<HeaderValue>,
+    span: tracing::Span,
+    answered_locally: Option<u16>,
+}
+
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Removes hop-by-hop headers: the fixed list, plus every header named in
+/// `Connection`. An upgrade keeps `Connection: upgrade` and `Upgrade`, the
+/// two headers that make it one; `TE: trailers` is kept because gRPC
+/// requires it end to end.
+fn strip_hop_by_hop(headers: &http::HeaderMap, keep_upgrade: bool) -> Vec<HeaderName> {
+    let mut named = Vec::new();
+    for v in headers.get_all(header::CONNECTION) {
+        if let Ok(v) = v.to_str() {
+            for token in v.split(',') {
+                let token = token.trim();
+                if token.eq_ignore_ascii_case("upgrade") && keep_upgrade {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    named.push(name);
+                }
+            }
+        }
+    }
+    let te_trailers = headers
+        .get(header::TE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")));
+    let mut removed: Vec<HeaderName> = Vec::new();
+    for name in HOP_BY_HOP.iter().chain(named.iter()) {
+        if headers.contains_key(name) {
+            removed.push(name.clone());
+        }
+    }
+    if !keep_upgrade && headers.contains_key(header::UPGRADE) {
+        removed.push(header::UPGRADE);
+    }
+    removed.retain(|n| !(n == header::TE && te_trailers));
+    removed
+}
+
+fn error_cause(e: &Error) -> UpstreamErrorCause {
+    match e.etype() {
+        ErrorType::ConnectRefused | ErrorType::ConnectNoRoute => UpstreamErrorCause::ConnectRefused,
+        ErrorType::ConnectTimedout | ErrorType::TLSHandshakeTimedout => {
+            UpstreamErrorCause::ConnectTimeout
+        }
+        ErrorType::ReadTimedout => UpstreamErrorCause::ReadTimeout,
+        ErrorType::WriteTimedout => UpstreamErrorCause::WriteTimeout,
+        ErrorType::TLSHandshakeFailure | ErrorType::InvalidCert | ErrorType::HandshakeError => {
+            UpstreamErrorCause::Tls
+        }
+        ErrorType::ConnectionClosed | ErrorType::ReadError | ErrorType::WriteError => {
+            UpstreamErrorCause::ConnectionClosed
+        }
+        _ => UpstreamErrorCause::Other,
+    }
+}
+
+/// The status a failed request is answered with.
+fn status_for(e: &Error) -> u16 {
+    match (e.etype(), e.esource()) {
+        (ErrorType::HTTPStatus(code), _) => *code,
+        (
+            ErrorType::ConnectTimedout
+            | ErrorType::TLSHandshakeTimedout
+            | ErrorType::ReadTimedout
+            | ErrorType::WriteTimedout,
+            ErrorSource::Upstream,
+        ) => 504,
+        (_, ErrorSource::Upstream) => 502,
+        (ErrorType::ReadTimedout, ErrorSource::Downstream) => 408,
+        (
+            ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed,
+            ErrorSource::Downstream,
+        ) => 0,
+        (_, ErrorSource::Downstream) => 400,
+        _ => 502,
+    }
+}
+
+fn error_page(status: u16) -> &'static str {
+    match status {
+        502 => "502 Bad Gateway: the upstream refused the connection or is unreachable.\n",
+        504 => "504 Gateway Timeout: the upstream did not answer in time.\n",
+        408 => "408 Request Timeout\n",
+        431 => "431 Request Header Fields Too Large\n",
+        _ => "",
+    }
+}
+
+impl Router {
+    fn is_valid_request_id(v: &HeaderValue) -> bool {
+        let b = v.as_bytes();
+        !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic())
+    }
+
+    async fn answer(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        status: u16,
+        body: String,
+    ) -> pingora::Result<bool> {
+        let mut resp = ResponseHeader::build(status, Some(4))?;
+        resp.insert_header(header::CONTENT_TYPE, "text/plain; charset=utf-8")?;
+        resp.insert_header(header::CONTENT_LENGTH, body.len())?;
+        if let Some(id) = &ctx.request_id {
+            resp.insert_header(self.shared.config.request_id_header.clone(), id.clone())?;
+        }
+        let head_only = session.req_header().method == http::Method::HEAD;
+        session.write_response_header(Box::new(resp), head_only).await?;
+        if !head_only {
+            session.write_response_body(Some(Bytes::from(body)), true).await?;
+        }
+        ctx.answered_locally = Some(status);
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for Router {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx {
+            start: Instant::now(),
+            backend: None,
+            rr_start: 0,
+            attempt: 0,
+            request_id: None,
+            client_ip: None,
+            public_host: None,
+            span: tracing::Span::none(),
+            answered_locally: None,
+        }
+    }
+
+    async fn request_filter(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<bool> {
+        let config = &self.shared.config;
+        let req = session.req_header();
+
+        // Request id: a trusted hop's id is kept so one id follows the
+        // request across hops; anyone else's is replaced.
+        let incoming = req
+            .headers
+            .get(&config.request_id_header)
+            .filter(|v| self.trusted && Self::is_valid_request_id(v))
+            .cloned();
+        let id = incoming.unwrap_or_else(|| self.shared.next_request_id());
+        ctx.request_id = Some(id.clone());
+        ctx.client_ip = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+
+        let req = session.req_header();
+        // h2 carries the host in :authority, h1 absolute-form in the target.
+        let host_value = match req.uri.authority() {
+            Some(a) => HeaderValue::from_str(a.as_str()).ok(),
+            None => req.headers.get(header::HOST).cloned(),
+        };
+        let host = host_value
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let path = req
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        ctx.span = tracing::info_span!(
+            "request",
+            id = %String::from_utf8_lossy(id.as_bytes()),
+            method = %req.method,
+            host = %host,
+        );
+
+        // Limits for every request after the first of a connection (the
+        // first was checked before Pingora parsed it).
+        let count = req.headers.len();
+        let bytes: usize = req
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 4)
+            .sum();
+        if count > config.limits.max_header_count || bytes > config.limits.max_header_bytes {
+            self.shared.metrics.header_rejections.fetch_add(1, Relaxed);
+            session.set_keepalive(None);
+            return self
+                .answer(session, ctx, 431, error_page(431).to_owned())
+                .await;
+        }
+
+        session.set_keepalive(Some(config.limits.keepalive_idle.as_secs().max(1)));
+        let snapshot = self.shared.snapshot.load();
+        let Some(m) = snapshot.table.lookup(host, path) else {
+            let shown_host = if host.is_empty() { "(none)" } else { host };
+            let body = format!(
+                "404 Not Found: no route for host {shown_host} and path {}\n",
+                path.split('?').next().unwrap_or(path)
+            );
+            tracing::debug!(parent: &ctx.span, "no route");
+            return self.answer(session, ctx, 404, body).await;
+        };
+        ctx.rr_start = m.backend.start_index();
+        ctx.backend = Some(m.backend.clone());
+        ctx.public_host = host_value;
+        Ok(false)
+    }
+
+    async fn upstream_peer(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        let backend = ctx
+            .backend
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend selected"))?;
+        let mut peer = Box::new(backend.peer(ctx.rr_start, ctx.attempt).clone());
+        ctx.attempt += 1;
+        if session.is_upgrade_req() {
+            // An upgraded connection (WebSocket) may idle between messages
+            // for as long as both ends like; the read timeout is for
+            // request/response exchanges.
+            peer.options.read_timeout = None;
+        }
+        Ok(peer)
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        let upgrade = session.is_upgrade_req();
+        for name in strip_hop_by_hop(&upstream.headers, upgrade) {
+            upstream.remove_header(&name);
+        }
+        if upgrade {
+            upstream.insert_header(header::CONNECTION, "upgrade")?;
+        }
+
+        if let Some(ip) = ctx.client_ip {
+            let ip = ip.to_string();
+            let existing = upstream
+                .headers
+                .get(&X_FORWARDED_FOR)
+                .and_then(|v| v.to_str().ok())
+                .filter(|_| self.trusted)
+                .map(|v| format!("{v}, {ip}"));
+            upstream.insert_header(X_FORWARDED_FOR, existing.unwrap_or(ip))?;
+        } else if !self.trusted {
+            upstream.remove_header(&X_FORWARDED_FOR);
+        }
+        if let Some(host) = &ctx.public_host {
+            upstream.insert_header(X_FORWARDED_HOST, host.clone())?;
+        }
+        upstream.insert_header(X_FORWARDED_PROTO, self.scheme.as_str())?;
+        if let Some(id) = &ctx.request_id {
+            upstream.insert_header(self.shared.config.request_id_header.clone(), id.clone())?;
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        _ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        let upgrade = upstream_response.status == http::StatusCode::SWITCHING_PROTOCOLS;
+        for name in strip_hop_by_hop(&upstream_response.headers, upgrade) {
+            // Pingora frames the downstream response itself; TE/Trailer
+            // have no meaning in responses beyond this hop either.
+            upstream_response.remove_header(&name);
+        }
+        Ok(())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> pingora::Result<()> {
+        if let Some(id) = &ctx.request_id {
+            upstream_response
+                .insert_header(self.shared.config.request_id_header.clone(), id.clone())?;
+        }
+        Ok(())
+    }
+
+    fn fail_to_connect(
+        &self,
+        session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut RequestCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        self.shared.metrics.upstream_error(error_cause(&e));
+        // Nothing of the request was sent: retrying is safe for idempotent
+        // methods, on the next address.
+        let attempts = self
+            .shared
+            .config
+            .max_connect_attempts
+            .min(ctx.backend.as_ref().map_or(1, |b| b.addr_count().max(2)));
+        let retry = session.req_header().method.is_idempotent() && ctx.attempt < attempts;
+        e.set_retry(retry);
+        e
+    }
+
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        _ctx: &mut RequestCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        self.shared.metrics.upstream_error(error_cause(&e));
+        let mut e = e.more_context(format!("peer: {peer}"));
+        // Only a pooled connection that the upstream had already closed is
+        // retried (Pingora marks those `ReusedOnly`): the upstream never
+        // processed the request. Anything else may have had effects.
+        if !session.req_header().method.is_idempotent()
+            || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else if matches!(e.retry, RetryType::ReusedOnly) {
+            e.retry.decide_reuse(client_reused);
+        } else {
+            e.set_retry(false);
+        }
+        e
+    }
+
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        _ctx: &mut RequestCtx,
+    ) -> FailToProxy {
+        let code = status_for(e);
+        if code > 0 {
+            let body = Bytes::from_static(error_page(code).as_bytes());
+            if let Err(err) = session.respond_error_with_body(code, body).await {
+                tracing::debug!("cannot send error response: {err}");
+            }
+        }
+        FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    fn suppress_error_log(&self, _session: &Session, _ctx: &RequestCtx, e: &Error) -> bool {
+        matches!(e.esource(), ErrorSource::Upstream | ErrorSource::Downstream)
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        let status = ctx
+            .answered_locally
+            .or_else(|| session.response_written().map(|r| r.status.as_u16()))
+            .unwrap_or_else(|| e.map_or(0, status_for));
+        let metrics = &self.shared.metrics;
+        let stats: &HostStats = ctx
+            .backend
+            .as_ref()
+            .map_or(&metrics.unrouted, |b| &b.stats);
+        if status > 0 {
+            stats.record(status);
+        }
+        let elapsed = ctx.start.elapsed();
+        metrics.observe_latency(elapsed);
+        tracing::debug!(
+            parent: &ctx.span,
+            status,
+            micros = elapsed.as_micros() as u64,
+            error = e.map(|e| e.to_string()),
+            "request done"
+        );
+    }
+}

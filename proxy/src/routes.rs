@@ -1,0 +1,246 @@
+//! HTTP route registrations and the compiled, immutable snapshot that the
+//! request path reads.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use pingora::upstreams::peer::HttpPeer;
+use tuna_routing::{BuildIssue, Origin, PathType, RouteSpec, RouteTable, TieBreak};
+
+use crate::config::ProxyConfig;
+use crate::error::{Error, Result};
+use crate::metrics::HostStats;
+
+/// One path rule of a host: where requests whose path matches go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpRoute {
+    /// Request path to match (`/`, `/api`, …), compared in canonical form.
+    pub path: String,
+    /// How `path` is compared (Ingress semantics, see `tuna-routing`).
+    pub path_type: PathType,
+    /// Where matching requests go.
+    pub backend: HttpBackend,
+    /// The object this rule came from, echoed in build issues.
+    pub origin: Origin,
+    /// Who wins when two registrations give an equal rule.
+    pub tie_break: TieBreak,
+}
+
+/// An upstream: the addresses the caller resolved and how to speak to them.
+///
+/// The proxy never resolves names: the caller (a reconciler that read the
+/// Service, or the file provider) passes socket addresses, and registers
+/// again when they change. That keeps DNS off the request path and makes
+/// "which pod gets traffic" a decision of the control plane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpBackend {
+    /// Round-robin targets. Must not be empty.
+    pub addrs: Vec<SocketAddr>,
+    /// Protocol spoken to the upstream.
+    pub protocol: UpstreamProtocol,
+}
+
+impl HttpBackend {
+    /// Plain HTTP/1.1 to the given addresses (the common case).
+    pub fn http1(addrs: impl IntoIterator<Item = SocketAddr>) -> Self {
+        Self {
+            addrs: addrs.into_iter().collect(),
+            protocol: UpstreamProtocol::Http1,
+        }
+    }
+}
+
+/// Protocol spoken to an upstream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 over TCP, keep-alive pooled.
+    #[default]
+    Http1,
+    /// HTTP/2 over cleartext TCP with prior knowledge (Service port
+    /// `appProtocol: kubernetes.io/h2c`); needed for gRPC backends.
+    H2c,
+    /// HTTPS (rustls) — e.g. a Tunnel whose `upstream.url` is `https://…`.
+    Tls(TlsUpstream),
+}
+
+/// TLS settings of an HTTPS upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsUpstream {
+    /// Server name sent in SNI and checked against the certificate.
+    pub sni: String,
+    /// Verify the certificate chain and name against the system roots.
+    /// In-cluster services often use self-signed certificates: `false`
+    /// encrypts without authenticating.
+    pub verify: bool,
+    /// Offer HTTP/2 by ALPN (falls back to HTTP/1.1).
+    pub h2: bool,
+}
+
+/// A backend prepared for the request path: peers pre-built, counters
+/// attached.
+#[derive(Debug)]
+pub(crate) struct CompiledBackend {
+    peers: Vec<HttpPeer>,
+    next: AtomicUsize,
+    pub(crate) stats: Arc<HostStats>,
+}
+
+impl CompiledBackend {
+    fn new(backend: &HttpBackend, stats: Arc<HostStats>, config: &ProxyConfig) -> Self {
+        let peers = backend
+            .addrs
+            .iter()
+            .map(|addr| {
+                let (tls, sni) = match &backend.protocol {
+                    UpstreamProtocol::Tls(t) => (true, t.sni.clone()),
+                    _ => (false, String::new()),
+                };
+                let mut peer = HttpPeer::new(*addr, tls, sni);
+                let o = &mut peer.options;
+                o.connection_timeout = Some(config.upstream.connect);
+                o.total_connection_timeout = Some(config.upstream.connect);
+                o.read_timeout = Some(config.upstream.read);
+                o.write_timeout = Some(config.upstream.write);
+                o.idle_timeout = Some(config.upstream.idle);
+                match &backend.protocol {
+                    UpstreamProtocol::Http1 => {}
+                    UpstreamProtocol::H2c => {
+                        o.set_http_version(2, 2);
+                        o.max_h2_streams = config.upstream_h2_streams;
+                    }
+                    UpstreamProtocol::Tls(t) => {
+                        o.verify_cert = t.verify;
+                        o.verify_hostname = t.verify;
+                        if t.h2 {
+                            o.set_http_version(2, 1);
+                            o.max_h2_streams = config.upstream_h2_streams;
+                        }
+                    }
+                }
+                peer
+            })
+            .collect();
+        Self {
+            peers,
+            next: AtomicUsize::new(0),
+            stats,
+        }
+    }
+
+    /// First address index for a new request (round-robin).
+    pub(crate) fn start_index(&self) -> usize {
+        self.next.fetch_add(1, Relaxed)
+    }
+
+    /// The peer for attempt `attempt` of a request that started at `start`:
+    /// retries move on to the next address.
+    pub(crate) fn peer(&self, start: usize, attempt: usize) -> &HttpPeer {
+        &self.peers[(start + attempt) % self.peers.len()]
+    }
+
+    pub(crate) fn addr_count(&self) -> usize {
+        self.peers.len()
+    }
+}
+
+pub(crate) type Table = RouteTable<Arc<CompiledBackend>>;
+
+/// What the request path reads: replaced whole, never mutated.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    pub(crate) table: Table,
+    /// Per-host counters of the configured hosts, for `/metrics`.
+    pub(crate) hosts: Vec<(String, Arc<HostStats>)>,
+}
+
+#[derive(Debug)]
+struct HostEntry {
+    routes: Vec<HttpRoute>,
+    stats: Arc<HostStats>,
+}
+
+/// The control-plane side: registrations as given, rebuilt into a
+/// [`Snapshot`] on every change (off the request path).
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    hosts: BTreeMap<String, HostEntry>,
+}
+
+impl Registry {
+    /// Sets a host's routes and returns the issues of that host's rules.
+    pub(crate) fn set_host(
+        &mut self,
+        host: &str,
+        routes: Vec<HttpRoute>,
+        config: &ProxyConfig,
+    ) -> Result<Vec<BuildIssue>> {
+        let key = canonical_host(host)?;
+        for r in &routes {
+            if r.backend.addrs.is_empty() {
+                return Err(Error::NoAddresses {
+                    what: format!("{key}{} ({})", r.path, r.origin),
+                });
+            }
+        }
+        // Issues are reported per host: rules of different hosts never
+        // conflict, so compiling the host alone yields exactly its issues.
+        let stats = self
+            .hosts
+            .get(&key)
+            .map(|e| e.stats.clone())
+            .unwrap_or_default();
+        let (_, issues) = RouteTable::build(specs_of(&key, &routes, &stats, config))?;
+        self.hosts.insert(key, HostEntry { routes, stats });
+        Ok(issues)
+    }
+
+    pub(crate) fn remove_host(&mut self, host: &str) -> Result<bool> {
+        let key = canonical_host(host)?;
+        Ok(self.hosts.remove(&key).is_some())
+    }
+
+    pub(crate) fn compile(&self, config: &ProxyConfig) -> Result<Snapshot> {
+        let mut specs = Vec::new();
+        let mut hosts = Vec::with_capacity(self.hosts.len());
+        for (host, entry) in &self.hosts {
+            specs.extend(specs_of(host, &entry.routes, &entry.stats, config));
+            hosts.push((host.clone(), entry.stats.clone()));
+        }
+        let (table, _) = RouteTable::build(specs)?;
+        Ok(Snapshot { table, hosts })
+    }
+}
+
+fn canonical_host(host: &str) -> Result<String> {
+    // Wildcards are valid route hosts but not valid request hosts; check
+    // the name after the `*.` label.
+    let (wild, rest) = match host.strip_prefix("*.") {
+        Some(rest) => ("*.", rest),
+        None => ("", host),
+    };
+    match tuna_routing::normalize_host(rest) {
+        Some(h) if !h.is_empty() && !host.contains('/') => Ok(format!("{wild}{h}")),
+        _ => Err(Error::InvalidHost { host: host.into() }),
+    }
+}
+
+fn specs_of(
+    host: &str,
+    routes: &[HttpRoute],
+    stats: &Arc<HostStats>,
+    config: &ProxyConfig,
+) -> Vec<RouteSpec<Arc<CompiledBackend>>> {
+    routes
+        .iter()
+        .map(|r| RouteSpec {
+            host: host.to_owned(),
+            path: r.path.clone(),
+            path_type: r.path_type,
+            backend: Arc::new(CompiledBackend::new(&r.backend, stats.clone(), config)),
+            origin: r.origin.clone(),
+            tie_break: r.tie_break.clone(),
+        })
+        .collect()
+}

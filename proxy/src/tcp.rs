@@ -1,0 +1,170 @@
+//! TCP endpoints: runtime listeners and tunnel-fed TCP services, both
+//! spliced byte for byte to an upstream.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// Where a TCP endpoint's connections go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpUpstream {
+    /// Round-robin targets (resolved by the caller). Must not be empty; a
+    /// connection tries each address once before giving up.
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// Bounds of one TCP endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpLimits {
+    /// Most concurrent connections; further ones are closed at once.
+    pub max_connections: usize,
+    /// Time allowed to connect to one upstream address.
+    pub connect_timeout: std::time::Duration,
+}
+
+impl Default for TcpLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            connect_timeout: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
+/// A registered TCP endpoint (listener or tunnel service): upstream, limit
+/// and round-robin position.
+#[derive(Debug)]
+pub(crate) struct TcpEndpoint {
+    pub(crate) upstream: TcpUpstream,
+    pub(crate) limits: TcpLimits,
+    permits: Arc<Semaphore>,
+    next: AtomicUsize,
+}
+
+impl TcpEndpoint {
+    pub(crate) fn new(upstream: TcpUpstream, limits: TcpLimits, what: &str) -> Result<Self> {
+        if upstream.addrs.is_empty() {
+            return Err(Error::NoAddresses { what: what.into() });
+        }
+        Ok(Self {
+            permits: Arc::new(Semaphore::new(limits.max_connections)),
+            upstream,
+            limits,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes a connection slot, or says the limit is reached.
+    pub(crate) fn admit(&self, metrics: &Metrics) -> Result<OwnedSemaphorePermit> {
+        self.permits.clone().try_acquire_owned().map_err(|_| {
+            metrics.tcp_connections_rejected.fetch_add(1, Relaxed);
+            Error::ConnectionLimit(self.limits.max_connections)
+        })
+    }
+
+    async fn connect(&self) -> Result<TcpStream> {
+        let n = self.upstream.addrs.len();
+        let start = self.next.fetch_add(1, Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let addr = self.upstream.addrs[(start + i) % n];
+            match tokio::time::timeout(self.limits.connect_timeout, TcpStream::connect(addr)).await
+            {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok(s);
+                }
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => {
+                    last = Some(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("connect to {addr} timed out"),
+                    ))
+                }
+            }
+        }
+        Err(Error::UpstreamUnreachable(last.unwrap_or_else(|| {
+            std::io::Error::other("no upstream address")
+        })))
+    }
+
+    /// Connects upstream and splices until both directions are closed.
+    /// Each direction's EOF is passed on as a write shutdown (half-close),
+    /// so protocols that signal "done sending" by closing still work.
+    pub(crate) async fn splice<S>(
+        &self,
+        client: S,
+        metrics: &Metrics,
+        _permit: OwnedSemaphorePermit,
+    ) -> Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        metrics.tcp_connections_total.fetch_add(1, Relaxed);
+        let mut upstream = self.connect().await?;
+        metrics.tcp_connections_active.fetch_add(1, Relaxed);
+        let mut client = Counted {
+            inner: client,
+            read: &metrics.tcp_bytes_to_upstream,
+            written: &metrics.tcp_bytes_to_client,
+        };
+        let res = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        metrics.tcp_connections_active.fetch_sub(1, Relaxed);
+        res.map(|_| ()).map_err(Error::Io)
+    }
+}
+
+/// Counts bytes as they pass, so the metrics move while a long connection
+/// is open rather than when it ends.
+struct Counted<'a, S> {
+    inner: S,
+    read: &'a AtomicU64,
+    written: &'a AtomicU64,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<'_, S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let res = Pin::new(&mut this.inner).poll_read(cx, buf);
+        this.read
+            .fetch_add((buf.filled().len() - before) as u64, Relaxed);
+        res
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<'_, S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let res = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = res {
+            this.written.fetch_add(n as u64, Relaxed);
+        }
+        res
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}

@@ -1,1 +1,0 @@
-//! Pure translation of Kubernetes objects into route specs (being written for issue 2).
