@@ -259,6 +259,7 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         let config = &self.shared.config;
+        session.set_keepalive(Some(config.limits.keepalive_idle.as_secs().max(1)));
         let req = session.req_header();
 
         // Request id: a trusted hop's id is kept so one id follows the
@@ -313,7 +314,6 @@ impl ProxyHttp for Router {
                 .await;
         }
 
-        session.set_keepalive(Some(config.limits.keepalive_idle.as_secs().max(1)));
         let snapshot = self.shared.snapshot.load();
         let Some(m) = snapshot.table.lookup(host, path) else {
             let shown_host = if host.is_empty() { "(none)" } else { host };
