@@ -1,0 +1,453 @@
+//! Ingress → route specs.
+//!
+//! [`translate`] turns the Ingresses a controller (or `route explain`) sees
+//! into [`RouteSpec`]s for `tuna-routing`, with everything it could not use
+//! listed as [`Skipped`] items carrying a machine-readable [`SkipReason`]
+//! (they become `RuleSkipped` / `BackendSkipped` events). One bad rule, path
+//! or backend never discards the rest of its Ingress.
+//!
+//! Decisions (see also the crate docs of `tuna-routing` for matching):
+//!
+//! - **Class.** An Ingress is ours when `spec.ingressClassName` equals the
+//!   configured class (default `tuna`), or, when that field is unset, when
+//!   the legacy annotation `kubernetes.io/ingress.class` does. The field wins
+//!   over the annotation. Ingresses without either are not ours (we do not
+//!   act as the cluster's default IngressClass).
+//! - **Rules** without a host, and rules with a wildcard host, are skipped:
+//!   a tunnel publishes one reserved host. A rule with a host but no `http`
+//!   section is skipped too (it routes nothing).
+//! - **Paths.** A missing path is `/`; `pathType` must be `Exact`, `Prefix`
+//!   or `ImplementationSpecific` (treated as Prefix). Path syntax is checked
+//!   by `RouteTable::build`, which reports bad ones as build issues.
+//! - **Backends.** Only Service backends; `resource` backends are skipped.
+//!   The Service port is kept as a reference (name or number): resolving it
+//!   to addresses happens later, where Services are read.
+//! - **`spec.defaultBackend` is not routed** and is reported as skipped: tuna
+//!   routes reserved hosts, and a host-less catch-all has no host to publish
+//!   on. Requests that match no path get a 404 rather than going to a
+//!   backend no rule names. Add a `Prefix /` path to a rule instead.
+//! - **Several Ingresses on one host** merge into one table when they are in
+//!   one namespace (equal rules go to the oldest; see `tuna-routing`). A host
+//!   belongs to one namespace only: the namespace of the Domain that reserves
+//!   it, else that of the oldest Ingress claiming it (then by namespace and
+//!   name); rules of other namespaces for that host are skipped
+//!   (`HostOwnedByOtherNamespace`), so no tenant can hijack another's host.
+//! - **Tie-break time.** An Ingress without `metadata.creationTimestamp` (a
+//!   manifest not yet applied) counts as newer than any that has one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend};
+use serde::Serialize;
+use tuna_routing::{Origin, PathType, RouteSpec, TieBreak};
+
+/// The class name this controller answers to unless configured otherwise.
+pub const DEFAULT_INGRESS_CLASS: &str = "tuna";
+
+/// The pre-`ingressClassName` way of choosing a controller.
+pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+
+/// A Service port as an Ingress names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(untagged)]
+pub enum ServicePort {
+    /// `port.number`.
+    Number(i32),
+    /// `port.name`, resolved against the Service's ports later.
+    Name(String),
+}
+
+impl fmt::Display for ServicePort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Name(n) => f.write_str(n),
+        }
+    }
+}
+
+/// The backend of an Ingress route: a Service of the Ingress's namespace and
+/// a port reference. Not resolved to addresses here.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ServiceRef {
+    /// Always the Ingress's namespace (Ingress cannot name another).
+    pub namespace: String,
+    /// Service name.
+    pub name: String,
+    /// Port name or number.
+    pub port: ServicePort,
+}
+
+impl fmt::Display for ServiceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}:{}", self.namespace, self.name, self.port)
+    }
+}
+
+/// What a skipped item was: it decides the event it becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum SkipKind {
+    /// A whole Ingress (another class).
+    Ingress,
+    /// A rule or one path of a rule (`RuleSkipped`).
+    Rule,
+    /// A backend (`BackendSkipped`).
+    Backend,
+}
+
+/// Why something was skipped. The variant name is the machine-readable
+/// reason (`as_str`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum SkipReason {
+    /// The Ingress names another class (or none).
+    OtherIngressClass,
+    /// The rule has no host.
+    RuleWithoutHost,
+    /// The rule's host is a wildcard.
+    WildcardHost,
+    /// The rule has a host but no `http` paths.
+    RuleWithoutPaths,
+    /// `pathType` is missing or not one of the three known values.
+    InvalidPathType,
+    /// The backend is a `resource` reference, not a Service.
+    ResourceBackend,
+    /// The backend names neither a Service nor a resource.
+    MissingBackend,
+    /// The Service backend has no port.
+    MissingServicePort,
+    /// The Service port sets both or neither of name and number, or the
+    /// number is outside 1–65535.
+    InvalidServicePort,
+    /// `spec.defaultBackend` is not routed (see the module docs).
+    DefaultBackendIgnored,
+    /// The host belongs to another namespace (Domain or older Ingress).
+    HostOwnedByOtherNamespace,
+}
+
+impl SkipReason {
+    /// Stable machine-readable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::OtherIngressClass => "OtherIngressClass",
+            Self::RuleWithoutHost => "RuleWithoutHost",
+            Self::WildcardHost => "WildcardHost",
+            Self::RuleWithoutPaths => "RuleWithoutPaths",
+            Self::InvalidPathType => "InvalidPathType",
+            Self::ResourceBackend => "ResourceBackend",
+            Self::MissingBackend => "MissingBackend",
+            Self::MissingServicePort => "MissingServicePort",
+            Self::InvalidServicePort => "InvalidServicePort",
+            Self::DefaultBackendIgnored => "DefaultBackendIgnored",
+            Self::HostOwnedByOtherNamespace => "HostOwnedByOtherNamespace",
+        }
+    }
+
+    /// The kind of item this reason applies to.
+    pub fn kind(self) -> SkipKind {
+        match self {
+            Self::OtherIngressClass => SkipKind::Ingress,
+            Self::RuleWithoutHost
+            | Self::WildcardHost
+            | Self::RuleWithoutPaths
+            | Self::InvalidPathType
+            | Self::HostOwnedByOtherNamespace => SkipKind::Rule,
+            Self::ResourceBackend
+            | Self::MissingBackend
+            | Self::MissingServicePort
+            | Self::InvalidServicePort
+            | Self::DefaultBackendIgnored => SkipKind::Backend,
+        }
+    }
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One thing that was not turned into a route, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// Machine-readable reason.
+    pub reason: SkipReason,
+    /// Namespace of the Ingress.
+    pub namespace: String,
+    /// Name of the Ingress.
+    pub ingress: String,
+    /// Index in `spec.rules`, when the item is a rule or inside one.
+    pub rule: Option<usize>,
+    /// Index in the rule's `http.paths`, when the item is a path.
+    pub path: Option<usize>,
+    /// What a user should read.
+    pub message: String,
+}
+
+impl Skipped {
+    /// The Kubernetes event reason this becomes on the Ingress.
+    pub fn event_reason(&self) -> &'static str {
+        match self.reason.kind() {
+            SkipKind::Backend => "BackendSkipped",
+            SkipKind::Rule | SkipKind::Ingress => "RuleSkipped",
+        }
+    }
+}
+
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.ingress)?;
+        if let Some(rule) = self.rule {
+            write!(f, " rule {rule}")?;
+        }
+        if let Some(path) = self.path {
+            write!(f, " path {path}")?;
+        }
+        write!(f, ": {}: {}", self.reason, self.message)
+    }
+}
+
+/// Translation settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TranslateOptions {
+    /// The IngressClass name this controller answers to.
+    pub class: String,
+}
+
+impl Default for TranslateOptions {
+    fn default() -> Self {
+        Self { class: DEFAULT_INGRESS_CLASS.to_owned() }
+    }
+}
+
+/// Routes and skipped items of a set of Ingresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngressRoutes {
+    /// Route specs, in Ingress / rule / path order.
+    pub specs: Vec<RouteSpec<ServiceRef>>,
+    /// What could not be used, in the same order.
+    pub skipped: Vec<Skipped>,
+}
+
+fn namespace_of(ingress: &Ingress) -> &str {
+    ingress.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+fn name_of(ingress: &Ingress) -> &str {
+    ingress.metadata.name.as_deref().unwrap_or("")
+}
+
+fn tie_break_of(ingress: &Ingress) -> TieBreak {
+    TieBreak {
+        created: ingress.metadata.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second()),
+        namespace: namespace_of(ingress).to_owned(),
+        name: name_of(ingress).to_owned(),
+    }
+}
+
+/// Whether this controller serves the Ingress (see the module docs).
+///
+/// ```
+/// use k8s_openapi::api::networking::v1::{Ingress, IngressSpec};
+/// use tuna_operator::translate::ingress::is_our_class;
+///
+/// let mut ing = Ingress::default();
+/// assert!(!is_our_class(&ing, "tuna"));
+/// ing.spec = Some(IngressSpec { ingress_class_name: Some("tuna".into()), ..Default::default() });
+/// assert!(is_our_class(&ing, "tuna"));
+/// assert!(!is_our_class(&ing, "nginx"));
+/// ```
+pub fn is_our_class(ingress: &Ingress, class: &str) -> bool {
+    match ingress.spec.as_ref().and_then(|s| s.ingress_class_name.as_deref()) {
+        Some(name) => name == class,
+        None => ingress
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
+            .is_some_and(|name| name == class),
+    }
+}
+
+/// Translates one Ingress, without host-ownership checks (see
+/// [`translate`] for a set). An Ingress of another class yields no specs and
+/// one `OtherIngressClass` item.
+pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRoutes {
+    let namespace = namespace_of(ingress);
+    let name = name_of(ingress);
+    let mut out = IngressRoutes::default();
+    let skip = |reason: SkipReason, rule: Option<usize>, path: Option<usize>, message: String| Skipped {
+        reason,
+        namespace: namespace.to_owned(),
+        ingress: name.to_owned(),
+        rule,
+        path,
+        message,
+    };
+    if !is_our_class(ingress, &options.class) {
+        let named = ingress
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress_class_name.clone())
+            .or_else(|| ingress.metadata.annotations.as_ref().and_then(|a| a.get(LEGACY_CLASS_ANNOTATION).cloned()));
+        let message = match named {
+            Some(class) => format!("class is {class:?}, not {:?}", options.class),
+            None => format!("no ingressClassName (or {LEGACY_CLASS_ANNOTATION} annotation) naming {:?}", options.class),
+        };
+        out.skipped.push(skip(SkipReason::OtherIngressClass, None, None, message));
+        return out;
+    }
+    let Some(spec) = ingress.spec.as_ref() else {
+        return out;
+    };
+    if spec.default_backend.is_some() {
+        out.skipped.push(skip(
+            SkipReason::DefaultBackendIgnored,
+            None,
+            None,
+            "spec.defaultBackend is not routed; add a Prefix / path to each rule instead".into(),
+        ));
+    }
+    let tie_break = tie_break_of(ingress);
+    for (rule_index, rule) in spec.rules.iter().flatten().enumerate() {
+        let host = rule.host.as_deref().unwrap_or("");
+        if host.is_empty() {
+            out.skipped.push(skip(
+                SkipReason::RuleWithoutHost,
+                Some(rule_index),
+                None,
+                "rules without a host are not published; set a reserved host".into(),
+            ));
+            continue;
+        }
+        if host.contains('*') {
+            out.skipped.push(skip(
+                SkipReason::WildcardHost,
+                Some(rule_index),
+                None,
+                format!("wildcard host {host:?} is not published; name each host"),
+            ));
+            continue;
+        }
+        let Some(http) = rule.http.as_ref() else {
+            out.skipped.push(skip(
+                SkipReason::RuleWithoutPaths,
+                Some(rule_index),
+                None,
+                format!("rule for {host} has no http paths"),
+            ));
+            continue;
+        };
+        for (path_index, path) in http.paths.iter().enumerate() {
+            let origin = Origin {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                rule: rule_index,
+                path: path_index,
+            };
+            match translate_path(path, namespace) {
+                Ok((path_type, service)) => out.specs.push(RouteSpec {
+                    host: host.to_owned(),
+                    path: path.path.clone().unwrap_or_else(|| "/".to_owned()),
+                    path_type,
+                    backend: service,
+                    origin,
+                    tie_break: tie_break.clone(),
+                }),
+                Err((reason, message)) => out.skipped.push(skip(reason, Some(rule_index), Some(path_index), message)),
+            }
+        }
+    }
+    out
+}
+
+fn translate_path(path: &HTTPIngressPath, namespace: &str) -> Result<(PathType, ServiceRef), (SkipReason, String)> {
+    let path_type: PathType = path
+        .path_type
+        .parse()
+        .map_err(|message: String| (SkipReason::InvalidPathType, message))?;
+    let service = service_ref(&path.backend, namespace)?;
+    Ok((path_type, service))
+}
+
+fn service_ref(backend: &IngressBackend, namespace: &str) -> Result<ServiceRef, (SkipReason, String)> {
+    let Some(service) = backend.service.as_ref() else {
+        return Err(match &backend.resource {
+            Some(resource) => (
+                SkipReason::ResourceBackend,
+                format!("backend is a {} resource {:?}; only Service backends are routed", resource.kind, resource.name),
+            ),
+            None => (SkipReason::MissingBackend, "backend names no Service".into()),
+        });
+    };
+    let port = match service.port.as_ref() {
+        None => {
+            return Err((SkipReason::MissingServicePort, format!("Service {:?} backend has no port", service.name)));
+        }
+        Some(port) => match (port.name.as_deref(), port.number) {
+            (Some(name), None) if !name.is_empty() => ServicePort::Name(name.to_owned()),
+            (None, Some(number)) if (1..=65535).contains(&number) => ServicePort::Number(number),
+            _ => {
+                return Err((
+                    SkipReason::InvalidServicePort,
+                    format!("Service {:?} backend port must set exactly one of name and number (1-65535)", service.name),
+                ));
+            }
+        },
+    };
+    Ok(ServiceRef { namespace: namespace.to_owned(), name: service.name.clone(), port })
+}
+
+/// Translates a set of Ingresses into one set of route specs, as the
+/// controller builds its table: each Ingress via [`translate_one`], then host
+/// ownership. `domain_owners` maps hosts reserved by a Domain to the Domain's
+/// namespace; other hosts belong to the namespace of their oldest claimant.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// use tuna_operator::translate::ingress::{translate, TranslateOptions};
+///
+/// let routes = translate(&[], &TranslateOptions::default(), &BTreeMap::new());
+/// assert!(routes.specs.is_empty() && routes.skipped.is_empty());
+/// ```
+pub fn translate(
+    ingresses: &[Ingress],
+    options: &TranslateOptions,
+    domain_owners: &BTreeMap<String, String>,
+) -> IngressRoutes {
+    let mut all = IngressRoutes::default();
+    for ingress in ingresses {
+        let one = translate_one(ingress, options);
+        all.specs.extend(one.specs);
+        all.skipped.extend(one.skipped);
+    }
+    // Owner of each host: the Domain's namespace, else the oldest claimant's.
+    let mut owners: BTreeMap<String, (TieBreak, String)> = BTreeMap::new();
+    for spec in &all.specs {
+        let host = spec.host.to_ascii_lowercase();
+        if let Some(ns) = domain_owners.get(&host) {
+            owners.insert(host, (TieBreak { created: i64::MIN, ..TieBreak::default() }, ns.clone()));
+            continue;
+        }
+        let claim = (spec.tie_break.clone(), spec.origin.namespace.clone());
+        owners.entry(host).and_modify(|c| if claim < *c { *c = claim.clone() }).or_insert(claim);
+    }
+    let mut kept = Vec::with_capacity(all.specs.len());
+    for spec in all.specs {
+        let (_, owner) = &owners[&spec.host.to_ascii_lowercase()];
+        if *owner == spec.origin.namespace {
+            kept.push(spec);
+        } else {
+            all.skipped.push(Skipped {
+                reason: SkipReason::HostOwnedByOtherNamespace,
+                namespace: spec.origin.namespace.clone(),
+                ingress: spec.origin.name.clone(),
+                rule: Some(spec.origin.rule),
+                path: Some(spec.origin.path),
+                message: format!("host {} belongs to namespace {owner:?}", spec.host),
+            });
+        }
+    }
+    all.specs = kept;
+    all
+}
