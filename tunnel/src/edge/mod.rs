@@ -3,6 +3,7 @@
 //! the control plane's REST API ([`server::EdgeServer`]).
 
 pub mod authority;
+pub mod cli;
 mod public;
 mod registry;
 pub mod server;

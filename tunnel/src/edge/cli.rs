@@ -1,0 +1,298 @@
+//! `tuna-operator edge …`: the self-hosted edge from one command.
+//!
+//! `tuna-operator edge --data-dir /var/lib/tuna-edge --base-domain tunnels.example.com`
+//! serves everything; `tuna-operator edge keys create|list|revoke …` manages
+//! API keys on a stopped edge's data dir. Every TLS listener without a given
+//! certificate uses one issued by the edge's own CA, generated on first
+//! start and persisted in `<data-dir>/tls/ca.pem` (agents and API clients
+//! trust that file).
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use super::server::{EdgeConfig, EdgeServer};
+use crate::control::cli::KeysArgs;
+use crate::control::{ControlConfig, ControlPlane};
+use crate::tls;
+
+/// `edge`: serve (the default) or manage keys.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct EdgeCli {
+    /// `keys …`, or nothing to serve.
+    #[command(subcommand)]
+    pub command: Option<EdgeCommand>,
+    /// Flags of the edge server (when no subcommand is given).
+    #[command(flatten)]
+    pub serve: EdgeArgs,
+}
+
+/// The `edge` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum EdgeCommand {
+    /// Runs the edge (same as giving the flags without a subcommand).
+    Serve(EdgeArgs),
+    /// Manages API keys (`create`, `list`, `revoke`).
+    Keys(KeysArgs),
+}
+
+/// Flags of the edge server.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EdgeArgs {
+    /// Persistent state: the store (keys, reservations, tokens) and the generated CA.
+    #[arg(long, env = "TUNA_EDGE_DATA_DIR", required = true)]
+    pub data_dir: Option<PathBuf>,
+    /// Subdomains are reserved under this domain (`app.<base-domain>`).
+    #[arg(long, env = "TUNA_EDGE_BASE_DOMAIN", required = true)]
+    pub base_domain: Option<String>,
+    /// The public host name custom domains must CNAME to (default: the base domain).
+    #[arg(long, env = "TUNA_EDGE_PUBLIC_HOST")]
+    pub public_host: Option<String>,
+    /// Public plain-HTTP listener.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub http_listen: Option<SocketAddr>,
+    /// Public HTTPS listener (HTTP/1.1 and h2).
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    pub https_listen: Option<SocketAddr>,
+    /// PEM certificate chain of the public HTTPS listener (e.g. a wildcard for the base domain).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Listener agents dial (TLS).
+    #[arg(long, default_value = "0.0.0.0:7443")]
+    pub agent_listen: SocketAddr,
+    /// PEM certificate of the agent listener (default: issued by the edge's CA).
+    #[arg(long, requires = "agent_tls_key")]
+    pub agent_tls_cert: Option<PathBuf>,
+    /// PEM key of `--agent-tls-cert`.
+    #[arg(long, requires = "agent_tls_cert")]
+    pub agent_tls_key: Option<PathBuf>,
+    /// REST API listener (TLS).
+    #[arg(long, default_value = "0.0.0.0:7444")]
+    pub api_listen: SocketAddr,
+    /// PEM certificate of the API listener (default: issued by the edge's CA).
+    #[arg(long, requires = "api_tls_key")]
+    pub api_tls_cert: Option<PathBuf>,
+    /// PEM key of `--api-tls-cert`.
+    #[arg(long, requires = "api_tls_cert")]
+    pub api_tls_key: Option<PathBuf>,
+    /// Serves the REST API in plain text; refused unless `--api-listen` is a loopback address.
+    #[arg(long)]
+    pub insecure_plaintext_api: bool,
+    /// Ports TCP endpoints are allocated from, `FIRST-LAST`.
+    #[arg(long, default_value = "30000-30999", value_parser = parse_port_range)]
+    pub tcp_port_range: RangeInclusive<u16>,
+    /// Address the TCP endpoint listeners bind to.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub tcp_bind: IpAddr,
+    /// DNS servers for custom-domain verification (repeatable; default: the system's).
+    #[arg(long = "dns-nameserver")]
+    pub dns_nameservers: Vec<SocketAddr>,
+    /// Heartbeat interval announced to agents, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub heartbeat_secs: u64,
+}
+
+fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?} is not FIRST-LAST"))?;
+    let a: u16 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("{a:?} is not a port"))?;
+    let b: u16 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("{b:?} is not a port"))?;
+    if a == 0 || a > b {
+        return Err(format!("{s:?} is empty or starts at 0"));
+    }
+    Ok(a..=b)
+}
+
+/// Runs `edge …` until interrupted (SIGINT/SIGTERM) or, for `keys`, once.
+pub async fn run(cli: EdgeCli) -> anyhow::Result<()> {
+    match cli.command {
+        Some(EdgeCommand::Keys(keys)) => {
+            let (mut out, mut note) = (std::io::stdout(), std::io::stderr());
+            crate::control::cli::run(&keys, &mut out, &mut note)?;
+            out.flush()?;
+            Ok(())
+        }
+        Some(EdgeCommand::Serve(args)) => serve(args).await,
+        None => serve(cli.serve).await,
+    }
+}
+
+fn identity(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    data_dir: &Path,
+    names: &[String],
+) -> anyhow::Result<tls::ServerIdentity> {
+    Ok(match (cert, key) {
+        (Some(cert), Some(key)) => tls::pem_identity(cert, key)?,
+        _ => tls::self_signed_identity(data_dir, names)?,
+    })
+}
+
+/// Starts the edge with `args` and serves until a shutdown signal.
+pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
+    let data_dir = args.data_dir.clone().context("--data-dir is required")?;
+    let base_domain = args
+        .base_domain
+        .clone()
+        .context("--base-domain is required")?;
+    let public_host = args
+        .public_host
+        .clone()
+        .unwrap_or_else(|| base_domain.clone());
+    if args.insecure_plaintext_api && !args.api_listen.ip().is_loopback() {
+        bail!(
+            "--insecure-plaintext-api is for tests on loopback only; {} is not a loopback address",
+            args.api_listen
+        );
+    }
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating {}", data_dir.display()))?;
+    let mut control_config = ControlConfig::new(&data_dir, &base_domain, &public_host);
+    control_config.tcp_port_range = args.tcp_port_range.clone();
+    control_config.dns_nameservers = args.dns_nameservers.clone();
+    let control = ControlPlane::open(control_config)?;
+
+    let names = vec![
+        public_host.clone(),
+        base_domain.clone(),
+        format!("*.{base_domain}"),
+    ];
+    let agent_identity = identity(&args.agent_tls_cert, &args.agent_tls_key, &data_dir, &names)?;
+    let public_identity = identity(&args.tls_cert, &args.tls_key, &data_dir, &names)?;
+    let mut config = EdgeConfig::new(args.agent_listen, tls::server_config(&agent_identity, &[])?);
+    config.http_addr = args.http_listen;
+    config.https_addr = args.https_listen;
+    config.public_tls = Some(tls::server_config(&public_identity, tls::ALPN_H2_HTTP1)?);
+    config.api_addr = Some(args.api_listen);
+    config.api_tls = if args.insecure_plaintext_api {
+        None
+    } else {
+        let api_identity = identity(&args.api_tls_cert, &args.api_tls_key, &data_dir, &names)?;
+        Some(tls::server_config(&api_identity, tls::ALPN_H2_HTTP1)?)
+    };
+    config.tcp_bind_ip = args.tcp_bind;
+    config.tcp_ports = args.tcp_port_range.clone();
+    config.heartbeat = Duration::from_secs(args.heartbeat_secs.max(1));
+
+    let router = control.router();
+    let edge = EdgeServer::start(config, Arc::new(control), Some(router)).await?;
+    if let Some(ca) = agent_identity.ca_file.as_ref() {
+        tracing::info!(ca_file = %ca.display(), "agents and API clients trust this CA file");
+    }
+    tracing::info!(
+        agent = %edge.agent_addr,
+        http = ?edge.http_addr,
+        https = ?edge.https_addr,
+        api = ?edge.api_addr,
+        "edge listening"
+    );
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    edge.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Top {
+        #[command(flatten)]
+        edge: EdgeCli,
+    }
+
+    #[test]
+    fn flags_serve_by_default_and_keys_is_a_subcommand() {
+        Top::command().debug_assert();
+        let top = Top::try_parse_from([
+            "edge",
+            "--data-dir",
+            "/d",
+            "--base-domain",
+            "t.example",
+            "--tcp-port-range",
+            "4000-4010",
+        ])
+        .unwrap();
+        assert!(top.edge.command.is_none());
+        assert_eq!(top.edge.serve.tcp_port_range, 4000..=4010);
+        assert_eq!(top.edge.serve.agent_listen, "0.0.0.0:7443".parse().unwrap());
+
+        let top = Top::try_parse_from(["edge", "keys", "list", "--data-dir", "/d"]).unwrap();
+        assert!(matches!(top.edge.command, Some(EdgeCommand::Keys(_))));
+
+        assert!(
+            Top::try_parse_from(["edge", "--data-dir", "/d"]).is_err(),
+            "--base-domain is required to serve"
+        );
+        assert!(
+            Top::try_parse_from([
+                "edge",
+                "--data-dir",
+                "/d",
+                "--base-domain",
+                "b",
+                "--tcp-port-range",
+                "9-3"
+            ])
+            .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn plaintext_api_is_refused_off_loopback() {
+        let top = Top::try_parse_from([
+            "edge",
+            "--data-dir",
+            "/nonexistent",
+            "--base-domain",
+            "t.example",
+            "--api-listen",
+            "0.0.0.0:7444",
+            "--insecure-plaintext-api",
+        ])
+        .unwrap();
+        let err = serve(top.edge.serve).await.unwrap_err();
+        assert!(err.to_string().contains("loopback"), "{err}");
+    }
+}
