@@ -7,5 +7,6 @@
 pub mod crdgen;
 pub mod explain;
 pub mod manifest;
+pub mod standalone;
 pub mod telemetry;
 pub mod translate;
