@@ -398,6 +398,9 @@ impl ProxyHttp for Router {
             // have no meaning in responses beyond this hop either.
             upstream_response.remove_header(&name);
         }
+        if upgrade {
+            upstream_response.insert_header(header::CONNECTION, "upgrade")?;
+        }
         Ok(())
     }
 
