@@ -33,7 +33,12 @@ pub enum RouteCommand {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ExplainArgs {
     /// A manifest file or directory (read recursively); repeat for more.
-    #[arg(short = 'f', long = "filename", value_name = "FILE_OR_DIR", required = true)]
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE_OR_DIR",
+        required = true
+    )]
     pub files: Vec<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
@@ -140,8 +145,16 @@ impl From<&BuildIssue> for SkippedJson {
         let message = match issue {
             BuildIssue::InvalidHost { host, reason, .. } => format!("host {host:?}: {reason}"),
             BuildIssue::InvalidPath { path, reason, .. } => format!("path {path:?}: {reason}"),
-            BuildIssue::Conflict { winner, host, path, path_type, .. } => {
-                format!("{path_type} {host}{path} is also defined by {winner}, which wins (older, then by namespace/name)")
+            BuildIssue::Conflict {
+                winner,
+                host,
+                path,
+                path_type,
+                ..
+            } => {
+                format!(
+                    "{path_type} {host}{path} is also defined by {winner}, which wins (older, then by namespace/name)"
+                )
             }
         };
         Self {
@@ -186,7 +199,11 @@ pub fn split_url(url: &str) -> anyhow::Result<(String, String)> {
         bail!("URL {url:?}: {host:?} is not a valid host[:port]");
     }
     let path = &rest[end..];
-    let path = if path.starts_with('/') { path.to_owned() } else { format!("/{path}") };
+    let path = if path.starts_with('/') {
+        path.to_owned()
+    } else {
+        format!("/{path}")
+    };
     Ok((host.to_owned(), path))
 }
 
@@ -216,7 +233,9 @@ pub fn explain(args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
     if !problems.is_empty() {
         bail!("invalid Ingress manifests:\n{}", problems.join("\n"));
     }
-    let options = TranslateOptions { class: args.ingress_class.clone() };
+    let options = TranslateOptions {
+        class: args.ingress_class.clone(),
+    };
     let routes = translate(&ingresses, &options, &BTreeMap::new());
     let (table, issues) = RouteTable::build(routes.specs).context("building the route table")?;
     let mut skipped: Vec<SkippedJson> = routes.skipped.iter().map(SkippedJson::from).collect();
@@ -267,7 +286,11 @@ fn render_text(
         HostSelection::InvalidHost => "not a valid host".to_owned(),
     };
     let _ = writeln!(out, "Host:   {selection}");
-    let _ = writeln!(out, "Path:   {}", why.path.as_deref().unwrap_or("(cannot be routed)"));
+    let _ = writeln!(
+        out,
+        "Path:   {}",
+        why.path.as_deref().unwrap_or("(cannot be routed)")
+    );
     match why.winner {
         Some(m) => {
             let _ = writeln!(
@@ -287,13 +310,20 @@ fn render_text(
                 HostSelection::NoRoutes | HostSelection::InvalidHost => "no route for this host",
                 _ => "no path of this host matches",
             };
-            let _ = writeln!(out, "Result: no route matches ({reason}): a 404 would be served");
+            let _ = writeln!(
+                out,
+                "Result: no route matches ({reason}): a 404 would be served"
+            );
         }
     }
     if !why.candidates.is_empty() {
         let _ = writeln!(out, "\nCandidates:");
         for c in &why.candidates {
-            let mark = if c.outcome == Outcome::Selected { "*" } else { "-" };
+            let mark = if c.outcome == Outcome::Selected {
+                "*"
+            } else {
+                "-"
+            };
             let _ = writeln!(
                 out,
                 "  {mark} {}/{} rule {} path {}: {} {}{} -> {}: {}",

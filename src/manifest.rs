@@ -144,7 +144,11 @@ pub fn load_paths(paths: &[PathBuf]) -> Loaded {
 
 fn load_path(path: &Path, explicit: bool, loaded: &mut Loaded) {
     let whole = |message: String| ManifestError {
-        source: Source { file: path.to_owned(), doc_index: None, item: None },
+        source: Source {
+            file: path.to_owned(),
+            doc_index: None,
+            item: None,
+        },
         message,
     };
     let metadata = match std::fs::metadata(path) {
@@ -158,13 +162,18 @@ fn load_path(path: &Path, explicit: bool, loaded: &mut Loaded) {
         let mut entries: Vec<PathBuf> = match std::fs::read_dir(path) {
             Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
             Err(e) => {
-                loaded.errors.push(whole(format!("cannot list directory: {e}")));
+                loaded
+                    .errors
+                    .push(whole(format!("cannot list directory: {e}")));
                 return;
             }
         };
         entries.sort();
         for entry in entries {
-            let hidden = entry.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'));
+            let hidden = entry
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('.'));
             if !hidden {
                 load_path(&entry, false, loaded);
             }
@@ -188,10 +197,17 @@ fn load_path(path: &Path, explicit: bool, loaded: &mut Loaded) {
 /// Loads one JSON document (an object or a `List`).
 pub fn load_json(text: &str, file: &Path) -> Loaded {
     let mut loaded = Loaded::default();
-    let source = Source { file: file.to_owned(), doc_index: Some(0), item: None };
+    let source = Source {
+        file: file.to_owned(),
+        doc_index: Some(0),
+        item: None,
+    };
     match serde_json::from_str::<Value>(text) {
         Ok(value) => add_document(value, source, &mut loaded),
-        Err(e) => loaded.errors.push(ManifestError { source, message: format!("invalid JSON: {e}") }),
+        Err(e) => loaded.errors.push(ManifestError {
+            source,
+            message: format!("invalid JSON: {e}"),
+        }),
     }
     loaded
 }
@@ -210,14 +226,24 @@ pub fn load_json(text: &str, file: &Path) -> Loaded {
 pub fn load_str(text: &str, file: &Path) -> Loaded {
     let mut loaded = Loaded::default();
     for (doc_index, doc) in split_documents(text).into_iter().enumerate() {
-        if doc.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
+        if doc
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        {
             continue;
         }
-        let source = Source { file: file.to_owned(), doc_index: Some(doc_index), item: None };
+        let source = Source {
+            file: file.to_owned(),
+            doc_index: Some(doc_index),
+            item: None,
+        };
         match serde_saphyr::from_str::<Value>(&doc) {
             Ok(Value::Null) => {}
             Ok(value) => add_document(value, source, &mut loaded),
-            Err(e) => loaded.errors.push(ManifestError { source, message: format!("invalid YAML: {e}") }),
+            Err(e) => loaded.errors.push(ManifestError {
+                source,
+                message: format!("invalid YAML: {e}"),
+            }),
         }
     }
     loaded
@@ -256,17 +282,26 @@ fn split_documents(text: &str) -> Vec<String> {
 }
 
 fn add_document(value: Value, source: Source, loaded: &mut Loaded) {
-    let is_list = value.get("kind").and_then(Value::as_str).is_some_and(|k| k == "List" || k.ends_with("List"))
+    let is_list = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k == "List" || k.ends_with("List"))
         && value.get("items").is_some();
     if is_list {
         match value.get("items").and_then(Value::as_array) {
             Some(items) => {
                 for (i, item) in items.iter().enumerate() {
-                    let source = Source { item: Some(i), ..source.clone() };
+                    let source = Source {
+                        item: Some(i),
+                        ..source.clone()
+                    };
                     add_object(item.clone(), source, loaded);
                 }
             }
-            None => loaded.errors.push(ManifestError { source, message: "List items must be a sequence".into() }),
+            None => loaded.errors.push(ManifestError {
+                source,
+                message: "List items must be a sequence".into(),
+            }),
         }
         return;
     }
@@ -274,18 +309,31 @@ fn add_document(value: Value, source: Source, loaded: &mut Loaded) {
 }
 
 fn add_object(mut value: Value, source: Source, loaded: &mut Loaded) {
-    let error = |message: String| ManifestError { source: source.clone(), message };
+    let error = |message: String| ManifestError {
+        source: source.clone(),
+        message,
+    };
     if !value.is_object() {
-        loaded.errors.push(error("a document must be a mapping (a Kubernetes object)".into()));
+        loaded.errors.push(error(
+            "a document must be a mapping (a Kubernetes object)".into(),
+        ));
         return;
     }
     let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
     let (Some(api_version), Some(kind)) = (text(&value, "apiVersion"), text(&value, "kind")) else {
-        loaded.errors.push(error("missing apiVersion or kind".into()));
+        loaded
+            .errors
+            .push(error("missing apiVersion or kind".into()));
         return;
     };
-    let Some(name) = value.get("metadata").and_then(|m| text(m, "name")).filter(|n| !n.is_empty()) else {
-        loaded.errors.push(error(format!("{kind} without metadata.name")));
+    let Some(name) = value
+        .get("metadata")
+        .and_then(|m| text(m, "name"))
+        .filter(|n| !n.is_empty())
+    else {
+        loaded
+            .errors
+            .push(error(format!("{kind} without metadata.name")));
         return;
     };
     let namespace = value
@@ -296,7 +344,14 @@ fn add_object(mut value: Value, source: Source, loaded: &mut Loaded) {
     if let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) {
         metadata.insert("namespace".into(), Value::String(namespace.clone()));
     }
-    loaded.objects.push(LoadedObject { source, api_version, kind, namespace, name, value });
+    loaded.objects.push(LoadedObject {
+        source,
+        api_version,
+        kind,
+        namespace,
+        name,
+        value,
+    });
 }
 
 #[cfg(test)]
@@ -325,8 +380,11 @@ items:
             .map(|o| (o.name.as_str(), o.source.doc_index, o.source.item))
             .collect();
         assert_eq!(names, [("a", Some(1), Some(0)), ("inline", Some(4), None)]);
-        let errors: Vec<(Option<usize>, Option<usize>)> =
-            loaded.errors.iter().map(|e| (e.source.doc_index, e.source.item)).collect();
+        let errors: Vec<(Option<usize>, Option<usize>)> = loaded
+            .errors
+            .iter()
+            .map(|e| (e.source.doc_index, e.source.item))
+            .collect();
         assert_eq!(errors, [(Some(1), Some(1)), (Some(3), None)]);
         assert_eq!(loaded.objects[1].namespace, "x");
     }
@@ -334,7 +392,8 @@ items:
     #[test]
     fn directories_are_walked_recursively_skipping_hidden_and_other_files() {
         let dir = tempfile::tempdir().unwrap();
-        let obj = |name: &str| format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n");
+        let obj =
+            |name: &str| format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n");
         std::fs::create_dir_all(dir.path().join("sub/deeper")).unwrap();
         std::fs::create_dir_all(dir.path().join("..data")).unwrap();
         std::fs::write(dir.path().join("a.yaml"), obj("a")).unwrap();
@@ -356,9 +415,18 @@ items:
 
     #[test]
     fn objects_need_kind_and_name() {
-        let loaded = load_str("apiVersion: v1\nkind: Service\n---\nkind: Service\nmetadata: {name: x}\n", Path::new("f"));
+        let loaded = load_str(
+            "apiVersion: v1\nkind: Service\n---\nkind: Service\nmetadata: {name: x}\n",
+            Path::new("f"),
+        );
         assert!(loaded.objects.is_empty());
         assert_eq!(loaded.errors.len(), 2);
-        assert!(loaded.errors[0].to_string().contains("without metadata.name"), "{}", loaded.errors[0]);
+        assert!(
+            loaded.errors[0]
+                .to_string()
+                .contains("without metadata.name"),
+            "{}",
+            loaded.errors[0]
+        );
     }
 }

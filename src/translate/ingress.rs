@@ -216,7 +216,9 @@ pub struct TranslateOptions {
 
 impl Default for TranslateOptions {
     fn default() -> Self {
-        Self { class: DEFAULT_INGRESS_CLASS.to_owned() }
+        Self {
+            class: DEFAULT_INGRESS_CLASS.to_owned(),
+        }
     }
 }
 
@@ -239,7 +241,11 @@ fn name_of(ingress: &Ingress) -> &str {
 
 fn tie_break_of(ingress: &Ingress) -> TieBreak {
     TieBreak {
-        created: ingress.metadata.creation_timestamp.as_ref().map_or(i64::MAX, |t| t.0.as_second()),
+        created: ingress
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(i64::MAX, |t| t.0.as_second()),
         namespace: namespace_of(ingress).to_owned(),
         name: name_of(ingress).to_owned(),
     }
@@ -258,7 +264,11 @@ fn tie_break_of(ingress: &Ingress) -> TieBreak {
 /// assert!(!is_our_class(&ing, "nginx"));
 /// ```
 pub fn is_our_class(ingress: &Ingress, class: &str) -> bool {
-    match ingress.spec.as_ref().and_then(|s| s.ingress_class_name.as_deref()) {
+    match ingress
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+    {
         Some(name) => name == class,
         None => ingress
             .metadata
@@ -276,25 +286,36 @@ pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRo
     let namespace = namespace_of(ingress);
     let name = name_of(ingress);
     let mut out = IngressRoutes::default();
-    let skip = |reason: SkipReason, rule: Option<usize>, path: Option<usize>, message: String| Skipped {
-        reason,
-        namespace: namespace.to_owned(),
-        ingress: name.to_owned(),
-        rule,
-        path,
-        message,
-    };
+    let skip =
+        |reason: SkipReason, rule: Option<usize>, path: Option<usize>, message: String| Skipped {
+            reason,
+            namespace: namespace.to_owned(),
+            ingress: name.to_owned(),
+            rule,
+            path,
+            message,
+        };
     if !is_our_class(ingress, &options.class) {
         let named = ingress
             .spec
             .as_ref()
             .and_then(|s| s.ingress_class_name.clone())
-            .or_else(|| ingress.metadata.annotations.as_ref().and_then(|a| a.get(LEGACY_CLASS_ANNOTATION).cloned()));
+            .or_else(|| {
+                ingress
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION).cloned())
+            });
         let message = match named {
             Some(class) => format!("class is {class:?}, not {:?}", options.class),
-            None => format!("no ingressClassName (or {LEGACY_CLASS_ANNOTATION} annotation) naming {:?}", options.class),
+            None => format!(
+                "no ingressClassName (or {LEGACY_CLASS_ANNOTATION} annotation) naming {:?}",
+                options.class
+            ),
         };
-        out.skipped.push(skip(SkipReason::OtherIngressClass, None, None, message));
+        out.skipped
+            .push(skip(SkipReason::OtherIngressClass, None, None, message));
         return out;
     }
     let Some(spec) = ingress.spec.as_ref() else {
@@ -354,14 +375,20 @@ pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRo
                     origin,
                     tie_break: tie_break.clone(),
                 }),
-                Err((reason, message)) => out.skipped.push(skip(reason, Some(rule_index), Some(path_index), message)),
+                Err((reason, message)) => {
+                    out.skipped
+                        .push(skip(reason, Some(rule_index), Some(path_index), message))
+                }
             }
         }
     }
     out
 }
 
-fn translate_path(path: &HTTPIngressPath, namespace: &str) -> Result<(PathType, ServiceRef), (SkipReason, String)> {
+fn translate_path(
+    path: &HTTPIngressPath,
+    namespace: &str,
+) -> Result<(PathType, ServiceRef), (SkipReason, String)> {
     let path_type: PathType = path
         .path_type
         .parse()
@@ -370,19 +397,31 @@ fn translate_path(path: &HTTPIngressPath, namespace: &str) -> Result<(PathType, 
     Ok((path_type, service))
 }
 
-fn service_ref(backend: &IngressBackend, namespace: &str) -> Result<ServiceRef, (SkipReason, String)> {
+fn service_ref(
+    backend: &IngressBackend,
+    namespace: &str,
+) -> Result<ServiceRef, (SkipReason, String)> {
     let Some(service) = backend.service.as_ref() else {
         return Err(match &backend.resource {
             Some(resource) => (
                 SkipReason::ResourceBackend,
-                format!("backend is a {} resource {:?}; only Service backends are routed", resource.kind, resource.name),
+                format!(
+                    "backend is a {} resource {:?}; only Service backends are routed",
+                    resource.kind, resource.name
+                ),
             ),
-            None => (SkipReason::MissingBackend, "backend names no Service".into()),
+            None => (
+                SkipReason::MissingBackend,
+                "backend names no Service".into(),
+            ),
         });
     };
     let port = match service.port.as_ref() {
         None => {
-            return Err((SkipReason::MissingServicePort, format!("Service {:?} backend has no port", service.name)));
+            return Err((
+                SkipReason::MissingServicePort,
+                format!("Service {:?} backend has no port", service.name),
+            ));
         }
         Some(port) => match (port.name.as_deref(), port.number) {
             (Some(name), None) if !name.is_empty() => ServicePort::Name(name.to_owned()),
@@ -390,12 +429,19 @@ fn service_ref(backend: &IngressBackend, namespace: &str) -> Result<ServiceRef, 
             _ => {
                 return Err((
                     SkipReason::InvalidServicePort,
-                    format!("Service {:?} backend port must set exactly one of name and number (1-65535)", service.name),
+                    format!(
+                        "Service {:?} backend port must set exactly one of name and number (1-65535)",
+                        service.name
+                    ),
                 ));
             }
         },
     };
-    Ok(ServiceRef { namespace: namespace.to_owned(), name: service.name.clone(), port })
+    Ok(ServiceRef {
+        namespace: namespace.to_owned(),
+        name: service.name.clone(),
+        port,
+    })
 }
 
 /// Translates a set of Ingresses into one set of route specs, as the
@@ -426,11 +472,27 @@ pub fn translate(
     for spec in &all.specs {
         let host = spec.host.to_ascii_lowercase();
         if let Some(ns) = domain_owners.get(&host) {
-            owners.insert(host, (TieBreak { created: i64::MIN, ..TieBreak::default() }, ns.clone()));
+            owners.insert(
+                host,
+                (
+                    TieBreak {
+                        created: i64::MIN,
+                        ..TieBreak::default()
+                    },
+                    ns.clone(),
+                ),
+            );
             continue;
         }
         let claim = (spec.tie_break.clone(), spec.origin.namespace.clone());
-        owners.entry(host).and_modify(|c| if claim < *c { *c = claim.clone() }).or_insert(claim);
+        owners
+            .entry(host)
+            .and_modify(|c| {
+                if claim < *c {
+                    *c = claim.clone()
+                }
+            })
+            .or_insert(claim);
     }
     let mut kept = Vec::with_capacity(all.specs.len());
     for spec in all.specs {
@@ -450,4 +512,223 @@ pub fn translate(
     }
     all.specs = kept;
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds an Ingress from YAML, as users write them.
+    fn ingress(yaml: &str) -> Ingress {
+        serde_saphyr::from_str(yaml).expect("test manifest")
+    }
+
+    const MIXED: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: web
+  namespace: shop
+  creationTimestamp: "2024-01-02T03:04:05Z"
+spec:
+  ingressClassName: tuna
+  defaultBackend:
+    service: {name: fallback, port: {number: 80}}
+  rules:
+    - http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: nohost, port: {number: 80}}}}
+    - host: "*.example.com"
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: wild, port: {number: 80}}}}
+    - host: shop.example.com
+      http:
+        paths:
+          - {path: /api, pathType: Prefix, backend: {service: {name: api, port: {name: http}}}}
+          - {path: /img, pathType: Prefix, backend: {resource: {apiGroup: k8s.example.com, kind: Bucket, name: images}}}
+          - {path: /x, pathType: Regex, backend: {service: {name: x, port: {number: 80}}}}
+          - {pathType: ImplementationSpecific, backend: {service: {name: root, port: {number: 8080}}}}
+          - {path: /noport, pathType: Exact, backend: {service: {name: noport}}}
+          - {path: /both, pathType: Exact, backend: {service: {name: both, port: {name: http, number: 80}}}}
+          - {path: /big, pathType: Exact, backend: {service: {name: big, port: {number: 70000}}}}
+    - host: empty.example.com
+"#;
+
+    #[test]
+    fn one_bad_rule_never_discards_the_rest() {
+        let out = translate_one(&ingress(MIXED), &TranslateOptions::default());
+        let specs: Vec<(String, String, PathType, String)> = out
+            .specs
+            .iter()
+            .map(|s| {
+                (
+                    s.host.clone(),
+                    s.path.clone(),
+                    s.path_type,
+                    s.backend.to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            specs,
+            [
+                (
+                    "shop.example.com".into(),
+                    "/api".into(),
+                    PathType::Prefix,
+                    "shop/api:http".into()
+                ),
+                (
+                    "shop.example.com".into(),
+                    "/".into(),
+                    PathType::ImplementationSpecific,
+                    "shop/root:8080".into()
+                ),
+            ]
+        );
+        let reasons: Vec<(SkipReason, Option<usize>, Option<usize>)> = out
+            .skipped
+            .iter()
+            .map(|s| (s.reason, s.rule, s.path))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                (SkipReason::DefaultBackendIgnored, None, None),
+                (SkipReason::RuleWithoutHost, Some(0), None),
+                (SkipReason::WildcardHost, Some(1), None),
+                (SkipReason::ResourceBackend, Some(2), Some(1)),
+                (SkipReason::InvalidPathType, Some(2), Some(2)),
+                (SkipReason::MissingServicePort, Some(2), Some(4)),
+                (SkipReason::InvalidServicePort, Some(2), Some(5)),
+                (SkipReason::InvalidServicePort, Some(2), Some(6)),
+                (SkipReason::RuleWithoutPaths, Some(3), None),
+            ]
+        );
+        let events: Vec<&str> = out.skipped.iter().map(Skipped::event_reason).collect();
+        assert_eq!(
+            events[..4],
+            [
+                "BackendSkipped",
+                "RuleSkipped",
+                "RuleSkipped",
+                "BackendSkipped"
+            ]
+        );
+        let spec = &out.specs[0];
+        assert_eq!(
+            spec.origin,
+            Origin {
+                namespace: "shop".into(),
+                name: "web".into(),
+                rule: 2,
+                path: 0
+            }
+        );
+        assert_eq!(spec.tie_break.created, 1_704_164_645);
+    }
+
+    #[test]
+    fn class_selection() {
+        let with = |class: &str, annotation: &str| {
+            let mut yaml = String::from("metadata:\n  name: a\n");
+            if !annotation.is_empty() {
+                yaml.push_str(&format!(
+                    "  annotations:\n    kubernetes.io/ingress.class: {annotation}\n"
+                ));
+            }
+            yaml.push_str("spec:\n");
+            if !class.is_empty() {
+                yaml.push_str(&format!("  ingressClassName: {class}\n"));
+            }
+            yaml.push_str("  rules: [{host: a.example.com, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: s, port: {number: 1}}}}]}}]\n");
+            ingress(&yaml)
+        };
+        let cases = [
+            ("tuna", "", "tuna", true),
+            ("", "tuna", "tuna", true),
+            ("nginx", "tuna", "tuna", false),
+            ("tuna", "nginx", "tuna", true),
+            ("", "", "tuna", false),
+            ("", "nginx", "tuna", false),
+            ("edge", "", "edge", true),
+            ("tuna", "", "edge", false),
+        ];
+        for (class, annotation, ours, want) in cases {
+            let ing = with(class, annotation);
+            assert_eq!(
+                is_our_class(&ing, ours),
+                want,
+                "class {class:?} annotation {annotation:?} ours {ours:?}"
+            );
+            let out = translate_one(&ing, &TranslateOptions { class: ours.into() });
+            assert_eq!(out.specs.len(), usize::from(want));
+            if !want {
+                assert_eq!(out.skipped[0].reason, SkipReason::OtherIngressClass);
+                assert_eq!(out.skipped[0].reason.kind(), SkipKind::Ingress);
+            }
+        }
+    }
+
+    fn simple(namespace: &str, name: &str, created: &str, host: &str, path: &str) -> Ingress {
+        ingress(&format!(
+            "metadata: {{name: {name}, namespace: {namespace}, creationTimestamp: \"{created}\"}}\n\
+             spec:\n  ingressClassName: tuna\n  rules: [{{host: {host}, http: {{paths: [{{path: {path}, pathType: Prefix, backend: {{service: {{name: {name}, port: {{number: 80}}}}}}}}]}}}}]\n"
+        ))
+    }
+
+    #[test]
+    fn a_host_belongs_to_one_namespace() {
+        let ingresses = [
+            simple(
+                "team-b",
+                "late",
+                "2024-02-01T00:00:00Z",
+                "a.example.com",
+                "/b",
+            ),
+            simple(
+                "team-a",
+                "early",
+                "2024-01-01T00:00:00Z",
+                "a.example.com",
+                "/a",
+            ),
+            simple(
+                "team-a",
+                "second",
+                "2024-03-01T00:00:00Z",
+                "a.example.com",
+                "/c",
+            ),
+            simple(
+                "team-b",
+                "own",
+                "2024-03-01T00:00:00Z",
+                "b.example.com",
+                "/",
+            ),
+        ];
+        let out = translate(&ingresses, &TranslateOptions::default(), &BTreeMap::new());
+        let kept: Vec<&str> = out.specs.iter().map(|s| s.origin.name.as_str()).collect();
+        assert_eq!(kept, ["early", "second", "own"]);
+        assert_eq!(out.skipped.len(), 1);
+        assert_eq!(out.skipped[0].reason, SkipReason::HostOwnedByOtherNamespace);
+        assert_eq!(out.skipped[0].ingress, "late");
+
+        // A Domain reservation decides ownership over Ingress age.
+        let owners = BTreeMap::from([("a.example.com".to_string(), "team-b".to_string())]);
+        let out = translate(&ingresses, &TranslateOptions::default(), &owners);
+        let kept: Vec<&str> = out.specs.iter().map(|s| s.origin.name.as_str()).collect();
+        assert_eq!(kept, ["late", "own"]);
+    }
+
+    #[test]
+    fn missing_creation_timestamp_counts_as_newest() {
+        let mut without = simple("ns", "a", "2024-01-01T00:00:00Z", "a.example.com", "/");
+        without.metadata.creation_timestamp = None;
+        let out = translate_one(&without, &TranslateOptions::default());
+        assert_eq!(out.specs[0].tie_break.created, i64::MAX);
+    }
 }

@@ -3,8 +3,8 @@
 //! standalone file provider feed the same functions, and tests call them
 //! with plain objects.
 
-pub mod ingress;
 pub mod domain;
+pub mod ingress;
 pub mod service;
 pub mod tcpendpoint;
 pub mod tunnel;
