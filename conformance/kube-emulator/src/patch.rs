@@ -11,8 +11,21 @@ pub fn merge(target: &mut Value, patch: &Value) {
 }
 
 /// RFC 6902 JSON patch, `test` included; a failed `test` or a bad path is a 422 as on the apiserver.
+///
+/// As on the apiserver, a `test` for `null` passes when the path is absent (kube-runtime's
+/// `finalizer` helper relies on this to add the first finalizer).
 pub fn json(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
-    let p: json_patch::Patch = serde_json::from_value(patch.clone())
+    let mut ops = patch.as_array().cloned().ok_or_else(|| ApiError::bad_request("a JSON patch must be an array of operations"))?;
+    for op in &ops {
+        if op["op"] == "test" && op["value"].is_null() {
+            let path = op["path"].as_str().unwrap_or_default();
+            if !target.pointer(path).is_none_or(Value::is_null) {
+                return Err(ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: test failed: {path} is not null")));
+            }
+        }
+    }
+    ops.retain(|op| !(op["op"] == "test" && op["value"].is_null()));
+    let p: json_patch::Patch = serde_json::from_value(Value::Array(ops))
         .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
     json_patch::patch(target, &p).map_err(|e| ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}")))
 }

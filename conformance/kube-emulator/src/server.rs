@@ -329,6 +329,7 @@ fn write_options(query: &HashMap<String, String>, sub: Option<&str>) -> WriteOpt
         field_validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str)),
         field_manager: query.get("fieldManager").cloned(),
         force: query.get("force").is_some_and(|f| f == "true"),
+        applying: false,
     }
 }
 

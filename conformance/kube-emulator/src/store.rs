@@ -59,11 +59,13 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     pub field_manager: Option<String>,
     pub force: bool,
+    /// Set internally for server-side apply writes (which maintain managedFields themselves).
+    pub applying: bool,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { subresource: None, dry_run: false, field_validation: FieldValidation::Warn, field_manager: None, force: false }
+        WriteOptions { subresource: None, dry_run: false, field_validation: FieldValidation::Warn, field_manager: None, force: false, applying: false }
     }
 }
 
@@ -113,12 +115,17 @@ fn random_suffix(n: usize) -> String {
     (0..n).map(|_| CHARS[rng.random_range(0..CHARS.len())] as char).collect()
 }
 
-/// The object without `metadata.resourceVersion` and `metadata.managedFields`: what "changed" compares.
+/// The object without `metadata.resourceVersion` and managedFields timestamps: what "changed"
+/// compares (a re-apply of identical fields by the same manager is a no-op).
 fn comparable(v: &Value) -> Value {
     let mut v = v.clone();
     if let Some(m) = v["metadata"].as_object_mut() {
         m.remove("resourceVersion");
-        m.remove("managedFields");
+        if let Some(entries) = m.get_mut("managedFields").and_then(Value::as_array_mut) {
+            for e in entries.iter_mut().filter_map(Value::as_object_mut) {
+                e.remove("time");
+            }
+        }
     }
     v
 }
@@ -552,6 +559,9 @@ impl State {
             }
         }
         self.admit(rt, &mut new, Some(&old), opts)?;
+        if !opts.applying {
+            release_changed_fields(&mut new, &old);
+        }
         if comparable(&new) == comparable(&old) {
             // The no-op rule: nothing changed, so no new resourceVersion and no watch event.
             return Ok(old);
@@ -613,7 +623,8 @@ impl State {
             }
         }
         let new = to_stored(rt, target);
-        self.update(rt, ns, name, new, check_rv, opts).map(|o| (o, false))
+        let opts = WriteOptions { applying: ptype == PatchType::Apply, ..opts.clone() };
+        self.update(rt, ns, name, new, check_rv, &opts).map(|o| (o, false))
     }
 
     /// Server-side apply with field ownership tracked in `metadata.managedFields` (Apply
@@ -805,6 +816,31 @@ impl State {
         if empty && self.get_opt("/namespaces", "", ns).is_some() {
             self.remove("/namespaces", "", ns, Propagation::Background);
         }
+    }
+}
+
+/// A non-apply write that changes or removes a field takes it away from its appliers (on a real
+/// apiserver the updater becomes its owner; here nobody does), so later applies of other
+/// managers do not conflict on it.
+fn release_changed_fields(new: &mut Value, old: &Value) {
+    let Some(entries) = new["metadata"]["managedFields"].as_array().cloned() else { return };
+    let mut kept = Vec::new();
+    for mut e in entries {
+        let paths: Vec<patch::FieldPath> = patch::fields_v1_to_paths(&e["fieldsV1"])
+            .into_iter()
+            .filter(|p| patch::get_path(new, p).is_some() && patch::get_path(new, p) == patch::get_path(old, p))
+            .collect();
+        if !paths.is_empty() {
+            e["fieldsV1"] = patch::paths_to_fields_v1(&paths);
+            kept.push(e);
+        }
+    }
+    if kept.is_empty() {
+        if let Some(m) = new["metadata"].as_object_mut() {
+            m.remove("managedFields");
+        }
+    } else {
+        new["metadata"]["managedFields"] = Value::Array(kept);
     }
 }
 
