@@ -254,4 +254,32 @@ mod tests {
         client_config_trusting(&dir.path().join("tls/ca.pem")).unwrap();
         assert!(format!("{first:?}").contains("***"));
     }
+
+    #[test]
+    fn pem_files_given_by_flags_load_and_bad_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["*.tuna.test".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        let identity = pem_identity(&cert_file, &key_file).unwrap();
+        assert_eq!(identity.cert_chain, [cert.der().clone()]);
+        assert!(identity.ca_file.is_none());
+        server_config(&identity, ALPN_H2_HTTP1).unwrap();
+
+        // A key that does not match the certificate, an empty file, a missing file.
+        let other_key = dir.path().join("other.key");
+        std::fs::write(&other_key, KeyPair::generate().unwrap().serialize_pem()).unwrap();
+        let mismatched = pem_identity(&cert_file, &other_key).unwrap();
+        assert!(server_config(&mismatched, ALPN_H2_HTTP1).is_err());
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        assert!(pem_identity(&empty, &key_file).is_err());
+        assert!(client_config_trusting(&empty).is_err());
+        assert!(pem_identity(&dir.path().join("missing.pem"), &key_file).is_err());
+    }
 }

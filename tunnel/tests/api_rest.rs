@@ -10,8 +10,8 @@ use api_support::{TestEdge, config};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tuna_tunnel::api::{
-    Bindings, ClientError, CreateDomain, CreateTcpEndpoint, CreateToken, Domain, DomainKind,
-    DomainStatus, RenewToken, Scope, TcpEndpoint, Timestamp,
+    Bindings, ClientError, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, Domain,
+    DomainKind, DomainStatus, RenewToken, Scope, TcpEndpoint, Timestamp,
 };
 use tuna_tunnel::control::{ROUTES, RateLimit};
 
@@ -718,5 +718,59 @@ async fn every_route_is_served_and_documented() {
         );
         assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
     }
+    edge.stop().await;
+}
+
+#[tokio::test]
+async fn keys_are_managed_through_the_api_by_full_access_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = TestEdge::start(config(dir.path())).await;
+    let admin = edge.client(&edge.key("default", &[Scope::Full]));
+    let writer = edge.client(&edge.key("default", &[Scope::TunnelsWrite]));
+    let foreign_admin = edge.client(&edge.key("other", &[Scope::Full]));
+
+    let created = admin
+        .create_key(&CreateApiKey {
+            name: Some("reconciler".into()),
+            scopes: vec![Scope::TunnelsConnect, Scope::TunnelsWrite],
+        })
+        .await
+        .unwrap();
+    assert!(created.key.expose().starts_with("tunak_"));
+    assert_eq!(created.info.account, "default");
+    assert_eq!(
+        created.info.scopes,
+        [Scope::TunnelsWrite, Scope::TunnelsConnect]
+    );
+    let minted = edge.client(&created.key);
+    assert_eq!(minted.whoami().await.unwrap().key_id, created.info.id);
+
+    assert_eq!(
+        code(writer.create_key(&CreateApiKey::default()).await),
+        "missing_scope"
+    );
+    assert_eq!(code(writer.list_keys().await), "missing_scope");
+    assert_eq!(
+        code(admin.create_key(&CreateApiKey::default()).await),
+        "invalid_request"
+    );
+
+    let listed = admin.list_keys().await.unwrap();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(listed.iter().all(|k| k.account == "default"));
+    assert!(listed.contains(&created.info));
+    let listed_json = serde_json::to_string(&listed).unwrap();
+    assert!(!listed_json.contains(created.key.expose()));
+
+    // Another account can neither see nor revoke it.
+    assert_eq!(foreign_admin.list_keys().await.unwrap().len(), 1);
+    assert_eq!(
+        code(foreign_admin.revoke_key(&created.info.id).await),
+        "not_found"
+    );
+
+    admin.revoke_key(&created.info.id).await.unwrap();
+    assert_eq!(code(minted.whoami().await), "unauthorized");
+    assert_eq!(code(admin.revoke_key(&created.info.id).await), "not_found");
     edge.stop().await;
 }

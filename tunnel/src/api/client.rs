@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 
 use super::Secret;
 use super::types::{
-    CreateDomain, CreateTcpEndpoint, CreateToken, CreatedToken, Domain, ErrorBody, List,
-    RenewToken, TcpEndpoint, Token, WhoAmI, error_code,
+    ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
+    CreatedToken, Domain, ErrorBody, List, RenewToken, TcpEndpoint, Token, WhoAmI, error_code,
 };
 
 /// How to reach an edge's REST API.
@@ -312,6 +312,25 @@ impl TunaClient {
             &[],
         )
         .await
+    }
+
+    /// `POST /v1/keys` (full access): a new key for the caller's account.
+    pub async fn create_key(&self, request: &CreateApiKey) -> Result<CreatedApiKey, ClientError> {
+        self.call(Method::POST, &["v1", "keys"], Some(request), &[])
+            .await
+    }
+
+    /// `GET /v1/keys` (full access): the account's keys, without secrets.
+    pub async fn list_keys(&self) -> Result<Vec<ApiKey>, ClientError> {
+        let list: List<ApiKey> = self
+            .call(Method::GET, &["v1", "keys"], None::<&()>, &[])
+            .await?;
+        Ok(list.items)
+    }
+
+    /// `DELETE /v1/keys/{id}` (full access): revokes one of the account's keys.
+    pub async fn revoke_key(&self, id: &str) -> Result<(), ClientError> {
+        self.call_empty(Method::DELETE, &["v1", "keys", id]).await
     }
 
     fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {

@@ -377,3 +377,26 @@ pub struct ApiKey {
     /// When it was created.
     pub created_at: Timestamp,
 }
+
+/// `POST /v1/keys`: a key for the caller's own account.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateApiKey {
+    /// Free-form name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// At least one scope.
+    #[serde(default)]
+    pub scopes: Vec<Scope>,
+}
+
+/// `POST /v1/keys`' answer: the only time the clear-text key is shown.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedApiKey {
+    /// The clear-text API key; the edge keeps only its hash.
+    pub key: Secret,
+    /// The key's description.
+    #[serde(flatten)]
+    pub info: ApiKey,
+}

@@ -5,7 +5,7 @@ use super::error::{ControlError, Result};
 use super::secrets::{self, API_KEY_PREFIX};
 use super::store::{KeyRecord, Store, Write};
 use super::{ControlPlane, names};
-use crate::api::{ApiKey, Scope, Secret, Timestamp};
+use crate::api::{ApiKey, CreateApiKey, CreatedApiKey, Scope, Secret, Timestamp};
 use crate::edge::authority::TokenId;
 
 /// Who is calling: the authenticated key's identity, never its secret.
@@ -127,6 +127,47 @@ impl ControlPlane {
             .revoked
             .send(TokenId(format!("{KEY_GRANT_PREFIX}{id}")));
         Ok(key)
+    }
+
+    /// `POST /v1/keys`: a full-access caller mints a key for its own account
+    /// (keys can be added while the edge runs, when the CLI cannot open the
+    /// store).
+    pub fn create_key_for(&self, caller: &Caller, request: &CreateApiKey) -> Result<CreatedApiKey> {
+        caller.require_any(&[Scope::Full])?;
+        let (info, key) = self.create_key(
+            &caller.account,
+            request.name.clone(),
+            request.scopes.clone(),
+        )?;
+        Ok(CreatedApiKey { key, info })
+    }
+
+    /// `GET /v1/keys`: the keys of the caller's account.
+    pub fn list_keys_for(&self, caller: &Caller) -> Result<Vec<ApiKey>> {
+        caller.require_any(&[Scope::Full])?;
+        Ok(self
+            .list_keys()
+            .into_iter()
+            .filter(|k| k.account == caller.account)
+            .collect())
+    }
+
+    /// `DELETE /v1/keys/{id}`: revokes a key of the caller's account (the
+    /// caller's own key included).
+    pub fn revoke_key_for(&self, caller: &Caller, id: &str) -> Result<()> {
+        caller.require_any(&[Scope::Full])?;
+        let owned = self
+            .store()
+            .read()
+            .keys
+            .get(id)
+            .is_some_and(|k| k.account == caller.account);
+        if !owned {
+            return Err(ControlError::NotFound(format!(
+                "your account has no API key {id:?}"
+            )));
+        }
+        self.revoke_key(id).map(drop)
     }
 
     /// Checks a presented API key; 401 for anything but a live key.

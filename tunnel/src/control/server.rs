@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 use super::error::{ControlError, Result};
 use super::{Caller, ControlPlane};
 use crate::api::{
-    CreateDomain, CreateTcpEndpoint, CreateToken, CreatedToken, Domain, List, RenewToken,
-    TcpEndpoint, Token, WhoAmI,
+    ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
+    CreatedToken, Domain, List, RenewToken, TcpEndpoint, Token, WhoAmI,
 };
 
 /// Every route of the REST API as `(method, path)`, as written in
@@ -38,6 +38,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/tokens/{id}"),
     ("DELETE", "/v1/tokens/{id}"),
     ("POST", "/v1/tokens/{id}/renew"),
+    ("POST", "/v1/keys"),
+    ("GET", "/v1/keys"),
+    ("DELETE", "/v1/keys/{id}"),
 ];
 
 pub(super) fn router(plane: ControlPlane) -> Router {
@@ -57,6 +60,8 @@ pub(super) fn router(plane: ControlPlane) -> Router {
         .route("/v1/tokens", post(create_token).get(list_tokens))
         .route("/v1/tokens/{id}", get(get_token).delete(revoke_token))
         .route("/v1/tokens/{id}/renew", post(renew_token))
+        .route("/v1/keys", post(create_key).get(list_keys))
+        .route("/v1/keys/{id}", axum::routing::delete(revoke_key))
         // Only matched routes authenticate: unknown paths answer 404 below.
         .route_layer(middleware::from_fn_with_state(plane.clone(), authenticate))
         .route("/healthz", get(healthz))
@@ -265,4 +270,34 @@ async fn renew_token(
 ) -> Result<Json<Token>> {
     let request: RenewToken = body(&bytes)?;
     Ok(Json(plane.renew_token(&caller, &id, &request)?))
+}
+
+async fn create_key(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Result<(StatusCode, Json<CreatedApiKey>)> {
+    let request: CreateApiKey = body(&bytes)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(plane.create_key_for(&caller, &request)?),
+    ))
+}
+
+async fn list_keys(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<List<ApiKey>>> {
+    Ok(Json(List {
+        items: plane.list_keys_for(&caller)?,
+    }))
+}
+
+async fn revoke_key(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    plane.revoke_key_for(&caller, &id)?;
+    Ok(StatusCode::NO_CONTENT)
 }
