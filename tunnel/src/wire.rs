@@ -729,7 +729,7 @@ mod tests {
             &h.encode().unwrap()[4..],
             br#"{"type":"hello","token":"s3cret","bindings":[{"kind":"http","host":"a.example"}],"agent":"t"}"#
         );
-        assert_eq!(format!("{h:?}").contains("s3cret"), false);
+        assert!(!format!("{h:?}").contains("s3cret"));
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub struct EdgeCli {
 #[derive(Debug, clap::Subcommand)]
 pub enum EdgeCommand {
     /// Runs the edge (same as giving the flags without a subcommand).
-    Serve(EdgeArgs),
+    Serve(Box<EdgeArgs>),
     /// Manages API keys (`create`, `list`, `revoke`).
     Keys(KeysArgs),
 }
@@ -128,7 +128,7 @@ pub async fn run(cli: EdgeCli) -> anyhow::Result<()> {
             out.flush()?;
             Ok(())
         }
-        Some(EdgeCommand::Serve(args)) => serve(args).await,
+        Some(EdgeCommand::Serve(args)) => serve(*args).await,
         None => serve(cli.serve).await,
     }
 }

@@ -211,10 +211,9 @@ impl Registry {
                 if ports
                     .get(port)
                     .is_some_and(|e| Arc::ptr_eq(&e.session, session))
+                    && let Some(entry) = ports.remove(port)
                 {
-                    if let Some(entry) = ports.remove(port) {
-                        entry.listener.cancel();
-                    }
+                    entry.listener.cancel();
                 }
             }
         }

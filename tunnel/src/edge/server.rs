@@ -112,12 +112,12 @@ impl EdgeServer {
                 "a public HTTPS listener needs a certificate (public_tls)".into(),
             ));
         }
-        if let (Some(addr), None, Some(_)) = (config.api_addr, &config.api_tls, &api_router) {
-            if !addr.ip().is_loopback() {
-                return Err(Error::Config(format!(
-                    "refusing a plain-text API listener on {addr}: plain text is for loopback tests only; give TLS material"
-                )));
-            }
+        if let (Some(addr), None, Some(_)) = (config.api_addr, &config.api_tls, &api_router)
+            && !addr.ip().is_loopback()
+        {
+            return Err(Error::Config(format!(
+                "refusing a plain-text API listener on {addr}: plain text is for loopback tests only; give TLS material"
+            )));
         }
         let (guard, set) = task_set();
         let registry = Registry::new(config.tcp_bind_ip, config.tcp_ports.clone(), guard.clone());
