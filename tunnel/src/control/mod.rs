@@ -119,23 +119,24 @@ impl ControlPlane {
     /// their sessions close) and purges tokens expired for a week; the task
     /// ends when the last clone of the control plane is dropped.
     pub fn open(config: ControlConfig) -> Result<Self> {
-        let base_domain = names::normalize_host(&config.base_domain);
-        names::host_name(&base_domain)
-            .map_err(|e| ControlError::Config(format!("--base-domain: {e}")))?;
-        let public_host = names::normalize_host(&config.public_host);
-        names::host_name(&public_host)
-            .or_else(|_| {
-                // A loopback or IP public host is fine for tests and labs.
-                public_host
-                    .parse::<std::net::IpAddr>()
-                    .map(|_| public_host.clone())
-                    .map_err(|_| ())
-            })
-            .map_err(|()| {
-                ControlError::Config(format!(
-                    "public host {public_host:?} is neither a host name nor an IP address"
-                ))
-            })?;
+        // One label is enough here: `localhost` and lab names are fine for
+        // the edge's own names (reserved names need two labels).
+        let edge_name = |flag: &str, value: &str| -> Result<String> {
+            let name = names::normalize_host(value);
+            let valid = name.parse::<std::net::IpAddr>().is_ok()
+                || (!name.is_empty()
+                    && name.len() <= 253
+                    && name.split('.').all(names::is_dns_label));
+            if valid {
+                Ok(name)
+            } else {
+                Err(ControlError::Config(format!(
+                    "{flag} {value:?} is neither a DNS name nor an IP address"
+                )))
+            }
+        };
+        let base_domain = edge_name("base domain", &config.base_domain)?;
+        let public_host = edge_name("public host", &config.public_host)?;
         if config.tcp_port_range.is_empty() || *config.tcp_port_range.start() == 0 {
             return Err(ControlError::Config(format!(
                 "TCP port range {:?} is empty or starts at 0",
@@ -229,6 +230,49 @@ async fn expiry_watcher(shared: Weak<Shared>) {
         });
         if let Err(e) = purge {
             tracing::warn!(error = %e, "purging long-expired tunnel tokens failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_is_checked_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = |base: &str, public: &str, ports: RangeInclusive<u16>| {
+            let mut config = ControlConfig::new(dir.path(), base, public);
+            config.tcp_port_range = ports;
+            ControlPlane::open(config).map(|plane| {
+                (
+                    plane.base_domain().to_owned(),
+                    plane.public_host().to_owned(),
+                )
+            })
+        };
+        assert_eq!(
+            open("Tuna.Example.", "localhost", 30000..=30001).unwrap(),
+            ("tuna.example".to_owned(), "localhost".to_owned())
+        );
+        assert_eq!(
+            open("tuna.example", "127.0.0.1", 1..=1).unwrap().1,
+            "127.0.0.1"
+        );
+        for (base, public, ports) in [
+            ("bad_domain", "edge.example", 30000..=30001),
+            ("tuna.example", "", 30000..=30001),
+            ("tuna.example", "edge.example", 0..=10),
+            #[allow(clippy::reversed_empty_ranges)]
+            ("tuna.example", "edge.example", 30001..=30000),
+        ] {
+            assert!(
+                matches!(
+                    open(base, public, ports.clone()),
+                    Err(ControlError::Config(_))
+                ),
+                "{base:?} {public:?} {ports:?}"
+            );
         }
     }
 }

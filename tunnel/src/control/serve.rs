@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
@@ -13,6 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 /// A client that has not finished the TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client that has not sent a request's headers by then is dropped.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `router` on `listener` over TLS until `shutdown` is cancelled.
 ///
@@ -59,7 +61,13 @@ pub async fn serve_https(
                     return;
                 }
             };
-            if let Err(e) = auto::Builder::new(TokioExecutor::new())
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            // A timer bounds how long a client may take to send its headers.
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
+            if let Err(e) = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .await
             {
