@@ -189,11 +189,12 @@ async fn expiring_tokens_are_refused_and_announced() {
     let dir = tempfile::tempdir().unwrap();
     let edge = TestEdge::start(config(dir.path())).await;
     let client = edge.client(&edge.key("default", &[Scope::TunnelsWrite]));
+    // Subscribe first: a 1 s token may expire within milliseconds of its creation.
+    let mut revocations = edge.plane.revocations();
     let created = client
         .create_token(&token_request(&[], &[], 1))
         .await
         .unwrap();
-    let mut revocations = edge.plane.revocations();
     // The expiry watcher announces the token once its lifetime is over.
     let announced = tokio::time::timeout(Duration::from_secs(5), revocations.recv())
         .await
