@@ -49,8 +49,10 @@ fn handle(inner: &Inner, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String, content_type: &'static str| {
         let mut resp = Response::new(Full::new(Bytes::from(body)));
         *resp.status_mut() = status;
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(content_type),
+        );
         resp
     };
     match req.uri().path() {

@@ -16,6 +16,7 @@ use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketS
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::DownstreamLimits;
 use crate::http::{Router, Shared};
@@ -112,7 +113,9 @@ pub(crate) fn tunnel_stream<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut s = Stream::from(VirtualSocketStream::new(Box::new(TunnelSocket::new(stream))));
+    let mut s = Stream::from(VirtualSocketStream::new(Box::new(TunnelSocket::new(
+        stream,
+    ))));
     // fd -1: the digest never needs the descriptor because both addresses
     // are filled in here.
     let digest = SocketDigest::from_raw_fd(-1);
@@ -139,12 +142,22 @@ enum Gate {
 /// restarts with every read, so a client trickling one byte at a time would
 /// hold the connection for ever. Later requests on a keep-alive connection
 /// are checked in `request_filter` and bounded by the keep-alive timeout.
-async fn header_gate(stream: &mut Stream, limits: &DownstreamLimits, shared: &Shared) -> Gate {
+async fn header_gate(
+    stream: &mut Stream,
+    limits: &DownstreamLimits,
+    shared: &Shared,
+    stopping: &CancellationToken,
+) -> Gate {
     let deadline = tokio::time::Instant::now() + limits.header_read_timeout;
     let mut buf: Vec<u8> = Vec::with_capacity(2048);
     let mut scanned: usize = 0;
     loop {
-        let read = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await;
+        let read = tokio::select! {
+            read = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)) => read,
+            // An idle connection that has not started a request does not
+            // hold up a graceful shutdown.
+            _ = stopping.cancelled(), if buf.is_empty() => return Gate::Done,
+        };
         match read {
             Err(_) => {
                 if !buf.is_empty() {
@@ -167,19 +180,16 @@ async fn header_gate(stream: &mut Stream, limits: &DownstreamLimits, shared: &Sh
         // Look for the blank line that ends the header block (CRLF or bare
         // LF line ends, as httparse accepts both).
         let from = scanned.saturating_sub(3);
-        let end = buf[from..]
-            .windows(2)
-            .enumerate()
-            .find_map(|(i, w)| {
-                let at = from + i;
-                if w == b"\n\n" {
-                    Some(at + 2)
-                } else if w == b"\n\r" && buf.get(at + 2) == Some(&b'\n') {
-                    Some(at + 3)
-                } else {
-                    None
-                }
-            });
+        let end = buf[from..].windows(2).enumerate().find_map(|(i, w)| {
+            let at = from + i;
+            if w == b"\n\n" {
+                Some(at + 2)
+            } else if w == b"\n\r" && buf.get(at + 2) == Some(&b'\n') {
+                Some(at + 3)
+            } else {
+                None
+            }
+        });
         scanned = buf.len();
         match end {
             Some(end) => {
@@ -222,6 +232,7 @@ pub(crate) async fn serve_connection(
     app: Arc<HttpProxy<Router>>,
     shared: Arc<Shared>,
     shutdown: ShutdownWatch,
+    stopping: CancellationToken,
 ) {
     let metrics = &shared.metrics;
     metrics.http_connections_total.fetch_add(1, Relaxed);
@@ -233,7 +244,8 @@ pub(crate) async fn serve_connection(
         }
     }
     let _active = Active(&metrics.http_connections_active);
-    if let Gate::Proceed = header_gate(&mut stream, &shared.config.limits, &shared).await {
+    if let Gate::Proceed = header_gate(&mut stream, &shared.config.limits, &shared, &stopping).await
+    {
         let _ = app.process_new(Box::new(stream), &shutdown).await;
     }
 }

@@ -32,15 +32,15 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, header};
+use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, RetryType};
-use pingora::http::{RequestHeader, ResponseHeader};
 
+use crate::Scheme;
 use crate::config::ProxyConfig;
 use crate::metrics::{HostStats, Metrics, UpstreamErrorCause};
 use crate::routes::{CompiledBackend, Snapshot};
-use crate::Scheme;
 
 /// State shared by every connection of one proxy core.
 pub(crate) struct Shared {
@@ -142,7 +142,10 @@ fn strip_hop_by_hop(headers: &http::HeaderMap, keep_upgrade: bool) -> Vec<Header
     let te_trailers = headers
         .get(header::TE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")));
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
     let mut removed: Vec<HeaderName> = Vec::new();
     for name in HOP_BY_HOP.iter().chain(named.iter()) {
         if headers.contains_key(name) {
@@ -226,9 +229,13 @@ impl Router {
             resp.insert_header(self.shared.config.request_id_header.clone(), id.clone())?;
         }
         let head_only = session.req_header().method == http::Method::HEAD;
-        session.write_response_header(Box::new(resp), head_only).await?;
+        session
+            .write_response_header(Box::new(resp), head_only)
+            .await?;
         if !head_only {
-            session.write_response_body(Some(Bytes::from(body)), true).await?;
+            session
+                .write_response_body(Some(Bytes::from(body)), true)
+                .await?;
         }
         ctx.answered_locally = Some(status);
         Ok(true)
@@ -286,11 +293,7 @@ impl ProxyHttp for Router {
             .as_ref()
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        let path = req
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
+        let path = req.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         ctx.span = tracing::info_span!(
             "request",
             id = %String::from_utf8_lossy(id.as_bytes()),
@@ -450,8 +453,7 @@ impl ProxyHttp for Router {
         // Only a pooled connection that the upstream had already closed is
         // retried (Pingora marks those `ReusedOnly`): the upstream never
         // processed the request. Anything else may have had effects.
-        if !session.req_header().method.is_idempotent()
-            || session.as_ref().retry_buffer_truncated()
+        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
         {
             e.set_retry(false);
         } else if matches!(e.retry, RetryType::ReusedOnly) {
@@ -491,10 +493,7 @@ impl ProxyHttp for Router {
             .or_else(|| session.response_written().map(|r| r.status.as_u16()))
             .unwrap_or_else(|| e.map_or(0, status_for));
         let metrics = &self.shared.metrics;
-        let stats: &HostStats = ctx
-            .backend
-            .as_ref()
-            .map_or(&metrics.unrouted, |b| &b.stats);
+        let stats: &HostStats = ctx.backend.as_ref().map_or(&metrics.unrouted, |b| &b.stats);
         if status > 0 {
             stats.record(status);
         }

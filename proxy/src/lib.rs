@@ -318,6 +318,7 @@ impl ProxyCore {
             app,
             self.inner.shared.clone(),
             self.inner.shutdown_tx.subscribe(),
+            self.inner.stopping.clone(),
         );
         let cut = self.inner.cut.clone();
         self.inner
@@ -389,7 +390,12 @@ impl ProxyCore {
 
     /// Registers (or replaces) the upstream of the tunnel TCP endpoint
     /// `key`. Connections already open keep their upstream.
-    pub fn set_tcp_service(&self, key: &str, upstream: TcpUpstream, limits: TcpLimits) -> Result<()> {
+    pub fn set_tcp_service(
+        &self,
+        key: &str,
+        upstream: TcpUpstream,
+        limits: TcpLimits,
+    ) -> Result<()> {
         let endpoint = Arc::new(TcpEndpoint::new(upstream, limits, key)?);
         let _w = lock(&self.inner.tcp_services_write);
         let mut map = HashMap::clone(&self.inner.tcp_services.load());
@@ -485,10 +491,9 @@ impl ProxyCore {
             app.cleanup().await;
         }
         inner.tracker.close();
-        let clean =
-            tokio::time::timeout(inner.shared.config.shutdown_grace, inner.tracker.wait())
-                .await
-                .is_ok();
+        let clean = tokio::time::timeout(inner.shared.config.shutdown_grace, inner.tracker.wait())
+            .await
+            .is_ok();
         if !clean {
             inner.cut.cancel();
             inner.tracker.wait().await;
@@ -530,10 +535,11 @@ async fn accept_http(listener: TcpListener, inner: Arc<Inner>) {
         let app = inner.app(Scheme::Http, trusted);
         let shared = inner.shared.clone();
         let watch = inner.shutdown_tx.subscribe();
+        let stopping = inner.stopping.clone();
         let cut = inner.cut.clone();
         inner.tracker.spawn(async move {
             tokio::select! {
-                _ = conn::serve_connection(stream, app, shared, watch) => {}
+                _ = conn::serve_connection(stream, app, shared, watch, stopping) => {}
                 _ = cut.cancelled() => {}
             }
         });

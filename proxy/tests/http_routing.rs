@@ -24,8 +24,11 @@ async fn routes_by_host_and_path_and_answers_404_naming_the_host() {
         )
         .unwrap();
     assert!(issues.is_empty(), "{issues:?}");
-    core.set_host_routes("other.example.com", vec![route("/only", PathType::Exact, &[other])])
-        .unwrap();
+    core.set_host_routes(
+        "other.example.com",
+        vec![route("/only", PathType::Exact, &[other])],
+    )
+    .unwrap();
 
     let client = client();
     let cases: &[(&str, &str, u16, Option<&str>)] = &[
@@ -49,7 +52,11 @@ async fn routes_by_host_and_path_and_answers_404_naming_the_host() {
             Some(b) => {
                 let echo = parse_echo(&body);
                 assert_eq!(echo["backend"], vec![b.to_string()], "{host}{path}");
-                assert_eq!(echo["path"], vec![path.to_string()], "path reaches backend unchanged");
+                assert_eq!(
+                    echo["path"],
+                    vec![path.to_string()],
+                    "path reaches backend unchanged"
+                );
             }
             None => assert!(body.contains(host), "404 page names the host: {body}"),
         }
@@ -81,7 +88,10 @@ async fn build_issues_are_returned_per_host() {
         .unwrap();
     assert_eq!(issues.len(), 1);
     assert_eq!(issues[0].reason(), "PathDotSegment");
-    assert!(core.set_host_routes("bad host/", vec![route("/", PathType::Prefix, &[web])]).is_err());
+    assert!(
+        core.set_host_routes("bad host/", vec![route("/", PathType::Prefix, &[web])])
+            .is_err()
+    );
     assert!(
         core.set_host_routes("b.example.com", vec![route("/", PathType::Prefix, &[])])
             .is_err(),
@@ -93,8 +103,11 @@ async fn build_issues_are_returned_per_host() {
 async fn header_policy_untrusted_listener() {
     let web = echo_backend("web").await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[web])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
     let resp = client()
         .get(format!("http://{addr}/x"))
         .header(HOST, "shop.example.com")
@@ -111,13 +124,28 @@ async fn header_policy_untrusted_listener() {
     assert_eq!(resp.status(), 200);
     let rid = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
     assert_ne!(rid, "spoofed");
-    assert!(resp.headers().get("keep-alive").is_none(), "hop-by-hop stripped from response");
+    assert!(
+        resp.headers().get("keep-alive").is_none(),
+        "hop-by-hop stripped from response"
+    );
     let echo = parse_echo(&resp.text().await.unwrap());
-    assert_eq!(echo["host"], vec!["shop.example.com"], "public Host unchanged");
+    assert_eq!(
+        echo["host"],
+        vec!["shop.example.com"],
+        "public Host unchanged"
+    );
     assert_eq!(echo["x-forwarded-host"], vec!["shop.example.com"]);
     assert_eq!(echo["x-forwarded-proto"], vec!["http"]);
-    assert_eq!(echo["x-forwarded-for"], vec!["127.0.0.1"], "untrusted XFF is replaced");
-    assert_eq!(echo["x-request-id"], vec![rid], "backend sees the same request id");
+    assert_eq!(
+        echo["x-forwarded-for"],
+        vec!["127.0.0.1"],
+        "untrusted XFF is replaced"
+    );
+    assert_eq!(
+        echo["x-request-id"],
+        vec![rid],
+        "backend sees the same request id"
+    );
     assert_eq!(echo["x-custom"], vec!["kept"]);
     for hop in ["x-secret", "keep-alive", "proxy-authorization"] {
         assert!(!echo.contains_key(hop), "{hop} must be stripped: {echo:?}");
@@ -132,8 +160,11 @@ async fn header_policy_trusted_peer_appends_and_keeps_request_id() {
         ..ProxyConfig::default()
     };
     let (core, addr) = proxy(config).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[web])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
     let resp = client()
         .get(format!("http://{addr}/"))
         .header(HOST, "shop.example.com")
@@ -152,8 +183,11 @@ async fn header_policy_trusted_peer_appends_and_keeps_request_id() {
 async fn h2c_client_is_served() {
     let web = echo_backend("web").await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[web])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
     init();
     // h2 carries the host in :authority (a differing Host header is a
     // protocol error), so the client resolves the public names to the proxy.
@@ -165,7 +199,11 @@ async fn h2c_client_is_served() {
         .build()
         .unwrap();
     // Several requests on one h2 connection, one of them unknown.
-    for (host, status) in [("shop.example.com", 200), ("shop.example.com", 200), ("x.test", 404)] {
+    for (host, status) in [
+        ("shop.example.com", 200),
+        ("shop.example.com", 200),
+        ("x.test", 404),
+    ] {
         let resp = client
             .get(format!("http://{host}:{}/h2", addr.port()))
             .send()
@@ -177,7 +215,10 @@ async fn h2c_client_is_served() {
         if status == 200 {
             let echo = parse_echo(&text);
             assert_eq!(echo["backend"], vec!["web"]);
-            assert_eq!(echo["x-forwarded-host"], vec![format!("{host}:{}", addr.port())]);
+            assert_eq!(
+                echo["x-forwarded-host"],
+                vec![format!("{host}:{}", addr.port())]
+            );
             assert_eq!(echo["x-forwarded-proto"], vec!["http"]);
         } else {
             assert!(text.contains("x.test"), "{text}");
@@ -200,21 +241,32 @@ async fn limits_oversized_and_too_many_headers_get_431() {
     config.limits.max_header_bytes = 4096;
     config.limits.max_header_count = 20;
     let (core, addr) = proxy(config).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[web])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
 
     let big = format!(
         "GET / HTTP/1.1\r\nHost: shop.example.com\r\nX-Big: {}\r\n\r\n",
         "a".repeat(8000)
     );
-    assert!(raw_request(addr, big.as_bytes()).await.starts_with("HTTP/1.1 431"));
+    assert!(
+        raw_request(addr, big.as_bytes())
+            .await
+            .starts_with("HTTP/1.1 431")
+    );
 
     let mut many = String::from("GET / HTTP/1.1\r\nHost: shop.example.com\r\n");
     for i in 0..30 {
         many.push_str(&format!("X-H{i}: v\r\n"));
     }
     many.push_str("\r\n");
-    assert!(raw_request(addr, many.as_bytes()).await.starts_with("HTTP/1.1 431"));
+    assert!(
+        raw_request(addr, many.as_bytes())
+            .await
+            .starts_with("HTTP/1.1 431")
+    );
 
     // A keep-alive connection whose *second* request breaks the limits:
     // checked by the request filter rather than the first-request gate.
@@ -231,14 +283,20 @@ async fn limits_oversized_and_too_many_headers_get_431() {
         .unwrap();
     assert_eq!(first.status(), 200);
     first.bytes().await.unwrap();
-    let mut second = client.get(format!("http://{addr}/")).header(HOST, "shop.example.com");
+    let mut second = client
+        .get(format!("http://{addr}/"))
+        .header(HOST, "shop.example.com");
     for i in 0..30 {
         second = second.header(format!("x-h{i}"), "v");
     }
     assert_eq!(second.send().await.unwrap().status(), 431);
 
     let ok = "GET / HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n";
-    assert!(raw_request(addr, ok.as_bytes()).await.starts_with("HTTP/1.1 200"));
+    assert!(
+        raw_request(addr, ok.as_bytes())
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
 }
 
 #[tokio::test]
@@ -249,7 +307,9 @@ async fn slow_header_is_cut_with_408() {
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     // Start a request and never finish it: one byte at a time would not
     // help either, the deadline covers the whole header.
-    tcp.write_all(b"GET / HTTP/1.1\r\nHost: slow").await.unwrap();
+    tcp.write_all(b"GET / HTTP/1.1\r\nHost: slow")
+        .await
+        .unwrap();
     let mut out = Vec::new();
     let _ = tcp.read_to_end(&mut out).await;
     assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 408"));
@@ -259,9 +319,15 @@ async fn slow_header_is_cut_with_408() {
 async fn admin_endpoints_and_metrics() {
     let web = echo_backend("web").await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    let admin = core.serve_admin("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[web])])
+    let admin = core
+        .serve_admin("127.0.0.1:0".parse().unwrap())
+        .await
         .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
     let client = client();
     for host in ["shop.example.com", "shop.example.com", "nope.test"] {
         client
@@ -274,7 +340,11 @@ async fn admin_endpoints_and_metrics() {
     let get = |path: &'static str| {
         let client = client.clone();
         async move {
-            let r = client.get(format!("http://{admin}{path}")).send().await.unwrap();
+            let r = client
+                .get(format!("http://{admin}{path}"))
+                .send()
+                .await
+                .unwrap();
             (r.status().as_u16(), r.text().await.unwrap())
         }
     };
@@ -285,7 +355,8 @@ async fn admin_endpoints_and_metrics() {
     let (status, metrics) = get("/metrics").await;
     assert_eq!(status, 200);
     assert!(
-        metrics.contains("tuna_proxy_http_requests_total{host=\"shop.example.com\",class=\"2xx\"} 2"),
+        metrics
+            .contains("tuna_proxy_http_requests_total{host=\"shop.example.com\",class=\"2xx\"} 2"),
         "{metrics}"
     );
     assert!(metrics.contains("tuna_proxy_http_requests_total{host=\"\",class=\"4xx\"} 1"));

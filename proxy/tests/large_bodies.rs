@@ -71,8 +71,11 @@ async fn bulk_backend() -> std::net::SocketAddr {
 async fn one_gib_each_way_with_bounded_memory() {
     let backend = bulk_backend().await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("bulk.example.com", vec![route("/", PathType::Prefix, &[backend])])
-        .unwrap();
+    core.set_host_routes(
+        "bulk.example.com",
+        vec![route("/", PathType::Prefix, &[backend])],
+    )
+    .unwrap();
     let client = client();
     let before = peak_rss();
 

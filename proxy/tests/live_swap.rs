@@ -27,7 +27,7 @@ async fn routes_swap_live_without_failed_requests() {
             // member (or both) changes with each swap, and so does the
             // route shape (Prefix vs an extra Exact rule).
             route("/a", PathType::Prefix, &[a[i % 2]]),
-            if i % 3 == 0 {
+            if i.is_multiple_of(3) {
                 route("/b", PathType::Prefix, &[b[0], b[1]])
             } else {
                 route("/b", PathType::Prefix, &[b[(i + 1) % 2]])
@@ -35,7 +35,8 @@ async fn routes_swap_live_without_failed_requests() {
             route("/b/exact", PathType::Exact, &[b[i % 2]]),
         ]
     };
-    core.set_host_routes("swap.example.com", config_for(0)).unwrap();
+    core.set_host_routes("swap.example.com", config_for(0))
+        .unwrap();
 
     let swaps_done = Arc::new(AtomicUsize::new(0));
     let completed = Arc::new(AtomicUsize::new(0));
@@ -89,13 +90,15 @@ async fn routes_swap_live_without_failed_requests() {
     // Swap, then wait for a few responses to complete, so swaps interleave
     // with traffic instead of all happening before the first request.
     for i in 1..=SWAPS {
-        core.set_host_routes("swap.example.com", config_for(i)).unwrap();
+        core.set_host_routes("swap.example.com", config_for(i))
+            .unwrap();
         // Churn an unrelated host too: whole-table rebuilds each time.
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             core.set_host_routes(&format!("churn{i}.example.com"), config_for(i))
                 .unwrap();
         } else {
-            core.remove_host(&format!("churn{}.example.com", i - 1)).unwrap();
+            core.remove_host(&format!("churn{}.example.com", i - 1))
+                .unwrap();
         }
         swaps_done.store(i, SeqCst);
         let target = completed.load(SeqCst) + 2;

@@ -50,7 +50,11 @@ async fn tcp_listener_added_and_removed_at_runtime_with_half_close() {
         addrs: vec![backend],
     };
     let bound = core
-        .add_tcp_listener("127.0.0.1:0".parse().unwrap(), upstream.clone(), TcpLimits::default())
+        .add_tcp_listener(
+            "127.0.0.1:0".parse().unwrap(),
+            upstream.clone(),
+            TcpLimits::default(),
+        )
         .await
         .unwrap();
     assert_eq!(core.tcp_listeners(), vec![bound]);
@@ -64,11 +68,17 @@ async fn tcp_listener_added_and_removed_at_runtime_with_half_close() {
     open.write_all(b"early").await.unwrap();
     // (Accepted and spliced, not merely queued in the kernel backlog, which
     // closing a listener resets.)
-    while !core.render_metrics().contains("tuna_proxy_tcp_connections_active 1") {
+    while !core
+        .render_metrics()
+        .contains("tuna_proxy_tcp_connections_active 1")
+    {
         tokio::task::yield_now().await;
     }
     core.remove_tcp_listener(bound).await.unwrap();
-    assert!(TcpStream::connect(bound).await.is_err(), "port closed after removal");
+    assert!(
+        TcpStream::connect(bound).await.is_err(),
+        "port closed after removal"
+    );
     assert_eq!(half_close_exchange(open, b" late").await, "got 10 bytes");
 
     // Re-adding on the same port works at once.
@@ -79,7 +89,10 @@ async fn tcp_listener_added_and_removed_at_runtime_with_half_close() {
     assert_eq!(again, bound);
     let tcp = TcpStream::connect(bound).await.unwrap();
     assert_eq!(half_close_exchange(tcp, b"abc").await, "got 3 bytes");
-    assert!(core.render_metrics().contains("tuna_proxy_tcp_bytes_to_upstream_total 300013"));
+    assert!(
+        core.render_metrics()
+            .contains("tuna_proxy_tcp_bytes_to_upstream_total 300013")
+    );
 }
 
 #[tokio::test]
@@ -103,7 +116,10 @@ async fn tcp_connection_limit_closes_extra_connections() {
     let mut first = TcpStream::connect(bound).await.unwrap();
     first.write_all(b"x").await.unwrap();
     // Wait until the first connection is spliced (it holds the slot).
-    while !core.render_metrics().contains("tuna_proxy_tcp_connections_active 1") {
+    while !core
+        .render_metrics()
+        .contains("tuna_proxy_tcp_connections_active 1")
+    {
         tokio::task::yield_now().await;
     }
     let mut second = TcpStream::connect(bound).await.unwrap();
@@ -111,7 +127,10 @@ async fn tcp_connection_limit_closes_extra_connections() {
     let n = second.read(&mut buf).await.unwrap_or(0);
     assert_eq!(n, 0, "the second connection is closed without data");
     assert_eq!(half_close_exchange(first, b"y").await, "got 2 bytes");
-    assert!(core.render_metrics().contains("tuna_proxy_tcp_connections_rejected_total 1"));
+    assert!(
+        core.render_metrics()
+            .contains("tuna_proxy_tcp_connections_rejected_total 1")
+    );
 }
 
 #[tokio::test]
@@ -138,7 +157,10 @@ async fn tcp_service_serves_duplex_streams() {
         let info = info.clone();
         tokio::spawn(async move { core.serve_tcp_stream("db", server, info).await })
     };
-    assert_eq!(half_close_exchange(client, &[1u8; 100_000]).await, "got 100000 bytes");
+    assert_eq!(
+        half_close_exchange(client, &[1u8; 100_000]).await,
+        "got 100000 bytes"
+    );
     serving.await.unwrap().unwrap();
 
     let (_client, server) = tokio::io::duplex(1024);
@@ -155,8 +177,11 @@ async fn tcp_service_serves_duplex_streams() {
 async fn serve_stream_takes_a_duplex_http_connection() {
     let web = echo_backend("web").await;
     let core = ProxyCore::new(ProxyConfig::default());
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[web])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
 
     for (trusted, expected_xff, expected_id) in [
         (true, "203.0.113.1, 198.51.100.7", Some("edge-id-1")),

@@ -38,8 +38,11 @@ async fn websocket_echo_backend() -> std::net::SocketAddr {
 async fn websocket_echo_through_the_proxy() {
     let ws_backend = websocket_echo_backend().await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("ws.example.com", vec![route("/", PathType::Prefix, &[ws_backend])])
-        .unwrap();
+    core.set_host_routes(
+        "ws.example.com",
+        vec![route("/", PathType::Prefix, &[ws_backend])],
+    )
+    .unwrap();
 
     let mut request = format!("ws://{addr}/chat").into_client_request().unwrap();
     request
@@ -83,9 +86,10 @@ async fn grpc_backend() -> std::net::SocketAddr {
                             .status(200)
                             .header("content-type", "application/grpc")
                             .header("x-path", path)
-                            .header("x-te", te.map_or("none".into(), |v| {
-                                v.to_str().unwrap().to_owned()
-                            }))
+                            .header(
+                                "x-te",
+                                te.map_or("none".into(), |v| v.to_str().unwrap().to_owned()),
+                            )
                             .body(())
                             .unwrap();
                         let mut send = respond.send_response(response, false).unwrap();
@@ -135,12 +139,17 @@ async fn grpc_round_trip_over_h2c_upstream() {
             .unwrap();
         let (response, mut send) = client.send_request(request, false).unwrap();
         let message = format!("ping {i}");
-        send.send_data(grpc_frame(message.as_bytes()), true).unwrap();
+        send.send_data(grpc_frame(message.as_bytes()), true)
+            .unwrap();
         let response = response.await.unwrap();
         assert_eq!(response.status(), 200);
         assert_eq!(response.headers()["content-type"], "application/grpc");
         assert_eq!(response.headers()["x-path"], "/echo.Echo/Say");
-        assert_eq!(response.headers()["x-te"], "trailers", "TE: trailers reaches gRPC");
+        assert_eq!(
+            response.headers()["x-te"],
+            "trailers",
+            "TE: trailers reaches gRPC"
+        );
         let mut body = response.into_body();
         let mut data = BytesMut::new();
         while let Some(chunk) = body.data().await {

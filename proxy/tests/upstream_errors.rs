@@ -13,8 +13,11 @@ use tuna_proxy::{PathType, ProxyConfig};
 async fn refused_upstream_is_502_and_counted() {
     let dead = dead_addr().await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[dead])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[dead])],
+    )
+    .unwrap();
     let resp = client()
         .get(format!("http://{addr}/"))
         .header(HOST, "shop.example.com")
@@ -29,7 +32,10 @@ async fn refused_upstream_is_502_and_counted() {
             && !metrics.contains("tuna_proxy_upstream_errors_total{cause=\"connect_refused\"} 0"),
         "{metrics}"
     );
-    assert!(metrics.contains("host=\"shop.example.com\",class=\"5xx\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("host=\"shop.example.com\",class=\"5xx\"} 1"),
+        "{metrics}"
+    );
 }
 
 /// A backend that accepts connections, reads, and never answers.
@@ -51,8 +57,11 @@ async fn silent_upstream_is_504() {
     let mut config = ProxyConfig::default();
     config.upstream.read = Duration::from_millis(300);
     let (core, addr) = proxy(config).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[silent])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[silent])],
+    )
+    .unwrap();
     let resp = client()
         .get(format!("http://{addr}/"))
         .header(HOST, "shop.example.com")
@@ -60,9 +69,10 @@ async fn silent_upstream_is_504() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 504);
-    assert!(core
-        .render_metrics()
-        .contains("tuna_proxy_upstream_errors_total{cause=\"read_timeout\"} 1"));
+    assert!(
+        core.render_metrics()
+            .contains("tuna_proxy_upstream_errors_total{cause=\"read_timeout\"} 1")
+    );
 }
 
 #[tokio::test]
@@ -76,8 +86,7 @@ async fn connect_timeout_is_504() {
     let mut fillers = Vec::new();
     for _ in 0..4 {
         let s = tokio::net::TcpSocket::new_v4().unwrap();
-        if let Ok(Ok(c)) =
-            tokio::time::timeout(Duration::from_millis(200), s.connect(target)).await
+        if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_millis(200), s.connect(target)).await
         {
             fillers.push(c);
         }
@@ -85,8 +94,11 @@ async fn connect_timeout_is_504() {
     let mut config = ProxyConfig::default();
     config.upstream.connect = Duration::from_millis(300);
     let (core, addr) = proxy(config).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[target])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[target])],
+    )
+    .unwrap();
     let resp = client()
         .post(format!("http://{addr}/"))
         .header(HOST, "shop.example.com")
@@ -94,9 +106,10 @@ async fn connect_timeout_is_504() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 504);
-    assert!(core
-        .render_metrics()
-        .contains("tuna_proxy_upstream_errors_total{cause=\"connect_timeout\"} 1"));
+    assert!(
+        core.render_metrics()
+            .contains("tuna_proxy_upstream_errors_total{cause=\"connect_timeout\"} 1")
+    );
     drop((full, fillers));
 }
 
@@ -105,8 +118,11 @@ async fn idempotent_requests_retry_connect_failures_on_the_next_address() {
     let web = echo_backend("web").await;
     let dead = dead_addr().await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("shop.example.com", vec![route("/", PathType::Prefix, &[dead, web])])
-        .unwrap();
+    core.set_host_routes(
+        "shop.example.com",
+        vec![route("/", PathType::Prefix, &[dead, web])],
+    )
+    .unwrap();
     let client = client();
     // Round-robin starts alternately on the dead address: every GET still
     // succeeds, retried on the live one.
@@ -131,6 +147,14 @@ async fn idempotent_requests_retry_connect_failures_on_the_next_address() {
             .unwrap();
         statuses.push(resp.status().as_u16());
     }
-    assert_eq!(statuses.iter().filter(|s| **s == 502).count(), 3, "{statuses:?}");
-    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 502).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        3,
+        "{statuses:?}"
+    );
 }

@@ -60,7 +60,9 @@ pub fn parse_echo(body: &str) -> BTreeMap<String, Vec<String>> {
     let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for line in body.lines() {
         if let Some((k, v)) = line.split_once(": ") {
-            map.entry(k.to_ascii_lowercase()).or_default().push(v.to_owned());
+            map.entry(k.to_ascii_lowercase())
+                .or_default()
+                .push(v.to_owned());
         }
     }
     map
