@@ -5,46 +5,73 @@ use std::collections::{BTreeMap, HashMap};
 use crate::normalize::{self, MAX_HOST_LEN, MAX_PATH_LEN, RouteHost};
 use crate::{BuildIssue, Error, Match, PathType, Result, RouteSpec};
 
-/// Children of a trie node. Few children are scanned linearly (faster than
-/// hashing for short lists); many are hashed.
-#[derive(Debug)]
-enum Children {
-    Few(Box<[(Box<str>, u32)]>),
-    Many(HashMap<Box<str>, u32>),
-}
+/// The hash map of the lookup path (see the `foldhash` note in Cargo.toml).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Marks an empty slot in a [`Node`] (smaller than `Option<u32>`).
+const NONE: u32 = u32::MAX;
 
 /// Above this many children a node switches from a scan to a hash map.
 const FEW_CHILDREN: usize = 8;
 
+/// A trie node: one path segment. Kept small and index-based so that a
+/// lookup touches few cache lines.
 #[derive(Debug)]
 struct Node {
-    children: Children,
+    /// This node's children are `edges[first_edge..first_edge + edge_count]`
+    /// when they are few.
+    first_edge: u32,
+    edge_count: u32,
     /// `Exact` route ending here, without a trailing slash (`/a/b`).
-    exact: Option<u32>,
+    exact: u32,
     /// `Exact` route ending here with a trailing slash (`/a/b/`).
-    exact_slash: Option<u32>,
+    exact_slash: u32,
     /// Prefix-like route covering this node and everything below.
-    prefix: Option<u32>,
+    prefix: u32,
+    /// Children by segment when there are more than [`FEW_CHILDREN`].
+    many: Option<Box<FastMap<Box<str>, u32>>>,
 }
 
-impl Node {
-    #[inline]
-    fn child(&self, segment: &str) -> Option<u32> {
-        match &self.children {
-            Children::Few(list) => list.iter().find(|(s, _)| &**s == segment).map(|&(_, i)| i),
-            Children::Many(map) => map.get(segment).copied(),
-        }
-    }
+/// A link to a child node, labelled by a segment stored in `labels`.
+#[derive(Debug, Clone, Copy)]
+struct Edge {
+    label_start: u32,
+    label_len: u32,
+    node: u32,
 }
 
-/// All routes of one host pattern.
+fn slot(value: u32) -> Option<u32> {
+    (value != NONE).then_some(value)
+}
+
+/// All routes of one host pattern: nodes, the edges of nodes with few
+/// children, and every edge label in one string.
 #[derive(Debug)]
 pub(crate) struct HostRoutes {
     /// `nodes[0]` is the root (`/`).
     nodes: Box<[Node]>,
+    edges: Box<[Edge]>,
+    labels: Box<str>,
 }
 
 impl HostRoutes {
+    #[inline]
+    fn child(&self, node: &Node, segment: &str) -> Option<u32> {
+        if let Some(map) = &node.many {
+            return map.get(segment).copied();
+        }
+        let start = node.first_edge as usize;
+        let edges = &self.edges[start..start + node.edge_count as usize];
+        edges
+            .iter()
+            .find(|e| {
+                e.label_len as usize == segment.len()
+                    && self.labels.as_bytes()[e.label_start as usize..][..segment.len()]
+                        == *segment.as_bytes()
+            })
+            .map(|e| e.node)
+    }
+
     /// Returns the winning spec index for a canonical path.
     #[inline]
     fn find(&self, path: &str) -> Option<u32> {
@@ -52,22 +79,22 @@ impl HostRoutes {
         let mut best = node.prefix;
         let rest = &path[1..];
         if rest.is_empty() {
-            return node.exact.or(best);
+            return slot(node.exact).or(slot(best));
         }
         let (body, trailing) = match rest.strip_suffix('/') {
             Some(body) => (body, true),
             None => (rest, false),
         };
         for segment in body.split('/') {
-            match node.child(segment) {
+            match self.child(node, segment) {
                 Some(i) => {
                     node = &self.nodes[i as usize];
-                    if node.prefix.is_some() {
+                    if node.prefix != NONE {
                         best = node.prefix;
                     }
                 }
                 // No exact route can lie below a missing child.
-                None => return best,
+                None => return slot(best),
             }
         }
         let exact = if trailing {
@@ -75,7 +102,7 @@ impl HostRoutes {
         } else {
             node.exact
         };
-        exact.or(best)
+        slot(exact).or(slot(best))
     }
 }
 
@@ -140,21 +167,38 @@ impl BuildHost {
     }
 
     fn freeze(self) -> HostRoutes {
-        let nodes = self
-            .nodes
-            .into_iter()
-            .map(|n| Node {
-                children: if n.children.len() <= FEW_CHILDREN {
-                    Children::Few(n.children.into_iter().collect())
-                } else {
-                    Children::Many(n.children.into_iter().collect())
-                },
-                exact: n.exact,
-                exact_slash: n.exact_slash,
-                prefix: n.prefix,
-            })
-            .collect();
-        HostRoutes { nodes }
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        let mut edges = Vec::new();
+        let mut labels = String::new();
+        for n in self.nodes {
+            let mut node = Node {
+                first_edge: edges.len() as u32,
+                edge_count: 0,
+                exact: n.exact.unwrap_or(NONE),
+                exact_slash: n.exact_slash.unwrap_or(NONE),
+                prefix: n.prefix.unwrap_or(NONE),
+                many: None,
+            };
+            if n.children.len() <= FEW_CHILDREN {
+                node.edge_count = n.children.len() as u32;
+                for (label, child) in n.children {
+                    edges.push(Edge {
+                        label_start: labels.len() as u32,
+                        label_len: label.len() as u32,
+                        node: child,
+                    });
+                    labels.push_str(&label);
+                }
+            } else {
+                node.many = Some(Box::new(n.children.into_iter().collect()));
+            }
+            nodes.push(node);
+        }
+        HostRoutes {
+            nodes: nodes.into(),
+            edges: edges.into(),
+            labels: labels.into(),
+        }
     }
 }
 
@@ -181,9 +225,9 @@ pub(crate) enum SpecState {
 pub struct RouteTable<B> {
     specs: Vec<RouteSpec<B>>,
     pub(crate) states: Vec<SpecState>,
-    exact_hosts: HashMap<Box<str>, HostRoutes>,
+    exact_hosts: FastMap<Box<str>, HostRoutes>,
     /// Keyed by the suffix after `*.`.
-    wildcard_hosts: HashMap<Box<str>, HostRoutes>,
+    wildcard_hosts: FastMap<Box<str>, HostRoutes>,
     host_names: Vec<Box<str>>,
 }
 
@@ -192,8 +236,8 @@ impl<B> Default for RouteTable<B> {
         Self {
             specs: Vec::new(),
             states: Vec::new(),
-            exact_hosts: HashMap::new(),
-            wildcard_hosts: HashMap::new(),
+            exact_hosts: FastMap::default(),
+            wildcard_hosts: FastMap::default(),
             host_names: Vec::new(),
         }
     }
@@ -230,6 +274,14 @@ impl<B> RouteTable<B> {
             return Err(Error::TooManySpecs {
                 count: specs.len(),
                 max: u32::MAX as usize - 1,
+            });
+        }
+        // Edge labels are addressed with 32-bit offsets.
+        let label_bytes: usize = specs.iter().map(|s| s.path.len()).sum();
+        if label_bytes >= NONE as usize {
+            return Err(Error::TooManySpecs {
+                count: specs.len(),
+                max: specs.len() * (NONE as usize) / label_bytes,
             });
         }
         let mut states = Vec::with_capacity(specs.len());

@@ -11,7 +11,7 @@ use tuna_routing::{
 
 /// Route segments: a small alphabet so that routes overlap often.
 fn route_segment() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["a", "b", "ab", "A", "c~", "%7E", "x:y", "%3F"])
+    prop::sample::select(vec!["a", "b", "ab", "A", "c~", "%7E", "x:y", "%3F", "d", "e", "f"])
         .prop_map(String::from)
 }
 

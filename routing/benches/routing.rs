@@ -1,0 +1,247 @@
+//! Route lookup and table build, side by side with a naive linear scan (same
+//! semantics) and raw `matchit` (equivalent routes, no canonicalisation).
+//!
+//! Shapes: `many_hosts` (n/5 hosts × 5 paths each) and `one_host` (1 host ×
+//! n paths). Each lookup iteration takes the next request of a fixed,
+//! shuffled list of hits spread over the whole table, so caches see a
+//! realistic spread rather than one hot route.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use tuna_routing::{
+    Origin, PathType, RouteSpec, RouteTable, TieBreak, normalize_host, normalize_path,
+};
+
+const SIZES: [usize; 4] = [10, 1_000, 10_000, 100_000];
+
+fn spec(host: String, path: String, path_type: PathType, backend: u32) -> RouteSpec<u32> {
+    RouteSpec {
+        host,
+        path,
+        path_type,
+        backend,
+        origin: Origin::default(),
+        tie_break: TieBreak::default(),
+    }
+}
+
+/// n routes over n/5 hosts, each with a typical small app's paths.
+fn many_hosts(n: usize) -> (Vec<RouteSpec<u32>>, Vec<(String, String)>) {
+    let hosts = (n / 5).max(1);
+    let mut specs = Vec::with_capacity(n);
+    let mut requests = Vec::new();
+    for h in 0..hosts {
+        let host = format!("app{h}.tenant{}.example.com", h % 97);
+        let base = (h * 5) as u32;
+        specs.push(spec(host.clone(), "/".into(), PathType::Prefix, base));
+        specs.push(spec(
+            host.clone(),
+            "/api".into(),
+            PathType::Prefix,
+            base + 1,
+        ));
+        specs.push(spec(
+            host.clone(),
+            "/api/v1/users".into(),
+            PathType::Prefix,
+            base + 2,
+        ));
+        specs.push(spec(
+            host.clone(),
+            "/api/health".into(),
+            PathType::Exact,
+            base + 3,
+        ));
+        specs.push(spec(
+            host.clone(),
+            "/static".into(),
+            PathType::Prefix,
+            base + 4,
+        ));
+        requests.push((host.clone(), "/api/v1/users/42?expand=true".to_string()));
+        requests.push((host.clone(), "/static/js/app.js".to_string()));
+        requests.push((host, "/api/health".to_string()));
+    }
+    (specs, spread(requests))
+}
+
+/// n routes on one host: `/svc{i}/v1` prefixes.
+fn one_host(n: usize) -> (Vec<RouteSpec<u32>>, Vec<(String, String)>) {
+    let host = "api.example.com".to_string();
+    let specs: Vec<_> = (0..n)
+        .map(|i| {
+            spec(
+                host.clone(),
+                format!("/svc{i}/v1"),
+                PathType::Prefix,
+                i as u32,
+            )
+        })
+        .collect();
+    let requests = (0..n)
+        .map(|i| (host.clone(), format!("/svc{i}/v1/items/42")))
+        .collect();
+    (specs, spread(requests))
+}
+
+/// Up to 1024 requests spread evenly over the list, in a scrambled order.
+fn spread(all: Vec<(String, String)>) -> Vec<(String, String)> {
+    let step = (all.len() / 1024).max(1);
+    let mut picked: Vec<_> = all.into_iter().step_by(step).take(1024).collect();
+    // A fixed multiplicative scramble: deterministic, no rand dependency.
+    let len = picked.len();
+    for i in 0..len {
+        let j = (i * 7919 + 13) % len;
+        picked.swap(i, j);
+    }
+    picked
+}
+
+/// The naive router: every lookup scans every route, with the same rules.
+struct Naive {
+    routes: Vec<(String, String, bool, u32)>, // host, canonical key path, exact, backend
+}
+
+impl Naive {
+    fn new(specs: &[RouteSpec<u32>]) -> Self {
+        let routes = specs
+            .iter()
+            .map(|s| {
+                let path = normalize_path(&s.path).unwrap().into_owned();
+                let exact = s.path_type == PathType::Exact;
+                let key = if exact {
+                    path
+                } else {
+                    path.trim_end_matches('/').to_owned()
+                };
+                (s.host.to_ascii_lowercase(), key, exact, s.backend)
+            })
+            .collect();
+        Naive { routes }
+    }
+
+    fn lookup(&self, host: &str, path: &str) -> Option<u32> {
+        let host = normalize_host(host)?;
+        let path = normalize_path(path)?;
+        let mut best: Option<(usize, bool, u32)> = None;
+        for (h, key, exact, backend) in &self.routes {
+            if *h != *host {
+                continue;
+            }
+            let hit = if *exact {
+                **key == *path
+            } else {
+                key.is_empty()
+                    || *path == **key
+                    || (path.starts_with(key.as_str()) && path.as_bytes()[key.len()] == b'/')
+            };
+            if hit && best.is_none_or(|(len, ex, _)| (key.len(), *exact) > (len, ex)) {
+                best = Some((key.len(), *exact, *backend));
+            }
+        }
+        best.map(|(_, _, b)| b)
+    }
+}
+
+/// Raw matchit: one router per host, Prefix p as `p`, `p/`, `p/{*rest}`.
+fn raw_matchit(specs: &[RouteSpec<u32>]) -> HashMap<String, matchit::Router<u32>> {
+    let mut hosts: HashMap<String, matchit::Router<u32>> = HashMap::new();
+    for s in specs {
+        let router = hosts.entry(s.host.clone()).or_default();
+        let p = s.path.trim_end_matches('/');
+        if s.path_type == PathType::Exact {
+            router.insert(s.path.clone(), s.backend).unwrap();
+        } else if p.is_empty() {
+            router.insert("/", s.backend).unwrap();
+            router.insert("/{*rest}", s.backend).unwrap();
+        } else {
+            router.insert(p, s.backend).unwrap();
+            router.insert(format!("{p}/"), s.backend).unwrap();
+            router.insert(format!("{p}/{{*rest}}"), s.backend).unwrap();
+        }
+    }
+    hosts
+}
+
+fn matchit_lookup(
+    hosts: &HashMap<String, matchit::Router<u32>>,
+    host: &str,
+    path: &str,
+) -> Option<u32> {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    hosts.get(host)?.at(path).ok().map(|m| *m.value)
+}
+
+fn lookups(c: &mut Criterion) {
+    for (shape, make) in [
+        ("many_hosts", many_hosts as fn(usize) -> _),
+        ("one_host", one_host),
+    ] {
+        let mut group = c.benchmark_group(format!("lookup/{shape}"));
+        for n in SIZES {
+            let (specs, requests) = make(n);
+            let (table, issues) = RouteTable::build(specs.clone()).unwrap();
+            assert!(issues.is_empty());
+            let naive = Naive::new(&specs);
+            let raw = raw_matchit(&specs);
+            // The three must agree before their speed means anything.
+            for (h, p) in &requests {
+                let want = table.lookup(h, p).map(|m| *m.backend);
+                assert!(want.is_some(), "{h}{p}");
+                assert_eq!(naive.lookup(h, p), want, "naive {h}{p}");
+                assert_eq!(matchit_lookup(&raw, h, p), want, "matchit {h}{p}");
+            }
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new("tuna", n), |b| {
+                b.iter(|| {
+                    let (h, p) = &requests[i % requests.len()];
+                    i = i.wrapping_add(1);
+                    black_box(table.lookup(black_box(h), black_box(p)).map(|m| *m.backend))
+                })
+            });
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new("matchit", n), |b| {
+                b.iter(|| {
+                    let (h, p) = &requests[i % requests.len()];
+                    i = i.wrapping_add(1);
+                    black_box(matchit_lookup(&raw, black_box(h), black_box(p)))
+                })
+            });
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new("naive", n), |b| {
+                b.iter(|| {
+                    let (h, p) = &requests[i % requests.len()];
+                    i = i.wrapping_add(1);
+                    black_box(naive.lookup(black_box(h), black_box(p)))
+                })
+            });
+        }
+        group.finish();
+    }
+}
+
+fn builds(c: &mut Criterion) {
+    let mut group = c.benchmark_group("build");
+    group.sample_size(10);
+    for (shape, make) in [
+        ("many_hosts", many_hosts as fn(usize) -> _),
+        ("one_host", one_host),
+    ] {
+        for n in [10_000, 100_000] {
+            let (specs, _) = make(n);
+            group.bench_function(BenchmarkId::new(shape, n), |b| {
+                b.iter_batched(
+                    || specs.clone(),
+                    |specs| black_box(RouteTable::build(specs).unwrap()),
+                    criterion::BatchSize::LargeInput,
+                )
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, lookups, builds);
+criterion_main!(benches);
