@@ -239,6 +239,47 @@ mod tests {
     use super::*;
 
     #[test]
+    fn racing_reservations_have_exactly_one_winner() {
+        let dir = tempfile::tempdir().unwrap();
+        let plane = ControlPlane::open(ControlConfig::new(
+            dir.path(),
+            "tuna.test",
+            "edge.tuna.test",
+        ))
+        .unwrap();
+        let outcomes: Vec<Result<crate::api::Domain>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|i| {
+                    let plane = plane.clone();
+                    scope.spawn(move || {
+                        let caller = Caller {
+                            key_id: format!("k{i}"),
+                            account: format!("account-{i}"),
+                            scopes: vec![crate::api::Scope::TunnelsWrite],
+                        };
+                        plane.create_domain(
+                            &caller,
+                            &crate::api::CreateDomain {
+                                subdomain: Some("race".into()),
+                                domain: None,
+                            },
+                        )
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let winners = outcomes.iter().filter(|o| o.is_ok()).count();
+        assert_eq!(winners, 1, "{outcomes:?}");
+        assert!(
+            outcomes
+                .iter()
+                .filter_map(|o| o.as_ref().err())
+                .all(|e| matches!(e, ControlError::HeldByOtherAccount(_)))
+        );
+    }
+
+    #[test]
     fn config_is_checked_at_open() {
         let dir = tempfile::tempdir().unwrap();
         let open = |base: &str, public: &str, ports: RangeInclusive<u16>| {

@@ -7,15 +7,16 @@
 //! future version, and small (an edge holds thousands, not millions).
 //!
 //! The whole state is mirrored in memory so that reads (and the per-request
-//! key check) never touch the disk. Writers go through [`Store::commit`]:
-//! they decide under the lock, looking at the current state, which writes to
-//! make; the writes reach the file first and the mirror only after the
+//! key check) never touch the disk. Writers go through [`Store::commit`],
+//! one at a time: each decides, looking at the current state, which writes
+//! to make; the writes reach the file first and the mirror only after the
 //! commit succeeded. Check-then-reserve is therefore atomic: two callers
-//! racing for one name cannot both win.
+//! racing for one name cannot both win. Readers are blocked only while a
+//! committed change is applied to the mirror, not during the disk sync.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
@@ -156,7 +157,9 @@ pub enum Write {
 pub struct Store {
     path: PathBuf,
     db: Database,
-    state: Mutex<State>,
+    state: RwLock<State>,
+    /// Serialises writers from their decision to the mirror update.
+    writer: Mutex<()>,
 }
 
 impl std::fmt::Debug for Store {
@@ -215,23 +218,26 @@ impl Store {
         Ok(Self {
             path,
             db,
-            state: Mutex::new(state),
+            state: RwLock::new(state),
+            writer: Mutex::new(()),
         })
     }
 
     /// A read-only look at the current state (hold it briefly).
-    pub fn read(&self) -> MutexGuard<'_, State> {
+    pub fn read(&self) -> RwLockReadGuard<'_, State> {
         // A panic while holding the lock leaves the mirror as consistent as
         // the file (writes reach it only after a commit), so keep going.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Decides under the lock which writes to make, commits them durably,
     /// then applies them to the mirror. `decide` returns the caller's answer
     /// and the writes; an `Err` from it writes nothing.
     pub fn commit<R>(&self, decide: impl FnOnce(&State) -> Result<(R, Vec<Write>)>) -> Result<R> {
-        let mut state = self.read();
-        let (answer, writes) = decide(&state)?;
+        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        // Only writers change the mirror, and they hold `writer`: the state
+        // seen here is still current when the writes are applied below.
+        let (answer, writes) = decide(&self.read())?;
         if writes.is_empty() {
             return Ok(answer);
         }
@@ -266,6 +272,7 @@ impl Store {
         }
         txn.commit()
             .map_err(|e| ControlError::storage(path, "committing")(e.into()))?;
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
         for write in writes {
             match write {
                 Write::PutKey(r) => {
