@@ -131,6 +131,20 @@ async fn domains_lifecycle_and_errors() {
         );
     }
 
+    // Create-or-adopt: adopts what the account holds, refuses what another holds.
+    let adopted = ours.ensure_domain(&subdomain("app")).await.unwrap();
+    assert!(adopted.adopted);
+    assert_eq!(adopted.object, app);
+    let fresh = ours.ensure_domain(&subdomain("fresh")).await.unwrap();
+    assert!(!fresh.adopted);
+    ours.delete_domain("fresh.tuna.test").await.unwrap();
+    assert_eq!(
+        code(theirs.ensure_domain(&subdomain("app")).await),
+        "held_by_other_account"
+    );
+    // Verifying a subdomain is a no-op that answers it.
+    assert_eq!(ours.verify_domain("app.tuna.test").await.unwrap(), app);
+
     let names: Vec<String> = ours
         .list_domains()
         .await
@@ -181,6 +195,25 @@ async fn tcp_endpoints_lifecycle_and_errors() {
         .await
         .unwrap_err();
     assert_eq!(port_taken.existing::<TcpEndpoint>(), Some(cache.clone()));
+
+    // Create-or-adopt by alias; a port held under another alias is not adopted.
+    let adopted = ours.ensure_tcp_endpoint(&tcp("db", None)).await.unwrap();
+    assert!(adopted.adopted);
+    assert_eq!(adopted.object, db);
+    assert!(
+        ours.ensure_tcp_endpoint(&tcp("db", Some(40000)))
+            .await
+            .unwrap()
+            .adopted
+    );
+    assert!(matches!(
+        ours.ensure_tcp_endpoint(&tcp("db", Some(40001))).await,
+        Err(ClientError::AlreadyExists { .. })
+    ));
+    assert!(matches!(
+        ours.ensure_tcp_endpoint(&tcp("other", Some(40002))).await,
+        Err(ClientError::AlreadyExists { .. })
+    ));
 
     assert_eq!(
         code(theirs.create_tcp_endpoint(&tcp("db", None)).await),

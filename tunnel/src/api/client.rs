@@ -151,6 +151,17 @@ impl ClientError {
     }
 }
 
+/// A reservation made by [`TunaClient::ensure_domain`] or
+/// [`TunaClient::ensure_tcp_endpoint`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reserved<T> {
+    /// The reservation as the edge holds it.
+    pub object: T,
+    /// True when it existed already (made elsewhere) and was adopted: an
+    /// adopted reservation is never deleted by the operator.
+    pub adopted: bool,
+}
+
 /// A typed client of one edge's REST API (`docs/tuna-api.md`).
 ///
 /// Cheap to clone: clones share the connection pool.
@@ -331,6 +342,54 @@ impl TunaClient {
     /// `DELETE /v1/keys/{id}` (full access): revokes one of the account's keys.
     pub async fn revoke_key(&self, id: &str) -> Result<(), ClientError> {
         self.call_empty(Method::DELETE, &["v1", "keys", id]).await
+    }
+
+    /// Reserves a domain, or adopts it when the caller's account already
+    /// holds it (the `409` case). Other errors pass through.
+    pub async fn ensure_domain(
+        &self,
+        request: &CreateDomain,
+    ) -> Result<Reserved<Domain>, ClientError> {
+        match self.create_domain(request).await {
+            Ok(domain) => Ok(Reserved {
+                object: domain,
+                adopted: false,
+            }),
+            Err(e) => match e.existing::<Domain>() {
+                Some(domain) => Ok(Reserved {
+                    object: domain,
+                    adopted: true,
+                }),
+                None => Err(e),
+            },
+        }
+    }
+
+    /// Reserves a TCP endpoint, or adopts the caller's existing endpoint of
+    /// that alias. A `409` about the requested *port* being held under
+    /// another alias is not adopted: it stays an error.
+    pub async fn ensure_tcp_endpoint(
+        &self,
+        request: &CreateTcpEndpoint,
+    ) -> Result<Reserved<TcpEndpoint>, ClientError> {
+        match self.create_tcp_endpoint(request).await {
+            Ok(endpoint) => Ok(Reserved {
+                object: endpoint,
+                adopted: false,
+            }),
+            Err(e) => match e.existing::<TcpEndpoint>() {
+                Some(endpoint)
+                    if endpoint.alias.eq_ignore_ascii_case(&request.alias)
+                        && request.port.is_none_or(|p| p == endpoint.port) =>
+                {
+                    Ok(Reserved {
+                        object: endpoint,
+                        adopted: true,
+                    })
+                }
+                _ => Err(e),
+            },
+        }
     }
 
     fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {
