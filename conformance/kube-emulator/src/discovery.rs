@@ -8,10 +8,15 @@ use serde_json::{Value, json};
 use crate::registry::{Registry, ResourceType};
 
 /// `Content-Type` of an aggregated discovery answer.
-pub const AGGREGATED_CONTENT_TYPE: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
 fn scope(t: &ResourceType) -> &'static str {
-    if t.namespaced { "Namespaced" } else { "Cluster" }
+    if t.namespaced {
+        "Namespaced"
+    } else {
+        "Cluster"
+    }
 }
 
 fn token_request_kind() -> Value {
@@ -42,29 +47,46 @@ pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value
             resources.push(sr);
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
 fn group_doc(name: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
     json!({"name": name, "versions": vs, "preferredVersion": vs[0]})
 }
 
 /// `GET /apis`: an `APIGroupList`.
 pub fn group_list(reg: &Registry) -> Value {
-    let groups: Vec<Value> = reg.groups().into_iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_doc(&g, &vs)).collect();
+    let groups: Vec<Value> = reg
+        .groups()
+        .into_iter()
+        .filter(|(g, _)| !g.is_empty())
+        .map(|(g, vs)| group_doc(&g, &vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `GET /apis/<g>`: an `APIGroup`.
 pub fn group(reg: &Registry, name: &str) -> Option<Value> {
-    reg.groups().into_iter().find(|(g, _)| g == name && !g.is_empty()).map(|(g, vs)| {
-        let mut d = group_doc(&g, &vs);
-        d["kind"] = json!("APIGroup");
-        d["apiVersion"] = json!("v1");
-        d
-    })
+    reg.groups()
+        .into_iter()
+        .find(|(g, _)| g == name && !g.is_empty())
+        .map(|(g, vs)| {
+            let mut d = group_doc(&g, &vs);
+            d["kind"] = json!("APIGroup");
+            d["apiVersion"] = json!("v1");
+            d
+        })
 }
 
 /// `GET /api` or `/apis` with an aggregated-discovery `Accept`: an `APIGroupDiscoveryList`.
@@ -151,7 +173,9 @@ fn object_meta_schema() -> Value {
 fn kind_schema(t: &ResourceType) -> Value {
     let mut s = match &t.schema {
         Some(s) => s.clone(),
-        None => json!({"type": "object", "description": format!("{} (built-in kind; kube-emulator does not describe its fields)", t.kind), "x-kubernetes-preserve-unknown-fields": true}),
+        None => {
+            json!({"type": "object", "description": format!("{} (built-in kind; kube-emulator does not describe its fields)", t.kind), "x-kubernetes-preserve-unknown-fields": true})
+        }
     };
     if !s["properties"].is_object() {
         s["properties"] = json!({});
@@ -159,14 +183,19 @@ fn kind_schema(t: &ResourceType) -> Value {
     s["properties"]["apiVersion"] = json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."});
     s["properties"]["kind"] = json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."});
     s["properties"]["metadata"] = json!({"allOf": [{"$ref": format!("#/components/schemas/{OBJECT_META}")}], "description": "Standard object's metadata."});
-    s["x-kubernetes-group-version-kind"] = json!([{"group": t.group, "version": t.version, "kind": t.kind}]);
+    s["x-kubernetes-group-version-kind"] =
+        json!([{"group": t.group, "version": t.version, "kind": t.kind}]);
     s
 }
 
 fn operation(t: &ResourceType, action: &str, extra_params: &[&str]) -> Value {
-    let mut params: Vec<Value> = vec![json!({"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}})];
+    let mut params: Vec<Value> = vec![
+        json!({"name": "dryRun", "in": "query", "schema": {"type": "string", "uniqueItems": true}}),
+    ];
     for p in extra_params {
-        params.push(json!({"name": p, "in": "query", "schema": {"type": "string", "uniqueItems": true}}));
+        params.push(
+            json!({"name": p, "in": "query", "schema": {"type": "string", "uniqueItems": true}}),
+        );
     }
     let reference = json!({"$ref": format!("#/components/schemas/{}", schema_name(t))});
     json!({
@@ -180,23 +209,38 @@ fn operation(t: &ResourceType, action: &str, extra_params: &[&str]) -> Value {
 
 /// The OpenAPI v3 document of one group-version (`/openapi/v3/api/v1`, `/openapi/v3/apis/<g>/<v>`).
 pub fn openapi_group_version(reg: &Registry, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<&ResourceType> = reg.in_group_version(group, version).into_iter().filter(|t| t.special == crate::registry::Special::None).collect();
+    let types: Vec<&ResourceType> = reg
+        .in_group_version(group, version)
+        .into_iter()
+        .filter(|t| t.special == crate::registry::Special::None)
+        .collect();
     if types.is_empty() && reg.in_group_version(group, version).is_empty() {
         return None;
     }
-    let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+    let prefix = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
     let mut paths = serde_json::Map::new();
     let mut schemas = serde_json::Map::new();
     schemas.insert(OBJECT_META.into(), object_meta_schema());
     for t in types {
-        let base = if t.namespaced { format!("{prefix}/namespaces/{{namespace}}/{}", t.resource) } else { format!("{prefix}/{}", t.resource) };
+        let base = if t.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}", t.resource)
+        } else {
+            format!("{prefix}/{}", t.resource)
+        };
         let write = ["fieldManager", "fieldValidation"];
         let mut patch = operation(t, "patch", &["fieldManager", "fieldValidation", "force"]);
         patch["requestBody"] = json!({"content": {
             "application/json-patch+json": {"schema": {"type": "object"}},
             "application/merge-patch+json": {"schema": {"type": "object"}},
             "application/apply-patch+yaml": {"schema": {"type": "object"}}}});
-        paths.insert(base.clone(), json!({"get": operation(t, "list", &[]), "post": operation(t, "post", &write)}));
+        paths.insert(
+            base.clone(),
+            json!({"get": operation(t, "list", &[]), "post": operation(t, "post", &write)}),
+        );
         paths.insert(
             format!("{base}/{{name}}"),
             json!({"get": operation(t, "get", &[]), "put": operation(t, "put", &write), "patch": patch, "delete": operation(t, "delete", &[])}),
@@ -228,9 +272,16 @@ pub fn openapi_index(reg: &Registry) -> Value {
     let mut paths = serde_json::Map::new();
     for (g, vs) in reg.groups() {
         for v in vs {
-            let key = if g.is_empty() { format!("api/{v}") } else { format!("apis/{g}/{v}") };
+            let key = if g.is_empty() {
+                format!("api/{v}")
+            } else {
+                format!("apis/{g}/{v}")
+            };
             if let Some(doc) = openapi_group_version(reg, &g, &v) {
-                paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={}", hash(&doc))}));
+                paths.insert(
+                    key.clone(),
+                    json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={}", hash(&doc))}),
+                );
             }
         }
     }

@@ -47,7 +47,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        ApiError { code, reason, message: message.into(), details: None }
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
     pub fn with_details(mut self, details: Value) -> Self {
         self.details = Some(details);
@@ -116,7 +121,10 @@ impl ApiError {
 }
 
 fn kind_of(resource_group: &str) -> &str {
-    resource_group.split_once('.').map(|(r, _)| r).unwrap_or(resource_group)
+    resource_group
+        .split_once('.')
+        .map(|(r, _)| r)
+        .unwrap_or(resource_group)
 }
 fn group_of(resource_group: &str) -> &str {
     resource_group.split_once('.').map(|(_, g)| g).unwrap_or("")
@@ -137,21 +145,36 @@ impl FieldError {
             Value::String(s) => format!("\"{s}\""),
             other => other.to_string(),
         };
-        FieldError { field, reason: "FieldValueInvalid", message: format!("Invalid value: {v}: {}", message.into()) }
+        FieldError {
+            field,
+            reason: "FieldValueInvalid",
+            message: format!("Invalid value: {v}: {}", message.into()),
+        }
     }
     pub fn required(field: impl Into<String>) -> Self {
-        FieldError { field: field.into(), reason: "FieldValueRequired", message: "Required value".into() }
+        FieldError {
+            field: field.into(),
+            reason: "FieldValueRequired",
+            message: "Required value".into(),
+        }
     }
     pub fn unsupported(field: impl Into<String>, value: &Value, allowed: &[Value]) -> Self {
         let list: Vec<String> = allowed.iter().map(|v| v.to_string()).collect();
         FieldError {
             field: field.into(),
             reason: "FieldValueNotSupported",
-            message: format!("Unsupported value: {value}: supported values: {}", list.join(", ")),
+            message: format!(
+                "Unsupported value: {value}: supported values: {}",
+                list.join(", ")
+            ),
         }
     }
     pub fn forbidden(field: impl Into<String>, message: impl Into<String>) -> Self {
-        FieldError { field: field.into(), reason: "FieldValueForbidden", message: format!("Forbidden: {}", message.into()) }
+        FieldError {
+            field: field.into(),
+            reason: "FieldValueForbidden",
+            message: format!("Forbidden: {}", message.into()),
+        }
     }
     fn detail_message(&self) -> &str {
         &self.message

@@ -24,6 +24,8 @@
 //! // What happened, for assertions such as "the operator only ever used get on secrets":
 //! let secrets_verbs: Vec<String> = emu.audit_entries().into_iter()
 //!     .filter(|e| e.resource == "secrets").map(|e| e.verb).collect();
+//! // A readiness signal instead of a sleep: wait until something has started watching widgets.
+//! emu.wait_for_audit(|e| e.resource == "widgets" && e.verb == "watch").await;
 //! # let _ = (kubeconfig, client, sa_client, secrets_verbs); Ok(()) }
 //! ```
 //!
@@ -138,25 +140,67 @@ impl Emulator {
     /// Binds, loads the manifests, writes the admin kubeconfig and starts serving.
     pub async fn start(opts: Options) -> Result<EmulatorHandle> {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let listener = TcpListener::bind(opts.bind).await.map_err(|source| Error::Listen { addr: opts.bind.to_string(), source })?;
-        let addr = listener.local_addr().map_err(|source| Error::Listen { addr: opts.bind.to_string(), source })?;
+        let listener = TcpListener::bind(opts.bind)
+            .await
+            .map_err(|source| Error::Listen {
+                addr: opts.bind.to_string(),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Listen {
+            addr: opts.bind.to_string(),
+            source,
+        })?;
         let audit_file = match &opts.audit_log {
             Some(p) => Some(
-                std::fs::OpenOptions::new().create(true).append(true).open(p).map_err(|source| Error::Io { path: p.display().to_string(), source })?,
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|source| Error::Io {
+                        path: p.display().to_string(),
+                        source,
+                    })?,
             ),
             None => None,
         };
-        let admin_token = opts.admin_token.clone().unwrap_or_else(|| format!("kube-emulator-admin-{}", uuid::Uuid::new_v4().simple()));
-        let shared = Arc::new(Shared::new(admin_token.clone(), audit_file, opts.bookmark_interval, !opts.tls));
-        let tls = if opts.tls { Some(tls::generate()?) } else { None };
+        let admin_token = opts
+            .admin_token
+            .clone()
+            .unwrap_or_else(|| format!("kube-emulator-admin-{}", uuid::Uuid::new_v4().simple()));
+        let shared = Arc::new(Shared::new(
+            admin_token.clone(),
+            audit_file,
+            opts.bookmark_interval,
+            !opts.tls,
+        ));
+        let tls = if opts.tls {
+            Some(tls::generate()?)
+        } else {
+            None
+        };
         let scheme = if tls.is_some() { "https" } else { "http" };
         let url = format!("{scheme}://{addr}");
         let acceptor = tls.as_ref().map(|t| t.acceptor.clone());
         let serve_shared = shared.clone();
         let task = tokio::spawn(serve(listener, serve_shared, acceptor));
-        let temp_dir = tempfile::tempdir().map_err(|source| Error::Io { path: "temporary directory".into(), source })?;
-        let kubeconfig_path = opts.kubeconfig_out.clone().unwrap_or_else(|| temp_dir.path().join("admin.kubeconfig"));
-        let handle = EmulatorHandle { url, addr, admin_token, ca_pem: tls.map(|t| t.ca_pem), shared, task, kubeconfig_path, _temp_dir: temp_dir };
+        let temp_dir = tempfile::tempdir().map_err(|source| Error::Io {
+            path: "temporary directory".into(),
+            source,
+        })?;
+        let kubeconfig_path = opts
+            .kubeconfig_out
+            .clone()
+            .unwrap_or_else(|| temp_dir.path().join("admin.kubeconfig"));
+        let handle = EmulatorHandle {
+            url,
+            addr,
+            admin_token,
+            ca_pem: tls.map(|t| t.ca_pem),
+            shared,
+            task,
+            kubeconfig_path,
+            _temp_dir: temp_dir,
+        };
         handle.write_kubeconfig(&handle.kubeconfig_path, &handle.admin_token.clone())?;
         for m in &opts.manifests {
             handle.apply_path(m)?;
@@ -187,12 +231,16 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, tls: Option<tokio_rus
             match tls {
                 Some(acc) => match acc.accept(stream).await {
                     Ok(s) => {
-                        let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(s), service).await;
+                        let _ = builder
+                            .serve_connection(hyper_util::rt::TokioIo::new(s), service)
+                            .await;
                     }
                     Err(e) => tracing::debug!(error = %e, "TLS handshake failed"),
                 },
                 None => {
-                    let _ = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+                    let _ = builder
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
                 }
             }
         });
@@ -244,7 +292,8 @@ impl EmulatorHandle {
         use base64::Engine;
         let mut cluster = json!({"server": self.url});
         if let Some(ca) = &self.ca_pem {
-            cluster["certificate-authority-data"] = json!(base64::engine::general_purpose::STANDARD.encode(ca));
+            cluster["certificate-authority-data"] =
+                json!(base64::engine::general_purpose::STANDARD.encode(ca));
         }
         let cfg = json!({
             "apiVersion": "v1", "kind": "Config", "preferences": {},
@@ -253,26 +302,57 @@ impl EmulatorHandle {
             "contexts": [{"name": "kube-emulator", "context": {"cluster": "kube-emulator", "user": "kube-emulator-user", "namespace": "default"}}],
             "current-context": "kube-emulator",
         });
-        let text = serde_saphyr::to_string(&cfg).map_err(|e| Error::Io { path: path.display().to_string(), source: std::io::Error::other(e.to_string()) })?;
-        std::fs::write(path, text).map_err(|source| Error::Io { path: path.display().to_string(), source })
+        let text = serde_saphyr::to_string(&cfg).map_err(|e| Error::Io {
+            path: path.display().to_string(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        std::fs::write(path, text).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })
     }
 
     /// Issues a token for a ServiceAccount, creating the ServiceAccount (and its namespace) if absent.
     pub fn token_for_service_account(&self, namespace: &str, name: &str) -> String {
         let mut st = self.shared.state.lock();
-        let ns_rt = st.registry.lookup("", "v1", "namespaces").cloned().expect("built in");
+        let ns_rt = st
+            .registry
+            .lookup("", "v1", "namespaces")
+            .cloned()
+            .expect("built in");
         if st.get(&ns_rt, "", namespace).is_err() {
-            let _ = st.create(&ns_rt, "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}), &WriteOptions::default());
+            let _ = st.create(
+                &ns_rt,
+                "",
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+                &WriteOptions::default(),
+            );
         }
-        let sa_rt = st.registry.lookup("", "v1", "serviceaccounts").cloned().expect("built in");
+        let sa_rt = st
+            .registry
+            .lookup("", "v1", "serviceaccounts")
+            .cloned()
+            .expect("built in");
         if st.get(&sa_rt, namespace, name).is_err() {
-            let _ = st.create(&sa_rt, namespace, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}), &WriteOptions::default());
+            let _ = st.create(
+                &sa_rt,
+                namespace,
+                json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name}}),
+                &WriteOptions::default(),
+            );
         }
-        st.issue_sa_token(namespace, name, None).map(|(t, _)| t).unwrap_or_default()
+        st.issue_sa_token(namespace, name, None)
+            .map(|(t, _)| t)
+            .unwrap_or_default()
     }
 
     /// Writes a kubeconfig acting as a ServiceAccount (see [`Self::token_for_service_account`]).
-    pub fn write_service_account_kubeconfig(&self, namespace: &str, name: &str, path: &Path) -> Result<String> {
+    pub fn write_service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        path: &Path,
+    ) -> Result<String> {
         let token = self.token_for_service_account(namespace, name);
         self.write_kubeconfig(path, &token)?;
         Ok(token)
@@ -283,8 +363,17 @@ impl EmulatorHandle {
         let token = format!("kube-emulator-user-{}", uuid::Uuid::new_v4().simple());
         let mut groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
         groups.push("system:authenticated".into());
-        let id = store::Identity { username: username.into(), uid: uuid::Uuid::new_v4().to_string(), groups, service_account: None };
-        self.shared.state.lock().tokens.insert(token.clone(), (id, None));
+        let id = store::Identity {
+            username: username.into(),
+            uid: uuid::Uuid::new_v4().to_string(),
+            groups,
+            service_account: None,
+        };
+        self.shared
+            .state
+            .lock()
+            .tokens
+            .insert(token.clone(), (id, None));
         token
     }
 
@@ -295,11 +384,18 @@ impl EmulatorHandle {
 
     /// A kube-rs client acting with `token`.
     pub async fn client_for_token(&self, token: &str) -> Result<kube::Client> {
-        let dir = tempfile::tempdir().map_err(|source| Error::Io { path: "temporary directory".into(), source })?;
+        let dir = tempfile::tempdir().map_err(|source| Error::Io {
+            path: "temporary directory".into(),
+            source,
+        })?;
         let path = dir.path().join("kubeconfig");
         self.write_kubeconfig(&path, token)?;
-        let kc = kube::config::Kubeconfig::read_from(&path).map_err(|e| Error::Client(e.to_string()))?;
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.map_err(|e| Error::Client(e.to_string()))?;
+        let kc =
+            kube::config::Kubeconfig::read_from(&path).map_err(|e| Error::Client(e.to_string()))?;
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Client(e.to_string()))?;
         kube::Client::try_from(cfg).map_err(|e| Error::Client(e.to_string()))
     }
 
@@ -308,12 +404,50 @@ impl EmulatorHandle {
         self.shared.audit.lock().clone()
     }
 
+    /// Waits until a request matching `pred` has been audited (e.g. "the operator has started
+    /// watching widgets") and returns its entry; a readiness signal for tests, instead of sleeps.
+    pub async fn wait_for_audit(&self, pred: impl Fn(&AuditEntry) -> bool) -> AuditEntry {
+        self.wait_for_audit_count(1, pred).await.remove(0)
+    }
+
+    /// Waits until at least `n` audited requests match `pred`; returns the matching entries.
+    pub async fn wait_for_audit_count(
+        &self,
+        n: usize,
+        pred: impl Fn(&AuditEntry) -> bool,
+    ) -> Vec<AuditEntry> {
+        let mut rx = self.shared.audit_seq.subscribe();
+        loop {
+            rx.mark_unchanged();
+            let found: Vec<AuditEntry> = self
+                .shared
+                .audit
+                .lock()
+                .iter()
+                .filter(|e| pred(e))
+                .cloned()
+                .collect();
+            if found.len() >= n {
+                return found;
+            }
+            if rx.changed().await.is_err() {
+                // The sender lives as long as `self`; this cannot end while we borrow it.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// Creates or replaces (as admin) every object of a multi-document YAML/JSON text.
     pub fn apply_yaml(&self, text: &str) -> Result<Vec<Value>> {
-        let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| Error::Manifest { path: "<inline>".into(), message: e.to_string() })?;
+        let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| Error::Manifest {
+            path: "<inline>".into(),
+            message: e.to_string(),
+        })?;
         let mut out = Vec::new();
         for doc in docs.into_iter().filter(|d| !d.is_null()) {
-            let items = if doc["kind"].as_str().is_some_and(|k| k.ends_with("List")) && doc["items"].is_array() {
+            let items = if doc["kind"].as_str().is_some_and(|k| k.ends_with("List"))
+                && doc["items"].is_array()
+            {
                 doc["items"].as_array().cloned().unwrap_or_default()
             } else {
                 vec![doc]
@@ -326,15 +460,35 @@ impl EmulatorHandle {
     }
 
     fn apply_object(&self, obj: Value) -> Result<Value> {
-        let what = format!("{} {}", obj["kind"].as_str().unwrap_or("?"), obj["metadata"]["name"].as_str().unwrap_or("?"));
+        let what = format!(
+            "{} {}",
+            obj["kind"].as_str().unwrap_or("?"),
+            obj["metadata"]["name"].as_str().unwrap_or("?")
+        );
         let mut st = self.shared.state.lock();
         let rt = st
             .registry
-            .by_kind(obj["apiVersion"].as_str().unwrap_or_default(), obj["kind"].as_str().unwrap_or_default())
+            .by_kind(
+                obj["apiVersion"].as_str().unwrap_or_default(),
+                obj["kind"].as_str().unwrap_or_default(),
+            )
             .cloned()
-            .ok_or_else(|| Error::Rejected { what: what.clone(), status: "no such kind is served (is its CRD loaded first?)".into() })?;
-        let ns = if rt.namespaced { obj["metadata"]["namespace"].as_str().unwrap_or("default").to_string() } else { String::new() };
-        let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            .ok_or_else(|| Error::Rejected {
+                what: what.clone(),
+                status: "no such kind is served (is its CRD loaded first?)".into(),
+            })?;
+        let ns = if rt.namespaced {
+            obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
+        } else {
+            String::new()
+        };
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let stored = store::to_stored(&rt, obj);
         let res = match st.get(&rt, &ns, &name) {
             Ok(cur) => {
@@ -344,17 +498,28 @@ impl EmulatorHandle {
             }
             Err(_) => st.create(&rt, &ns, stored, &WriteOptions::default()),
         };
-        res.map(|o| store::from_stored(&rt, o)).map_err(|e| Error::Rejected { what, status: e.message })
+        res.map(|o| store::from_stored(&rt, o))
+            .map_err(|e| Error::Rejected {
+                what,
+                status: e.message,
+            })
     }
 
     /// Loads a manifest file, or every `.yaml`/`.yml`/`.json` file of a directory (sorted).
     pub fn apply_path(&self, path: &Path) -> Result<Vec<Value>> {
-        let io = |source| Error::Io { path: path.display().to_string(), source };
+        let io = |source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        };
         if path.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(path)
                 .map_err(io)?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_dir() || p.extension().is_some_and(|x| x == "yaml" || x == "yml" || x == "json"))
+                .filter(|p| {
+                    p.is_dir()
+                        || p.extension()
+                            .is_some_and(|x| x == "yaml" || x == "yml" || x == "json")
+                })
                 .collect();
             files.sort();
             let mut out = Vec::new();
@@ -365,7 +530,10 @@ impl EmulatorHandle {
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
         self.apply_yaml(&text).map_err(|e| match e {
-            Error::Manifest { message, .. } => Error::Manifest { path: path.display().to_string(), message },
+            Error::Manifest { message, .. } => Error::Manifest {
+                path: path.display().to_string(),
+                message,
+            },
             other => other,
         })
     }
@@ -386,20 +554,34 @@ mod tls {
         let e = |e: rcgen::Error| Error::Tls(e.to_string());
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(e)?;
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params.distinguished_name.push(rcgen::DnType::CommonName, "kube-emulator CA");
-        ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kube-emulator CA");
+        ca_params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
         let ca_key = rcgen::KeyPair::generate().map_err(e)?;
         let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).map_err(e)?;
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).map_err(e)?;
-        params.distinguished_name.push(rcgen::DnType::CommonName, "kube-emulator");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .map_err(e)?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kube-emulator");
         let key = rcgen::KeyPair::generate().map_err(e)?;
         let cert = params.signed_by(&key, &ca).map_err(e)?;
-        let key_der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).map_err(|x| Error::Tls(x.to_string()))?;
+        let key_der = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der())
+            .map_err(|x| Error::Tls(x.to_string()))?;
         let mut cfg = rustls::ServerConfig::builder()
             .with_no_client_auth()
             .with_single_cert(vec![cert.der().clone(), ca.der().clone()], key_der)
             .map_err(|x| Error::Tls(x.to_string()))?;
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Tls { acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(cfg)), ca_pem: ca.pem() })
+        Ok(Tls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(cfg)),
+            ca_pem: ca.pem(),
+        })
     }
 }

@@ -42,7 +42,9 @@ fn parse_sa(s: &str) -> Result<(String, String, PathBuf), String> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     let args = Args::parse();
     let opts = Options {
         bind: ([127, 0, 0, 1], args.port).into(),
@@ -52,14 +54,22 @@ async fn main() -> anyhow::Result<()> {
         manifests: args.manifests,
         ..Options::default()
     };
-    let emu = Emulator::start(opts).await.context("starting the emulator")?;
+    let emu = Emulator::start(opts)
+        .await
+        .context("starting the emulator")?;
     for (ns, name, file) in &args.sa_kubeconfig {
-        emu.write_service_account_kubeconfig(ns, name, file).with_context(|| format!("writing {}", file.display()))?;
+        emu.write_service_account_kubeconfig(ns, name, file)
+            .with_context(|| format!("writing {}", file.display()))?;
         println!("ServiceAccount {ns}/{name} kubeconfig: {}", file.display());
     }
     println!("kube-emulator listening on {}", emu.url());
     println!("admin kubeconfig: {}", args.kubeconfig_out.display());
-    println!("try: kubectl --kubeconfig {} get namespaces", args.kubeconfig_out.display());
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    println!(
+        "try: kubectl --kubeconfig {} get namespaces",
+        args.kubeconfig_out.display()
+    );
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
     Ok(())
 }

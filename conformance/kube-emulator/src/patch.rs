@@ -15,25 +15,45 @@ pub fn merge(target: &mut Value, patch: &Value) {
 /// As on the apiserver, a `test` for `null` passes when the path is absent (kube-runtime's
 /// `finalizer` helper relies on this to add the first finalizer).
 pub fn json(target: &mut Value, patch: &Value) -> Result<(), ApiError> {
-    let mut ops = patch.as_array().cloned().ok_or_else(|| ApiError::bad_request("a JSON patch must be an array of operations"))?;
+    let mut ops = patch
+        .as_array()
+        .cloned()
+        .ok_or_else(|| ApiError::bad_request("a JSON patch must be an array of operations"))?;
     for op in &ops {
         if op["op"] == "test" && op["value"].is_null() {
             let path = op["path"].as_str().unwrap_or_default();
             if !target.pointer(path).is_none_or(Value::is_null) {
-                return Err(ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: test failed: {path} is not null")));
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    format!(
+                        "the server rejected our request due to an error in our request: test failed: {path} is not null"
+                    ),
+                ));
             }
         }
     }
     ops.retain(|op| !(op["op"] == "test" && op["value"].is_null()));
     let p: json_patch::Patch = serde_json::from_value(Value::Array(ops))
         .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-    json_patch::patch(target, &p).map_err(|e| ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}")))
+    json_patch::patch(target, &p).map_err(|e| {
+        ApiError::new(
+            422,
+            "Invalid",
+            format!("the server rejected our request due to an error in our request: {e}"),
+        )
+    })
 }
 
 /// The merge key of a list field in the built-in kinds (what `patchMergeKey` declares upstream).
 fn merge_key(field: &str, sample: &Value) -> Option<&'static str> {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets" => Some("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets" => Some("name"),
         "volumeMounts" => Some("mountPath"),
         "conditions" => Some("type"),
         "ownerReferences" => Some("uid"),
@@ -72,7 +92,9 @@ pub fn strategic(target: &mut Value, patch: &Value) {
             continue;
         }
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(list), Some(del)) = (t.get_mut(field).and_then(Value::as_array_mut), v.as_array()) {
+            if let (Some(list), Some(del)) =
+                (t.get_mut(field).and_then(Value::as_array_mut), v.as_array())
+            {
                 list.retain(|x| !del.contains(x));
             }
             continue;
@@ -89,7 +111,11 @@ pub fn strategic(target: &mut Value, patch: &Value) {
                 }
             }
             Value::Array(items) => {
-                let sample = items.iter().find(|x| x.is_object()).cloned().unwrap_or(Value::Null);
+                let sample = items
+                    .iter()
+                    .find(|x| x.is_object())
+                    .cloned()
+                    .unwrap_or(Value::Null);
                 if let Some(key) = merge_key(k, &sample).filter(|_| sample.is_object()) {
                     let list = t.entry(k.clone()).or_insert_with(|| Value::Array(vec![]));
                     if !list.is_array() {
@@ -189,7 +215,9 @@ pub fn get_path<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
 }
 
 pub fn remove_path(v: &mut Value, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else { return };
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
     let mut cur = v;
     for seg in parents {
         match cur.as_object_mut().and_then(|m| m.get_mut(seg)) {
@@ -208,7 +236,11 @@ pub fn paths_to_fields_v1(paths: &[FieldPath]) -> Value {
     for p in paths {
         let mut cur = &mut root;
         for seg in p {
-            cur = cur.as_object_mut().expect("object").entry(format!("f:{seg}")).or_insert_with(|| Value::Object(Map::new()));
+            cur = cur
+                .as_object_mut()
+                .expect("object")
+                .entry(format!("f:{seg}"))
+                .or_insert_with(|| Value::Object(Map::new()));
         }
     }
     root
@@ -220,7 +252,9 @@ pub fn fields_v1_to_paths(v: &Value) -> Vec<FieldPath> {
         match v.as_object() {
             Some(m) if !m.is_empty() => {
                 for (k, x) in m {
-                    let Some(seg) = k.strip_prefix("f:") else { continue };
+                    let Some(seg) = k.strip_prefix("f:") else {
+                        continue;
+                    };
                     cur.push(seg.to_string());
                     walk(x, cur, out);
                     cur.pop();
@@ -264,18 +298,26 @@ mod tests {
     fn strategic_merges_keyed_lists_and_directives() {
         let mut t = json!({"spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}], "selector": {"app": "a"}},
                            "metadata": {"finalizers": ["a"]}});
-        strategic(&mut t, &json!({
-            "spec": {"ports": [{"port": 80, "targetPort": 8080}, {"port": 443, "$patch": "delete"}, {"port": 9000}],
-                     "$setElementOrder/ports": [{"port": 80}], "selector": {"app": null, "tier": "x"}},
-            "metadata": {"finalizers": ["b"]}
-        }));
-        assert_eq!(t, json!({"spec": {"ports": [{"port": 80, "name": "http", "targetPort": 8080}, {"port": 9000}], "selector": {"tier": "x"}},
-                             "metadata": {"finalizers": ["a", "b"]}}));
+        strategic(
+            &mut t,
+            &json!({
+                "spec": {"ports": [{"port": 80, "targetPort": 8080}, {"port": 443, "$patch": "delete"}, {"port": 9000}],
+                         "$setElementOrder/ports": [{"port": 80}], "selector": {"app": null, "tier": "x"}},
+                "metadata": {"finalizers": ["b"]}
+            }),
+        );
+        assert_eq!(
+            t,
+            json!({"spec": {"ports": [{"port": 80, "name": "http", "targetPort": 8080}, {"port": 9000}], "selector": {"tier": "x"}},
+                             "metadata": {"finalizers": ["a", "b"]}})
+        );
     }
 
     #[test]
     fn fields_v1_round_trip() {
-        let paths = leaf_paths(&json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "n", "labels": {"a": "b"}}, "spec": {"x": 1, "y": {"z": [1]}}}));
+        let paths = leaf_paths(
+            &json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "n", "labels": {"a": "b"}}, "spec": {"x": 1, "y": {"z": [1]}}}),
+        );
         let mut back = fields_v1_to_paths(&paths_to_fields_v1(&paths));
         back.sort();
         let mut want = paths.clone();

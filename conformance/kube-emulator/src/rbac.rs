@@ -28,19 +28,43 @@ impl Attributes {
     pub fn denial(&self, user: &str) -> String {
         match &self.resource {
             Some(r) => {
-                let res = if r.subresource.is_empty() { r.resource.clone() } else { format!("{}/{}", r.resource, r.subresource) };
-                let gr = if r.group.is_empty() { r.resource.clone() } else { format!("{}.{}", r.resource, r.group) };
-                let subject = if r.name.is_empty() { gr } else { format!("{gr} \"{}\"", r.name) };
-                let scope = if r.namespace.is_empty() { "at the cluster scope".to_string() } else { format!("in the namespace \"{}\"", r.namespace) };
-                format!("{subject} is forbidden: User \"{user}\" cannot {} resource \"{res}\" in API group \"{}\" {scope}", self.verb, r.group)
+                let res = if r.subresource.is_empty() {
+                    r.resource.clone()
+                } else {
+                    format!("{}/{}", r.resource, r.subresource)
+                };
+                let gr = if r.group.is_empty() {
+                    r.resource.clone()
+                } else {
+                    format!("{}.{}", r.resource, r.group)
+                };
+                let subject = if r.name.is_empty() {
+                    gr
+                } else {
+                    format!("{gr} \"{}\"", r.name)
+                };
+                let scope = if r.namespace.is_empty() {
+                    "at the cluster scope".to_string()
+                } else {
+                    format!("in the namespace \"{}\"", r.namespace)
+                };
+                format!(
+                    "{subject} is forbidden: User \"{user}\" cannot {} resource \"{res}\" in API group \"{}\" {scope}",
+                    self.verb, r.group
+                )
             }
-            None => format!("forbidden: User \"{user}\" cannot {} path \"{}\"", self.verb, self.path),
+            None => format!(
+                "forbidden: User \"{user}\" cannot {} path \"{}\"",
+                self.verb, self.path
+            ),
         }
     }
 }
 
 fn strs(v: &Value) -> Vec<&str> {
-    v.as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 fn subject_matches(subject: &Value, binding_ns: &str, user: &Identity) -> bool {
@@ -49,8 +73,13 @@ fn subject_matches(subject: &Value, binding_ns: &str, user: &Identity) -> bool {
         "User" => name == user.username,
         "Group" => user.groups.iter().any(|g| g == name),
         "ServiceAccount" => {
-            let ns = subject["namespace"].as_str().filter(|n| !n.is_empty()).unwrap_or(binding_ns);
-            user.service_account.as_ref().is_some_and(|(sns, sname)| sns == ns && sname == name)
+            let ns = subject["namespace"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(binding_ns);
+            user.service_account
+                .as_ref()
+                .is_some_and(|(sns, sname)| sns == ns && sname == name)
         }
         _ => false,
     }
@@ -67,7 +96,11 @@ fn rule_allows(rule: &Value, attrs: &Attributes) -> bool {
             if !groups.iter().any(|g| *g == "*" || *g == r.group) {
                 return false;
             }
-            let full = if r.subresource.is_empty() { r.resource.clone() } else { format!("{}/{}", r.resource, r.subresource) };
+            let full = if r.subresource.is_empty() {
+                r.resource.clone()
+            } else {
+                format!("{}/{}", r.resource, r.subresource)
+            };
             let resources = strs(&rule["resources"]);
             let res_ok = resources.iter().any(|x| {
                 *x == "*"
@@ -82,7 +115,10 @@ fn rule_allows(rule: &Value, attrs: &Attributes) -> bool {
             names.is_empty() || (!r.name.is_empty() && names.contains(&r.name.as_str()))
         }
         None => strs(&rule["nonResourceURLs"]).iter().any(|u| {
-            *u == "*" || *u == attrs.path || u.strip_suffix('*').is_some_and(|p| attrs.path.starts_with(p))
+            *u == "*"
+                || *u == attrs.path
+                || u.strip_suffix('*')
+                    .is_some_and(|p| attrs.path.starts_with(p))
         }),
     }
 }
@@ -103,30 +139,80 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
     if user.is_admin() {
         return true;
     }
-    if attrs.resource.is_none() && attrs.verb == "get" && public_path(&attrs.path) && user.groups.iter().any(|g| g == "system:authenticated") {
+    let authenticated = user.groups.iter().any(|g| g == "system:authenticated");
+    if attrs.resource.is_none() && attrs.verb == "get" && public_path(&attrs.path) && authenticated
+    {
         return true;
     }
-    let rt = |res: &str| state.registry.lookup("rbac.authorization.k8s.io", "v1", res).cloned().expect("rbac kinds are built in");
-    let (crb, cr, rb, role) = (rt("clusterrolebindings"), rt("clusterroles"), rt("rolebindings"), rt("roles"));
+    // The `system:basic-user` role: anyone may ask what they themselves may do.
+    if let Some(r) = &attrs.resource
+        && authenticated
+        && attrs.verb == "create"
+        && r.group == "authorization.k8s.io"
+        && r.resource == "selfsubjectaccessreviews"
+    {
+        return true;
+    }
+    let rt = |res: &str| {
+        state
+            .registry
+            .lookup("rbac.authorization.k8s.io", "v1", res)
+            .cloned()
+            .expect("rbac kinds are built in")
+    };
+    let (crb, cr, rb, role) = (
+        rt("clusterrolebindings"),
+        rt("clusterroles"),
+        rt("rolebindings"),
+        rt("roles"),
+    );
     let rules_of = |kind: &str, name: &str, ns: &str| -> Vec<Value> {
-        let (t, n) = if kind == "ClusterRole" { (&cr, "") } else { (&role, ns) };
-        state.get(t, n, name).ok().and_then(|r| r["rules"].as_array().cloned()).unwrap_or_default()
+        let (t, n) = if kind == "ClusterRole" {
+            (&cr, "")
+        } else {
+            (&role, ns)
+        };
+        state
+            .get(t, n, name)
+            .ok()
+            .and_then(|r| r["rules"].as_array().cloned())
+            .unwrap_or_default()
     };
     for b in state.list(&crb, None) {
-        if strs_obj(&b["subjects"]).iter().any(|s| subject_matches(s, "", user))
-            && rules_of("ClusterRole", b["roleRef"]["name"].as_str().unwrap_or_default(), "").iter().any(|r| rule_allows(r, attrs))
+        if strs_obj(&b["subjects"])
+            .iter()
+            .any(|s| subject_matches(s, "", user))
+            && rules_of(
+                "ClusterRole",
+                b["roleRef"]["name"].as_str().unwrap_or_default(),
+                "",
+            )
+            .iter()
+            .any(|r| rule_allows(r, attrs))
         {
             return true;
         }
     }
-    let Some(r) = &attrs.resource else { return false };
+    let Some(r) = &attrs.resource else {
+        return false;
+    };
     if r.namespace.is_empty() {
         return false;
     }
     for b in state.list(&rb, Some(&r.namespace)) {
-        if strs_obj(&b["subjects"]).iter().any(|s| subject_matches(s, &r.namespace, user)) {
+        if strs_obj(&b["subjects"])
+            .iter()
+            .any(|s| subject_matches(s, &r.namespace, user))
+        {
             let kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
-            if rules_of(kind, b["roleRef"]["name"].as_str().unwrap_or_default(), &r.namespace).iter().any(|rule| rule_allows(rule, attrs)) {
+            if rules_of(
+                kind,
+                b["roleRef"]["name"].as_str().unwrap_or_default(),
+                &r.namespace,
+            )
+            .iter()
+            .any(|rule| rule_allows(rule, attrs))
+            {
                 return true;
             }
         }
@@ -146,7 +232,13 @@ mod tests {
     fn attrs(verb: &str, group: &str, resource: &str, sub: &str, name: &str) -> Attributes {
         Attributes {
             verb: verb.into(),
-            resource: Some(ResourceAttributes { group: group.into(), resource: resource.into(), subresource: sub.into(), namespace: "ns".into(), name: name.into() }),
+            resource: Some(ResourceAttributes {
+                group: group.into(),
+                resource: resource.into(),
+                subresource: sub.into(),
+                namespace: "ns".into(),
+                name: name.into(),
+            }),
             path: String::new(),
         }
     }
@@ -157,10 +249,22 @@ mod tests {
         let named = json!({"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["token"], "verbs": ["get"]});
         for (r, a, want) in [
             (&rule, attrs("get", "k8s.tuna.am", "tunnels", "", "x"), true),
-            (&rule, attrs("patch", "k8s.tuna.am", "tunnels", "status", "x"), true),
-            (&rule, attrs("delete", "k8s.tuna.am", "tunnels", "", "x"), false),
+            (
+                &rule,
+                attrs("patch", "k8s.tuna.am", "tunnels", "status", "x"),
+                true,
+            ),
+            (
+                &rule,
+                attrs("delete", "k8s.tuna.am", "tunnels", "", "x"),
+                false,
+            ),
             (&rule, attrs("get", "", "tunnels", "", "x"), false),
-            (&rule, attrs("get", "k8s.tuna.am", "tunnels", "finalizers", "x"), false),
+            (
+                &rule,
+                attrs("get", "k8s.tuna.am", "tunnels", "finalizers", "x"),
+                false,
+            ),
             (&named, attrs("get", "", "secrets", "", "token"), true),
             (&named, attrs("get", "", "secrets", "", "other"), false),
             (&named, attrs("get", "", "secrets", "", ""), false),
@@ -168,7 +272,11 @@ mod tests {
             assert_eq!(rule_allows(r, &a), want, "{r} {a:?}");
         }
         let nr = json!({"nonResourceURLs": ["/metrics", "/debug/*"], "verbs": ["get"]});
-        let path = |p: &str| Attributes { verb: "get".into(), resource: None, path: p.into() };
+        let path = |p: &str| Attributes {
+            verb: "get".into(),
+            resource: None,
+            path: p.into(),
+        };
         assert!(rule_allows(&nr, &path("/metrics")));
         assert!(rule_allows(&nr, &path("/debug/pprof")));
         assert!(!rule_allows(&nr, &path("/healthz")));

@@ -55,19 +55,40 @@ pub struct ResourceType {
 
 impl ResourceType {
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
     /// `widgets.example.com` or `configmaps`: how error messages name a resource.
     pub fn group_resource(&self) -> String {
-        if self.group.is_empty() { self.resource.clone() } else { format!("{}.{}", self.resource, self.group) }
+        if self.group.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}.{}", self.resource, self.group)
+        }
     }
     /// `Widget.example.com`: how validation errors name a kind.
     pub fn group_kind(&self) -> String {
-        if self.group.is_empty() { self.kind.clone() } else { format!("{}.{}", self.kind, self.group) }
+        if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
     }
     pub fn verbs(&self) -> Vec<&'static str> {
         match self.special {
-            Special::None => vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"],
+            Special::None => vec![
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ],
             _ => vec!["create"],
         }
     }
@@ -118,25 +139,151 @@ fn builtin(
 pub fn builtins() -> Vec<ResourceType> {
     let rbac = "rbac.authorization.k8s.io";
     let mut v = vec![
-        builtin("", "v1", "namespaces", "Namespace", false, &["ns"], true, false),
+        builtin(
+            "",
+            "v1",
+            "namespaces",
+            "Namespace",
+            false,
+            &["ns"],
+            true,
+            false,
+        ),
         builtin("", "v1", "services", "Service", true, &["svc"], true, false),
         builtin("", "v1", "secrets", "Secret", true, &[], false, false),
-        builtin("", "v1", "configmaps", "ConfigMap", true, &["cm"], false, false),
-        builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"], false, false),
+        builtin(
+            "",
+            "v1",
+            "configmaps",
+            "ConfigMap",
+            true,
+            &["cm"],
+            false,
+            false,
+        ),
+        builtin(
+            "",
+            "v1",
+            "serviceaccounts",
+            "ServiceAccount",
+            true,
+            &["sa"],
+            false,
+            false,
+        ),
         builtin("", "v1", "events", "Event", true, &["ev"], false, false),
-        builtin("", "v1", "endpoints", "Endpoints", true, &["ep"], false, false),
+        builtin(
+            "",
+            "v1",
+            "endpoints",
+            "Endpoints",
+            true,
+            &["ep"],
+            false,
+            false,
+        ),
         builtin("", "v1", "pods", "Pod", true, &["po"], true, false),
-        builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"], false, false),
-        builtin("networking.k8s.io", "v1", "ingresses", "Ingress", true, &["ing"], true, true),
-        builtin("networking.k8s.io", "v1", "ingressclasses", "IngressClass", false, &[], false, true),
-        builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[], false, false),
-        builtin("apps", "v1", "deployments", "Deployment", true, &["deploy"], true, true),
-        builtin("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", true, &[], false, false),
-        builtin("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], true, true),
+        builtin(
+            "events.k8s.io",
+            "v1",
+            "events",
+            "Event",
+            true,
+            &["ev"],
+            false,
+            false,
+        ),
+        builtin(
+            "networking.k8s.io",
+            "v1",
+            "ingresses",
+            "Ingress",
+            true,
+            &["ing"],
+            true,
+            true,
+        ),
+        builtin(
+            "networking.k8s.io",
+            "v1",
+            "ingressclasses",
+            "IngressClass",
+            false,
+            &[],
+            false,
+            true,
+        ),
+        builtin(
+            "coordination.k8s.io",
+            "v1",
+            "leases",
+            "Lease",
+            true,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            true,
+            &["deploy"],
+            true,
+            true,
+        ),
+        builtin(
+            "discovery.k8s.io",
+            "v1",
+            "endpointslices",
+            "EndpointSlice",
+            true,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+            &["crd", "crds"],
+            true,
+            true,
+        ),
         builtin(rbac, "v1", "roles", "Role", true, &[], false, false),
-        builtin(rbac, "v1", "clusterroles", "ClusterRole", false, &[], false, false),
-        builtin(rbac, "v1", "rolebindings", "RoleBinding", true, &[], false, false),
-        builtin(rbac, "v1", "clusterrolebindings", "ClusterRoleBinding", false, &[], false, false),
+        builtin(
+            rbac,
+            "v1",
+            "clusterroles",
+            "ClusterRole",
+            false,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            rbac,
+            "v1",
+            "rolebindings",
+            "RoleBinding",
+            true,
+            &[],
+            false,
+            false,
+        ),
+        builtin(
+            rbac,
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            &[],
+            false,
+            false,
+        ),
     ];
     // Both event APIs read and write one storage, so `kubectl describe` (core v1) shows what
     // kube-rs's `Recorder` (events.k8s.io/v1) published.
@@ -144,9 +291,24 @@ pub fn builtins() -> Vec<ResourceType> {
         r.storage = "/events".into();
     }
     for (group, resource, kind, special) in [
-        ("authentication.k8s.io", "tokenreviews", "TokenReview", Special::TokenReview),
-        ("authorization.k8s.io", "subjectaccessreviews", "SubjectAccessReview", Special::SubjectAccessReview),
-        ("authorization.k8s.io", "selfsubjectaccessreviews", "SelfSubjectAccessReview", Special::SelfSubjectAccessReview),
+        (
+            "authentication.k8s.io",
+            "tokenreviews",
+            "TokenReview",
+            Special::TokenReview,
+        ),
+        (
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            "SubjectAccessReview",
+            Special::SubjectAccessReview,
+        ),
+        (
+            "authorization.k8s.io",
+            "selfsubjectaccessreviews",
+            "SelfSubjectAccessReview",
+            Special::SelfSubjectAccessReview,
+        ),
     ] {
         let mut r = builtin(group, "v1", resource, kind, false, &[], false, false);
         r.special = special;
@@ -163,7 +325,13 @@ pub fn from_crd(crd: &Value) -> Vec<ResourceType> {
     let plural = names["plural"].as_str().unwrap_or_default();
     let kind = names["kind"].as_str().unwrap_or_default();
     let strs = |v: &Value| -> Vec<String> {
-        v.as_array().map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect()).unwrap_or_default()
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
     };
     let namespaced = spec["scope"].as_str() != Some("Cluster");
     let mut out = Vec::new();
@@ -198,7 +366,10 @@ pub fn from_crd(crd: &Value) -> Vec<ResourceType> {
             version: ver["name"].as_str().unwrap_or_default().into(),
             resource: plural.into(),
             kind: kind.into(),
-            singular: names["singular"].as_str().map(String::from).unwrap_or_else(|| kind.to_lowercase()),
+            singular: names["singular"]
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| kind.to_lowercase()),
             namespaced,
             short_names: strs(&names["shortNames"]),
             categories: strs(&names["categories"]),
@@ -226,7 +397,9 @@ impl Registry {
         let mut types = builtins();
         for crd in crds {
             for t in from_crd(crd) {
-                if !types.iter().any(|x| x.group == t.group && x.version == t.version && x.resource == t.resource) {
+                if !types.iter().any(|x| {
+                    x.group == t.group && x.version == t.version && x.resource == t.resource
+                }) {
                     types.push(t);
                 }
             }
@@ -234,10 +407,14 @@ impl Registry {
         Registry { types }
     }
     pub fn lookup(&self, group: &str, version: &str, resource: &str) -> Option<&ResourceType> {
-        self.types.iter().find(|t| t.group == group && t.version == version && t.resource == resource)
+        self.types
+            .iter()
+            .find(|t| t.group == group && t.version == version && t.resource == resource)
     }
     pub fn by_kind(&self, api_version: &str, kind: &str) -> Option<&ResourceType> {
-        self.types.iter().find(|t| t.api_version() == api_version && t.kind == kind)
+        self.types
+            .iter()
+            .find(|t| t.api_version() == api_version && t.kind == kind)
     }
     /// Groups in discovery order (core first, then by first appearance), each with its versions.
     pub fn groups(&self) -> Vec<(String, Vec<String>)> {
@@ -255,6 +432,9 @@ impl Registry {
         out
     }
     pub fn in_group_version(&self, group: &str, version: &str) -> Vec<&ResourceType> {
-        self.types.iter().filter(|t| t.group == group && t.version == version).collect()
+        self.types
+            .iter()
+            .filter(|t| t.group == group && t.version == version)
+            .collect()
     }
 }

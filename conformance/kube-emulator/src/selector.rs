@@ -46,8 +46,16 @@ fn set_values(s: &str) -> Result<Vec<String>, ApiError> {
     let inner = s
         .strip_prefix('(')
         .and_then(|s| s.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: expected '(' ... ')' in {s:?}")))?;
-    Ok(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: expected '(' ... ')' in {s:?}"
+            ))
+        })?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
 }
 
 impl LabelSelector {
@@ -70,10 +78,15 @@ impl LabelSelector {
                 reqs.push(Requirement::NotIn(k.trim().into(), set_values(v)?));
             } else if let Some((k, v)) = p.split_once(" in ") {
                 reqs.push(Requirement::In(k.trim().into(), set_values(v)?));
-            } else if p.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c)) {
+            } else if p
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+            {
                 reqs.push(Requirement::Exists(p.into()));
             } else {
-                return Err(ApiError::bad_request(format!("unable to parse requirement: {p:?}")));
+                return Err(ApiError::bad_request(format!(
+                    "unable to parse requirement: {p:?}"
+                )));
             }
         }
         Ok(LabelSelector(reqs))
@@ -111,7 +124,9 @@ impl FieldSelector {
             } else if let Some((k, v)) = part.split_once('=') {
                 (k, false, v)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{part}'; can't understand '{part}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{part}'; can't understand '{part}'"
+                )));
             };
             let k = k.trim();
             let supported = matches!(k, "metadata.name" | "metadata.namespace")
@@ -134,8 +149,15 @@ impl FieldSelector {
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, neg, want)| {
             // events.k8s.io's `regarding` is stored as core's `involvedObject`.
-            let path = path.strip_prefix("regarding.").map(|p| format!("involvedObject.{p}")).unwrap_or(path.clone());
-            let path = if path == "source" { "source.component".to_string() } else { path };
+            let path = path
+                .strip_prefix("regarding.")
+                .map(|p| format!("involvedObject.{p}"))
+                .unwrap_or(path.clone());
+            let path = if path == "source" {
+                "source.component".to_string()
+            } else {
+                path
+            };
             let mut cur = obj;
             for seg in path.split('.') {
                 cur = &cur[seg];
@@ -172,17 +194,33 @@ mod tests {
             ("app=web,tier in (front, back)", true),
             ("", true),
         ] {
-            assert_eq!(LabelSelector::parse(sel).unwrap().matches(&obj), want, "{sel}");
+            assert_eq!(
+                LabelSelector::parse(sel).unwrap().matches(&obj),
+                want,
+                "{sel}"
+            );
         }
     }
 
     #[test]
     fn field_selector_events() {
         let ev = json!({"metadata": {"name": "e", "namespace": "default"}, "involvedObject": {"name": "w", "kind": "Widget", "uid": "u1"}});
-        let sel = FieldSelector::parse("involvedObject.name=w,involvedObject.kind=Widget,metadata.namespace=default", "events").unwrap();
+        let sel = FieldSelector::parse(
+            "involvedObject.name=w,involvedObject.kind=Widget,metadata.namespace=default",
+            "events",
+        )
+        .unwrap();
         assert!(sel.matches(&ev));
-        assert!(!FieldSelector::parse("involvedObject.uid=u2", "events").unwrap().matches(&ev));
-        assert!(FieldSelector::parse("regarding.name=w", "events").unwrap().matches(&ev));
+        assert!(
+            !FieldSelector::parse("involvedObject.uid=u2", "events")
+                .unwrap()
+                .matches(&ev)
+        );
+        assert!(
+            FieldSelector::parse("regarding.name=w", "events")
+                .unwrap()
+                .matches(&ev)
+        );
         assert!(FieldSelector::parse("spec.x=1", "widgets").is_err());
     }
 }

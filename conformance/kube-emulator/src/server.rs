@@ -21,7 +21,10 @@ use crate::rbac::{self, Attributes, ResourceAttributes};
 use crate::registry::{ResourceType, Special};
 use crate::schema::FieldValidation;
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::store::{self, EventKind, Identity, PatchType, Propagation, State, WatchEvent, WriteOptions, from_stored, meta_str, to_stored};
+use crate::store::{
+    self, EventKind, Identity, PatchType, Propagation, State, WatchEvent, WriteOptions,
+    from_stored, meta_str, to_stored,
+};
 use crate::table;
 
 /// One audited request (also written as a JSON line to the audit log file, if any).
@@ -49,16 +52,36 @@ pub struct Shared {
     pub bookmark_interval: Duration,
     /// Plain-HTTP mode: kubectl sends no token there, so tokenless requests act as admin.
     pub anonymous_is_admin: bool,
+    /// Bumped on every audit entry, so tests can wait for a request instead of sleeping.
+    pub audit_seq: tokio::sync::watch::Sender<usize>,
 }
 
 impl Shared {
-    pub fn new(admin_token: String, audit_file: Option<std::fs::File>, bookmark_interval: Duration, anonymous_is_admin: bool) -> Self {
+    pub fn new(
+        admin_token: String,
+        audit_file: Option<std::fs::File>,
+        bookmark_interval: Duration,
+        anonymous_is_admin: bool,
+    ) -> Self {
         let (tx, _) = broadcast::channel(8192);
-        Shared { state: Mutex::new(State::new(tx)), admin_token, audit: Mutex::new(Vec::new()), audit_file: audit_file.map(Mutex::new), bookmark_interval, anonymous_is_admin }
+        Shared {
+            state: Mutex::new(State::new(tx)),
+            admin_token,
+            audit: Mutex::new(Vec::new()),
+            audit_file: audit_file.map(Mutex::new),
+            bookmark_interval,
+            anonymous_is_admin,
+            audit_seq: tokio::sync::watch::Sender::new(0),
+        }
     }
 
     pub fn admin_identity() -> Identity {
-        Identity { username: "kube-emulator-admin".into(), uid: "admin".into(), groups: vec!["system:masters".into(), "system:authenticated".into()], service_account: None }
+        Identity {
+            username: "kube-emulator-admin".into(),
+            uid: "admin".into(),
+            groups: vec!["system:masters".into(), "system:authenticated".into()],
+            service_account: None,
+        }
     }
 
     fn authenticate(&self, headers: &HeaderMap) -> Option<Identity> {
@@ -78,6 +101,7 @@ impl Shared {
             let _ = writeln!(f, "{}", serde_json::to_string(&entry).unwrap_or_default());
         }
         self.audit.lock().push(entry);
+        self.audit_seq.send_modify(|n| *n += 1);
     }
 }
 
@@ -98,15 +122,25 @@ impl State {
     }
 
     /// Issues an opaque token for a ServiceAccount (which must exist).
-    pub fn issue_sa_token(&mut self, ns: &str, name: &str, expiration_seconds: Option<i64>) -> Option<(String, Option<jiff::Timestamp>)> {
+    pub fn issue_sa_token(
+        &mut self,
+        ns: &str,
+        name: &str,
+        expiration_seconds: Option<i64>,
+    ) -> Option<(String, Option<jiff::Timestamp>)> {
         let sa = self.get_opt("/serviceaccounts", ns, name)?;
         let uid = meta_str(sa, "uid").to_string();
         let token = format!("kube-emulator-sa-{}", uuid::Uuid::new_v4().simple());
-        let exp = expiration_seconds.map(|s| jiff::Timestamp::now() + jiff::SignedDuration::from_secs(s));
+        let exp =
+            expiration_seconds.map(|s| jiff::Timestamp::now() + jiff::SignedDuration::from_secs(s));
         let id = Identity {
             username: format!("system:serviceaccount:{ns}:{name}"),
             uid,
-            groups: vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{ns}"), "system:authenticated".into()],
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".into(),
+            ],
             service_account: Some((ns.into(), name.into())),
         };
         self.tokens.insert(token.clone(), (id, exp));
@@ -140,7 +174,11 @@ struct ResourcePath {
 }
 
 fn route(path: &str) -> Route {
-    let parts: Vec<&str> = path.trim_matches('/').split('/').filter(|p| !p.is_empty()).collect();
+    let parts: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .collect();
     let (group, version, rest) = match parts.as_slice() {
         ["version"] => return Route::Version,
         ["healthz" | "livez" | "readyz", ..] => return Route::Health,
@@ -148,17 +186,27 @@ fn route(path: &str) -> Route {
         ["apis"] => return Route::Apis,
         ["apis", g] => return Route::ApiGroup(g.to_string()),
         ["openapi", "v3"] => return Route::OpenApiIndex,
-        ["openapi", "v3", "api", v] => return Route::OpenApiGroupVersion(String::new(), v.to_string()),
-        ["openapi", "v3", "apis", g, v] => return Route::OpenApiGroupVersion(g.to_string(), v.to_string()),
+        ["openapi", "v3", "api", v] => {
+            return Route::OpenApiGroupVersion(String::new(), v.to_string());
+        }
+        ["openapi", "v3", "apis", g, v] => {
+            return Route::OpenApiGroupVersion(g.to_string(), v.to_string());
+        }
         ["api", v] => return Route::GroupVersion(String::new(), v.to_string()),
         ["apis", g, v] => return Route::GroupVersion(g.to_string(), v.to_string()),
         ["api", v, rest @ ..] => (String::new(), v.to_string(), rest),
         ["apis", g, v, rest @ ..] => (g.to_string(), v.to_string(), rest),
         _ => return Route::NotFound,
     };
-    let mut rp = ResourcePath { group, version, ..Default::default() };
+    let mut rp = ResourcePath {
+        group,
+        version,
+        ..Default::default()
+    };
     let rest: Vec<&str> = match rest {
-        ["namespaces", ns, r, tail @ ..] if !matches!(*r, "status" | "finalize") || !tail.is_empty() => {
+        ["namespaces", ns, r, tail @ ..]
+            if !matches!(*r, "status" | "finalize") || !tail.is_empty() =>
+        {
             rp.namespace = Some(ns.to_string());
             std::iter::once(*r).chain(tail.iter().copied()).collect()
         }
@@ -193,11 +241,16 @@ fn error_response(e: &ApiError) -> Response<Body> {
 }
 
 fn query_map(q: Option<&str>) -> HashMap<String, String> {
-    form_urlencoded::parse(q.unwrap_or_default().as_bytes()).into_owned().collect()
+    form_urlencoded::parse(q.unwrap_or_default().as_bytes())
+        .into_owned()
+        .collect()
 }
 
 fn wants_table(headers: &HeaderMap) -> bool {
-    headers.get(header::ACCEPT).and_then(|a| a.to_str().ok()).is_some_and(|a| a.contains("as=Table"))
+    headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table"))
 }
 
 /// Parses a request body as JSON, or as YAML when it is not JSON.
@@ -206,8 +259,10 @@ fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
         return Ok(Value::Null);
     }
     serde_json::from_slice(body).or_else(|_| {
-        let s = std::str::from_utf8(body).map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
-        serde_saphyr::from_str::<Value>(s).map_err(|e| ApiError::bad_request(format!("body is neither JSON nor YAML: {e}")))
+        let s = std::str::from_utf8(body)
+            .map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
+        serde_saphyr::from_str::<Value>(s)
+            .map_err(|e| ApiError::bad_request(format!("body is neither JSON nor YAML: {e}")))
     })
 }
 
@@ -222,12 +277,38 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
     let query = query_map(parts.uri.query());
     let Some(user) = shared.authenticate(&parts.headers) else {
         let resp = error_response(&ApiError::new(401, "Unauthorized", "Unauthorized"));
-        shared.record(AuditEntry { user: "system:anonymous".into(), groups: vec![], verb: parts.method.as_str().to_lowercase(), group: String::new(), resource: String::new(), subresource: String::new(), namespace: String::new(), name: String::new(), path, code: 401 });
+        shared.record(AuditEntry {
+            user: "system:anonymous".into(),
+            groups: vec![],
+            verb: parts.method.as_str().to_lowercase(),
+            group: String::new(),
+            resource: String::new(),
+            subresource: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            path,
+            code: 401,
+        });
         return resp;
     };
+    let protobuf = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|c| c.to_str().ok())
+        .is_some_and(|c| c.contains("protobuf"));
+    if protobuf && !body.is_empty() {
+        // kubectl's typed clients (e.g. `auth can-i`, `create token`) send protobuf bodies.
+        return error_response(&ApiError::unsupported_media(
+            "kube-emulator does not decode protobuf request bodies; send JSON",
+        ));
+    }
     let r = route(&path);
     let verb = match (&parts.method, &r) {
-        (&Method::GET, Route::Resource(rp)) if rp.name.is_none() && query.get("watch").is_some_and(|w| w == "true" || w == "1") => "watch",
+        (&Method::GET, Route::Resource(rp))
+            if rp.name.is_none() && query.get("watch").is_some_and(|w| w == "true" || w == "1") =>
+        {
+            "watch"
+        }
         (&Method::GET, Route::Resource(rp)) if rp.name.is_none() => "list",
         (&Method::GET | &Method::HEAD, _) => "get",
         (&Method::POST, _) => "create",
@@ -249,23 +330,33 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
             }),
             path: path.clone(),
         },
-        _ => Attributes { verb: verb.into(), resource: None, path: path.clone() },
+        _ => Attributes {
+            verb: verb.into(),
+            resource: None,
+            path: path.clone(),
+        },
     };
     let allowed = {
         let st = shared.state.lock();
         rbac::allowed(&st, &user, &attrs)
     };
     let resp = if !allowed {
-        error_response(&ApiError::forbidden(attrs.denial(&user.username)).with_details(match &attrs.resource {
-            Some(ra) => json!({"name": ra.name, "group": ra.group, "kind": ra.resource}),
-            None => json!({}),
-        }))
+        error_response(
+            &ApiError::forbidden(attrs.denial(&user.username)).with_details(
+                match &attrs.resource {
+                    Some(ra) => json!({"name": ra.name, "group": ra.group, "kind": ra.resource}),
+                    None => json!({}),
+                },
+            ),
+        )
     } else {
         match r {
-            Route::Resource(rp) => match resource_request(&shared, &user, verb, rp, &query, &parts.headers, &body) {
-                Ok(resp) => resp,
-                Err(e) => error_response(&e),
-            },
+            Route::Resource(rp) => {
+                match resource_request(&shared, &user, verb, rp, &query, &parts.headers, &body) {
+                    Ok(resp) => resp,
+                    Err(e) => error_response(&e),
+                }
+            }
             other => non_resource(&shared, other, &parts.headers, &query),
         }
     };
@@ -279,16 +370,28 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
         subresource: ra.subresource,
         namespace: ra.namespace,
         name: ra.name,
-        path: if attrs.resource.is_none() { path } else { String::new() },
+        path: if attrs.resource.is_none() {
+            path
+        } else {
+            String::new()
+        },
         code: resp.status().as_u16(),
     });
     resp
 }
 
-fn non_resource(shared: &Shared, r: Route, headers: &HeaderMap, query: &HashMap<String, String>) -> Response<Body> {
+fn non_resource(
+    shared: &Shared,
+    r: Route,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+) -> Response<Body> {
     let _ = query;
     let st = shared.state.lock();
-    let aggregated = headers.get(header::ACCEPT).and_then(|a| a.to_str().ok()).is_some_and(|a| a.contains("apidiscovery.k8s.io"));
+    let aggregated = headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("apidiscovery.k8s.io"));
     let agg = |v: Value| {
         Response::builder()
             .status(200)
@@ -297,28 +400,56 @@ fn non_resource(shared: &Shared, r: Route, headers: &HeaderMap, query: &HashMap<
             .expect("valid response")
     };
     match r {
-        Route::Version => json_response(200, &json!({
+        Route::Version => json_response(
+            200,
+            &json!({
             "major": "1", "minor": "32", "gitVersion": "v1.32.0-kube-emulator", "gitCommit": "", "gitTreeState": "clean",
-            "buildDate": "2026-01-01T00:00:00Z", "goVersion": "n/a", "compiler": "rustc", "platform": "linux/amd64"})),
-        Route::Health => Response::builder().status(200).header(header::CONTENT_TYPE, "text/plain").body(Body::from("ok")).expect("valid"),
+            "buildDate": "2026-01-01T00:00:00Z", "goVersion": "n/a", "compiler": "rustc", "platform": "linux/amd64"}),
+        ),
+        Route::Health => Response::builder()
+            .status(200)
+            .header(header::CONTENT_TYPE, "text/plain")
+            .body(Body::from("ok"))
+            .expect("valid"),
         Route::Api if aggregated => agg(discovery::aggregated(&st.registry, true)),
         Route::Apis if aggregated => agg(discovery::aggregated(&st.registry, false)),
-        Route::Api => json_response(200, &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:0"}]})),
+        Route::Api => json_response(
+            200,
+            &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:0"}]}),
+        ),
         Route::Apis => json_response(200, &discovery::group_list(&st.registry)),
         Route::ApiGroup(g) => match discovery::group(&st.registry, &g) {
             Some(d) => json_response(200, &d),
-            None => error_response(&ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+            None => error_response(&ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )),
         },
         Route::GroupVersion(g, v) => match discovery::resource_list(&st.registry, &g, &v) {
             Some(d) => json_response(200, &d),
-            None => error_response(&ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+            None => error_response(&ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )),
         },
         Route::OpenApiIndex => json_response(200, &discovery::openapi_index(&st.registry)),
-        Route::OpenApiGroupVersion(g, v) => match discovery::openapi_group_version(&st.registry, &g, &v) {
-            Some(d) => json_response(200, &d),
-            None => error_response(&ApiError::new(404, "NotFound", "the server could not find the requested resource")),
-        },
-        Route::Resource(_) | Route::NotFound => error_response(&ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+        Route::OpenApiGroupVersion(g, v) => {
+            match discovery::openapi_group_version(&st.registry, &g, &v) {
+                Some(d) => json_response(200, &d),
+                None => error_response(&ApiError::new(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                )),
+            }
+        }
+        Route::Resource(_) | Route::NotFound => error_response(&ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )),
     }
 }
 
@@ -357,27 +488,46 @@ fn resource_request(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response<Body>, ApiError> {
-    let not_found = || ApiError::new(404, "NotFound", "the server could not find the requested resource");
+    let not_found = || {
+        ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    };
     let mut st = shared.state.lock();
-    let rt = st.registry.lookup(&rp.group, &rp.version, &rp.resource).cloned().ok_or_else(not_found)?;
-    if rt.namespaced != rp.namespace.is_some() && !(rt.namespaced && rp.name.is_none() && matches!(verb, "list" | "watch")) {
+    let rt = st
+        .registry
+        .lookup(&rp.group, &rp.version, &rp.resource)
+        .cloned()
+        .ok_or_else(not_found)?;
+    if rt.namespaced != rp.namespace.is_some()
+        && !(rt.namespaced && rp.name.is_none() && matches!(verb, "list" | "watch"))
+    {
         return Err(not_found());
     }
     let ns = rp.namespace.clone().unwrap_or_default();
     let sub = rp.subresource.as_deref();
     match sub {
         None | Some("status") if sub.is_none() || rt.status_subresource => {}
-        Some("token") if rt.group.is_empty() && rt.resource == "serviceaccounts" && verb == "create" => {
+        Some("token")
+            if rt.group.is_empty() && rt.resource == "serviceaccounts" && verb == "create" =>
+        {
             let name = rp.name.clone().unwrap_or_default();
             let req = parse_body(body)?;
             let exp = req["spec"]["expirationSeconds"].as_i64().unwrap_or(3600);
-            let (token, exp) = st.issue_sa_token(&ns, &name, Some(exp)).ok_or_else(|| ApiError::not_found("serviceaccounts", &name))?;
+            let (token, exp) = st
+                .issue_sa_token(&ns, &name, Some(exp))
+                .ok_or_else(|| ApiError::not_found("serviceaccounts", &name))?;
             let mut out = json!({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
                 "metadata": {"name": name, "namespace": ns, "creationTimestamp": store::now()},
                 "spec": {"audiences": req["spec"]["audiences"].as_array().cloned().unwrap_or_default(), "expirationSeconds": req["spec"]["expirationSeconds"].as_i64().unwrap_or(3600), "boundObjectRef": req["spec"]["boundObjectRef"].clone()},
                 "status": {"token": token, "expirationTimestamp": exp.map(|e| jiff::Timestamp::from_second(e.as_second()).expect("valid").to_string())}});
             if out["spec"]["boundObjectRef"].is_null() {
-                out["spec"].as_object_mut().expect("object").remove("boundObjectRef");
+                out["spec"]
+                    .as_object_mut()
+                    .expect("object")
+                    .remove("boundObjectRef");
             }
             return Ok(json_response(201, &out));
         }
@@ -385,16 +535,25 @@ fn resource_request(
     }
     if rt.special != Special::None {
         if verb != "create" {
-            return Err(ApiError::method_not_allowed(format!("{} does not support {verb}", rt.resource)));
+            return Err(ApiError::method_not_allowed(format!(
+                "{} does not support {verb}",
+                rt.resource
+            )));
         }
         let mut obj = parse_body(body)?;
         let spec = obj["spec"].clone();
         let status = match rt.special {
             Special::TokenReview => {
                 let tok = spec["token"].as_str().unwrap_or_default();
-                let id = if tok == shared.admin_token { Some(Shared::admin_identity()) } else { st.authenticate(tok) };
+                let id = if tok == shared.admin_token {
+                    Some(Shared::admin_identity())
+                } else {
+                    st.authenticate(tok)
+                };
                 match id {
-                    Some(id) => json!({"authenticated": true, "user": {"username": id.username, "uid": id.uid, "groups": id.groups}, "audiences": spec["audiences"].as_array().cloned().unwrap_or_default()}),
+                    Some(id) => {
+                        json!({"authenticated": true, "user": {"username": id.username, "uid": id.uid, "groups": id.groups}, "audiences": spec["audiences"].as_array().cloned().unwrap_or_default()})
+                    }
                     None => json!({"authenticated": false, "error": "invalid bearer token"}),
                 }
             }
@@ -403,11 +562,29 @@ fn resource_request(
                     user.clone()
                 } else {
                     let username = spec["user"].as_str().unwrap_or_default().to_string();
-                    let service_account = username.strip_prefix("system:serviceaccount:").and_then(|r| r.split_once(':')).map(|(a, b)| (a.to_string(), b.to_string()));
-                    let groups = spec["groups"].as_array().map(|a| a.iter().filter_map(|g| g.as_str().map(String::from)).collect()).unwrap_or_default();
-                    Identity { username, uid: spec["uid"].as_str().unwrap_or_default().into(), groups, service_account }
+                    let service_account = username
+                        .strip_prefix("system:serviceaccount:")
+                        .and_then(|r| r.split_once(':'))
+                        .map(|(a, b)| (a.to_string(), b.to_string()));
+                    let groups = spec["groups"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|g| g.as_str().map(String::from))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    Identity {
+                        username,
+                        uid: spec["uid"].as_str().unwrap_or_default().into(),
+                        groups,
+                        service_account,
+                    }
                 };
-                let a = match (spec.get("resourceAttributes"), spec.get("nonResourceAttributes")) {
+                let a = match (
+                    spec.get("resourceAttributes"),
+                    spec.get("nonResourceAttributes"),
+                ) {
                     (Some(ra), _) => Attributes {
                         verb: ra["verb"].as_str().unwrap_or_default().into(),
                         resource: Some(ResourceAttributes {
@@ -419,11 +596,27 @@ fn resource_request(
                         }),
                         path: String::new(),
                     },
-                    (None, Some(nr)) => Attributes { verb: nr["verb"].as_str().unwrap_or_default().into(), resource: None, path: nr["path"].as_str().unwrap_or_default().into() },
-                    (None, None) => return Err(ApiError::invalid(&rt.group_kind(), "", vec![crate::error::FieldError::required("spec.resourceAttributes")])),
+                    (None, Some(nr)) => Attributes {
+                        verb: nr["verb"].as_str().unwrap_or_default().into(),
+                        resource: None,
+                        path: nr["path"].as_str().unwrap_or_default().into(),
+                    },
+                    (None, None) => {
+                        return Err(ApiError::invalid(
+                            &rt.group_kind(),
+                            "",
+                            vec![crate::error::FieldError::required(
+                                "spec.resourceAttributes",
+                            )],
+                        ));
+                    }
                 };
                 let allowed = rbac::allowed(&st, &subject, &a);
-                if allowed { json!({"allowed": true, "reason": "allowed by RBAC"}) } else { json!({"allowed": false, "reason": a.denial(&subject.username)}) }
+                if allowed {
+                    json!({"allowed": true, "reason": "allowed by RBAC"})
+                } else {
+                    json!({"allowed": false, "reason": a.denial(&subject.username)})
+                }
             }
             Special::None => unreachable!("checked above"),
         };
@@ -439,13 +632,27 @@ fn resource_request(
             let obj = from_stored(&rt, st.get(&rt, &ns, name)?);
             if table {
                 let rv = meta_str(&obj, "resourceVersion").to_string();
-                return Ok(json_response(200, &table::table(&rt, &[obj], &rv, include, true)));
+                return Ok(json_response(
+                    200,
+                    &table::table(&rt, &[obj], &rv, include, true),
+                ));
             }
             Ok(json_response(200, &obj))
         }
         ("list", None) => {
-            let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default())?;
-            let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default(), &rt.resource)?;
+            let labels = LabelSelector::parse(
+                query
+                    .get("labelSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+            )?;
+            let fields = FieldSelector::parse(
+                query
+                    .get("fieldSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+                &rt.resource,
+            )?;
             let mut items: Vec<Value> = st
                 .list(&rt, rp.namespace.as_deref())
                 .into_iter()
@@ -453,14 +660,24 @@ fn resource_request(
                 .map(|o| from_stored(&rt, o))
                 .collect();
             if let Some(c) = query.get("continue").filter(|c| !c.is_empty()) {
-                items.retain(|o| format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name")) > *c);
+                items.retain(|o| {
+                    format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name")) > *c
+                });
             }
             let mut meta = json!({"resourceVersion": st.rv.to_string()});
-            if let Some(limit) = query.get("limit").and_then(|l| l.parse::<usize>().ok()).filter(|l| *l > 0 && items.len() > *l) {
+            if let Some(limit) = query
+                .get("limit")
+                .and_then(|l| l.parse::<usize>().ok())
+                .filter(|l| *l > 0 && items.len() > *l)
+            {
                 let rest = items.len() - limit;
                 items.truncate(limit);
                 let last = items.last().expect("limit > 0");
-                meta["continue"] = json!(format!("{}/{}", meta_str(last, "namespace"), meta_str(last, "name")));
+                meta["continue"] = json!(format!(
+                    "{}/{}",
+                    meta_str(last, "namespace"),
+                    meta_str(last, "name")
+                ));
                 meta["remainingItemCount"] = json!(rest);
             }
             if table {
@@ -468,12 +685,36 @@ fn resource_request(
                 t["metadata"] = meta;
                 return Ok(json_response(200, &t));
             }
-            Ok(json_response(200, &json!({"kind": list_kind(&rt), "apiVersion": rt.api_version(), "metadata": meta, "items": items})))
+            Ok(json_response(
+                200,
+                &json!({"kind": list_kind(&rt), "apiVersion": rt.api_version(), "metadata": meta, "items": items}),
+            ))
         }
         ("watch", None) => {
-            let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default())?;
-            let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default(), &rt.resource)?;
-            Ok(watch(shared, &mut st, rt, rp.namespace.clone(), labels, fields, query, table, include))
+            let labels = LabelSelector::parse(
+                query
+                    .get("labelSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+            )?;
+            let fields = FieldSelector::parse(
+                query
+                    .get("fieldSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+                &rt.resource,
+            )?;
+            Ok(watch(
+                shared,
+                &mut st,
+                rt,
+                rp.namespace.clone(),
+                labels,
+                fields,
+                query,
+                table,
+                include,
+            ))
         }
         ("create", None) => {
             let obj = parse_body(body)?;
@@ -481,7 +722,10 @@ fn resource_request(
             let opts = write_options(query, None);
             let out = st.create(&rt, &ns, to_stored(&rt, obj), &opts)?;
             let warnings = st.warnings.clone();
-            Ok(with_warnings(json_response(201, &from_stored(&rt, out)), &warnings))
+            Ok(with_warnings(
+                json_response(201, &from_stored(&rt, out)),
+                &warnings,
+            ))
         }
         ("update", Some(name)) => {
             let obj = parse_body(body)?;
@@ -489,57 +733,122 @@ fn resource_request(
             let opts = write_options(query, sub);
             let out = st.update(&rt, &ns, name, to_stored(&rt, obj), true, &opts)?;
             let warnings = st.warnings.clone();
-            Ok(with_warnings(json_response(200, &from_stored(&rt, out)), &warnings))
+            Ok(with_warnings(
+                json_response(200, &from_stored(&rt, out)),
+                &warnings,
+            ))
         }
         ("patch", Some(name)) => {
-            let ct = headers.get(header::CONTENT_TYPE).and_then(|c| c.to_str().ok()).unwrap_or_default();
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|c| c.to_str().ok())
+                .unwrap_or_default();
             let ptype = match ct.split(';').next().unwrap_or_default().trim() {
                 "application/json-patch+json" => PatchType::Json,
                 "application/merge-patch+json" => PatchType::Merge,
                 "application/strategic-merge-patch+json" => PatchType::Strategic,
                 "application/apply-patch+yaml" => PatchType::Apply,
-                other => return Err(ApiError::unsupported_media(format!("the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"))),
+                other => {
+                    return Err(ApiError::unsupported_media(format!(
+                        "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
+                    )));
+                }
             };
             let patch = parse_body(body)?;
             let opts = write_options(query, sub);
             if ptype == PatchType::Apply {
                 if opts.field_manager.as_deref().is_none_or(str::is_empty) {
-                    return Err(ApiError::bad_request("PATCH, application/apply-patch+yaml requires fieldManager to be set"));
+                    return Err(ApiError::bad_request(
+                        "PATCH, application/apply-patch+yaml requires fieldManager to be set",
+                    ));
                 }
                 check_kind(&rt, &patch)?;
             }
             let (out, created) = st.patch(&rt, &ns, name, ptype, &patch, &opts)?;
             let warnings = st.warnings.clone();
-            Ok(with_warnings(json_response(if created { 201 } else { 200 }, &from_stored(&rt, out)), &warnings))
+            Ok(with_warnings(
+                json_response(if created { 201 } else { 200 }, &from_stored(&rt, out)),
+                &warnings,
+            ))
         }
         ("delete", Some(name)) => {
             let opts = parse_body(body)?;
-            let policy = opts["propagationPolicy"].as_str().or(query.get("propagationPolicy").map(String::as_str));
-            let dry = query.get("dryRun").is_some_and(|d| d == "All") || opts["dryRun"].as_array().is_some_and(|a| a.iter().any(|x| x == "All"));
+            let policy = opts["propagationPolicy"]
+                .as_str()
+                .or(query.get("propagationPolicy").map(String::as_str));
+            let dry = query.get("dryRun").is_some_and(|d| d == "All")
+                || opts["dryRun"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x == "All"));
             if let Some(uid) = opts["preconditions"]["uid"].as_str() {
                 let cur = st.get(&rt, &ns, name)?;
                 if meta_str(&cur, "uid") != uid {
-                    return Err(ApiError::conflict(&rt.group_resource(), name, "Precondition failed: UID in precondition does not match the UID in the object"));
+                    return Err(ApiError::conflict(
+                        &rt.group_resource(),
+                        name,
+                        "Precondition failed: UID in precondition does not match the UID in the object",
+                    ));
                 }
             }
-            let out = st.delete(&rt, &ns, name, Propagation::parse(policy), opts["preconditions"]["resourceVersion"].as_str(), dry)?;
+            let out = st.delete(
+                &rt,
+                &ns,
+                name,
+                Propagation::parse(policy),
+                opts["preconditions"]["resourceVersion"].as_str(),
+                dry,
+            )?;
             let pending = st.get_opt(&rt.storage, &ns, name).is_some() && !dry;
-            Ok(json_response(if pending { 202 } else { 200 }, &from_stored(&rt, out)))
+            Ok(json_response(
+                if pending { 202 } else { 200 },
+                &from_stored(&rt, out),
+            ))
         }
         ("deletecollection", None) => {
-            let labels = LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default())?;
-            let fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default(), &rt.resource)?;
+            let labels = LabelSelector::parse(
+                query
+                    .get("labelSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+            )?;
+            let fields = FieldSelector::parse(
+                query
+                    .get("fieldSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+                &rt.resource,
+            )?;
             let opts = parse_body(body)?;
-            let policy = Propagation::parse(opts["propagationPolicy"].as_str().or(query.get("propagationPolicy").map(String::as_str)));
-            let victims: Vec<Value> = st.list(&rt, rp.namespace.as_deref()).into_iter().filter(|o| labels.matches(o) && fields.matches(o)).collect();
+            let policy = Propagation::parse(
+                opts["propagationPolicy"]
+                    .as_str()
+                    .or(query.get("propagationPolicy").map(String::as_str)),
+            );
+            let victims: Vec<Value> = st
+                .list(&rt, rp.namespace.as_deref())
+                .into_iter()
+                .filter(|o| labels.matches(o) && fields.matches(o))
+                .collect();
             let mut items = Vec::new();
             for v in victims {
-                let out = st.delete(&rt, meta_str(&v, "namespace"), meta_str(&v, "name"), policy, None, false)?;
+                let out = st.delete(
+                    &rt,
+                    meta_str(&v, "namespace"),
+                    meta_str(&v, "name"),
+                    policy,
+                    None,
+                    false,
+                )?;
                 items.push(from_stored(&rt, out));
             }
-            Ok(json_response(200, &json!({"kind": list_kind(&rt), "apiVersion": rt.api_version(), "metadata": {"resourceVersion": st.rv.to_string()}, "items": items})))
+            Ok(json_response(
+                200,
+                &json!({"kind": list_kind(&rt), "apiVersion": rt.api_version(), "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
+            ))
         }
-        _ => Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource ({verb})"))),
+        _ => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource ({verb})"
+        ))),
     }
 }
 
@@ -567,7 +876,11 @@ struct WatchFilter {
 
 impl WatchFilter {
     fn matches(&self, obj: &Value) -> bool {
-        self.namespace.as_deref().is_none_or(|n| meta_str(obj, "namespace") == n) && self.labels.matches(obj) && self.fields.matches(obj)
+        self.namespace
+            .as_deref()
+            .is_none_or(|n| meta_str(obj, "namespace") == n)
+            && self.labels.matches(obj)
+            && self.fields.matches(obj)
     }
 
     /// The line for one store event, if this watch sees it (selector transitions included).
@@ -595,7 +908,8 @@ impl WatchFilter {
         } else {
             obj
         };
-        let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+        let mut line =
+            serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
         line.push(b'\n');
         Bytes::from(line)
     }
@@ -605,7 +919,10 @@ impl WatchFilter {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        self.encode("BOOKMARK", json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": meta}))
+        self.encode(
+            "BOOKMARK",
+            json!({"kind": self.rt.kind, "apiVersion": self.rt.api_version(), "metadata": meta}),
+        )
     }
 }
 
@@ -621,11 +938,23 @@ fn watch(
     table: bool,
     include: Option<&str>,
 ) -> Response<Body> {
-    let filter = WatchFilter { rt: rt.clone(), namespace, labels, fields, table, include: include.map(String::from) };
+    let filter = WatchFilter {
+        rt: rt.clone(),
+        namespace,
+        labels,
+        fields,
+        table,
+        include: include.map(String::from),
+    };
     let rv_param = query.get("resourceVersion").cloned().unwrap_or_default();
     let send_initial = query.get("sendInitialEvents").is_some_and(|s| s == "true");
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|s| s == "true");
-    let timeout = query.get("timeoutSeconds").and_then(|t| t.parse::<u64>().ok()).unwrap_or(1800);
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|s| s == "true");
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .unwrap_or(1800);
     let mut initial: Vec<Bytes> = Vec::new();
     if send_initial || rv_param.is_empty() || rv_param == "0" {
         for o in st.list(&rt, None) {
@@ -655,7 +984,11 @@ fn watch(
     let live = futures::stream::unfold((rx, filter), move |(mut rx, filter)| async move {
         loop {
             let next = if bookmarks {
-                tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + interval), rx.recv()).await
+                tokio::time::timeout_at(
+                    deadline.min(tokio::time::Instant::now() + interval),
+                    rx.recv(),
+                )
+                .await
             } else {
                 tokio::time::timeout_at(deadline, rx.recv()).await
             };
@@ -679,7 +1012,10 @@ fn watch(
             }
         }
     });
-    let stream = futures::StreamExt::chain(futures::stream::iter(initial.into_iter().map(Ok::<_, Infallible>)), live);
+    let stream = futures::StreamExt::chain(
+        futures::stream::iter(initial.into_iter().map(Ok::<_, Infallible>)),
+        live,
+    );
     stream_response(Body::from_stream(stream))
 }
 
@@ -710,14 +1046,44 @@ mod tests {
         };
         for (path, want) in [
             ("/api/v1/namespaces", rp("", None, "namespaces", None, None)),
-            ("/api/v1/namespaces/default", rp("", None, "namespaces", Some("default"), None)),
-            ("/api/v1/namespaces/x/status", rp("", None, "namespaces", Some("x"), Some("status"))),
-            ("/api/v1/namespaces/default/configmaps", rp("", Some("default"), "configmaps", None, None)),
-            ("/api/v1/namespaces/d/serviceaccounts/sa/token", rp("", Some("d"), "serviceaccounts", Some("sa"), Some("token"))),
-            ("/apis/example.com/v1/namespaces/d/widgets/w/status", rp("example.com", Some("d"), "widgets", Some("w"), Some("status"))),
-            ("/apis/example.com/v1/widgets", rp("example.com", None, "widgets", None, None)),
-            ("/apis/example.com/v1", Route::GroupVersion("example.com".into(), "v1".into())),
-            ("/openapi/v3/apis/example.com/v1", Route::OpenApiGroupVersion("example.com".into(), "v1".into())),
+            (
+                "/api/v1/namespaces/default",
+                rp("", None, "namespaces", Some("default"), None),
+            ),
+            (
+                "/api/v1/namespaces/x/status",
+                rp("", None, "namespaces", Some("x"), Some("status")),
+            ),
+            (
+                "/api/v1/namespaces/default/configmaps",
+                rp("", Some("default"), "configmaps", None, None),
+            ),
+            (
+                "/api/v1/namespaces/d/serviceaccounts/sa/token",
+                rp("", Some("d"), "serviceaccounts", Some("sa"), Some("token")),
+            ),
+            (
+                "/apis/example.com/v1/namespaces/d/widgets/w/status",
+                rp(
+                    "example.com",
+                    Some("d"),
+                    "widgets",
+                    Some("w"),
+                    Some("status"),
+                ),
+            ),
+            (
+                "/apis/example.com/v1/widgets",
+                rp("example.com", None, "widgets", None, None),
+            ),
+            (
+                "/apis/example.com/v1",
+                Route::GroupVersion("example.com".into(), "v1".into()),
+            ),
+            (
+                "/openapi/v3/apis/example.com/v1",
+                Route::OpenApiGroupVersion("example.com".into(), "v1".into()),
+            ),
             ("/openapi/v2", Route::NotFound),
         ] {
             assert_eq!(route(path), want, "{path}");

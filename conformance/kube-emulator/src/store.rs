@@ -65,7 +65,14 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { subresource: None, dry_run: false, field_validation: FieldValidation::Warn, field_manager: None, force: false, applying: false }
+        WriteOptions {
+            subresource: None,
+            dry_run: false,
+            field_validation: FieldValidation::Warn,
+            field_manager: None,
+            force: false,
+            applying: false,
+        }
     }
 }
 
@@ -93,7 +100,9 @@ pub struct State {
 }
 
 pub fn now() -> String {
-    jiff::Timestamp::from_second(jiff::Timestamp::now().as_second()).expect("valid time").to_string()
+    jiff::Timestamp::from_second(jiff::Timestamp::now().as_second())
+        .expect("valid time")
+        .to_string()
 }
 
 pub fn meta_str<'a>(obj: &'a Value, key: &str) -> &'a str {
@@ -103,7 +112,8 @@ pub fn meta_str<'a>(obj: &'a Value, key: &str) -> &'a str {
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
         && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
@@ -112,7 +122,9 @@ fn random_suffix(n: usize) -> String {
     use rand::Rng;
     const CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
-    (0..n).map(|_| CHARS[rng.random_range(0..CHARS.len())] as char).collect()
+    (0..n)
+        .map(|_| CHARS[rng.random_range(0..CHARS.len())] as char)
+        .collect()
 }
 
 /// The object without `metadata.resourceVersion` and managedFields timestamps: what "changed"
@@ -150,7 +162,11 @@ fn set_meta(obj: &mut Value, key: &str, val: Value) {
 fn finalizers(obj: &Value) -> Vec<String> {
     obj["metadata"]["finalizers"]
         .as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -181,10 +197,10 @@ pub fn to_stored(rt: &ResourceType, mut obj: Value) -> Value {
         rename(&mut obj, EVENT_FIELDS.iter().copied());
         obj["apiVersion"] = json!("v1");
         // `kubectl describe` prints the source component in its "From" column.
-        if obj.get("source").is_none() {
-            if let Some(c) = obj.get("reportingComponent").cloned() {
-                obj["source"] = json!({"component": c});
-            }
+        if obj.get("source").is_none()
+            && let Some(c) = obj.get("reportingComponent").cloned()
+        {
+            obj["source"] = json!({"component": c});
         }
     }
     obj
@@ -214,12 +230,25 @@ impl State {
             tx,
             warnings: Vec::new(),
         };
-        let ns_rt = s.registry.lookup("", "v1", "namespaces").cloned().expect("builtin");
+        let ns_rt = s
+            .registry
+            .lookup("", "v1", "namespaces")
+            .cloned()
+            .expect("builtin");
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
-            s.create(&ns_rt, "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}), &WriteOptions::default())
-                .expect("fresh store accepts namespaces");
+            s.create(
+                &ns_rt,
+                "",
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+                &WriteOptions::default(),
+            )
+            .expect("fresh store accepts namespaces");
         }
-        let crb = s.registry.lookup("rbac.authorization.k8s.io", "v1", "clusterroles").cloned().expect("builtin");
+        let crb = s
+            .registry
+            .lookup("rbac.authorization.k8s.io", "v1", "clusterroles")
+            .cloned()
+            .expect("builtin");
         s.create(&crb, "", json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": "cluster-admin"},
             "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}, {"nonResourceURLs": ["*"], "verbs": ["*"]}]}), &WriteOptions::default())
@@ -233,12 +262,18 @@ impl State {
 
     /// Events newer than `rv` for `storage`, or `None` if `rv` is older than the kept history.
     pub fn history_since(&self, storage: &str, rv: u64) -> Option<Vec<Arc<WatchEvent>>> {
-        if let Some(first) = self.history.front() {
-            if rv + 1 < first.rv {
-                return None;
-            }
+        if let Some(first) = self.history.front()
+            && rv + 1 < first.rv
+        {
+            return None;
         }
-        Some(self.history.iter().filter(|e| e.rv > rv && e.storage == storage).cloned().collect())
+        Some(
+            self.history
+                .iter()
+                .filter(|e| e.rv > rv && e.storage == storage)
+                .cloned()
+                .collect(),
+        )
     }
 
     pub fn get(&self, rt: &ResourceType, ns: &str, name: &str) -> Result<Value, ApiError> {
@@ -250,28 +285,47 @@ impl State {
     }
 
     pub fn get_opt(&self, storage: &str, ns: &str, name: &str) -> Option<&Value> {
-        self.objects.get(storage).and_then(|m| m.get(&(ns.to_string(), name.to_string())))
+        self.objects
+            .get(storage)
+            .and_then(|m| m.get(&(ns.to_string(), name.to_string())))
     }
 
     /// All stored objects of `rt` in `ns` (or every namespace when `ns` is `None`), ordered.
     pub fn list(&self, rt: &ResourceType, ns: Option<&str>) -> Vec<Value> {
         self.objects
             .get(&rt.storage)
-            .map(|m| m.iter().filter(|((n, _), _)| ns.is_none_or(|x| x == n)).map(|(_, v)| v.clone()).collect())
+            .map(|m| {
+                m.iter()
+                    .filter(|((n, _), _)| ns.is_none_or(|x| x == n))
+                    .map(|(_, v)| v.clone())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
     pub fn list_storage(&self, storage: &str) -> impl Iterator<Item = &Value> {
-        self.objects.get(storage).into_iter().flat_map(|m| m.values())
+        self.objects
+            .get(storage)
+            .into_iter()
+            .flat_map(|m| m.values())
     }
 
     /// Writes (or removes) an object, bumps the global resourceVersion and notifies watchers.
-    fn commit(&mut self, storage: &str, ns: &str, name: &str, new: Option<Value>, kind: EventKind) -> Value {
+    fn commit(
+        &mut self,
+        storage: &str,
+        ns: &str,
+        name: &str,
+        new: Option<Value>,
+        kind: EventKind,
+    ) -> Value {
         self.rv += 1;
         let key = (ns.to_string(), name.to_string());
         let map = self.objects.entry(storage.to_string()).or_default();
         let prev = map.get(&key).cloned();
-        let mut obj = new.or_else(|| prev.clone()).expect("commit of a removal needs a previous object");
+        let mut obj = new
+            .or_else(|| prev.clone())
+            .expect("commit of a removal needs a previous object");
         set_meta(&mut obj, "resourceVersion", json!(self.rv.to_string()));
         match kind {
             EventKind::Deleted => {
@@ -281,7 +335,13 @@ impl State {
                 map.insert(key, obj.clone());
             }
         }
-        let ev = Arc::new(WatchEvent { rv: self.rv, storage: storage.into(), kind, object: obj.clone(), prev });
+        let ev = Arc::new(WatchEvent {
+            rv: self.rv,
+            storage: storage.into(),
+            kind,
+            object: obj.clone(),
+            prev,
+        });
         if self.history.len() >= HISTORY {
             self.history.pop_front();
         }
@@ -294,7 +354,10 @@ impl State {
     }
 
     fn refresh_registry(&mut self) {
-        let crds: Vec<Value> = self.list_storage("apiextensions.k8s.io/customresourcedefinitions").cloned().collect();
+        let crds: Vec<Value> = self
+            .list_storage("apiextensions.k8s.io/customresourcedefinitions")
+            .cloned()
+            .collect();
         self.registry = Registry::new(crds.iter());
     }
 
@@ -304,22 +367,39 @@ impl State {
         }
         match self.get_opt("/namespaces", "", ns) {
             None => Err(ApiError::not_found("namespaces", ns)),
-            Some(n) if n["metadata"].get("deletionTimestamp").is_some() => Err(ApiError::forbidden(format!(
-                "{} is forbidden: unable to create new content in namespace {ns} because it is being terminated",
-                rt.group_resource()
-            ))),
+            Some(n) if n["metadata"].get("deletionTimestamp").is_some() => {
+                Err(ApiError::forbidden(format!(
+                    "{} is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                    rt.group_resource()
+                )))
+            }
             Some(_) => Ok(()),
         }
     }
 
     /// Kind-specific defaulting and validation, for built-in and custom kinds alike.
-    fn admit(&mut self, rt: &ResourceType, obj: &mut Value, old: Option<&Value>, opts: &WriteOptions) -> Result<(), ApiError> {
+    fn admit(
+        &mut self,
+        rt: &ResourceType,
+        obj: &mut Value,
+        old: Option<&Value>,
+        opts: &WriteOptions,
+    ) -> Result<(), ApiError> {
         let name = meta_str(obj, "name").to_string();
         let mut errors: Vec<FieldError> = Vec::new();
         let rbac = rt.group == "rbac.authorization.k8s.io";
         if rbac {
-            if name.is_empty() || name.contains('/') || name.contains('%') || name == "." || name == ".." {
-                errors.push(FieldError::invalid("metadata.name", &json!(name), "may not contain '/' or '%'"));
+            if name.is_empty()
+                || name.contains('/')
+                || name.contains('%')
+                || name == "."
+                || name == ".."
+            {
+                errors.push(FieldError::invalid(
+                    "metadata.name",
+                    &json!(name),
+                    "may not contain '/' or '%'",
+                ));
             }
         } else if !is_dns_subdomain(&name) {
             errors.push(FieldError::invalid(
@@ -329,14 +409,19 @@ impl State {
             ));
         }
         if obj.get("metadata").is_some_and(|m| !m.is_object()) {
-            errors.push(FieldError::invalid("metadata", &obj["metadata"], "must be an object"));
+            errors.push(FieldError::invalid(
+                "metadata",
+                &obj["metadata"],
+                "must be an object",
+            ));
         }
         match (rt.group.as_str(), rt.resource.as_str()) {
             ("", "secrets") => {
                 use base64::Engine;
                 if let Some(sd) = obj.as_object_mut().and_then(|m| m.remove("stringData")) {
                     for (k, v) in sd.as_object().into_iter().flatten() {
-                        let enc = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or_default());
+                        let enc = base64::engine::general_purpose::STANDARD
+                            .encode(v.as_str().unwrap_or_default());
                         if !obj["data"].is_object() {
                             obj["data"] = json!({});
                         }
@@ -358,7 +443,13 @@ impl State {
                 if spec["type"] != "ExternalName" && spec.get("clusterIP").is_none() {
                     let ip = old
                         .and_then(|o| o["spec"].get("clusterIP").cloned())
-                        .unwrap_or_else(|| json!(format!("10.96.{}.{}", (self.rv / 250) % 250, self.rv % 250 + 1)));
+                        .unwrap_or_else(|| {
+                            json!(format!(
+                                "10.96.{}.{}",
+                                (self.rv / 250) % 250,
+                                self.rv % 250 + 1
+                            ))
+                        });
                     spec["clusterIPs"] = json!([ip.clone()]);
                     spec["clusterIP"] = ip;
                 }
@@ -373,17 +464,32 @@ impl State {
             }
             ("apiextensions.k8s.io", "customresourcedefinitions") => {
                 let spec = &obj["spec"];
-                let (group, plural) = (spec["group"].as_str().unwrap_or_default(), spec["names"]["plural"].as_str().unwrap_or_default());
+                let (group, plural) = (
+                    spec["group"].as_str().unwrap_or_default(),
+                    spec["names"]["plural"].as_str().unwrap_or_default(),
+                );
                 if name != format!("{plural}.{group}") {
-                    errors.push(FieldError::invalid("metadata.name", &json!(name), "must be spec.names.plural+\".\"+spec.group"));
+                    errors.push(FieldError::invalid(
+                        "metadata.name",
+                        &json!(name),
+                        "must be spec.names.plural+\".\"+spec.group",
+                    ));
                 }
-                if spec["names"]["kind"].as_str().unwrap_or_default().is_empty() {
+                if spec["names"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .is_empty()
+                {
                     errors.push(FieldError::required("spec.names.kind"));
                 }
                 if spec["versions"].as_array().is_none_or(|v| v.is_empty()) {
                     errors.push(FieldError::required("spec.versions"));
                 }
-                let storage = spec["versions"].as_array().into_iter().flatten().find(|v| v["storage"].as_bool() == Some(true));
+                let storage = spec["versions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|v| v["storage"].as_bool() == Some(true));
                 let stored = storage.map(|v| v["name"].clone()).unwrap_or(json!("v1"));
                 obj["status"] = json!({
                     "acceptedNames": spec["names"].clone(),
@@ -401,23 +507,46 @@ impl State {
             if !a.unknown_fields.is_empty() {
                 match opts.field_validation {
                     FieldValidation::Strict => {
-                        let list: Vec<String> = a.unknown_fields.iter().map(|f| format!("unknown field \"{f}\"")).collect();
-                        return Err(ApiError::bad_request(format!("strict decoding error: {}", list.join(", "))));
+                        let list: Vec<String> = a
+                            .unknown_fields
+                            .iter()
+                            .map(|f| format!("unknown field \"{f}\""))
+                            .collect();
+                        return Err(ApiError::bad_request(format!(
+                            "strict decoding error: {}",
+                            list.join(", ")
+                        )));
                     }
-                    FieldValidation::Warn => self.warnings.extend(a.unknown_fields.iter().map(|f| format!("unknown field \"{f}\""))),
+                    FieldValidation::Warn => self.warnings.extend(
+                        a.unknown_fields
+                            .iter()
+                            .map(|f| format!("unknown field \"{f}\"")),
+                    ),
                     FieldValidation::Ignore => {}
                 }
             }
             errors.extend(a.errors);
         }
-        if errors.is_empty() { Ok(()) } else { Err(ApiError::invalid(&rt.group_kind(), &name, errors)) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(&rt.group_kind(), &name, errors))
+        }
     }
 
     /// POST: creates an object (stored form in, stored form out).
-    pub fn create(&mut self, rt: &ResourceType, ns: &str, mut obj: Value, opts: &WriteOptions) -> Result<Value, ApiError> {
+    pub fn create(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        mut obj: Value,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
         self.warnings.clear();
         if !obj.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be an object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be an object",
+            ));
         }
         if !obj["metadata"].is_object() {
             obj["metadata"] = json!({});
@@ -425,7 +554,9 @@ impl State {
         let body_ns = meta_str(&obj, "namespace").to_string();
         if rt.namespaced {
             if !body_ns.is_empty() && body_ns != ns {
-                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
             }
             set_meta(&mut obj, "namespace", json!(ns));
         } else if let Some(m) = obj["metadata"].as_object_mut() {
@@ -434,13 +565,21 @@ impl State {
         if meta_str(&obj, "name").is_empty() {
             let gen_name = meta_str(&obj, "generateName").to_string();
             if gen_name.is_empty() {
-                return Err(ApiError::invalid(&rt.group_kind(), "", vec![FieldError {
-                    field: "metadata.name".into(),
-                    reason: "FieldValueRequired",
-                    message: "Required value: name or generateName is required".into(),
-                }]));
+                return Err(ApiError::invalid(
+                    &rt.group_kind(),
+                    "",
+                    vec![FieldError {
+                        field: "metadata.name".into(),
+                        reason: "FieldValueRequired",
+                        message: "Required value: name or generateName is required".into(),
+                    }],
+                ));
             }
-            set_meta(&mut obj, "name", json!(format!("{gen_name}{}", random_suffix(5))));
+            set_meta(
+                &mut obj,
+                "name",
+                json!(format!("{gen_name}{}", random_suffix(5))),
+            );
         }
         let name = meta_str(&obj, "name").to_string();
         self.namespace_check(rt, ns)?;
@@ -448,14 +587,19 @@ impl State {
             return Err(ApiError::already_exists(&rt.group_resource(), &name));
         }
         if let Some(m) = obj["metadata"].as_object_mut() {
-            for k in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "selfLink"] {
+            for k in [
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "resourceVersion",
+                "selfLink",
+            ] {
                 m.remove(k);
             }
         }
-        if rt.status_subresource {
-            if let Some(m) = obj.as_object_mut() {
-                m.remove("status");
-            }
+        if rt.status_subresource
+            && let Some(m) = obj.as_object_mut()
+        {
+            m.remove("status");
         }
         if rt.group.is_empty() && rt.resource == "namespaces" {
             obj["status"] = json!({"phase": "Active"});
@@ -478,11 +622,21 @@ impl State {
     ///
     /// `new` is the full proposed object; `check_rv` enables optimistic concurrency on the
     /// `metadata.resourceVersion` it carries.
-    pub fn update(&mut self, rt: &ResourceType, ns: &str, name: &str, mut new: Value, check_rv: bool, opts: &WriteOptions) -> Result<Value, ApiError> {
+    pub fn update(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        mut new: Value,
+        check_rv: bool,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
         self.warnings.clear();
         let old = self.get(rt, ns, name)?;
         if !new.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be an object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be an object",
+            ));
         }
         if !new["metadata"].is_object() {
             new["metadata"] = json!({});
@@ -495,22 +649,36 @@ impl State {
         }
         let body_ns = meta_str(&new, "namespace");
         if rt.namespaced && !body_ns.is_empty() && body_ns != ns {
-            return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
         }
         let rv = meta_str(&new, "resourceVersion").to_string();
         if check_rv && !rv.is_empty() && rv != meta_str(&old, "resourceVersion") {
-            return Err(ApiError::conflict(&rt.group_resource(), name, "the object has been modified; please apply your changes to the latest version and try again"));
+            return Err(ApiError::conflict(
+                &rt.group_resource(),
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
         }
         if check_rv && rv.is_empty() && rt.crd {
-            return Err(ApiError::invalid(&rt.group_kind(), name, vec![FieldError::invalid(
-                "metadata.resourceVersion",
-                &json!("0x0"),
-                "must be specified for an update",
-            )]));
+            return Err(ApiError::invalid(
+                &rt.group_kind(),
+                name,
+                vec![FieldError::invalid(
+                    "metadata.resourceVersion",
+                    &json!("0x0"),
+                    "must be specified for an update",
+                )],
+            ));
         }
         let uid = meta_str(&new, "uid");
         if !uid.is_empty() && uid != meta_str(&old, "uid") {
-            return Err(ApiError::conflict(&rt.group_resource(), name, "Precondition failed: UID in precondition does not match the UID in the object"));
+            return Err(ApiError::conflict(
+                &rt.group_resource(),
+                name,
+                "Precondition failed: UID in precondition does not match the UID in the object",
+            ));
         }
         // Status subresource separation, both ways.
         if opts.subresource.as_deref() == Some("status") {
@@ -531,7 +699,15 @@ impl State {
                     }
                 }
             }
-            let keep = ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "name", "namespace"];
+            let keep = [
+                "uid",
+                "creationTimestamp",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "generation",
+                "name",
+                "namespace",
+            ];
             let meta = new["metadata"].as_object_mut().expect("object");
             for k in keep {
                 match old["metadata"].get(k) {
@@ -542,21 +718,31 @@ impl State {
             if old["metadata"].get("deletionTimestamp").is_some() {
                 let before = finalizers(&old);
                 if let Some(f) = finalizers(&new).into_iter().find(|f| !before.contains(f)) {
-                    return Err(ApiError::invalid(&rt.group_kind(), name, vec![FieldError::forbidden(
-                        "metadata.finalizers",
-                        format!("no new finalizers can be added if the object is being deleted, found new finalizers [\"{f}\"]"),
-                    )]));
+                    return Err(ApiError::invalid(
+                        &rt.group_kind(),
+                        name,
+                        vec![FieldError::forbidden(
+                            "metadata.finalizers",
+                            format!(
+                                "no new finalizers can be added if the object is being deleted, found new finalizers [\"{f}\"]"
+                            ),
+                        )],
+                    ));
                 }
             }
         }
         if rt.group.is_empty() && rt.resource == "namespaces" && new.get("status").is_none() {
             new["status"] = old["status"].clone();
         }
-        set_meta(&mut new, "resourceVersion", old["metadata"]["resourceVersion"].clone());
-        if new["metadata"].get("managedFields").is_none() {
-            if let Some(mf) = old["metadata"].get("managedFields") {
-                set_meta(&mut new, "managedFields", mf.clone());
-            }
+        set_meta(
+            &mut new,
+            "resourceVersion",
+            old["metadata"]["resourceVersion"].clone(),
+        );
+        if new["metadata"].get("managedFields").is_none()
+            && let Some(mf) = old["metadata"].get("managedFields")
+        {
+            set_meta(&mut new, "managedFields", mf.clone());
         }
         self.admit(rt, &mut new, Some(&old), opts)?;
         if !opts.applying {
@@ -582,8 +768,19 @@ impl State {
     }
 
     /// PATCH of any type, server-side apply included (which creates the object when absent).
-    pub fn patch(&mut self, rt: &ResourceType, ns: &str, name: &str, ptype: PatchType, body: &Value, opts: &WriteOptions) -> Result<(Value, bool), ApiError> {
-        let existing = self.get_opt(&rt.storage, ns, name).cloned().map(|o| from_stored(rt, o));
+    pub fn patch(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        ptype: PatchType,
+        body: &Value,
+        opts: &WriteOptions,
+    ) -> Result<(Value, bool), ApiError> {
+        let existing = self
+            .get_opt(&rt.storage, ns, name)
+            .cloned()
+            .map(|o| from_stored(rt, o));
         let Some(current) = existing else {
             if ptype == PatchType::Apply {
                 if opts.subresource.is_some() {
@@ -592,8 +789,15 @@ impl State {
                 let mut obj = body.clone();
                 set_meta(&mut obj, "name", json!(name));
                 let mut obj = to_stored(rt, obj);
-                let manager = opts.field_manager.clone().unwrap_or_else(|| "unknown".into());
-                set_meta(&mut obj, "managedFields", json!([managed_entry(&manager, rt, None, &patch::leaf_paths(body))]));
+                let manager = opts
+                    .field_manager
+                    .clone()
+                    .unwrap_or_else(|| "unknown".into());
+                set_meta(
+                    &mut obj,
+                    "managedFields",
+                    json!([managed_entry(&manager, rt, None, &patch::leaf_paths(body))]),
+                );
                 return self.create(rt, ns, obj, opts).map(|o| (o, true));
             }
             return Err(ApiError::not_found(&rt.group_resource(), name));
@@ -607,13 +811,12 @@ impl State {
             }
             PatchType::Json => {
                 patch::json(&mut target, body)?;
-                check_rv = target["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"];
+                check_rv =
+                    target["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"];
             }
             PatchType::Strategic => {
                 if !rt.strategic {
-                    return Err(ApiError::unsupported_media(format!(
-                        "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
-                    )));
+                    return Err(ApiError::unsupported_media("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".to_string()));
                 }
                 patch::strategic(&mut target, body);
                 check_rv = body["metadata"].get("resourceVersion").is_some();
@@ -623,8 +826,12 @@ impl State {
             }
         }
         let new = to_stored(rt, target);
-        let opts = WriteOptions { applying: ptype == PatchType::Apply, ..opts.clone() };
-        self.update(rt, ns, name, new, check_rv, &opts).map(|o| (o, false))
+        let opts = WriteOptions {
+            applying: ptype == PatchType::Apply,
+            ..opts.clone()
+        };
+        self.update(rt, ns, name, new, check_rv, &opts)
+            .map(|o| (o, false))
     }
 
     /// Server-side apply with field ownership tracked in `metadata.managedFields` (Apply
@@ -633,25 +840,59 @@ impl State {
     /// (then ownership moves). Fields a manager applied before and omits now are removed when no
     /// other manager owns them. Updates by PUT/merge/JSON patch take no ownership, so they never
     /// cause apply conflicts. Lists are owned atomically.
-    fn server_side_apply(&self, rt: &ResourceType, live: &Value, applied: &Value, opts: &WriteOptions) -> Result<Value, ApiError> {
-        let manager = opts.field_manager.clone().unwrap_or_else(|| "unknown".into());
+    fn server_side_apply(
+        &self,
+        rt: &ResourceType,
+        live: &Value,
+        applied: &Value,
+        opts: &WriteOptions,
+    ) -> Result<Value, ApiError> {
+        let manager = opts
+            .field_manager
+            .clone()
+            .unwrap_or_else(|| "unknown".into());
         let sub = opts.subresource.clone();
-        let mut entries: Vec<Value> = live["metadata"]["managedFields"].as_array().cloned().unwrap_or_default();
-        let mine = |e: &Value| e["manager"] == json!(manager) && e["operation"] == "Apply" && e.get("subresource").and_then(Value::as_str) == sub.as_deref();
+        let mut entries: Vec<Value> = live["metadata"]["managedFields"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mine = |e: &Value| {
+            e["manager"] == json!(manager)
+                && e["operation"] == "Apply"
+                && e.get("subresource").and_then(Value::as_str) == sub.as_deref()
+        };
         let new_paths: Vec<patch::FieldPath> = patch::leaf_paths(applied)
             .into_iter()
-            .filter(|p| sub.as_deref() != Some("status") || p.first().map(String::as_str) == Some("status"))
+            .filter(|p| {
+                sub.as_deref() != Some("status") || p.first().map(String::as_str) == Some("status")
+            })
             .collect();
-        let old_paths = entries.iter().find(|e| mine(e)).map(|e| patch::fields_v1_to_paths(&e["fieldsV1"])).unwrap_or_default();
+        let old_paths = entries
+            .iter()
+            .find(|e| mine(e))
+            .map(|e| patch::fields_v1_to_paths(&e["fieldsV1"]))
+            .unwrap_or_default();
         let mut conflicts = Vec::new();
-        for e in entries.iter_mut().filter(|e| !mine(e) && e["operation"] == "Apply") {
+        for e in entries
+            .iter_mut()
+            .filter(|e| !mine(e) && e["operation"] == "Apply")
+        {
             let theirs = patch::fields_v1_to_paths(&e["fieldsV1"]);
             let mut keep = Vec::new();
             for p in theirs {
-                let clash = new_paths.iter().any(|n| n.starts_with(&p) || p.starts_with(n))
-                    && new_paths.iter().any(|n| (n.starts_with(&p) || p.starts_with(n)) && patch::get_path(applied, n) != patch::get_path(live, n));
+                let clash = new_paths
+                    .iter()
+                    .any(|n| n.starts_with(&p) || p.starts_with(n))
+                    && new_paths.iter().any(|n| {
+                        (n.starts_with(&p) || p.starts_with(n))
+                            && patch::get_path(applied, n) != patch::get_path(live, n)
+                    });
                 if clash && !opts.force {
-                    conflicts.push(format!("conflict with \"{}\": .{}", e["manager"].as_str().unwrap_or_default(), p.join(".")));
+                    conflicts.push(format!(
+                        "conflict with \"{}\": .{}",
+                        e["manager"].as_str().unwrap_or_default(),
+                        p.join(".")
+                    ));
                 }
                 if !clash || !opts.force {
                     keep.push(p);
@@ -664,10 +905,16 @@ impl State {
                 .with_details(json!({"name": meta_str(live, "name"), "group": rt.group, "kind": rt.resource,
                     "causes": conflicts.iter().map(|c| json!({"reason": "FieldManagerConflict", "message": c})).collect::<Vec<_>>()})));
         }
-        let others: Vec<patch::FieldPath> = entries.iter().filter(|e| !mine(e)).flat_map(|e| patch::fields_v1_to_paths(&e["fieldsV1"])).collect();
+        let others: Vec<patch::FieldPath> = entries
+            .iter()
+            .filter(|e| !mine(e))
+            .flat_map(|e| patch::fields_v1_to_paths(&e["fieldsV1"]))
+            .collect();
         let mut target = live.clone();
         for p in &old_paths {
-            if !new_paths.iter().any(|n| n == p || n.starts_with(p)) && !others.iter().any(|o| o == p || o.starts_with(p)) {
+            if !new_paths.iter().any(|n| n == p || n.starts_with(p))
+                && !others.iter().any(|o| o == p || o.starts_with(p))
+            {
                 patch::remove_path(&mut target, p);
             }
         }
@@ -675,7 +922,12 @@ impl State {
         if let Some(m) = to_merge.as_object_mut() {
             // Identity and server-owned metadata are not taken from the applied config.
             if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
-                meta.retain(|k, _| matches!(k.as_str(), "labels" | "annotations" | "finalizers" | "ownerReferences"));
+                meta.retain(|k, _| {
+                    matches!(
+                        k.as_str(),
+                        "labels" | "annotations" | "finalizers" | "ownerReferences"
+                    )
+                });
             }
         }
         patch::apply_merge(&mut target, &to_merge);
@@ -687,10 +939,25 @@ impl State {
 
     /// DELETE: with finalizers (or foreground propagation) the object only gets a
     /// deletionTimestamp; otherwise it is removed and its dependents are collected.
-    pub fn delete(&mut self, rt: &ResourceType, ns: &str, name: &str, propagation: Propagation, precondition_rv: Option<&str>, dry_run: bool) -> Result<Value, ApiError> {
+    pub fn delete(
+        &mut self,
+        rt: &ResourceType,
+        ns: &str,
+        name: &str,
+        propagation: Propagation,
+        precondition_rv: Option<&str>,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
         let obj = self.get(rt, ns, name)?;
         if let Some(rv) = precondition_rv.filter(|rv| *rv != meta_str(&obj, "resourceVersion")) {
-            return Err(ApiError::conflict(&rt.group_resource(), name, &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", meta_str(&obj, "resourceVersion"))));
+            return Err(ApiError::conflict(
+                &rt.group_resource(),
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta_str(&obj, "resourceVersion")
+                ),
+            ));
         }
         if dry_run {
             return Ok(obj);
@@ -698,7 +965,10 @@ impl State {
         let is_ns = rt.group.is_empty() && rt.resource == "namespaces";
         let mut fins = finalizers(&obj);
         let has_dependents = self.dependents(meta_str(&obj, "uid")).next().is_some();
-        if propagation == Propagation::Foreground && has_dependents && !fins.iter().any(|f| f == "foregroundDeletion") {
+        if propagation == Propagation::Foreground
+            && has_dependents
+            && !fins.iter().any(|f| f == "foregroundDeletion")
+        {
             fins.push("foregroundDeletion".into());
         }
         if fins.is_empty() && !is_ns {
@@ -730,31 +1000,53 @@ impl State {
         Ok(out)
     }
 
-    fn dependents<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = (String, String, String)> + 'a {
+    fn dependents<'a>(
+        &'a self,
+        uid: &'a str,
+    ) -> impl Iterator<Item = (String, String, String)> + 'a {
         self.objects.iter().flat_map(move |(storage, m)| {
             m.iter()
-                .filter(move |(_, o)| o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid)))
+                .filter(move |(_, o)| {
+                    o["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
+                })
                 .map(move |((ns, name), _)| (storage.clone(), ns.clone(), name.clone()))
         })
     }
 
     /// Removes an object for good (DELETED event) and garbage-collects what it owned.
-    fn remove(&mut self, storage: &str, ns: &str, name: &str, propagation: Propagation) -> Option<Value> {
+    fn remove(
+        &mut self,
+        storage: &str,
+        ns: &str,
+        name: &str,
+        propagation: Propagation,
+    ) -> Option<Value> {
         let obj = self.get_opt(storage, ns, name)?.clone();
         let out = self.commit(storage, ns, name, None, EventKind::Deleted);
         let uid = meta_str(&obj, "uid").to_string();
         self.collect_dependents(uid, propagation);
         // An owner waiting in foreground deletion is released when its last dependent goes.
-        for r in obj["metadata"]["ownerReferences"].as_array().cloned().unwrap_or_default() {
+        for r in obj["metadata"]["ownerReferences"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
             let owner_uid = r["uid"].as_str().unwrap_or_default().to_string();
             if self.dependents(&owner_uid).next().is_some() {
                 continue;
             }
             let owner = self.objects.iter().find_map(|(s, m)| {
-                m.iter().find(|(_, o)| o["metadata"]["uid"] == json!(owner_uid)).map(|((n, nm), o)| (s.clone(), n.clone(), nm.clone(), o.clone()))
+                m.iter()
+                    .find(|(_, o)| o["metadata"]["uid"] == json!(owner_uid))
+                    .map(|((n, nm), o)| (s.clone(), n.clone(), nm.clone(), o.clone()))
             });
             if let Some((s, n, nm, mut o)) = owner {
-                let fins: Vec<String> = finalizers(&o).into_iter().filter(|f| f != "foregroundDeletion").collect();
+                let fins: Vec<String> = finalizers(&o)
+                    .into_iter()
+                    .filter(|f| f != "foregroundDeletion")
+                    .collect();
                 if fins.len() != finalizers(&o).len() {
                     set_meta(&mut o, "finalizers", json!(fins));
                     self.commit(&s, &n, &nm, Some(o), EventKind::Modified);
@@ -765,7 +1057,9 @@ impl State {
             }
         }
         if storage != "/namespaces" && !ns.is_empty() {
-            let terminating = self.get_opt("/namespaces", "", ns).is_some_and(|n| n["metadata"].get("deletionTimestamp").is_some());
+            let terminating = self
+                .get_opt("/namespaces", "", ns)
+                .is_some_and(|n| n["metadata"].get("deletionTimestamp").is_some());
             if terminating {
                 self.terminate_namespace(ns);
             }
@@ -791,7 +1085,9 @@ impl State {
 
     /// Background deletion of an object known only by its storage key (GC and namespace cleanup).
     fn delete_by_storage(&mut self, storage: &str, ns: &str, name: &str) {
-        let Some(obj) = self.get_opt(storage, ns, name).cloned() else { return };
+        let Some(obj) = self.get_opt(storage, ns, name).cloned() else {
+            return;
+        };
         if finalizers(&obj).is_empty() {
             self.remove(storage, ns, name, Propagation::Background);
         } else if obj["metadata"].get("deletionTimestamp").is_none() {
@@ -807,12 +1103,19 @@ impl State {
         let inside: Vec<(String, String)> = self
             .objects
             .iter()
-            .flat_map(|(s, m)| m.keys().filter(|(n, _)| n == ns).map(move |(_, name)| (s.clone(), name.clone())))
+            .flat_map(|(s, m)| {
+                m.keys()
+                    .filter(|(n, _)| n == ns)
+                    .map(move |(_, name)| (s.clone(), name.clone()))
+            })
             .collect();
         for (s, name) in &inside {
             self.delete_by_storage(s, ns, name);
         }
-        let empty = !self.objects.values().any(|m| m.keys().any(|(n, _)| n == ns));
+        let empty = !self
+            .objects
+            .values()
+            .any(|m| m.keys().any(|(n, _)| n == ns));
         if empty && self.get_opt("/namespaces", "", ns).is_some() {
             self.remove("/namespaces", "", ns, Propagation::Background);
         }
@@ -823,12 +1126,17 @@ impl State {
 /// apiserver the updater becomes its owner; here nobody does), so later applies of other
 /// managers do not conflict on it.
 fn release_changed_fields(new: &mut Value, old: &Value) {
-    let Some(entries) = new["metadata"]["managedFields"].as_array().cloned() else { return };
+    let Some(entries) = new["metadata"]["managedFields"].as_array().cloned() else {
+        return;
+    };
     let mut kept = Vec::new();
     for mut e in entries {
         let paths: Vec<patch::FieldPath> = patch::fields_v1_to_paths(&e["fieldsV1"])
             .into_iter()
-            .filter(|p| patch::get_path(new, p).is_some() && patch::get_path(new, p) == patch::get_path(old, p))
+            .filter(|p| {
+                patch::get_path(new, p).is_some()
+                    && patch::get_path(new, p) == patch::get_path(old, p)
+            })
             .collect();
         if !paths.is_empty() {
             e["fieldsV1"] = patch::paths_to_fields_v1(&paths);
@@ -844,7 +1152,12 @@ fn release_changed_fields(new: &mut Value, old: &Value) {
     }
 }
 
-fn managed_entry(manager: &str, rt: &ResourceType, sub: Option<&str>, paths: &[patch::FieldPath]) -> Value {
+fn managed_entry(
+    manager: &str,
+    rt: &ResourceType,
+    sub: Option<&str>,
+    paths: &[patch::FieldPath],
+) -> Value {
     let mut e = json!({
         "manager": manager, "operation": "Apply", "apiVersion": rt.api_version(), "time": now(),
         "fieldsType": "FieldsV1", "fieldsV1": patch::paths_to_fields_v1(paths),

@@ -8,7 +8,11 @@ use crate::registry::{PrinterColumn, ResourceType};
 /// Evaluates a printer-column JSONPath against an object.
 pub fn jsonpath(obj: &Value, path: &str) -> Vec<Value> {
     let mut cur = vec![obj.clone()];
-    let mut rest = path.trim().trim_start_matches('{').trim_end_matches('}').trim_start_matches('$');
+    let mut rest = path
+        .trim()
+        .trim_start_matches('{')
+        .trim_end_matches('}')
+        .trim_start_matches('$');
     while !rest.is_empty() {
         if let Some(r) = rest.strip_prefix('.') {
             let end = r.find(['.', '[']).unwrap_or(r.len());
@@ -16,16 +20,23 @@ pub fn jsonpath(obj: &Value, path: &str) -> Vec<Value> {
             cur = cur.iter().filter_map(|v| v.get(key).cloned()).collect();
             rest = &r[end..];
         } else if let Some(r) = rest.strip_prefix('[') {
-            let Some(end) = r.find(']') else { return vec![] };
+            let Some(end) = r.find(']') else {
+                return vec![];
+            };
             // A filter may contain ']' inside quotes only in odd cases; kubectl's columns do not.
             let inner = &r[..end];
             rest = &r[end + 1..];
             if inner == "*" {
-                cur = cur.iter().flat_map(|v| v.as_array().cloned().unwrap_or_default()).collect();
+                cur = cur
+                    .iter()
+                    .flat_map(|v| v.as_array().cloned().unwrap_or_default())
+                    .collect();
             } else if let Ok(i) = inner.parse::<usize>() {
                 cur = cur.iter().filter_map(|v| v.get(i).cloned()).collect();
             } else if let Some(f) = inner.strip_prefix("?(").and_then(|f| f.strip_suffix(')')) {
-                let Some((lhs, rhs)) = f.split_once("==") else { return vec![] };
+                let Some((lhs, rhs)) = f.split_once("==") else {
+                    return vec![];
+                };
                 let field = lhs.trim().trim_start_matches('@');
                 let want = rhs.trim().trim_matches(|c| c == '"' || c == '\'');
                 cur = cur
@@ -34,7 +45,7 @@ pub fn jsonpath(obj: &Value, path: &str) -> Vec<Value> {
                     .filter(|item| {
                         jsonpath(item, field).first().map(|x| match x {
                             Value::String(s) => s == want,
-                            other => other.to_string() == want,
+                            other => *other == want,
                         }) == Some(true)
                     })
                     .collect();
@@ -51,7 +62,9 @@ pub fn jsonpath(obj: &Value, path: &str) -> Vec<Value> {
 
 /// kubectl's `HumanDuration`: how ages are printed.
 pub fn human_age(created: &str) -> String {
-    let Ok(ts) = created.parse::<jiff::Timestamp>() else { return "<unknown>".into() };
+    let Ok(ts) = created.parse::<jiff::Timestamp>() else {
+        return "<unknown>".into();
+    };
     let secs = jiff::Timestamp::now().as_second() - ts.as_second();
     if secs < -1 {
         return "<invalid>".into();
@@ -61,15 +74,27 @@ pub fn human_age(created: &str) -> String {
     if s < 120 {
         format!("{s}s")
     } else if m < 10 {
-        if s % 60 == 0 { format!("{m}m") } else { format!("{m}m{}s", s % 60) }
+        if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        }
     } else if m < 180 {
         format!("{m}m")
     } else if h < 8 {
-        if m % 60 == 0 { format!("{h}h") } else { format!("{h}h{}m", m % 60) }
+        if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        }
     } else if h < 48 {
         format!("{h}h")
     } else if h < 24 * 8 {
-        if h % 24 == 0 { format!("{}d", h / 24) } else { format!("{}d{}h", h / 24, h % 24) }
+        if h % 24 == 0 {
+            format!("{}d", h / 24)
+        } else {
+            format!("{}d{}h", h / 24, h % 24)
+        }
     } else if h < 24 * 365 * 2 {
         format!("{}d", h / 24)
     } else {
@@ -99,7 +124,14 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
         cols.extend(rt.printer_columns.iter().cloned());
     } else {
         if rt.group.is_empty() && rt.resource == "namespaces" {
-            cols.push(PrinterColumn { name: "Status".into(), type_: "string".into(), format: String::new(), description: "The phase of the namespace.".into(), priority: 0, json_path: ".status.phase".into() });
+            cols.push(PrinterColumn {
+                name: "Status".into(),
+                type_: "string".into(),
+                format: String::new(),
+                description: "The phase of the namespace.".into(),
+                priority: 0,
+                json_path: ".status.phase".into(),
+            });
         }
         cols.push(age);
     }
@@ -121,11 +153,25 @@ fn cell(col: &PrinterColumn, obj: &Value) -> Value {
             (v, _) => json!(v.to_string()),
         };
     }
-    json!(vals.iter().map(|v| v.as_str().map(String::from).unwrap_or_else(|| v.to_string())).collect::<Vec<_>>().join(","))
+    json!(
+        vals.iter()
+            .map(|v| v
+                .as_str()
+                .map(String::from)
+                .unwrap_or_else(|| v.to_string()))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
 }
 
 /// A Table of `objects` (client form). `include_object` is the `includeObject` query parameter.
-pub fn table(rt: &ResourceType, objects: &[Value], resource_version: &str, include_object: Option<&str>, with_columns: bool) -> Value {
+pub fn table(
+    rt: &ResourceType,
+    objects: &[Value],
+    resource_version: &str,
+    include_object: Option<&str>,
+    with_columns: bool,
+) -> Value {
     let cols = columns(rt);
     let rows: Vec<Value> = objects
         .iter()
@@ -162,7 +208,10 @@ mod tests {
             (".spec.size", vec![json!("m")]),
             (".spec.ports[1].port", vec![json!(443)]),
             (".spec.ports[*].port", vec![json!(80), json!(443)]),
-            (".status.conditions[?(@.type==\"Ready\")].status", vec![json!("True")]),
+            (
+                ".status.conditions[?(@.type==\"Ready\")].status",
+                vec![json!("True")],
+            ),
             (".status.missing", vec![]),
         ] {
             assert_eq!(jsonpath(&obj, path), want, "{path}");
@@ -171,7 +220,11 @@ mod tests {
 
     #[test]
     fn ages_like_kubectl() {
-        let ago = |s: i64| jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() - s).unwrap().to_string();
+        let ago = |s: i64| {
+            jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() - s)
+                .unwrap()
+                .to_string()
+        };
         assert_eq!(human_age(&ago(5)), "5s");
         assert_eq!(human_age(&ago(190)), "3m10s");
         assert_eq!(human_age(&ago(3600 * 3 + 60)), "3h1m");

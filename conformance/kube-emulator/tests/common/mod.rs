@@ -14,7 +14,13 @@ use serde::{Deserialize, Serialize};
 pub const WIDGET_CRD: &str = include_str!("../widget-crd.yaml");
 
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, JsonSchema, PartialEq)]
-#[kube(group = "example.com", version = "v1", kind = "Widget", namespaced, status = "WidgetStatus")]
+#[kube(
+    group = "example.com",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    status = "WidgetStatus"
+)]
 pub struct WidgetSpec {
     pub size: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -37,7 +43,14 @@ pub struct Condition {
 }
 
 pub fn widget(name: &str, size: &str, replicas: i64) -> Widget {
-    let mut w = Widget::new(name, WidgetSpec { size: size.into(), replicas: Some(replicas), color: Some("red".into()) });
+    let mut w = Widget::new(
+        name,
+        WidgetSpec {
+            size: size.into(),
+            replicas: Some(replicas),
+            color: Some("red".into()),
+        },
+    );
     w.metadata.namespace = Some("default".into());
     w
 }
@@ -56,8 +69,11 @@ pub async fn emulator_with(opts: Options) -> EmulatorHandle {
 
 /// The kubectl binary. Missing kubectl is a failure, never a silent pass.
 pub fn kubectl_bin() -> PathBuf {
-    let found = std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).map(|d| d.join("kubectl")).find(|p| p.is_file()));
+    let found = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("kubectl"))
+            .find(|p| p.is_file())
+    });
     found.unwrap_or_else(|| {
         panic!(
             "kubectl not found in PATH. These tests drive the real kubectl and must not pass without it. Install kubectl v1.32: \
@@ -74,37 +90,58 @@ pub struct Kubectl {
 
 impl Kubectl {
     pub fn new(kubeconfig: &Path) -> Self {
-        Kubectl { kubeconfig: kubeconfig.to_path_buf(), cache: tempfile::tempdir().expect("tempdir") }
+        Kubectl {
+            kubeconfig: kubeconfig.to_path_buf(),
+            cache: tempfile::tempdir().expect("tempdir"),
+        }
     }
 
     pub fn command(&self, args: &[&str]) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(kubectl_bin());
-        c.arg("--kubeconfig").arg(&self.kubeconfig).arg("--cache-dir").arg(self.cache.path()).args(args);
+        c.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .args(args);
         c.kill_on_drop(true);
         c
     }
 
-    pub async fn run(&self, args: &[&str]) -> Output {
-        self.command(args).output().await.expect("kubectl runs")
+    /// Builds the command at once so that several runs can be joined concurrently.
+    pub fn run(&self, args: &[&str]) -> impl std::future::Future<Output = Output> + use<> {
+        let mut c = self.command(args);
+        async move { c.output().await.expect("kubectl runs") }
     }
 
     /// Runs and requires success; returns stdout.
-    pub async fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+    pub fn ok(&self, args: &[&str]) -> impl std::future::Future<Output = String> + use<> {
+        let label = format!("{args:?}");
+        let run = self.run(args);
+        async move {
+            let out = run.await;
+            assert!(
+                out.status.success(),
+                "kubectl {label} failed: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
     }
 
     /// Runs and requires failure; returns stderr.
-    pub async fn fails(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(!out.status.success(), "kubectl {args:?} unexpectedly succeeded: {}", String::from_utf8_lossy(&out.stdout));
-        String::from_utf8_lossy(&out.stderr).into_owned()
+    pub fn fails(&self, args: &[&str]) -> impl std::future::Future<Output = String> + use<> {
+        let label = format!("{args:?}");
+        let run = self.run(args);
+        async move {
+            let out = run.await;
+            assert!(
+                !out.status.success(),
+                "kubectl {label} unexpectedly succeeded: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        }
     }
 }
 

@@ -1,0 +1,475 @@
+//! The emulator driven by the real kubectl (v1.32): every command the operator's users run.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::{Kubectl, Widget, emulator, write};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Resource, ResourceExt};
+use kube_emulator::{Emulator, Options};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const WIDGET: &str = "apiVersion: example.com/v1
+kind: Widget
+metadata:
+  name: web
+  namespace: default
+spec:
+  size: m
+  replicas: 3
+  color: red
+";
+
+/// Reads lines from a child's stdout until one satisfies `pred`.
+async fn read_until(
+    lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    pred: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut seen = Vec::new();
+    while let Some(l) = lines.next_line().await.expect("read kubectl output") {
+        let hit = pred(&l);
+        seen.push(l);
+        if hit {
+            return seen;
+        }
+    }
+    panic!("kubectl output ended before the expected line: {seen:?}");
+}
+
+#[tokio::test]
+async fn apply_get_explain_describe_against_a_fresh_crd() {
+    let emu = Emulator::start(Options::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kubectl::new(emu.kubeconfig_path());
+    let crd = write(dir.path(), "crd.yaml", common::WIDGET_CRD);
+    let w = write(dir.path(), "w.yaml", WIDGET);
+
+    assert!(
+        k.ok(&["apply", "-f", crd.to_str().unwrap()])
+            .await
+            .contains("customresourcedefinition.apiextensions.k8s.io/widgets.example.com created")
+    );
+    assert!(
+        k.ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/widgets.example.com",
+            "--timeout=20s"
+        ])
+        .await
+        .contains("condition met")
+    );
+    assert!(
+        k.ok(&["apply", "-f", w.to_str().unwrap()])
+            .await
+            .contains("widget.example.com/web created")
+    );
+    assert!(
+        k.ok(&["apply", "-f", w.to_str().unwrap()])
+            .await
+            .contains("widget.example.com/web unchanged")
+    );
+    let w4 = write(
+        dir.path(),
+        "w4.yaml",
+        &WIDGET.replace("replicas: 3", "replicas: 4"),
+    );
+    assert!(
+        k.ok(&["apply", "-f", w4.to_str().unwrap()])
+            .await
+            .contains("widget.example.com/web configured")
+    );
+
+    // Server-side validation errors reach the user as the apiserver words them.
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        &WIDGET.replace("size: m", "size: xl"),
+    );
+    let unknown = write(
+        dir.path(),
+        "unknown.yaml",
+        &WIDGET.replace("color: red", "color: red\n  bogus: 1"),
+    );
+    let immutable = write(
+        dir.path(),
+        "imm.yaml",
+        &WIDGET.replace("color: red", "color: blue"),
+    );
+    let (e1, e2, e3) = tokio::join!(
+        k.fails(&["apply", "-f", bad.to_str().unwrap()]),
+        k.fails(&["apply", "-f", unknown.to_str().unwrap()]),
+        k.fails(&["apply", "-f", immutable.to_str().unwrap()]),
+    );
+    assert!(e1.contains("xl widgets are limited to 2 replicas"), "{e1}");
+    assert!(e2.contains("unknown field \"spec.bogus\""), "{e2}");
+    assert!(e3.contains("color is immutable"), "{e3}");
+
+    // Server-side apply, then a conflicting manager.
+    let w5 = write(
+        dir.path(),
+        "w5.yaml",
+        &WIDGET.replace("replicas: 3", "replicas: 5"),
+    );
+    assert!(
+        k.ok(&["apply", "--server-side", "-f", w5.to_str().unwrap()])
+            .await
+            .contains("serverside-applied")
+    );
+    let w6 = write(
+        dir.path(),
+        "w6.yaml",
+        &WIDGET.replace("replicas: 3", "replicas: 6"),
+    );
+    let conflict = k
+        .fails(&[
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "other",
+            "-f",
+            w6.to_str().unwrap(),
+        ])
+        .await;
+    assert!(conflict.contains("conflict"), "{conflict}");
+    assert!(
+        k.ok(&[
+            "apply",
+            "--server-side",
+            "--field-manager",
+            "other",
+            "--force-conflicts",
+            "-f",
+            w6.to_str().unwrap()
+        ])
+        .await
+        .contains("serverside-applied")
+    );
+
+    let (table, yaml, explain) = tokio::join!(
+        k.ok(&["get", "widgets"]),
+        k.ok(&["get", "widget", "web", "-o", "yaml"]),
+        k.ok(&["explain", "widget.spec"]),
+    );
+    let mut rows = table.lines();
+    let header: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, vec!["NAME", "SIZE", "REPLICAS", "READY", "AGE"]);
+    let row: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..3], &["web", "m", "6"]);
+    let obj: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+    assert_eq!(obj["spec"]["replicas"], 6);
+    assert_eq!(obj["metadata"]["generation"], 4);
+    assert!(
+        explain.contains("How big the widget is.") && explain.contains("size\t<string> -required-"),
+        "{explain}"
+    );
+
+    // describe shows events published by kube-rs's Recorder (events.k8s.io/v1).
+    let client = emu.client().await.unwrap();
+    let widget = Api::<Widget>::namespaced(client.clone(), "default")
+        .get("web")
+        .await
+        .unwrap();
+    let recorder = Recorder::new(client.clone(), Reporter::from("widget-controller"));
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "Degraded".into(),
+        note: Some("backend unreachable".into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    recorder
+        .publish(&ev, &widget.object_ref(&()))
+        .await
+        .unwrap();
+    let described = k.ok(&["describe", "widget", "web"]).await;
+    assert!(described.contains("Name:         web"), "{described}");
+    let event_line = described
+        .lines()
+        .find(|l| l.contains("Degraded"))
+        .unwrap_or_else(|| panic!("no event in {described}"));
+    assert!(
+        event_line.contains("Warning")
+            && event_line.contains("widget-controller")
+            && event_line.contains("backend unreachable"),
+        "{event_line}"
+    );
+}
+
+#[tokio::test]
+async fn get_watch_wait_and_delete_waiting_on_finalizers() {
+    let emu = emulator().await;
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kubectl::new(emu.kubeconfig_path());
+    let w = write(dir.path(), "w.yaml", WIDGET);
+    k.ok(&["apply", "-f", w.to_str().unwrap()]).await;
+    let api: Api<Widget> = Api::namespaced(emu.client().await.unwrap(), "default");
+
+    let mut watch = k
+        .command(&["get", "widgets", "-w"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    read_until(&mut lines, |l| l.starts_with("web")).await;
+
+    let wait = k
+        .command(&[
+            "wait",
+            "--for=condition=Ready",
+            "widget/web",
+            "--timeout=30s",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // kubectl wait is waiting once it watches (seen in the audit log).
+    // `get -w` watches too: wait for the second watch, kubectl wait's.
+    emu.wait_for_audit_count(2, |e| e.resource == "widgets" && e.verb == "watch")
+        .await;
+    let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    api.patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let out = wait.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout)
+                .contains("widget.example.com/web condition met"),
+        "{out:?}"
+    );
+    let seen = read_until(&mut lines, |l| l.starts_with("web") && l.contains("True")).await;
+    assert!(
+        seen.last().unwrap().split_whitespace().collect::<Vec<_>>()[..4]
+            == ["web", "m", "3", "True"],
+        "{seen:?}"
+    );
+    watch.kill().await.unwrap();
+
+    // delete blocks while a finalizer is pending, and returns once it is removed.
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/cleanup"]}})),
+    )
+    .await
+    .unwrap();
+    let mut del = k
+        .command(&["delete", "widget", "web"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let w0 = api.get("web").await.unwrap();
+    kube::runtime::wait::await_condition(api.clone(), "web", |o: Option<&Widget>| {
+        o.is_some_and(|o| o.meta().deletion_timestamp.is_some())
+    })
+    .await
+    .unwrap();
+    assert!(
+        del.try_wait().unwrap().is_none(),
+        "kubectl delete returned while a finalizer was pending"
+    );
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    let out = del.wait_with_output().await.unwrap();
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("widget.example.com \"web\" deleted"),
+        "{out:?}"
+    );
+    kube::runtime::wait::await_condition(
+        api.clone(),
+        "web",
+        kube::runtime::wait::conditions::is_deleted(&w0.uid().unwrap()),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn built_in_kinds_apply_with_strategic_merge() {
+    let emu = emulator().await;
+    let dir = tempfile::tempdir().unwrap();
+    let k = Kubectl::new(emu.kubeconfig_path());
+    let v1 = "apiVersion: v1
+kind: ConfigMap
+metadata: {name: cfg}
+data: {a: \"1\"}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc, labels: {app: web}}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}, {name: https, port: 443, targetPort: 8443}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web}
+spec:
+  rules:
+  - host: web.example.com
+    http:
+      paths: [{path: /, pathType: Prefix, backend: {service: {name: svc, port: {number: 80}}}}]
+";
+    let f = write(dir.path(), "v1.yaml", v1);
+    let out = k.ok(&["apply", "-f", f.to_str().unwrap()]).await;
+    assert!(
+        out.contains("configmap/cfg created")
+            && out.contains("service/svc created")
+            && out.contains("ingress.networking.k8s.io/web created"),
+        "{out}"
+    );
+    let v2 = v1
+        .replace("a: \"1\"", "b: \"2\"")
+        .replace(", {name: https, port: 443, targetPort: 8443}", "")
+        .replace("targetPort: 8080", "targetPort: 9090");
+    let f = write(dir.path(), "v2.yaml", &v2);
+    let out = k.ok(&["apply", "-f", f.to_str().unwrap()]).await;
+    assert!(
+        out.contains("configmap/cfg configured")
+            && out.contains("service/svc configured")
+            && out.contains("ingress.networking.k8s.io/web unchanged"),
+        "{out}"
+    );
+    let (cm, ports, table) = tokio::join!(
+        k.ok(&["get", "cm", "cfg", "-o", "jsonpath={.data}"]),
+        k.ok(&["get", "svc", "svc", "-o", "jsonpath={.spec.ports}"]),
+        k.ok(&["get", "ingress,svc,cm"]),
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&cm).unwrap(),
+        json!({"b": "2"})
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&ports).unwrap(),
+        json!([{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 9090}])
+    );
+    assert!(
+        table.contains("ingress.networking.k8s.io/web")
+            && table.contains("service/svc")
+            && table.contains("configmap/cfg"),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn rbac_with_kubectl_as_a_service_account() {
+    let emu = emulator().await;
+    emu.apply_yaml(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: widget-reader, namespace: default}
+rules: [{apiGroups: [example.com], resources: [widgets], verbs: [get, list, watch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: op, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: widget-reader}
+subjects: [{kind: ServiceAccount, name: op, namespace: default}]
+",
+    )
+    .unwrap();
+    emu.apply_yaml(WIDGET).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kc = dir.path().join("op.kubeconfig");
+    emu.write_service_account_kubeconfig("default", "op", &kc)
+        .unwrap();
+    let k = Kubectl::new(&kc);
+    let (get, del, patch) = tokio::join!(
+        k.ok(&["get", "widgets"]),
+        k.fails(&["delete", "widget", "web"]),
+        k.fails(&["label", "widget", "web", "x=y"]),
+    );
+    assert!(get.contains("web"), "{get}");
+    assert!(del.contains("Error from server (Forbidden)") && del.contains("User \"system:serviceaccount:default:op\" cannot delete resource \"widgets\" in API group \"example.com\""), "{del}");
+    assert!(
+        patch.contains("cannot patch resource \"widgets\""),
+        "{patch}"
+    );
+    assert!(
+        emu.audit_entries()
+            .iter()
+            .any(|e| e.user == "system:serviceaccount:default:op"
+                && e.verb == "delete"
+                && e.code == 403)
+    );
+}
+
+#[tokio::test]
+async fn cli_loads_manifests_and_writes_kubeconfigs() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    write(&manifests, "00-crd.yaml", common::WIDGET_CRD);
+    write(
+        &manifests,
+        "10-widget.yaml",
+        &format!(
+            "{WIDGET}---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: op, namespace: default}}\n"
+        ),
+    );
+    let admin_kc = dir.path().join("admin.kubeconfig");
+    let sa_kc = dir.path().join("op.kubeconfig");
+    let audit = dir.path().join("audit.jsonl");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_kube-emulator"))
+        .arg("--kubeconfig-out")
+        .arg(&admin_kc)
+        .arg("--audit-log")
+        .arg(&audit)
+        .arg("--sa-kubeconfig")
+        .arg(format!("default/op={}", sa_kc.display()))
+        .arg("-f")
+        .arg(&manifests)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let seen = read_until(&mut lines, |l| {
+        l.contains("listening on https://127.0.0.1:")
+    })
+    .await;
+    assert!(seen.iter().any(|l| l.contains("op.kubeconfig")), "{seen:?}");
+    let admin = Kubectl::new(&admin_kc);
+    let op = Kubectl::new(&sa_kc);
+    let (table, denied) =
+        tokio::join!(admin.ok(&["get", "widgets"]), op.fails(&["get", "widgets"]));
+    assert!(table.contains("web"), "{table}");
+    assert!(denied.contains("Forbidden"), "{denied}");
+    child.kill().await.unwrap();
+    let log = std::fs::read_to_string(&audit).unwrap();
+    let entries: Vec<kube_emulator::AuditEntry> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.user == "system:serviceaccount:default:op"
+                && e.resource == "widgets"
+                && e.verb == "list"
+                && e.code == 403)
+    );
+}
+
+#[tokio::test]
+async fn plain_http_mode_serves_tokenless_kubectl_as_admin() {
+    let emu = common::emulator_with(Options {
+        tls: false,
+        ..Options::default()
+    })
+    .await;
+    assert!(emu.url().starts_with("http://"));
+    let k = Kubectl::new(emu.kubeconfig_path());
+    let out = k.ok(&["get", "namespaces"]).await;
+    assert!(out.contains("default") && out.contains("Active"), "{out}");
+}
