@@ -59,6 +59,9 @@
 //!   allOf/anyOf/oneOf/not) and their CEL `x-kubernetes-validations` (transition rules
 //!   included) via `kube-cel`. `fieldValidation=Strict` rejects unknown fields (400);
 //!   the default (Warn) drops them with a `Warning` header.
+//! - **Encodings**: JSON in and out (YAML bodies accepted), `Table` and
+//!   `PartialObjectMetadata` answers when the `Accept` header asks for them (kube-rs's
+//!   `metadata_watcher`). Protobuf request bodies get 415.
 //! - **kubectl**: `/version`, legacy and aggregated discovery, `/openapi/v3` (per group-version
 //!   documents from CRD schemas; built-in kinds get untyped schemas), `Table` answers with CRD
 //!   printer columns (NAME/AGE for built-ins). `/openapi/v2` is 404 (kubectl tolerates it).
@@ -117,6 +120,9 @@ pub struct Options {
     pub admin_token: Option<String>,
     /// How often an idle watch with `allowWatchBookmarks=true` gets a BOOKMARK.
     pub bookmark_interval: Duration,
+    /// How many past changes are kept for watches resuming from an old resourceVersion
+    /// (older ones get `410 Gone`, and clients relist).
+    pub watch_history: usize,
 }
 
 impl Default for Options {
@@ -129,6 +135,7 @@ impl Default for Options {
             manifests: Vec::new(),
             admin_token: None,
             bookmark_interval: Duration::from_secs(5),
+            watch_history: 20_000,
         }
     }
 }
@@ -172,6 +179,7 @@ impl Emulator {
             audit_file,
             opts.bookmark_interval,
             !opts.tls,
+            opts.watch_history,
         ));
         let tls = if opts.tls {
             Some(tls::generate()?)

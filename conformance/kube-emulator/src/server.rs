@@ -62,10 +62,11 @@ impl Shared {
         audit_file: Option<std::fs::File>,
         bookmark_interval: Duration,
         anonymous_is_admin: bool,
+        watch_history: usize,
     ) -> Self {
         let (tx, _) = broadcast::channel(8192);
         Shared {
-            state: Mutex::new(State::new(tx)),
+            state: Mutex::new(State::new(tx, watch_history)),
             admin_token,
             audit: Mutex::new(Vec::new()),
             audit_file: audit_file.map(Mutex::new),
@@ -251,6 +252,18 @@ fn wants_table(headers: &HeaderMap) -> bool {
         .get(header::ACCEPT)
         .and_then(|a| a.to_str().ok())
         .is_some_and(|a| a.contains("as=Table"))
+}
+
+/// `Accept: application/json;as=PartialObjectMetadata…` (kube-rs `metadata_watcher`, `list_metadata`).
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+fn partial(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]})
 }
 
 /// Parses a request body as JSON, or as YAML when it is not JSON.
@@ -626,6 +639,7 @@ fn resource_request(
         return Ok(json_response(201, &obj));
     }
     let table = wants_table(headers);
+    let metadata_only = wants_metadata(headers);
     let include = query.get("includeObject").map(String::as_str);
     match (verb, rp.name.as_deref()) {
         ("get", Some(name)) => {
@@ -636,6 +650,9 @@ fn resource_request(
                     200,
                     &table::table(&rt, &[obj], &rv, include, true),
                 ));
+            }
+            if metadata_only {
+                return Ok(json_response(200, &partial(&obj)));
             }
             Ok(json_response(200, &obj))
         }
@@ -685,6 +702,13 @@ fn resource_request(
                 t["metadata"] = meta;
                 return Ok(json_response(200, &t));
             }
+            if metadata_only {
+                let items: Vec<Value> = items.iter().map(partial).collect();
+                return Ok(json_response(
+                    200,
+                    &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
+                ));
+            }
             Ok(json_response(
                 200,
                 &json!({"kind": list_kind(&rt), "apiVersion": rt.api_version(), "metadata": meta, "items": items}),
@@ -712,7 +736,7 @@ fn resource_request(
                 labels,
                 fields,
                 query,
-                table,
+                (table, metadata_only),
                 include,
             ))
         }
@@ -871,6 +895,7 @@ struct WatchFilter {
     labels: LabelSelector,
     fields: FieldSelector,
     table: bool,
+    metadata_only: bool,
     include: Option<String>,
 }
 
@@ -905,6 +930,8 @@ impl WatchFilter {
         let object = if self.table && kind != "BOOKMARK" && kind != "ERROR" {
             let rv = meta_str(&obj, "resourceVersion").to_string();
             table::table(&self.rt, &[obj], &rv, self.include.as_deref(), true)
+        } else if self.metadata_only && kind != "BOOKMARK" && kind != "ERROR" {
+            partial(&obj)
         } else {
             obj
         };
@@ -935,7 +962,7 @@ fn watch(
     labels: LabelSelector,
     fields: FieldSelector,
     query: &HashMap<String, String>,
-    table: bool,
+    (table, metadata_only): (bool, bool),
     include: Option<&str>,
 ) -> Response<Body> {
     let filter = WatchFilter {
@@ -944,6 +971,7 @@ fn watch(
         labels,
         fields,
         table,
+        metadata_only,
         include: include.map(String::from),
     };
     let rv_param = query.get("resourceVersion").cloned().unwrap_or_default();

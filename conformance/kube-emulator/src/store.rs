@@ -14,9 +14,6 @@ use crate::patch;
 use crate::registry::{Registry, ResourceType};
 use crate::schema::{self, FieldValidation};
 
-/// How many past watch events are kept so that a watch can resume from an older resourceVersion.
-const HISTORY: usize = 20_000;
-
 /// A change to one object, as sent to watchers (objects are in stored form).
 #[derive(Debug, Clone)]
 pub struct WatchEvent {
@@ -90,6 +87,8 @@ pub struct State {
     pub rv: u64,
     objects: HashMap<String, BTreeMap<(String, String), Value>>,
     history: VecDeque<Arc<WatchEvent>>,
+    /// How many past watch events are kept so that a watch can resume from an older resourceVersion.
+    history_limit: usize,
     pub registry: Registry,
     /// Opaque bearer tokens → identities (ServiceAccount tokens from TokenRequest, static users).
     pub tokens: HashMap<String, (Identity, Option<jiff::Timestamp>)>,
@@ -219,11 +218,12 @@ pub fn from_stored(rt: &ResourceType, mut obj: Value) -> Value {
 }
 
 impl State {
-    pub fn new(tx: broadcast::Sender<Arc<WatchEvent>>) -> Self {
+    pub fn new(tx: broadcast::Sender<Arc<WatchEvent>>, history_limit: usize) -> Self {
         let mut s = State {
             rv: 1,
             objects: HashMap::new(),
             history: VecDeque::new(),
+            history_limit: history_limit.max(1),
             registry: Registry::new(std::iter::empty()),
             tokens: HashMap::new(),
             validator: kube_cel::Validator::new(),
@@ -342,7 +342,7 @@ impl State {
             object: obj.clone(),
             prev,
         });
-        if self.history.len() >= HISTORY {
+        if self.history.len() >= self.history_limit {
             self.history.pop_front();
         }
         self.history.push_back(ev.clone());

@@ -1012,3 +1012,163 @@ async fn crd_registration_serves_the_kind_with_discovery() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn too_old_resource_version_is_gone_and_watchers_relist() {
+    let emu = emulator_with(Options {
+        watch_history: 3,
+        ..Options::default()
+    })
+    .await;
+    let api: Api<ConfigMap> = Api::namespaced(emu.client().await.unwrap(), "default");
+    let cm =
+        |n: &str| serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": n}})).unwrap();
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    let old_rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    for n in ["b", "c", "d", "e"] {
+        api.create(&PostParams::default(), &cm(n)).await.unwrap();
+    }
+    let mut stream = api
+        .watch(&WatchParams::default(), &old_rv)
+        .await
+        .unwrap()
+        .boxed();
+    match stream.try_next().await.unwrap().unwrap() {
+        WatchEvent::Error(e) => assert_eq!(e.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    // kube-runtime's watcher recovers by relisting.
+    let names: Vec<String> = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .take(5)
+        .map_ok(|c| c.name_any())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(names, vec!["a", "b", "c", "d", "e"]);
+}
+
+#[tokio::test]
+async fn foreground_deletion_deletecollection_and_metadata_watches() {
+    let emu = emulator().await;
+    let client = emu.client().await.unwrap();
+    let api: Api<Widget> = Api::namespaced(client.clone(), "default");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let owner = api
+        .create(&PostParams::default(), &widget("owner", "m", 1))
+        .await
+        .unwrap();
+    let mut dep: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "dep", "finalizers": ["example.com/hold"], "labels": {"app": "x"}}})).unwrap();
+    dep.metadata.owner_references = Some(vec![owner.controller_owner_ref(&()).unwrap()]);
+    cms.create(&PostParams::default(), &dep).await.unwrap();
+    // Foreground: the owner waits (foregroundDeletion finalizer) until its dependent is gone.
+    api.delete("owner", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let waiting = api.get("owner").await.unwrap();
+    assert!(
+        waiting
+            .finalizers()
+            .contains(&"foregroundDeletion".to_string())
+    );
+    assert!(
+        cms.get("dep")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    cms.patch(
+        "dep",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api_err(api.get("owner").await.unwrap_err()).code, 404);
+
+    // Metadata-only list/watch (PartialObjectMetadata) and deletecollection by label.
+    for n in ["m1", "m2"] {
+        let cm: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": n, "labels": {"app": "x"}}, "data": {"secret": "s"}}),
+        )
+        .unwrap();
+        cms.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    let meta = cms
+        .list_metadata(&ListParams::default().labels("app=x"))
+        .await
+        .unwrap();
+    assert_eq!(
+        meta.items.iter().map(|m| m.name_any()).collect::<Vec<_>>(),
+        vec!["m1", "m2"]
+    );
+    let mut mw = Box::pin(
+        watcher(
+            Api::<kube::core::PartialObjectMeta<ConfigMap>>::namespaced(client.clone(), "default"),
+            watcher::Config::default().labels("app=x"),
+        )
+        .applied_objects(),
+    );
+    assert_eq!(mw.try_next().await.unwrap().unwrap().name_any(), "m1");
+    let deleted = cms
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("app=x"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted.left().map(|l| l.items.len()), Some(2));
+    assert!(
+        cms.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn recorder_series_updates_the_same_event() {
+    let emu = emulator().await;
+    let client = emu.client().await.unwrap();
+    let w = Api::<Widget>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &widget("w", "m", 1))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(client.clone(), Reporter::from("ctl"));
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Synced".into(),
+        note: Some("ok".into()),
+        action: "Sync".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &w.object_ref(&())).await.unwrap();
+    recorder.publish(&ev, &w.object_ref(&())).await.unwrap();
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(events.items.len(), 1);
+    let e = &events.items[0];
+    assert_eq!(e.series.as_ref().map(|s| s.count), Some(2));
+    assert_eq!(
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("w")
+    );
+    let core = Api::<CoreEvent>::namespaced(client, "default")
+        .list(&ListParams::default().fields("involvedObject.kind=Widget,reason=Synced"))
+        .await
+        .unwrap();
+    assert_eq!(core.items.len(), 1);
+    assert_eq!(core.items[0].message.as_deref(), Some("ok"));
+}
