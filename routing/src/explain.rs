@@ -162,7 +162,6 @@ impl<B> RouteTable<B> {
                 candidates: Vec::new(),
             };
         };
-        let exact_selected = self.hosts().any(|h| h == req_host);
         let selection = match self.host_routes_canonical(&req_host) {
             None => HostSelection::NoRoutes,
             Some((false, _)) => HostSelection::Exact(req_host.clone()),
@@ -185,7 +184,7 @@ impl<B> RouteTable<B> {
                 RouteHost::Wildcard(suffix) if covers(suffix, &req_host) => true,
                 _ => continue,
             };
-            let outcome = if let (true, true) = (wildcard, exact_selected) {
+            let outcome = if wildcard && matches!(selection, HostSelection::Exact(_)) {
                 Outcome::HostShadowed {
                     host: req_host.clone(),
                 }

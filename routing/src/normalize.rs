@@ -313,13 +313,13 @@ fn strip_query(raw: &str) -> &str {
 
 /// RFC 3986 unreserved characters: their percent-encoded and literal forms
 /// are equivalent (RFC 3986 §6.2.2.2).
-fn is_unreserved(b: u8) -> bool {
+const fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
 }
 
 /// Characters allowed literally in a path segment (RFC 3986 `pchar` minus
 /// the percent sign, which is handled separately).
-fn is_pchar(b: u8) -> bool {
+const fn is_pchar(b: u8) -> bool {
     is_unreserved(b)
         || matches!(
             b,
@@ -349,53 +349,73 @@ fn hex_val(b: u8) -> Option<u8> {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
+/// Bytes allowed literally in a canonical path segment, as a table: this
+/// check runs on every byte of every request path.
+static PCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        table[i] = is_pchar(i as u8);
+        i += 1;
+    }
+    table
+};
+
 /// True when `path` is already canonical: starts with `/`, no `//`, no dot
 /// segments, every byte a pchar or `/`, every `%` followed by two upper-case
 /// hex digits that do not encode an unreserved character.
 pub(crate) fn is_canonical(path: &[u8]) -> bool {
-    if path.first() != Some(&b'/') {
-        return false;
+    canonical_path_end(path) == Some(path.len())
+}
+
+/// The fast path of every lookup, in one pass: if the path part of a raw
+/// request target (up to `?` or `#`) is canonical, returns where it ends.
+#[inline]
+pub(crate) fn canonical_path_end(raw: &[u8]) -> Option<usize> {
+    if raw.first() != Some(&b'/') {
+        return None;
     }
     let mut seg_start = 1;
     let mut i = 1;
-    while i <= path.len() {
-        let at_end = i == path.len();
-        if at_end || path[i] == b'/' {
-            let seg = &path[seg_start..i];
-            if seg == b"." || seg == b".." {
-                return false;
-            }
-            // An empty segment is only allowed as the final one after a slash
-            // (a trailing slash), or the root itself.
-            if seg.is_empty() && !at_end {
-                return false;
-            }
-            if at_end {
-                break;
-            }
+    while i < raw.len() {
+        let b = raw[i];
+        if PCHAR[b as usize] {
             i += 1;
-            seg_start = i;
             continue;
         }
-        let b = path[i];
-        if b == b'%' {
-            let (Some(&h), Some(&l)) = (path.get(i + 1), path.get(i + 2)) else {
-                return false;
-            };
-            let (Some(hv), Some(lv)) = (hex_val(h), hex_val(l)) else {
-                return false;
-            };
-            if h.is_ascii_lowercase() || l.is_ascii_lowercase() || is_unreserved(hv * 16 + lv) {
-                return false;
+        match b {
+            b'/' => {
+                if i == seg_start || is_dot_segment(&raw[seg_start..i]) {
+                    return None;
+                }
+                i += 1;
+                seg_start = i;
             }
-            i += 3;
-        } else if is_pchar(b) {
-            i += 1;
-        } else {
-            return false;
+            b'?' | b'#' => break,
+            b'%' => {
+                let (Some(&h), Some(&l)) = (raw.get(i + 1), raw.get(i + 2)) else {
+                    return None;
+                };
+                let (Some(hv), Some(lv)) = (hex_val(h), hex_val(l)) else {
+                    return None;
+                };
+                if h.is_ascii_lowercase() || l.is_ascii_lowercase() || is_unreserved(hv * 16 + lv) {
+                    return None;
+                }
+                i += 3;
+            }
+            _ => return None,
         }
     }
-    true
+    // The last segment may be empty (a trailing slash), never a dot segment.
+    if is_dot_segment(&raw[seg_start..i]) {
+        return None;
+    }
+    Some(i)
+}
+
+fn is_dot_segment(segment: &[u8]) -> bool {
+    matches!(segment, b"." | b"..")
 }
 
 /// Writes the canonical form of the byte(s) at `input[i]`; returns how many

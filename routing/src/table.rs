@@ -466,14 +466,10 @@ impl<B> RouteTable<B> {
 /// Canonicalises the path (on the stack, only when needed) and walks the trie.
 #[inline]
 fn find_path(routes: &HostRoutes, raw: &str) -> Option<u32> {
-    let path = match raw.find(['?', '#']) {
-        Some(i) => &raw[..i],
-        None => raw,
-    };
-    if !path.is_empty() && normalize::is_canonical(path.as_bytes()) {
-        return routes.find(path);
+    match normalize::canonical_path_end(raw.as_bytes()) {
+        Some(end) => routes.find(&raw[..end]),
+        None => find_path_slow(routes, raw),
     }
-    find_path_slow(routes, path)
 }
 
 #[cold]
