@@ -285,6 +285,12 @@ pub fn builtins() -> Vec<ResourceType> {
             false,
         ),
     ];
+    for r in v
+        .iter_mut()
+        .filter(|r| matches!(r.resource.as_str(), "services" | "pods" | "deployments"))
+    {
+        r.categories = vec!["all".into()];
+    }
     // Both event APIs read and write one storage, so `kubectl describe` (core v1) shows what
     // kube-rs's `Recorder` (events.k8s.io/v1) published.
     for r in v.iter_mut().filter(|r| r.resource == "events") {

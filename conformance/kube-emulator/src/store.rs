@@ -437,8 +437,16 @@ impl State {
                 if !spec.is_object() {
                     *spec = json!({});
                 }
-                if spec.get("type").is_none() {
-                    spec["type"] = json!("ClusterIP");
+                for (k, v) in [
+                    ("type", json!("ClusterIP")),
+                    ("sessionAffinity", json!("None")),
+                    ("internalTrafficPolicy", json!("Cluster")),
+                    ("ipFamilies", json!(["IPv4"])),
+                    ("ipFamilyPolicy", json!("SingleStack")),
+                ] {
+                    if spec.get(k).is_none() {
+                        spec[k] = v;
+                    }
                 }
                 if spec["type"] != "ExternalName" && spec.get("clusterIP").is_none() {
                     let ip = old
@@ -1025,6 +1033,22 @@ impl State {
     ) -> Option<Value> {
         let obj = self.get_opt(storage, ns, name)?.clone();
         let out = self.commit(storage, ns, name, None, EventKind::Deleted);
+        if storage == "apiextensions.k8s.io/customresourcedefinitions" {
+            // Deleting a CRD deletes its custom resources, as the apiserver's cleanup finalizer does.
+            let crs = format!(
+                "{}/{}",
+                obj["spec"]["group"].as_str().unwrap_or_default(),
+                obj["spec"]["names"]["plural"].as_str().unwrap_or_default()
+            );
+            let keys: Vec<(String, String)> = self
+                .objects
+                .get(&crs)
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            for (n, nm) in keys {
+                self.delete_by_storage(&crs, &n, &nm);
+            }
+        }
         let uid = meta_str(&obj, "uid").to_string();
         self.collect_dependents(uid, propagation);
         // An owner waiting in foreground deletion is released when its last dependent goes.

@@ -102,43 +102,213 @@ pub fn human_age(created: &str) -> String {
     }
 }
 
-fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
-    let name = PrinterColumn {
-        name: "Name".into(),
-        type_: "string".into(),
-        format: "name".into(),
-        description: "Name must be unique within a namespace.".into(),
-        priority: 0,
-        json_path: ".metadata.name".into(),
-    };
-    let age = PrinterColumn {
-        name: "Age".into(),
-        type_: "date".into(),
-        format: String::new(),
-        description: "CreationTimestamp is a timestamp representing the server time when this object was created.".into(),
-        priority: 0,
-        json_path: ".metadata.creationTimestamp".into(),
-    };
-    let mut cols = vec![name];
-    if rt.crd {
-        cols.extend(rt.printer_columns.iter().cloned());
-    } else {
-        if rt.group.is_empty() && rt.resource == "namespaces" {
-            cols.push(PrinterColumn {
-                name: "Status".into(),
-                type_: "string".into(),
-                format: String::new(),
-                description: "The phase of the namespace.".into(),
-                priority: 0,
-                json_path: ".status.phase".into(),
-            });
+fn col(name: &str, type_: &str, priority: i64, json_path: &str) -> PrinterColumn {
+    PrinterColumn {
+        name: name.into(),
+        type_: type_.into(),
+        format: if name == "Name" {
+            "name".into()
+        } else {
+            String::new()
+        },
+        description: String::new(),
+        priority,
+        json_path: json_path.into(),
+    }
+}
+
+/// Columns of built-in kinds, like the apiserver's (paths starting with `@` are computed).
+fn builtin_columns(rt: &ResourceType) -> Vec<PrinterColumn> {
+    let name = col("Name", "string", 0, ".metadata.name");
+    let age = col("Age", "date", 0, ".metadata.creationTimestamp");
+    let mut cols = match (rt.group.as_str(), rt.resource.as_str()) {
+        (_, "events") => vec![
+            col("Last Seen", "string", 0, "@event-last-seen"),
+            col("Type", "string", 0, ".type"),
+            col("Reason", "string", 0, ".reason"),
+            col("Object", "string", 0, "@event-object"),
+            col("Source", "string", 1, "@event-source"),
+            col("Message", "string", 0, ".message"),
+            col("Count", "integer", 1, "@event-count"),
+            col("Name", "string", 1, ".metadata.name"),
+        ],
+        ("", "namespaces") => vec![name, col("Status", "string", 0, ".status.phase"), age],
+        ("", "services") => vec![
+            name,
+            col("Type", "string", 0, ".spec.type"),
+            col("Cluster-IP", "string", 0, ".spec.clusterIP"),
+            col("External-IP", "string", 0, "@lb-address"),
+            col("Port(s)", "string", 0, "@service-ports"),
+            age,
+            col("Selector", "string", 1, "@selector"),
+        ],
+        ("", "secrets") => vec![
+            name,
+            col("Type", "string", 0, ".type"),
+            col("Data", "integer", 0, "@data-count"),
+            age,
+        ],
+        ("", "configmaps") => vec![name, col("Data", "integer", 0, "@data-count"), age],
+        ("networking.k8s.io", "ingresses") => vec![
+            name,
+            col("Class", "string", 0, "@ingress-class"),
+            col("Hosts", "string", 0, "@ingress-hosts"),
+            col("Address", "string", 0, "@lb-address"),
+            col("Ports", "string", 0, "@ingress-ports"),
+            age,
+        ],
+        ("networking.k8s.io", "ingressclasses") => vec![
+            name,
+            col("Controller", "string", 0, ".spec.controller"),
+            age,
+        ],
+        ("coordination.k8s.io", "leases") => vec![
+            name,
+            col("Holder", "string", 0, ".spec.holderIdentity"),
+            age,
+        ],
+        ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            vec![name, col("Created At", "string", 0, "@created-at")]
         }
-        cols.push(age);
+        _ => vec![name, age],
+    };
+    for c in &mut cols {
+        if c.name == "Name" {
+            c.description = "Name must be unique within a namespace.".into();
+        }
     }
     cols
 }
 
+fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
+    if rt.crd {
+        let mut cols = vec![col("Name", "string", 0, ".metadata.name")];
+        cols[0].description = "Name must be unique within a namespace.".into();
+        cols.extend(rt.printer_columns.iter().cloned());
+        cols
+    } else {
+        builtin_columns(rt)
+    }
+}
+
+fn none_if_empty(s: String) -> Value {
+    if s.is_empty() {
+        json!("<none>")
+    } else {
+        json!(s)
+    }
+}
+
+/// Computed cells of built-in kinds.
+fn computed(key: &str, o: &Value) -> Value {
+    match key {
+        "@data-count" => {
+            let n = |k: &str| o[k].as_object().map(|m| m.len()).unwrap_or(0);
+            json!(n("data") + n("binaryData"))
+        }
+        "@lb-address" => none_if_empty(
+            o["status"]["loadBalancer"]["ingress"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["ip"].as_str().or(i["hostname"].as_str()))
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        "@service-ports" => none_if_empty(
+            o["spec"]["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| {
+                    let node = p["nodePort"]
+                        .as_i64()
+                        .map(|n| format!(":{n}"))
+                        .unwrap_or_default();
+                    format!(
+                        "{}{node}/{}",
+                        p["port"],
+                        p["protocol"].as_str().unwrap_or("TCP")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        "@selector" => none_if_empty(
+            o["spec"]["selector"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default(),
+        ),
+        "@ingress-class" => none_if_empty(
+            o["spec"]["ingressClassName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        "@ingress-hosts" => {
+            let hosts: Vec<String> = o["spec"]["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| r["host"].as_str().unwrap_or("*").to_string())
+                .collect();
+            json!(if hosts.is_empty() {
+                "*".to_string()
+            } else {
+                hosts.join(",")
+            })
+        }
+        "@ingress-ports" => json!(
+            if o["spec"]["tls"].as_array().is_some_and(|t| !t.is_empty()) {
+                "80, 443"
+            } else {
+                "80"
+            }
+        ),
+        "@created-at" => o["metadata"]["creationTimestamp"].clone(),
+        "@event-object" => {
+            let io = &o["involvedObject"];
+            json!(format!(
+                "{}/{}",
+                io["kind"].as_str().unwrap_or_default().to_lowercase(),
+                io["name"].as_str().unwrap_or_default()
+            ))
+        }
+        "@event-source" => none_if_empty(
+            o["source"]["component"]
+                .as_str()
+                .or(o["reportingComponent"].as_str())
+                .unwrap_or_default()
+                .to_string(),
+        ),
+        "@event-count" => json!(
+            o["series"]["count"]
+                .as_i64()
+                .or(o["count"].as_i64())
+                .unwrap_or(1)
+        ),
+        "@event-last-seen" => {
+            let t = o["series"]["lastObservedTime"]
+                .as_str()
+                .or(o["lastTimestamp"].as_str())
+                .or(o["eventTime"].as_str())
+                .or(o["metadata"]["creationTimestamp"].as_str());
+            json!(t.map(human_age).unwrap_or_else(|| "<unknown>".into()))
+        }
+        _ => Value::Null,
+    }
+}
+
 fn cell(col: &PrinterColumn, obj: &Value) -> Value {
+    if col.json_path.starts_with('@') {
+        return computed(&col.json_path, obj);
+    }
     let vals = jsonpath(obj, &col.json_path);
     if vals.is_empty() {
         return Value::Null;
@@ -216,6 +386,52 @@ mod tests {
         ] {
             assert_eq!(jsonpath(&obj, path), want, "{path}");
         }
+    }
+
+    #[test]
+    fn builtin_columns_table() {
+        let reg = crate::registry::Registry::new(std::iter::empty());
+        let svc = reg.lookup("", "v1", "services").unwrap();
+        let obj = json!({"metadata": {"name": "s", "creationTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.2", "ports": [{"port": 80, "protocol": "TCP"}, {"port": 443, "protocol": "TCP", "nodePort": 30443}]}});
+        let t = table(svc, &[obj], "1", None, true);
+        let names: Vec<&str> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "Name",
+                "Type",
+                "Cluster-IP",
+                "External-IP",
+                "Port(s)",
+                "Age",
+                "Selector"
+            ]
+        );
+        assert_eq!(
+            t["rows"][0]["cells"].as_array().unwrap()[..5],
+            [
+                json!("s"),
+                json!("ClusterIP"),
+                json!("10.96.0.2"),
+                json!("<none>"),
+                json!("80/TCP,443:30443/TCP")
+            ]
+        );
+        let cm = reg.lookup("", "v1", "configmaps").unwrap();
+        let t = table(
+            cm,
+            &[json!({"metadata": {"name": "c"}, "data": {"a": "1", "b": "2"}})],
+            "1",
+            None,
+            true,
+        );
+        assert_eq!(t["rows"][0]["cells"][1], json!(2));
     }
 
     #[test]
