@@ -29,6 +29,20 @@
 //! # let _ = (kubeconfig, client, sa_client, secrets_verbs); Ok(()) }
 //! ```
 //!
+//! ## Command line
+//!
+//! ```text
+//! kube-emulator --kubeconfig-out admin.kubeconfig [--port 6443] [--audit-log audit.jsonl] \
+//!     [-f crds/ -f rbac.yaml …] [--sa-kubeconfig tuna-system/operator=operator.kubeconfig] \
+//!     [--plain-http]
+//! kubectl --kubeconfig admin.kubeconfig get namespaces
+//! ```
+//!
+//! It serves HTTPS on 127.0.0.1 with a throw-away CA embedded in the kubeconfigs it writes,
+//! prints where it listens, and runs until Ctrl-C. `-f` takes files or directories of
+//! multi-document YAML (loaded in name order, as admin); `--sa-kubeconfig` (repeatable) writes
+//! a kubeconfig whose token acts as that ServiceAccount (created if absent), subject to RBAC.
+//!
 //! ## Contract
 //!
 //! - **Storage**: one global resourceVersion; `uid`, `creationTimestamp`, `generation` (for

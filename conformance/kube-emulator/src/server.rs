@@ -40,7 +40,11 @@ pub struct AuditEntry {
     pub name: String,
     /// Path of non-resource requests (`/version`, `/apis`, …); empty for resource requests.
     pub path: String,
+    /// HTTP status code of the answer.
     pub code: u16,
+    /// `User-Agent` of the client, to tell apart components sharing a token.
+    #[serde(default)]
+    pub user_agent: String,
 }
 
 /// State shared by every connection.
@@ -229,6 +233,14 @@ fn route(path: &str) -> Route {
     Route::Resource(rp)
 }
 
+fn user_agent(headers: &HeaderMap) -> String {
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|u| u.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
 fn json_response(code: u16, v: &Value) -> Response<Body> {
     Response::builder()
         .status(code)
@@ -301,6 +313,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
             name: String::new(),
             path,
             code: 401,
+            user_agent: user_agent(&parts.headers),
         });
         return resp;
     };
@@ -389,6 +402,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
             String::new()
         },
         code: resp.status().as_u16(),
+        user_agent: user_agent(&parts.headers),
     });
     resp
 }
