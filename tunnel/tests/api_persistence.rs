@@ -204,3 +204,60 @@ async fn keys_cli_creates_lists_and_revokes() {
     );
     edge.stop().await;
 }
+
+/// Run only by `a_crash_after_commit_loses_nothing` in a child process:
+/// commits a key and a reservation, prints the key, then aborts (no
+/// destructors, no orderly close of the store).
+#[test]
+#[ignore = "helper: run by a_crash_after_commit_loses_nothing in a child process"]
+fn crash_child() {
+    let dir = std::env::var("TUNA_CRASH_DIR").expect("TUNA_CRASH_DIR");
+    let plane =
+        tuna_tunnel::control::ControlPlane::open(config(std::path::Path::new(&dir))).unwrap();
+    let (_, key) = plane
+        .create_key("default", None, vec![Scope::TunnelsWrite])
+        .unwrap();
+    let caller = plane.authenticate_key(key.expose()).unwrap();
+    plane
+        .create_domain(
+            &caller,
+            &CreateDomain {
+                subdomain: Some("survivor".into()),
+                domain: None,
+            },
+        )
+        .unwrap();
+    println!("KEY={}", key.expose());
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    std::process::abort();
+}
+
+#[test]
+fn a_crash_after_commit_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TUNA_CRASH_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "the child must have crashed");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let key = stdout
+        .lines()
+        .find_map(|l| l.split_once("KEY=").map(|(_, key)| key.trim()))
+        .unwrap_or_else(|| panic!("child printed no key: {stdout}"));
+
+    let plane = tuna_tunnel::control::ControlPlane::open(config(dir.path())).unwrap();
+    let caller = plane
+        .authenticate_key(key)
+        .expect("the key committed before the crash");
+    let domain = plane.get_domain(&caller, "survivor.tuna.test").unwrap();
+    assert_eq!(domain.account, "default");
+}
