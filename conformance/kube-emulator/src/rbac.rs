@@ -106,7 +106,6 @@ fn rule_allows(rule: &Value, attrs: &Attributes) -> bool {
                 *x == "*"
                     || *x == full
                     || (!r.subresource.is_empty() && *x == format!("*/{}", r.subresource))
-                    || (!r.subresource.is_empty() && *x == format!("{}/*", r.resource))
             });
             if !res_ok {
                 return false;

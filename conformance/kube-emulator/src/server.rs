@@ -352,7 +352,19 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
                 resource: rp.resource.clone(),
                 subresource: rp.subresource.clone().unwrap_or_default(),
                 namespace: rp.namespace.clone().unwrap_or_default(),
-                name: rp.name.clone().unwrap_or_default(),
+                // As on the apiserver, a list/watch narrowed to one name by a field selector is
+                // authorized like a request for that name (so resourceNames rules apply).
+                name: rp.name.clone().unwrap_or_else(|| {
+                    query
+                        .get("fieldSelector")
+                        .filter(|_| matches!(verb, "list" | "watch"))
+                        .and_then(|f| {
+                            f.split(',').find_map(|t| {
+                                t.trim().strip_prefix("metadata.name=").map(String::from)
+                            })
+                        })
+                        .unwrap_or_default()
+                }),
             }),
             path: path.clone(),
         },

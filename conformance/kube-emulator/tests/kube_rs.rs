@@ -750,7 +750,7 @@ rules:
 - apiGroups: [""]
   resources: [secrets]
   resourceNames: [op-token]
-  verbs: [get]
+  verbs: [get, list]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -855,6 +855,12 @@ stringData: {token: xyz}
         api_err(secrets.list(&ListParams::default()).await.unwrap_err()).code,
         403
     );
+    // …but listing one named object by field selector is authorized by name, as on the apiserver.
+    let one = secrets
+        .list(&ListParams::default().fields("metadata.name=op-token"))
+        .await
+        .unwrap();
+    assert_eq!(one.items.len(), 1);
     // Non-resource URLs.
     let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = sa.request_text(req).await;
@@ -960,7 +966,8 @@ stringData: {token: xyz}
         vec![
             ("get", "op-token", 200),
             ("get", "other", 403),
-            ("list", "", 403)
+            ("list", "", 403),
+            ("list", "op-token", 200)
         ]
     );
     assert!(audit.iter().any(|e| e.resource == "widgets"
@@ -1171,4 +1178,46 @@ async fn recorder_series_updates_the_same_event() {
         .unwrap();
     assert_eq!(core.items.len(), 1);
     assert_eq!(core.items[0].message.as_deref(), Some("ok"));
+}
+
+#[tokio::test]
+async fn streaming_list_watcher_gets_initial_events_then_changes() {
+    let emu = emulator().await;
+    let api: Api<ConfigMap> = Api::namespaced(emu.client().await.unwrap(), "default");
+    let cm =
+        |n: &str| serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": n}})).unwrap();
+    api.create(&PostParams::default(), &cm("before"))
+        .await
+        .unwrap();
+    let mut events = Box::pin(watcher(
+        api.clone(),
+        watcher::Config::default().streaming_lists(),
+    ));
+    let mut initial = Vec::new();
+    loop {
+        match events.try_next().await.unwrap().unwrap() {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(o) => initial.push(o.name_any()),
+            watcher::Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(initial, vec!["before"]);
+    api.create(&PostParams::default(), &cm("after"))
+        .await
+        .unwrap();
+    match events.try_next().await.unwrap().unwrap() {
+        watcher::Event::Apply(o) => assert_eq!(o.name_any(), "after"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let streamed = emu
+        .wait_for_audit(|e| e.resource == "configmaps" && e.verb == "watch")
+        .await;
+    assert_eq!(streamed.code, 200);
+    assert!(
+        !emu.audit_entries()
+            .iter()
+            .any(|e| e.resource == "configmaps" && e.verb == "list"),
+        "a streaming list must not LIST"
+    );
 }
