@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tuna-operator", version, about = "Publish Kubernetes Services to the internet through outbound tunnels")]
+#[command(
+    name = "tuna-operator",
+    version,
+    about = "Publish Kubernetes Services to the internet through outbound tunnels"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,6 +20,10 @@ enum Command {
     Route(tuna_operator::explain::RouteCommand),
     /// Write the CRDs into the Helm chart (or check them with --check).
     Crdgen(tuna_operator::crdgen::CrdgenArgs),
+    /// Serve Tunnel/Domain/TCPEndpoint/Ingress/Service manifests from files, with an embedded edge.
+    Standalone(Box<tuna_operator::standalone::cli::StandaloneArgs>),
+    /// Run the self-hosted edge (the Tuna API and tunnel endpoint), or manage its API keys.
+    Edge(Box<tuna_tunnel::edge::cli::EdgeCli>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -24,5 +32,10 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Route(cmd) => tuna_operator::explain::run(cmd),
         Command::Crdgen(args) => tuna_operator::crdgen::run(args),
+        Command::Standalone(args) => tuna_operator::standalone::cli::run_blocking(*args),
+        Command::Edge(cli) => {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            tokio::runtime::Runtime::new()?.block_on(tuna_tunnel::edge::cli::run(*cli))
+        }
     }
 }

@@ -6,11 +6,21 @@
 //! - [`diff`]: two desired states → the changes to apply (live reload).
 //! - [`provider`]: loads and watches the `-f` paths.
 //! - [`report`]: the table printed on start and on every change.
+//! - [`edge`]: reservations and tunnel tokens, embedded or from a remote edge.
+//! - [`runtime`]: the process — edge, agents, proxy core, watcher.
+//! - [`demo`]: `--demo`, a built-in backend for the quickstart.
+//! - [`cli`]: the `standalone` subcommand.
 
+pub mod cli;
+pub mod demo;
 pub mod desired;
 pub mod diff;
+pub mod edge;
 pub mod provider;
 pub mod report;
+pub mod runtime;
+
+use std::path::PathBuf;
 
 pub use desired::{
     DesiredOptions, DesiredState, PublishedHost, PublishedTcp, Publisher, SkippedItem,
@@ -19,3 +29,29 @@ pub use desired::{
 pub use diff::{Change, diff};
 pub use provider::{FileProvider, Fingerprint, fingerprint};
 pub use report::{PublicAddresses, render};
+pub use runtime::{RemoteEdge, Standalone, StandaloneConfig, TunnelKey};
+
+/// Errors of standalone mode.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or directory could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A state file of the data dir is corrupt; delete it to start afresh.
+    #[error("{}: {message} (delete the file to start afresh)", path.display())]
+    State {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The edge (embedded or remote) refused or failed.
+    #[error("edge: {0}")]
+    Edge(String),
+}

@@ -1,0 +1,171 @@
+//! `tuna-operator standalone`: flags and the entry point.
+
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use super::demo;
+use super::runtime::{RemoteEdge, Standalone, StandaloneConfig};
+
+/// Flags of `tuna-operator standalone`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StandaloneArgs {
+    /// Manifest file or directory (repeatable): Tunnel, Domain, TCPEndpoint,
+    /// Ingress (class tuna) and Service. Watched: changes apply live.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE_OR_DIR",
+        required_unless_present = "demo"
+    )]
+    pub paths: Vec<PathBuf>,
+    /// Public HTTP listener of the embedded edge.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_listen: SocketAddr,
+    /// Base domain: `subdomain: web` is served at `web.<base-domain>`. Browsers
+    /// and curl resolve `*.localhost` to this machine.
+    #[arg(long, default_value = "localhost")]
+    pub base_domain: String,
+    /// Ports TCP endpoints are given from (on 127.0.0.1), `FIRST-LAST`.
+    #[arg(long, default_value = "30000-30999", value_parser = parse_port_range)]
+    pub tcp_port_range: RangeInclusive<u16>,
+    /// State of the embedded edge (its CA, TCP port allocations). Default:
+    /// `$XDG_STATE_HOME/tuna-operator/standalone` (or `~/.local/state/…`).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Use a remote edge's REST API instead of the embedded edge.
+    #[arg(long, requires_all = ["edge_agent", "api_key_file"])]
+    pub edge_api: Option<String>,
+    /// `host:port` of the remote edge's agent listener.
+    #[arg(long, requires = "edge_api")]
+    pub edge_agent: Option<String>,
+    /// File holding the remote edge's API key.
+    #[arg(long, requires = "edge_api")]
+    pub api_key_file: Option<PathBuf>,
+    /// PEM CA file of the remote edge (its `tls/ca.pem`); default: system roots.
+    #[arg(long, requires = "edge_api")]
+    pub edge_ca_file: Option<PathBuf>,
+    /// Also start a built-in demo backend and publish it at `demo.<base-domain>`.
+    #[arg(long)]
+    pub demo: bool,
+    /// How often the files are checked for changes, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub poll_interval_ms: u64,
+}
+
+fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?} is not FIRST-LAST"))?;
+    let a: u16 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("{a:?} is not a port"))?;
+    let b: u16 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("{b:?} is not a port"))?;
+    if a == 0 || a > b {
+        return Err(format!("{s:?} is empty or starts at 0"));
+    }
+    Ok(a..=b)
+}
+
+/// The default `--data-dir`.
+pub fn default_data_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("tuna-operator/standalone")
+}
+
+/// Runs `standalone` on a new tokio runtime until interrupted.
+pub fn run_blocking(args: StandaloneArgs) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?
+        .block_on(run(args))
+}
+
+/// Runs `standalone` until SIGINT/SIGTERM.
+pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    let mut paths = args.paths.clone();
+    let demo_stop = CancellationToken::new();
+    let mut demo_host = None;
+    if args.demo {
+        let backend = demo::start_backend(demo_stop.clone()).await?;
+        paths.push(demo::write_manifests(&data_dir.join("demo"), backend)?);
+        demo_host = Some(format!("{}.{}", demo::DEMO_SUBDOMAIN, args.base_domain));
+    }
+    let mut config = StandaloneConfig::new(paths, data_dir);
+    config.http_listen = args.http_listen;
+    config.base_domain = args.base_domain.clone();
+    config.tcp_port_range = args.tcp_port_range.clone();
+    config.poll_interval = Duration::from_millis(args.poll_interval_ms.max(50));
+    config.print_reports = true;
+    if let Some(api_url) = &args.edge_api {
+        let key_file = args
+            .api_key_file
+            .clone()
+            .context("--api-key-file is required with --edge-api")?;
+        let key = std::fs::read_to_string(&key_file)
+            .with_context(|| format!("reading {}", key_file.display()))?;
+        config.remote = Some(RemoteEdge {
+            api_url: api_url.clone(),
+            agent_addr: args
+                .edge_agent
+                .clone()
+                .context("--edge-agent is required with --edge-api")?,
+            api_key: tuna_tunnel::api::Secret::new(key.trim()),
+            ca_file: args.edge_ca_file.clone(),
+        });
+    }
+    let standalone = Standalone::start(config).await?;
+    println!("{}", standalone.report().await);
+    if let (Some(host), Some(addr)) = (demo_host, standalone.http_addr()) {
+        let port = if addr.port() == 80 {
+            String::new()
+        } else {
+            format!(":{}", addr.port())
+        };
+        println!("Try it:  curl http://{host}{port}/");
+        println!("   or:   curl -H 'Host: {host}' http://{addr}/");
+    }
+    println!(
+        "Watching {} for changes; Ctrl-C to stop.",
+        args.paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    shutdown_signal().await;
+    println!("Stopping: closing tunnels and revoking their tokens…");
+    standalone.shutdown().await;
+    demo_stop.cancel();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
