@@ -73,6 +73,9 @@
 //!   allOf/anyOf/oneOf/not) and their CEL `x-kubernetes-validations` (transition rules
 //!   included) via `kube-cel`. `fieldValidation=Strict` rejects unknown fields (400);
 //!   the default (Warn) drops them with a `Warning` header.
+//! - **Built-in kinds** are decoded into their k8s-openapi types: wrong types are 422, unknown
+//!   fields are handled as for custom resources. No other built-in validation (required
+//!   fields, immutability, value formats) is done.
 //! - **Encodings**: JSON in and out (YAML bodies accepted), `Table` and
 //!   `PartialObjectMetadata` answers when the `Accept` header asks for them (kube-rs's
 //!   `metadata_watcher`). Protobuf request bodies get 415.
@@ -87,6 +90,7 @@
 //! - Not implemented: protobuf, CRD version conversion (all versions share storage),
 //!   admission webhooks, pods actually running, `exec`/`logs`/`port-forward`.
 
+mod builtin;
 mod discovery;
 mod error;
 mod patch;

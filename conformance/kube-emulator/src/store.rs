@@ -510,30 +510,47 @@ impl State {
             }
             _ => {}
         }
+        let mut unknown_fields = Vec::new();
         if let (true, Some(schema)) = (rt.crd, rt.schema.as_ref()) {
             let a = schema::admit(schema, obj, old, &self.validator);
-            if !a.unknown_fields.is_empty() {
-                match opts.field_validation {
-                    FieldValidation::Strict => {
-                        let list: Vec<String> = a
-                            .unknown_fields
-                            .iter()
-                            .map(|f| format!("unknown field \"{f}\""))
-                            .collect();
-                        return Err(ApiError::bad_request(format!(
-                            "strict decoding error: {}",
-                            list.join(", ")
-                        )));
-                    }
-                    FieldValidation::Warn => self.warnings.extend(
-                        a.unknown_fields
-                            .iter()
-                            .map(|f| format!("unknown field \"{f}\"")),
-                    ),
-                    FieldValidation::Ignore => {}
-                }
-            }
+            unknown_fields = a.unknown_fields;
             errors.extend(a.errors);
+        } else if !rt.crd {
+            match crate::builtin::decode(rt, obj) {
+                Ok(Some(d)) => {
+                    // Like a Go decoder, the stored object keeps only what its type has.
+                    for f in &d.unknown_fields {
+                        crate::builtin::remove_dotted(obj, f);
+                    }
+                    unknown_fields = d.unknown_fields;
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(FieldError {
+                    field: "<body>".into(),
+                    reason: "FieldValueInvalid",
+                    message: format!("cannot decode as {}: {e}", rt.kind),
+                }),
+            }
+        }
+        if !unknown_fields.is_empty() {
+            match opts.field_validation {
+                FieldValidation::Strict => {
+                    let list: Vec<String> = unknown_fields
+                        .iter()
+                        .map(|f| format!("unknown field \"{f}\""))
+                        .collect();
+                    return Err(ApiError::bad_request(format!(
+                        "strict decoding error: {}",
+                        list.join(", ")
+                    )));
+                }
+                FieldValidation::Warn => self.warnings.extend(
+                    unknown_fields
+                        .iter()
+                        .map(|f| format!("unknown field \"{f}\"")),
+                ),
+                FieldValidation::Ignore => {}
+            }
         }
         if errors.is_empty() {
             Ok(())

@@ -340,6 +340,13 @@ spec:
             && out.contains("ingress.networking.k8s.io/web unchanged"),
         "{out}"
     );
+    let typo = write(
+        dir.path(),
+        "typo.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: typo}\nspec:\n  prots: [{port: 80}]\n",
+    );
+    let err = k.fails(&["apply", "-f", typo.to_str().unwrap()]).await;
+    assert!(err.contains("unknown field \"spec.prots\""), "{err}");
     let (cm, ports, table) = tokio::join!(
         k.ok(&["get", "cm", "cfg", "-o", "jsonpath={.data}"]),
         k.ok(&["get", "svc", "svc", "-o", "jsonpath={.spec.ports}"]),
