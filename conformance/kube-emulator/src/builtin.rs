@@ -83,6 +83,15 @@ pub fn remove_dotted(obj: &mut Value, path: &str) {
     }
 }
 
+/// Decodes `metadata` of a custom resource as `ObjectMeta`; returns its unknown fields.
+pub fn decode_metadata(obj: &Value) -> Result<Vec<String>, String> {
+    let meta = &obj["metadata"];
+    let typed = roundtrip::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(meta)?;
+    let mut out = Vec::new();
+    unknown(meta, &typed, "metadata", &mut out);
+    Ok(out)
+}
+
 /// Decodes a stored-form object of a built-in kind. `Ok(None)` for kinds without a typed check.
 pub fn decode(rt: &ResourceType, obj: &Value) -> Result<Option<Decoded>, String> {
     use k8s_openapi::api::{apps, coordination, core, discovery, networking, rbac};

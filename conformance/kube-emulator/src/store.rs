@@ -142,11 +142,15 @@ fn comparable(v: &Value) -> Value {
 }
 
 /// The object without metadata and status: what `generation` tracks.
-fn spec_part(v: &Value) -> Value {
+/// The object without metadata (and without status when a status subresource separates it):
+/// what `generation` tracks.
+fn spec_part(v: &Value, status_separate: bool) -> Value {
     let mut v = v.clone();
     if let Some(m) = v.as_object_mut() {
         m.remove("metadata");
-        m.remove("status");
+        if status_separate {
+            m.remove("status");
+        }
     }
     v
 }
@@ -515,6 +519,15 @@ impl State {
             let a = schema::admit(schema, obj, old, &self.validator);
             unknown_fields = a.unknown_fields;
             errors.extend(a.errors);
+            match crate::builtin::decode_metadata(obj) {
+                Ok(unknown) => {
+                    for f in &unknown {
+                        crate::builtin::remove_dotted(obj, f);
+                    }
+                    unknown_fields.extend(unknown);
+                }
+                Err(e) => errors.push(FieldError::invalid("metadata", &json!("object"), e)),
+            }
         } else if !rt.crd {
             match crate::builtin::decode(rt, obj) {
                 Ok(Some(d)) => {
@@ -777,7 +790,9 @@ impl State {
             // The no-op rule: nothing changed, so no new resourceVersion and no watch event.
             return Ok(old);
         }
-        if rt.has_generation && spec_part(&new) != spec_part(&old) {
+        if rt.has_generation
+            && spec_part(&new, rt.status_subresource) != spec_part(&old, rt.status_subresource)
+        {
             let g = old["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
             set_meta(&mut new, "generation", json!(g));
         }

@@ -407,6 +407,34 @@ async fn schema_validation_defaults_strictness_and_cel() {
         .await
         .unwrap();
     assert_eq!(created.data["spec"], json!({"size": "m", "replicas": 1}));
+    // Unknown metadata fields are pruned too; label values must be strings.
+    let mut meta_typo = obj(json!({"size": "s"}));
+    meta_typo.metadata.name = Some("v2".into());
+    let mut raw = serde_json::to_value(&meta_typo).unwrap();
+    raw["metadata"]["lables"] = json!({"a": "b"});
+    let created2 = dynamic
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(raw.clone()).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(created2.metadata.labels.is_none());
+    raw["metadata"]["name"] = json!("v3");
+    raw["metadata"]["labels"] = json!({"a": 1});
+    let req = http::Request::post("/apis/example.com/v1/namespaces/default/widgets")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&raw).unwrap())
+        .unwrap();
+    let err = api_err(
+        emu.client()
+            .await
+            .unwrap()
+            .request::<serde_json::Value>(req)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422, "{}", err.message);
     // Strict field validation rejects unknown fields.
     let strict = PatchParams {
         field_validation: Some(kube::api::ValidationDirective::Strict),
