@@ -35,9 +35,22 @@ struct Node {
 /// A link to a child node, labelled by a segment stored in `labels`.
 #[derive(Debug, Clone, Copy)]
 struct Edge {
+    /// The label's first 8 bytes, little-endian, zero-padded: most labels
+    /// are decided by one integer comparison instead of a `memcmp` call.
+    tag: u64,
     label_start: u32,
     label_len: u32,
     node: u32,
+}
+
+/// The first 8 bytes of a segment as an integer (see [`Edge::tag`]).
+#[inline]
+fn tag_of(segment: &[u8]) -> u64 {
+    let mut tag = 0u64;
+    for (i, &b) in segment.iter().take(8).enumerate() {
+        tag |= u64::from(b) << (8 * i);
+    }
+    tag
 }
 
 fn slot(value: u32) -> Option<u32> {
@@ -62,12 +75,17 @@ impl HostRoutes {
         }
         let start = node.first_edge as usize;
         let edges = &self.edges[start..start + node.edge_count as usize];
+        let segment = segment.as_bytes();
+        let tag = tag_of(segment);
         edges
             .iter()
             .find(|e| {
-                e.label_len as usize == segment.len()
-                    && self.labels.as_bytes()[e.label_start as usize..][..segment.len()]
-                        == *segment.as_bytes()
+                e.tag == tag
+                    && e.label_len as usize == segment.len()
+                    && (segment.len() <= 8
+                        || self.labels.as_bytes()[e.label_start as usize + 8..]
+                            [..segment.len() - 8]
+                            == segment[8..])
             })
             .map(|e| e.node)
     }
@@ -85,7 +103,13 @@ impl HostRoutes {
             Some(body) => (body, true),
             None => (rest, false),
         };
-        for segment in body.split('/') {
+        // Segments are split by hand: `str::split` costs a searcher per call.
+        let mut rest = body;
+        loop {
+            let (segment, more) = match rest.bytes().position(|b| b == b'/') {
+                Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+                None => (rest, None),
+            };
             match self.child(node, segment) {
                 Some(i) => {
                     node = &self.nodes[i as usize];
@@ -95,6 +119,10 @@ impl HostRoutes {
                 }
                 // No exact route can lie below a missing child.
                 None => return slot(best),
+            }
+            match more {
+                Some(next) => rest = next,
+                None => break,
             }
         }
         let exact = if trailing {
@@ -183,6 +211,7 @@ impl BuildHost {
                 node.edge_count = n.children.len() as u32;
                 for (label, child) in n.children {
                     edges.push(Edge {
+                        tag: tag_of(label.as_bytes()),
                         label_start: labels.len() as u32,
                         label_len: label.len() as u32,
                         node: child,

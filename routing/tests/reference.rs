@@ -11,8 +11,23 @@ use tuna_routing::{
 
 /// Route segments: a small alphabet so that routes overlap often.
 fn route_segment() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["a", "b", "ab", "A", "c~", "%7E", "x:y", "%3F", "d", "e", "f"])
-        .prop_map(String::from)
+    prop::sample::select(vec![
+        "a",
+        "b",
+        "ab",
+        "A",
+        "c~",
+        "%7E",
+        "x:y",
+        "%3F",
+        "d",
+        "e",
+        "f",
+        "abcdefgh",
+        "abcdefghi",
+        "abcdefghijk",
+    ])
+    .prop_map(String::from)
 }
 
 fn route_path() -> impl Strategy<Value = String> {
@@ -78,8 +93,36 @@ fn specs() -> impl Strategy<Value = Vec<RouteSpec<u32>>> {
 /// Request segments include everything the canonicalisation must handle.
 fn request_segment() -> impl Strategy<Value = String> {
     prop::sample::select(vec![
-        "a", "b", "ab", "A", "c~", "c%7e", "%7E", "x:y", "%3f", "%3F", "%61", "%2F", "%2f", ".",
-        "..", "%2e", "%2E%2e", "", "a b", "%", "%zz", "{x}", "\\", "é",
+        "a",
+        "b",
+        "ab",
+        "A",
+        "c~",
+        "c%7e",
+        "%7E",
+        "x:y",
+        "%3f",
+        "%3F",
+        "%61",
+        "%2F",
+        "%2f",
+        ".",
+        "..",
+        "%2e",
+        "%2E%2e",
+        "",
+        "a b",
+        "%",
+        "%zz",
+        "{x}",
+        "\\",
+        "é",
+        "abcdefgh",
+        "abcdefghi",
+        "abcdefghz",
+        "abcdefghijk",
+        "abcdefghijz",
+        "abcdefgH",
     ])
     .prop_map(String::from)
 }
