@@ -703,9 +703,10 @@ fn resource_request(
                 .map(|o| from_stored(&rt, o))
                 .collect();
             if let Some(c) = query.get("continue").filter(|c| !c.is_empty()) {
-                items.retain(|o| {
-                    format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name")) > *c
-                });
+                // The token is the last "namespace/name" returned; items are ordered by
+                // (namespace, name), and namespaces cannot contain '/'.
+                let (cns, cname) = c.split_once('/').unwrap_or(("", c.as_str()));
+                items.retain(|o| (meta_str(o, "namespace"), meta_str(o, "name")) > (cns, cname));
             }
             let mut meta = json!({"resourceVersion": st.rv.to_string()});
             if let Some(limit) = query
