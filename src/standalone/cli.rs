@@ -101,11 +101,25 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     let demo_stop = CancellationToken::new();
     let mut demo_host = None;
     if args.demo {
-        let backend = demo::start_backend(demo_stop.clone()).await?;
-        paths.push(demo::write_manifests(&data_dir.join("demo"), backend)?);
+        let mut web = None;
+        for (name, port) in demo::EXAMPLE_PORTS {
+            let addr = if name == "echo" {
+                demo::start_echo(port, demo_stop.clone()).await?
+            } else {
+                demo::start_backend(name, port, demo_stop.clone()).await?
+            };
+            if addr.port() != port {
+                println!(
+                    "note: port {port} is busy; the demo {name} service listens on {addr} instead"
+                );
+            }
+            web.get_or_insert(addr);
+        }
+        let web = web.expect("EXAMPLE_PORTS starts with web");
+        paths.push(demo::write_manifests(&data_dir.join("demo"), web)?);
         demo_host = Some(format!("{}.{}", demo::DEMO_SUBDOMAIN, args.base_domain));
     }
-    let mut config = StandaloneConfig::new(paths, data_dir);
+    let mut config = StandaloneConfig::new(paths.clone(), data_dir);
     config.http_listen = args.http_listen;
     config.base_domain = args.base_domain.clone();
     config.tcp_port_range = args.tcp_port_range.clone();
@@ -141,7 +155,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     }
     println!(
         "Watching {} for changes; Ctrl-C to stop.",
-        args.paths
+        paths
             .iter()
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>()

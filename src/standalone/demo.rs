@@ -1,10 +1,13 @@
 //! `standalone --demo`: a tiny built-in backend and a generated Tunnel for it, so
 //! one command on a fresh machine shows a public URL answering real content.
 //!
-//! The backend is a minimal HTTP/1.1 responder (one request per connection): it
-//! answers every request with a short page that echoes what it received —
-//! method, path, `Host` and the `X-Forwarded-*` headers the proxy core adds — so
-//! the user sees the whole path work.
+//! The backends are minimal HTTP/1.1 responders (one request per connection):
+//! they answer every request with a short page naming the backend and echoing
+//! what it received — method, path, `Host` and the `X-Forwarded-*` headers the
+//! proxy core adds — so the user sees the whole path work. `--demo` also starts
+//! the `web` (3000), `api` (3001) and TCP `echo` (7000) services that
+//! `examples/standalone/` points at, so `--demo -f examples/standalone` serves
+//! the whole quickstart with nothing else installed.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,18 +24,41 @@ pub const DEMO_SUBDOMAIN: &str = "demo";
 /// Largest request head the demo reads.
 const MAX_HEAD: usize = 16 * 1024;
 
-/// Starts the demo backend on `127.0.0.1:0`; it stops when `stop` is cancelled.
-pub async fn start_backend(stop: CancellationToken) -> Result<SocketAddr, Error> {
-    let listener = TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .map_err(|source| Error::Io {
-            path: PathBuf::from("127.0.0.1:0"),
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| Error::Io {
-        path: PathBuf::from("127.0.0.1:0"),
+/// Ports the quickstart manifests in `examples/standalone/` point at: the
+/// `web` and `api` HTTP backends and the `echo` TCP service.
+pub const EXAMPLE_PORTS: [(&str, u16); 3] = [("web", 3000), ("api", 3001), ("echo", 7000)];
+
+async fn bind(preferred: u16) -> Result<TcpListener, Error> {
+    match TcpListener::bind(("127.0.0.1", preferred)).await {
+        Ok(l) => Ok(l),
+        Err(e) => {
+            tracing::warn!(port = preferred, error = %e, "demo port busy; using another one");
+            TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(|source| Error::Io {
+                    path: PathBuf::from("127.0.0.1:0"),
+                    source,
+                })
+        }
+    }
+}
+
+fn local(listener: &TcpListener) -> Result<SocketAddr, Error> {
+    listener.local_addr().map_err(|source| Error::Io {
+        path: PathBuf::from("127.0.0.1"),
         source,
-    })?;
+    })
+}
+
+/// Starts a demo HTTP backend called `name` on `127.0.0.1:preferred` (another
+/// port if that one is busy; 0 for any); it stops when `stop` is cancelled.
+pub async fn start_backend(
+    name: &'static str,
+    preferred: u16,
+    stop: CancellationToken,
+) -> Result<SocketAddr, Error> {
+    let listener = bind(preferred).await?;
+    let addr = local(&listener)?;
     tokio::spawn(async move {
         loop {
             let (mut conn, _) = tokio::select! {
@@ -51,7 +77,7 @@ pub async fn start_backend(stop: CancellationToken) -> Result<SocketAddr, Error>
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let body = page(&String::from_utf8_lossy(&head));
+                let body = page(name, &String::from_utf8_lossy(&head));
                 let response = format!(
                     "HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
@@ -64,12 +90,34 @@ pub async fn start_backend(stop: CancellationToken) -> Result<SocketAddr, Error>
     Ok(addr)
 }
 
+/// Starts a TCP echo service on `127.0.0.1:preferred` (another port if busy).
+pub async fn start_echo(preferred: u16, stop: CancellationToken) -> Result<SocketAddr, Error> {
+    let listener = bind(preferred).await?;
+    let addr = local(&listener)?;
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = tokio::select! {
+                _ = stop.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(c) => c,
+                    Err(_) => continue,
+                },
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = conn.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
 /// The page the demo answers with, from the request head it received.
-pub fn page(head: &str) -> String {
+pub fn page(name: &str, head: &str) -> String {
     let mut lines = head.split("\r\n");
     let request_line = lines.next().unwrap_or_default();
-    let mut out = String::from(
-        "Hello from tuna-operator standalone!\n\nThis page comes from the built-in demo backend, through the edge, the tunnel and the proxy core.\n\n",
+    let mut out = format!(
+        "Hello from tuna-operator standalone!\n\nThis page comes from the built-in demo backend {name:?}, through the edge, the tunnel and the proxy core.\n\n"
     );
     out.push_str(&format!("request: {request_line}\n"));
     for line in lines {
@@ -114,6 +162,7 @@ mod tests {
             "GET /hi HTTP/1.1\r\nHost: demo.localhost\r\nX-Forwarded-Proto: http\r\nCookie: secret\r\n\r\n",
         );
         assert!(page.contains("request: GET /hi HTTP/1.1"));
+        assert!(page.contains("backend \"web\""));
         assert!(page.contains("host: demo.localhost"));
         assert!(page.contains("x-forwarded-proto: http"));
         assert!(!page.contains("secret"), "other headers are not echoed");
