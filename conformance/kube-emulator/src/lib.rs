@@ -86,7 +86,7 @@
 //!   HTTP; with `tls: false` tokenless requests act as admin). The admin token (group `system:masters`) bypasses RBAC;
 //!   ServiceAccount tokens (from [`EmulatorHandle::token_for_service_account`] or the
 //!   TokenRequest API) are opaque and die with their ServiceAccount. Aggregated ClusterRoles
-//!   are not expanded. Discovery and OpenAPI are readable by any authenticated user.
+//!   (`aggregationRule`) are expanded; of the default roles only `cluster-admin` exists. Discovery and OpenAPI are readable by any authenticated user.
 //! - Not implemented: protobuf, CRD version conversion (all versions share storage),
 //!   admission webhooks, pods actually running, `exec`/`logs`/`port-forward`.
 

@@ -1,8 +1,9 @@
 //! RBAC authorization: Role/ClusterRole rules bound by (Cluster)RoleBindings decide every request.
-//! Aggregated ClusterRoles (`aggregationRule`) are not expanded.
+//! Aggregated ClusterRoles (`aggregationRule`) are expanded when a request is authorized.
 
 use serde_json::Value;
 
+use crate::selector::LabelSelector;
 use crate::store::{Identity, State};
 
 /// What a request wants to do, in RBAC terms.
@@ -171,11 +172,24 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
         } else {
             (&role, ns)
         };
-        state
-            .get(t, n, name)
-            .ok()
-            .and_then(|r| r["rules"].as_array().cloned())
-            .unwrap_or_default()
+        let Ok(r) = state.get(t, n, name) else {
+            return Vec::new();
+        };
+        let mut rules = r["rules"].as_array().cloned().unwrap_or_default();
+        // An aggregated ClusterRole has the rules of every ClusterRole its selectors match.
+        for sel in r["aggregationRule"]["clusterRoleSelectors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let selector = label_selector_of(sel);
+            for other in state.list(&cr, None) {
+                if other["metadata"]["name"] != r["metadata"]["name"] && selector.matches(&other) {
+                    rules.extend(other["rules"].as_array().cloned().unwrap_or_default());
+                }
+            }
+        }
+        rules
     };
     for b in state.list(&crb, None) {
         if strs_obj(&b["subjects"])
@@ -217,6 +231,31 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
         }
     }
     false
+}
+
+/// A `metav1.LabelSelector` object as a parsed selector.
+fn label_selector_of(sel: &Value) -> LabelSelector {
+    let mut terms: Vec<String> = sel["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for e in sel["matchExpressions"].as_array().into_iter().flatten() {
+        let key = e["key"].as_str().unwrap_or_default();
+        let values = strs(&e["values"]).join(",");
+        terms.push(match e["operator"].as_str().unwrap_or_default() {
+            "In" => format!("{key} in ({values})"),
+            "NotIn" => format!("{key} notin ({values})"),
+            "Exists" => key.to_string(),
+            _ => format!("!{key}"),
+        });
+    }
+    // A selector that fails to parse matches nothing.
+    LabelSelector::parse(&terms.join(","))
+        .unwrap_or_else(|_| LabelSelector::parse("kube-emulator/never-matches").expect("valid"))
 }
 
 fn strs_obj(v: &Value) -> Vec<&Value> {

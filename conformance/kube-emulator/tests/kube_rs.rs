@@ -1249,3 +1249,41 @@ async fn streaming_list_watcher_gets_initial_events_then_changes() {
         "a streaming list must not LIST"
     );
 }
+
+#[tokio::test]
+async fn aggregated_cluster_roles_grant_the_rules_they_select() {
+    let emu = emulator().await;
+    emu.apply_yaml(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: widget-viewer}
+aggregationRule:
+  clusterRoleSelectors: [{matchLabels: {example.com/aggregate-to-viewer: "true"}}]
+rules: []
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: widget-get, labels: {example.com/aggregate-to-viewer: "true"}}
+rules: [{apiGroups: [example.com], resources: [widgets], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: dev-view, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: widget-viewer}
+subjects: [{kind: User, name: dev}]
+"#,
+    )
+    .unwrap();
+    emu.apply_yaml("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w, namespace: default}\nspec: {size: s}\n").unwrap();
+    let dev = emu
+        .client_for_token(&emu.token_for_user("dev", &[]))
+        .await
+        .unwrap();
+    let api: Api<Widget> = Api::namespaced(dev, "default");
+    assert!(api.get("w").await.is_ok());
+    assert_eq!(
+        api_err(api.list(&ListParams::default()).await.unwrap_err()).code,
+        403
+    );
+}
