@@ -159,6 +159,7 @@ mod tests {
     #[test]
     fn page_echoes_request_line_host_and_forwarded_headers() {
         let page = super::page(
+            "web",
             "GET /hi HTTP/1.1\r\nHost: demo.localhost\r\nX-Forwarded-Proto: http\r\nCookie: secret\r\n\r\n",
         );
         assert!(page.contains("request: GET /hi HTTP/1.1"));
