@@ -46,8 +46,8 @@
 //! ## Contract
 //!
 //! - **Storage**: one global resourceVersion; `uid`, `creationTimestamp`, `generation` (for
-//!   CRs, ingresses, ingressclasses and CRDs: bumped when anything outside metadata/status
-//!   changes); optimistic concurrency (409 on a stale `metadata.resourceVersion`); a write that
+//!   CRs, ingresses, ingressclasses, deployments and CRDs: bumped when anything outside
+//!   metadata changes, status excluded when a status subresource exists); optimistic concurrency (409 on a stale `metadata.resourceVersion`); a write that
 //!   changes nothing keeps the resourceVersion and emits no watch event.
 //! - **Kinds**: core v1 namespaces, services, secrets, configmaps, serviceaccounts (+`token`),
 //!   events, endpoints, pods (stored only); events.k8s.io/v1 events (same storage as core events);
@@ -80,15 +80,23 @@
 //!   `PartialObjectMetadata` answers when the `Accept` header asks for them (kube-rs's
 //!   `metadata_watcher`). Protobuf request bodies get 415.
 //! - **kubectl**: `/version`, legacy and aggregated discovery, `/openapi/v3` (per group-version
-//!   documents from CRD schemas; built-in kinds get untyped schemas), `Table` answers with CRD
-//!   printer columns (NAME/AGE for built-ins). `/openapi/v2` is 404 (kubectl tolerates it).
+//!   documents from CRD schemas; built-in kinds get untyped schemas, so `explain` only
+//!   describes custom kinds), `Table` answers with CRD printer columns and apiserver-like
+//!   columns for services, ingresses, configmaps, secrets, events, leases, namespaces and CRDs
+//!   (NAME/AGE otherwise). `/openapi/v2` is 404 (kubectl tolerates it). kubectl commands that
+//!   send protobuf bodies through typed clients (`kubectl create <kind>`, `create token`,
+//!   `auth can-i`, `auth whoami`) get 415: use `kubectl apply` (JSON) instead.
 //! - **Auth**: bearer tokens only (TLS by default, since kubectl sends no token over plain
-//!   HTTP; with `tls: false` tokenless requests act as admin). The admin token (group `system:masters`) bypasses RBAC;
-//!   ServiceAccount tokens (from [`EmulatorHandle::token_for_service_account`] or the
-//!   TokenRequest API) are opaque and die with their ServiceAccount. Aggregated ClusterRoles
-//!   (`aggregationRule`) are expanded; of the default roles only `cluster-admin` exists. Discovery and OpenAPI are readable by any authenticated user.
-//! - Not implemented: protobuf, CRD version conversion (all versions share storage),
-//!   admission webhooks, pods actually running, `exec`/`logs`/`port-forward`.
+//!   HTTP; with `tls: false` tokenless requests act as admin). The admin token (group
+//!   `system:masters`) bypasses RBAC; ServiceAccount tokens (from
+//!   [`EmulatorHandle::token_for_service_account`] or the TokenRequest API) are opaque and die
+//!   with their ServiceAccount; static users come from [`EmulatorHandle::token_for_user`].
+//!   Aggregated ClusterRoles (`aggregationRule`) are expanded; of the default roles only
+//!   `cluster-admin` exists. Discovery, OpenAPI and SelfSubjectAccessReview are open to every
+//!   authenticated user. A list/watch with `fieldSelector=metadata.name=X` is authorized as a
+//!   request for X (so `resourceNames` rules apply).
+//! - Not implemented: protobuf, CRD version conversion (all versions share storage), the
+//!   `scale` subresource, admission webhooks, pods actually running, `exec`/`logs`/`port-forward`.
 
 mod builtin;
 mod discovery;
