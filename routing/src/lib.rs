@@ -73,9 +73,16 @@
 //! # Cost
 //!
 //! `lookup` allocates nothing (a test with a counting global allocator proves
-//! it): a host hash lookup, then one child lookup per path segment in a
-//! segment trie. A path that needs rewriting is rewritten into a stack buffer
-//! of [`MAX_PATH_LEN`] bytes; a longer one matches no route.
+//! it): one pass over the host and one over the path to check they are
+//! already canonical, a host hash lookup, then one child lookup per path
+//! segment in a segment trie (flat arrays of nodes and edges per host; edges
+//! compared by an integer of their first 8 bytes; nodes with more than 8
+//! children hashed). Its cost depends on the number of path segments, not on
+//! the number of routes. A path that needs rewriting is rewritten into a
+//! stack buffer of [`MAX_PATH_LEN`] bytes; a longer one matches no route.
+//! Building is `O(total path length)`; `RouteTable::build` of 100 000
+//! routes takes a few hundred milliseconds, so tables are built off the
+//! request path and swapped in whole.
 //!
 //! `matchit` was the first candidate for the path trie, but its lookup pushes
 //! onto a heap `Vec` whenever it passes a node holding both static and
