@@ -205,7 +205,35 @@ spec: {{protocol: tcp, portOrAlias: echo, upstream: {{url: "tcp://127.0.0.1:{ech
         "{tokens:?}"
     );
 
-    // Shutdown revokes them.
+    // Removing the Domain and its Ingress from the files closes that tunnel,
+    // revokes its token and releases the domain (reclaimPolicy Delete, not adopted).
+    let mut generation = standalone.generation();
+    let before = *generation.borrow_and_update();
+    let file = dir.path().join("m/all.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let kept: Vec<&str> = text
+        .split("---\n")
+        .filter(|doc| !doc.contains("kind: Domain") && !doc.contains("kind: Ingress"))
+        .collect();
+    std::fs::write(&file, kept.join("---\n")).unwrap();
+    tokio::time::timeout(WAIT, generation.wait_for(|g| *g > before))
+        .await
+        .expect("change applied")
+        .unwrap();
+    assert!(
+        api.list_domains().await.unwrap().is_empty(),
+        "the domain was released"
+    );
+    let live = api
+        .list_tokens("")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| !t.expired)
+        .count();
+    assert_eq!(live, 1, "only the tcp tunnel's token is left");
+
+    // Shutdown revokes the rest.
     standalone.shutdown().await;
     let live: Vec<_> = api
         .list_tokens("")

@@ -46,6 +46,7 @@ use super::provider::FileProvider;
 use super::report::{PublicAddresses, render};
 use crate::translate::service::{ResolvedUpstream, UpstreamScheme};
 use crate::translate::tunnel::PortOrAlias;
+use tuna_crds::ReclaimPolicy;
 
 /// How long a new tunnel may take to connect before it is reported as not
 /// (yet) connected; it keeps retrying in the background.
@@ -133,6 +134,21 @@ struct Session {
     tcp_addr: Option<SocketAddr>,
 }
 
+/// How a reservation came to be, deciding whether removal releases it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reservation {
+    /// It existed before (made elsewhere): never released (DESIGN §3, adoption).
+    adopted: bool,
+    /// The resource's `reclaimPolicy` (`Delete` for hosts of http Tunnels).
+    policy: ReclaimPolicy,
+}
+
+impl Reservation {
+    fn releasable(self) -> bool {
+        !self.adopted && self.policy == ReclaimPolicy::Delete
+    }
+}
+
 struct Runtime {
     proxy: ProxyCore,
     control: EdgeControl,
@@ -145,6 +161,10 @@ struct Runtime {
     provider: FileProvider,
     /// Problems found while applying (unresolvable upstream, edge refusal…).
     problems: Vec<SkippedItem>,
+    /// Hosts reserved at the edge (fqdn → how), for reclaim on removal.
+    hosts_reserved: BTreeMap<String, Reservation>,
+    /// TCP endpoints reserved at the edge (alias → how).
+    tcp_reserved: BTreeMap<String, Reservation>,
     report: String,
 }
 
@@ -307,6 +327,7 @@ impl Runtime {
     async fn apply(&mut self, changes: Vec<Change>) {
         self.problems.clear();
         let state = self.provider.state().clone();
+        self.reserve_new(&state).await;
         for change in changes {
             match change {
                 Change::HostRemoved { host } => {
@@ -327,17 +348,113 @@ impl Runtime {
                 Change::TunnelAdded(_) | Change::TunnelRemoved(_) => {}
             }
         }
-        // Reservations of TCPEndpoints that no tunnel uses yet still show an address.
+        self.release_removed(&state).await;
+        self.report = self.render();
+    }
+
+    /// Reserves the Domains and TCPEndpoints of the files that are not reserved
+    /// yet: before any tunnel binds them.
+    async fn reserve_new(&mut self, state: &DesiredState) {
+        for d in &state.domains {
+            if self.hosts_reserved.contains_key(&d.fqdn) {
+                continue;
+            }
+            let result = if d.custom {
+                self.control.reserve_host(None, Some(&d.fqdn)).await
+            } else {
+                let label = d.fqdn.split('.').next().unwrap_or(&d.fqdn).to_owned();
+                self.control.reserve_host(Some(&label), None).await
+            };
+            match result {
+                Ok(adopted) => {
+                    self.hosts_reserved.insert(
+                        d.fqdn.clone(),
+                        Reservation {
+                            adopted,
+                            policy: d.reclaim_policy,
+                        },
+                    );
+                }
+                Err(e) => self.problem(
+                    format!("Domain {}/{}", d.namespace, d.name),
+                    "ReservationFailed",
+                    e.to_string(),
+                ),
+            }
+        }
         for ep in &state.tcp_endpoints {
-            if let Err(e) = self.control.reserve_tcp(Some(&ep.alias), None).await {
-                self.problem(
+            if self.tcp_reserved.contains_key(&ep.alias) {
+                continue;
+            }
+            match self.control.reserve_tcp(Some(&ep.alias), None).await {
+                Ok((_, _, adopted)) => {
+                    self.tcp_reserved.insert(
+                        ep.alias.clone(),
+                        Reservation {
+                            adopted,
+                            policy: ep.reclaim_policy,
+                        },
+                    );
+                }
+                Err(e) => self.problem(
                     format!("TCPEndpoint {}/{}", ep.namespace, ep.name),
                     "ReservationFailed",
+                    e.to_string(),
+                ),
+            }
+        }
+    }
+
+    /// Releases reservations whose resource left the files (and whose host or
+    /// endpoint no tunnel still serves), honouring `reclaimPolicy` and adoption.
+    async fn release_removed(&mut self, state: &DesiredState) {
+        let gone: Vec<(String, Reservation)> = self
+            .hosts_reserved
+            .iter()
+            .filter(|(fqdn, _)| {
+                !state.domains.iter().any(|d| &d.fqdn == *fqdn)
+                    && !self
+                        .sessions
+                        .contains_key(&TunnelKey::Host((*fqdn).clone()))
+            })
+            .map(|(f, r)| (f.clone(), *r))
+            .collect();
+        for (fqdn, r) in gone {
+            self.hosts_reserved.remove(&fqdn);
+            if r.releasable()
+                && let Err(e) = self.control.release_host(&fqdn).await
+            {
+                self.problem(format!("host {fqdn}"), "ReleaseFailed", e.to_string());
+            }
+        }
+        let in_use: Vec<String> = state
+            .tcp
+            .values()
+            .filter_map(|t| match &t.endpoint {
+                PortOrAlias::Alias(a) => Some(a.clone()),
+                PortOrAlias::Port(p) => Some(format!("port-{p}")),
+            })
+            .collect();
+        let gone: Vec<(String, Reservation)> = self
+            .tcp_reserved
+            .iter()
+            .filter(|(alias, _)| {
+                !state.tcp_endpoints.iter().any(|e| &e.alias == *alias) && !in_use.contains(alias)
+            })
+            .map(|(a, r)| (a.clone(), *r))
+            .collect();
+        for (alias, r) in gone {
+            self.tcp_reserved.remove(&alias);
+            if r.releasable()
+                && let Err(e) = self.control.release_tcp(&alias).await
+            {
+                self.problem(
+                    format!("TCP endpoint {alias}"),
+                    "ReleaseFailed",
                     e.to_string(),
                 );
             }
         }
-        self.report = self.render();
     }
 
     async fn set_host(&mut self, state: &DesiredState, host: &str, routes: &[HttpRouteSpec]) {
@@ -379,19 +496,25 @@ impl Runtime {
         if self.sessions.contains_key(&key) {
             return;
         }
-        // Reserve the host at a remote edge: the Domain's own spec when one
-        // reserves it, else the subdomain of the base domain (an http Tunnel).
-        let domain = state.domains.iter().find(|d| d.fqdn == host);
-        let reserved = match domain {
-            Some(d) if d.custom => self.control.reserve_host(None, Some(host)).await,
-            _ => {
-                let label = host.split('.').next().unwrap_or(host).to_owned();
-                self.control.reserve_host(Some(&label), None).await
+        // A host no Domain reserves is an http Tunnel's subdomain: reserve it
+        // for the tunnel's lifetime.
+        if !self.hosts_reserved.contains_key(host) {
+            let label = host.split('.').next().unwrap_or(host).to_owned();
+            match self.control.reserve_host(Some(&label), None).await {
+                Ok(adopted) => {
+                    self.hosts_reserved.insert(
+                        host.to_owned(),
+                        Reservation {
+                            adopted,
+                            policy: ReclaimPolicy::Delete,
+                        },
+                    );
+                }
+                Err(e) => {
+                    self.problem(format!("host {host}"), "ReservationFailed", e.to_string());
+                    return;
+                }
             }
-        };
-        if let Err(e) = reserved {
-            self.problem(format!("host {host}"), "ReservationFailed", e.to_string());
-            return;
         }
         let owner = state
             .hosts
@@ -432,17 +555,24 @@ impl Runtime {
             PortOrAlias::Alias(a) => (Some(a.as_str()), None),
             PortOrAlias::Port(p) => (None, Some(*p)),
         };
-        let (_, public_port, _) = match self.control.reserve_tcp(alias, port).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.problem(
-                    format!("Tunnel {tunnel}"),
-                    "ReservationFailed",
-                    e.to_string(),
-                );
-                return;
-            }
-        };
+        let (reserved_alias, public_port, adopted) =
+            match self.control.reserve_tcp(alias, port).await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.problem(
+                        format!("Tunnel {tunnel}"),
+                        "ReservationFailed",
+                        e.to_string(),
+                    );
+                    return;
+                }
+            };
+        self.tcp_reserved
+            .entry(reserved_alias)
+            .or_insert(Reservation {
+                adopted,
+                policy: ReclaimPolicy::Delete,
+            });
         if let Err(e) = self
             .open_session(&key, Binding::tcp(endpoint_key.clone()), tunnel)
             .await
@@ -582,6 +712,8 @@ impl Standalone {
             sessions: BTreeMap::new(),
             provider,
             problems: Vec::new(),
+            hosts_reserved: BTreeMap::new(),
+            tcp_reserved: BTreeMap::new(),
             report: String::new(),
         };
         let runtime = Arc::new(Mutex::new(runtime));
