@@ -55,7 +55,8 @@
 //!   apps/v1 deployments (stored only; nothing runs); discovery.k8s.io/v1 endpointslices;
 //!   apiextensions.k8s.io/v1 CRDs (served immediately, discovery and OpenAPI included);
 //!   rbac.authorization.k8s.io/v1; authentication.k8s.io/v1 tokenreviews;
-//!   authorization.k8s.io/v1 subjectaccessreviews and selfsubjectaccessreviews.
+//!   authentication.k8s.io/v1 selfsubjectreviews; authorization.k8s.io/v1 subjectaccessreviews
+//!   and selfsubjectaccessreviews.
 //! - **Verbs**: get, list (label selectors incl. set-based, field selectors `metadata.name`,
 //!   `metadata.namespace`, `involvedObject.*`/`regarding.*` for events, `limit`/`continue`),
 //!   watch (`resourceVersion` resumption from a 20 000-event history, else 410 Gone; bookmarks;
@@ -78,14 +79,15 @@
 //!   fields, immutability, value formats) is done.
 //! - **Encodings**: JSON in and out (YAML bodies accepted), `Table` and
 //!   `PartialObjectMetadata` answers when the `Accept` header asks for them (kube-rs's
-//!   `metadata_watcher`). Protobuf request bodies get 415.
+//!   `metadata_watcher`). Protobuf request bodies: see kubectl below.
 //! - **kubectl**: `/version`, legacy and aggregated discovery, `/openapi/v3` (per group-version
 //!   documents from CRD schemas; built-in kinds get untyped schemas, so `explain` only
 //!   describes custom kinds), `Table` answers with CRD printer columns and apiserver-like
 //!   columns for services, ingresses, configmaps, secrets, events, leases, namespaces and CRDs
-//!   (NAME/AGE otherwise). `/openapi/v2` is 404 (kubectl tolerates it). kubectl commands that
-//!   send protobuf bodies through typed clients (`kubectl create <kind>`, `create token`,
-//!   `auth can-i`, `auth whoami`) get 415: use `kubectl apply` (JSON) instead.
+//!   (NAME/AGE otherwise). `/openapi/v2` is 404 (kubectl tolerates it). kubectl's typed
+//!   clients send protobuf bodies: those of `create namespace|configmap|secret|serviceaccount`,
+//!   `create token`, `auth can-i` and `auth whoami` are decoded; other protobuf bodies (e.g.
+//!   `kubectl create deployment`) get 415, use `kubectl apply` instead.
 //! - **Auth**: bearer tokens only (TLS by default, since kubectl sends no token over plain
 //!   HTTP; with `tls: false` tokenless requests act as admin). The admin token (group
 //!   `system:masters`) bypasses RBAC; ServiceAccount tokens (from
@@ -95,13 +97,14 @@
 //!   `cluster-admin` exists. Discovery, OpenAPI and SelfSubjectAccessReview are open to every
 //!   authenticated user. A list/watch with `fieldSelector=metadata.name=X` is authorized as a
 //!   request for X (so `resourceNames` rules apply).
-//! - Not implemented: protobuf, CRD version conversion (all versions share storage), the
+//! - Not implemented: protobuf answers, CRD version conversion (all versions share storage), the
 //!   `scale` subresource, admission webhooks, pods actually running, `exec`/`logs`/`port-forward`.
 
 mod builtin;
 mod discovery;
 mod error;
 mod patch;
+mod protobuf;
 mod rbac;
 mod registry;
 mod schema;

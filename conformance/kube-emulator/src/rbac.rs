@@ -148,8 +148,8 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
     if let Some(r) = &attrs.resource
         && authenticated
         && attrs.verb == "create"
-        && r.group == "authorization.k8s.io"
-        && r.resource == "selfsubjectaccessreviews"
+        && ((r.group == "authorization.k8s.io" && r.resource == "selfsubjectaccessreviews")
+            || (r.group == "authentication.k8s.io" && r.resource == "selfsubjectreviews"))
     {
         return true;
     }

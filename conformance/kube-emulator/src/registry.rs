@@ -24,6 +24,8 @@ pub enum Special {
     SubjectAccessReview,
     /// `selfsubjectaccessreviews`: like SubjectAccessReview, for the caller.
     SelfSubjectAccessReview,
+    /// `selfsubjectreviews`: who the caller is (`kubectl auth whoami`).
+    SelfSubjectReview,
 }
 
 /// One served resource (group, version, plural name) and its behaviour.
@@ -314,6 +316,12 @@ pub fn builtins() -> Vec<ResourceType> {
             "selfsubjectaccessreviews",
             "SelfSubjectAccessReview",
             Special::SelfSubjectAccessReview,
+        ),
+        (
+            "authentication.k8s.io",
+            "selfsubjectreviews",
+            "SelfSubjectReview",
+            Special::SelfSubjectReview,
         ),
     ] {
         let mut r = builtin(group, "v1", resource, kind, false, &[], false, false);

@@ -322,12 +322,19 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
         .get(header::CONTENT_TYPE)
         .and_then(|c| c.to_str().ok())
         .is_some_and(|c| c.contains("protobuf"));
-    if protobuf && !body.is_empty() {
-        // kubectl's typed clients (e.g. `auth can-i`, `create token`) send protobuf bodies.
-        return error_response(&ApiError::unsupported_media(
-            "kube-emulator does not decode protobuf request bodies; send JSON",
-        ));
-    }
+    let body = if protobuf && !body.is_empty() {
+        // kubectl's typed clients (`create namespace`, `create token`, `auth can-i`) send protobuf.
+        match crate::protobuf::decode(&body) {
+            Some(v) => Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
+            None => {
+                return error_response(&ApiError::unsupported_media(
+                    "kube-emulator decodes protobuf bodies only for Namespace, ConfigMap, Secret, ServiceAccount, TokenRequest, SelfSubjectAccessReview and SelfSubjectReview; send JSON",
+                ));
+            }
+        }
+    } else {
+        body
+    };
     let r = route(&path);
     let verb = match (&parts.method, &r) {
         (&Method::GET, Route::Resource(rp))
@@ -654,8 +661,11 @@ fn resource_request(
                 if allowed {
                     json!({"allowed": true, "reason": "allowed by RBAC"})
                 } else {
-                    json!({"allowed": false, "reason": a.denial(&subject.username)})
+                    json!({"allowed": false})
                 }
+            }
+            Special::SelfSubjectReview => {
+                json!({"userInfo": {"username": user.username, "uid": user.uid, "groups": user.groups}})
             }
             Special::None => unreachable!("checked above"),
         };

@@ -391,10 +391,19 @@ subjects: [{kind: ServiceAccount, name: op, namespace: default}]
     emu.write_service_account_kubeconfig("default", "op", &kc)
         .unwrap();
     let k = Kubectl::new(&kc);
-    let (get, del, patch) = tokio::join!(
+    let (get, del, patch, can_list, can_delete, whoami) = tokio::join!(
         k.ok(&["get", "widgets"]),
         k.fails(&["delete", "widget", "web"]),
         k.fails(&["label", "widget", "web", "x=y"]),
+        k.ok(&["auth", "can-i", "list", "widgets.example.com"]),
+        k.run(&["auth", "can-i", "delete", "widgets.example.com"]),
+        k.ok(&["auth", "whoami"]),
+    );
+    assert_eq!(can_list.trim(), "yes");
+    assert_eq!(String::from_utf8_lossy(&can_delete.stdout).trim(), "no");
+    assert!(
+        whoami.contains("system:serviceaccount:default:op"),
+        "{whoami}"
     );
     assert!(get.contains("web"), "{get}");
     assert!(del.contains("Error from server (Forbidden)") && del.contains("User \"system:serviceaccount:default:op\" cannot delete resource \"widgets\" in API group \"example.com\""), "{del}");
@@ -479,4 +488,63 @@ async fn plain_http_mode_serves_tokenless_kubectl_as_admin() {
     let k = Kubectl::new(emu.kubeconfig_path());
     let out = k.ok(&["get", "namespaces"]).await;
     assert!(out.contains("default") && out.contains("Active"), "{out}");
+}
+
+#[tokio::test]
+async fn imperative_create_commands_and_tokens() {
+    let emu = emulator().await;
+    let k = Kubectl::new(emu.kubeconfig_path());
+    k.ok(&["create", "namespace", "apps"]).await;
+    let (cm, secret, sa) = tokio::join!(
+        k.ok(&[
+            "-n",
+            "apps",
+            "create",
+            "configmap",
+            "cfg",
+            "--from-literal=a=1"
+        ]),
+        k.ok(&[
+            "-n",
+            "apps",
+            "create",
+            "secret",
+            "generic",
+            "creds",
+            "--from-literal=key=s3cr3t"
+        ]),
+        k.ok(&["-n", "apps", "create", "serviceaccount", "bot"]),
+    );
+    assert!(
+        cm.contains("configmap/cfg created")
+            && secret.contains("secret/creds created")
+            && sa.contains("serviceaccount/bot created")
+    );
+    let client = emu.client().await.unwrap();
+    let s = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), "apps")
+        .get("creds")
+        .await
+        .unwrap();
+    assert_eq!(s.data.unwrap()["key"].0, b"s3cr3t");
+    // A token from `kubectl create token` authenticates as the ServiceAccount.
+    let token = k.ok(&["-n", "apps", "create", "token", "bot"]).await;
+    let review = Api::<k8s_openapi::api::authentication::v1::TokenReview>::all(client)
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({"spec": {"token": token.trim()}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = review.status.unwrap();
+    assert_eq!(status.authenticated, Some(true));
+    assert_eq!(
+        status.user.unwrap().username.as_deref(),
+        Some("system:serviceaccount:apps:bot")
+    );
+    k.ok(&["delete", "namespace", "apps"]).await;
+    assert!(
+        k.fails(&["get", "namespace", "apps"])
+            .await
+            .contains("NotFound")
+    );
 }
