@@ -430,9 +430,9 @@ impl Runtime {
         let in_use: Vec<String> = state
             .tcp
             .values()
-            .filter_map(|t| match &t.endpoint {
-                PortOrAlias::Alias(a) => Some(a.clone()),
-                PortOrAlias::Port(p) => Some(format!("port-{p}")),
+            .map(|t| match &t.endpoint {
+                PortOrAlias::Alias(a) => a.clone(),
+                PortOrAlias::Port(p) => format!("port-{p}"),
             })
             .collect();
         let gone: Vec<(String, Reservation)> = self
