@@ -55,8 +55,8 @@
 //!   apps/v1 deployments (stored only; nothing runs); discovery.k8s.io/v1 endpointslices;
 //!   apiextensions.k8s.io/v1 CRDs (served immediately, discovery and OpenAPI included);
 //!   rbac.authorization.k8s.io/v1; authentication.k8s.io/v1 tokenreviews;
-//!   authentication.k8s.io/v1 selfsubjectreviews; authorization.k8s.io/v1 subjectaccessreviews
-//!   and selfsubjectaccessreviews.
+//!   authentication.k8s.io/v1 selfsubjectreviews; authorization.k8s.io/v1 subjectaccessreviews,
+//!   selfsubjectaccessreviews and selfsubjectrulesreviews.
 //! - **Verbs**: get, list (label selectors incl. set-based, field selectors `metadata.name`,
 //!   `metadata.namespace`, `involvedObject.*`/`regarding.*` for events, `limit`/`continue`),
 //!   watch (`resourceVersion` resumption from a 20 000-event history, else 410 Gone; bookmarks;
@@ -86,7 +86,7 @@
 //!   columns for services, ingresses, configmaps, secrets, events, leases, namespaces and CRDs
 //!   (NAME/AGE otherwise). `/openapi/v2` is 404 (kubectl tolerates it). kubectl's typed
 //!   clients send protobuf bodies: those of `create namespace|configmap|secret|serviceaccount`,
-//!   `create token`, `auth can-i` and `auth whoami` are decoded; other protobuf bodies (e.g.
+//!   `create token`, `auth can-i [--list]` and `auth whoami` are decoded; other protobuf bodies (e.g.
 //!   `kubectl create deployment`) get 415, use `kubectl apply` instead.
 //! - **Auth**: bearer tokens only (TLS by default, since kubectl sends no token over plain
 //!   HTTP; with `tls: false` tokenless requests act as admin). The admin token (group
@@ -94,7 +94,7 @@
 //!   [`EmulatorHandle::token_for_service_account`] or the TokenRequest API) are opaque and die
 //!   with their ServiceAccount; static users come from [`EmulatorHandle::token_for_user`].
 //!   Aggregated ClusterRoles (`aggregationRule`) are expanded; of the default roles only
-//!   `cluster-admin` exists. Discovery, OpenAPI and SelfSubjectAccessReview are open to every
+//!   `cluster-admin` exists. Discovery, OpenAPI and the self reviews are open to every
 //!   authenticated user. A list/watch with `fieldSelector=metadata.name=X` is authorized as a
 //!   request for X (so `resourceNames` rules apply).
 //! - Not implemented: protobuf answers, CRD version conversion (all versions share storage), the

@@ -1,6 +1,6 @@
 //! Just enough of the Kubernetes protobuf encoding to read the request bodies kubectl's typed
 //! clients send (`kubectl create namespace|configmap|secret|serviceaccount`, `create token`,
-//! `auth can-i`, `auth whoami`). Each body is the `k8s\0` magic and a `runtime.Unknown`
+//! `auth can-i [--list]`, `auth whoami`). Each body is the `k8s\0` magic and a `runtime.Unknown`
 //! envelope whose `raw` bytes are the typed object; the field numbers below are those of the
 //! upstream `generated.proto` files. Fields not listed are skipped.
 
@@ -102,6 +102,10 @@ const TOKEN_REQUEST: &[(u64, Field)] = &[
             ],
         ),
     ),
+];
+const SSRR: &[(u64, Field)] = &[
+    (1, Msg("metadata", OBJECT_META)),
+    (2, Msg("spec", &[(1, Str("namespace"))])),
 ];
 const METADATA_ONLY: &[(u64, Field)] = &[(1, Msg("metadata", OBJECT_META))];
 
@@ -244,6 +248,7 @@ pub fn decode(body: &[u8]) -> Option<Value> {
         ("v1", "ServiceAccount") => SERVICE_ACCOUNT,
         ("authorization.k8s.io/v1", "SelfSubjectAccessReview" | "SubjectAccessReview") => SSAR,
         ("authentication.k8s.io/v1", "TokenRequest") => TOKEN_REQUEST,
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => SSRR,
         ("authentication.k8s.io/v1", "SelfSubjectReview") => METADATA_ONLY,
         _ => return None,
     };

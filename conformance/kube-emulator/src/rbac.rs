@@ -149,10 +149,24 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
         && authenticated
         && attrs.verb == "create"
         && ((r.group == "authorization.k8s.io" && r.resource == "selfsubjectaccessreviews")
+            || (r.group == "authorization.k8s.io" && r.resource == "selfsubjectrulesreviews")
             || (r.group == "authentication.k8s.io" && r.resource == "selfsubjectreviews"))
     {
         return true;
     }
+    let namespace = attrs
+        .resource
+        .as_ref()
+        .map(|r| r.namespace.as_str())
+        .unwrap_or_default();
+    let (cluster, namespaced) = rules_for(state, user, namespace);
+    cluster.iter().any(|r| rule_allows(r, attrs))
+        || (attrs.resource.is_some() && namespaced.iter().any(|r| rule_allows(r, attrs)))
+}
+
+/// The rules bound to `user`: cluster-wide (ClusterRoleBindings) and, when `namespace` is not
+/// empty, those RoleBindings grant in it. Also answers SelfSubjectRulesReview.
+pub fn rules_for(state: &State, user: &Identity, namespace: &str) -> (Vec<Value>, Vec<Value>) {
     let rt = |res: &str| {
         state
             .registry
@@ -191,46 +205,36 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
         }
         rules
     };
+    let mut cluster = Vec::new();
     for b in state.list(&crb, None) {
         if strs_obj(&b["subjects"])
             .iter()
             .any(|s| subject_matches(s, "", user))
-            && rules_of(
+        {
+            cluster.extend(rules_of(
                 "ClusterRole",
                 b["roleRef"]["name"].as_str().unwrap_or_default(),
                 "",
-            )
-            .iter()
-            .any(|r| rule_allows(r, attrs))
-        {
-            return true;
+            ));
         }
     }
-    let Some(r) = &attrs.resource else {
-        return false;
-    };
-    if r.namespace.is_empty() {
-        return false;
-    }
-    for b in state.list(&rb, Some(&r.namespace)) {
-        if strs_obj(&b["subjects"])
-            .iter()
-            .any(|s| subject_matches(s, &r.namespace, user))
-        {
-            let kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
-            if rules_of(
-                kind,
-                b["roleRef"]["name"].as_str().unwrap_or_default(),
-                &r.namespace,
-            )
-            .iter()
-            .any(|rule| rule_allows(rule, attrs))
+    let mut namespaced = Vec::new();
+    if !namespace.is_empty() {
+        for b in state.list(&rb, Some(namespace)) {
+            if strs_obj(&b["subjects"])
+                .iter()
+                .any(|s| subject_matches(s, namespace, user))
             {
-                return true;
+                let kind = b["roleRef"]["kind"].as_str().unwrap_or_default();
+                namespaced.extend(rules_of(
+                    kind,
+                    b["roleRef"]["name"].as_str().unwrap_or_default(),
+                    namespace,
+                ));
             }
         }
     }
-    false
+    (cluster, namespaced)
 }
 
 /// A `metav1.LabelSelector` object as a parsed selector.

@@ -26,6 +26,8 @@ pub enum Special {
     SelfSubjectAccessReview,
     /// `selfsubjectreviews`: who the caller is (`kubectl auth whoami`).
     SelfSubjectReview,
+    /// `selfsubjectrulesreviews`: what the caller may do in a namespace (`kubectl auth can-i --list`).
+    SelfSubjectRulesReview,
 }
 
 /// One served resource (group, version, plural name) and its behaviour.
@@ -322,6 +324,12 @@ pub fn builtins() -> Vec<ResourceType> {
             "selfsubjectreviews",
             "SelfSubjectReview",
             Special::SelfSubjectReview,
+        ),
+        (
+            "authorization.k8s.io",
+            "selfsubjectrulesreviews",
+            "SelfSubjectRulesReview",
+            Special::SelfSubjectRulesReview,
         ),
     ] {
         let mut r = builtin(group, "v1", resource, kind, false, &[], false, false);

@@ -667,6 +667,35 @@ fn resource_request(
             Special::SelfSubjectReview => {
                 json!({"userInfo": {"username": user.username, "uid": user.uid, "groups": user.groups}})
             }
+            Special::SelfSubjectRulesReview => {
+                let (cluster, namespaced) = if user.is_admin() {
+                    (
+                        vec![
+                            json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}),
+                            json!({"nonResourceURLs": ["*"], "verbs": ["*"]}),
+                        ],
+                        vec![],
+                    )
+                } else {
+                    rbac::rules_for(&st, user, spec["namespace"].as_str().unwrap_or_default())
+                };
+                let (mut resource_rules, mut non_resource_rules) = (Vec::new(), Vec::new());
+                for r in cluster.into_iter().chain(namespaced) {
+                    if r.get("nonResourceURLs").is_some() {
+                        non_resource_rules.push(
+                            json!({"verbs": r["verbs"], "nonResourceURLs": r["nonResourceURLs"]}),
+                        );
+                    }
+                    if r.get("resources").is_some() {
+                        let mut rr = json!({"verbs": r["verbs"], "apiGroups": r["apiGroups"], "resources": r["resources"]});
+                        if let Some(n) = r.get("resourceNames") {
+                            rr["resourceNames"] = n.clone();
+                        }
+                        resource_rules.push(rr);
+                    }
+                }
+                json!({"resourceRules": resource_rules, "nonResourceRules": non_resource_rules, "incomplete": false})
+            }
             Special::None => unreachable!("checked above"),
         };
         obj["status"] = status;

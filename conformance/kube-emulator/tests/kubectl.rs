@@ -399,6 +399,12 @@ subjects: [{kind: ServiceAccount, name: op, namespace: default}]
         k.run(&["auth", "can-i", "delete", "widgets.example.com"]),
         k.ok(&["auth", "whoami"]),
     );
+    let list = k.ok(&["auth", "can-i", "--list"]).await;
+    let widgets = list
+        .lines()
+        .find(|l| l.starts_with("widgets.example.com"))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(widgets.contains("[get list watch]"), "{widgets}");
     assert_eq!(can_list.trim(), "yes");
     assert_eq!(String::from_utf8_lossy(&can_delete.stdout).trim(), "no");
     assert!(
