@@ -148,9 +148,13 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
     if let Some(r) = &attrs.resource
         && authenticated
         && attrs.verb == "create"
-        && ((r.group == "authorization.k8s.io" && r.resource == "selfsubjectaccessreviews")
-            || (r.group == "authorization.k8s.io" && r.resource == "selfsubjectrulesreviews")
-            || (r.group == "authentication.k8s.io" && r.resource == "selfsubjectreviews"))
+        && matches!(
+            (r.group.as_str(), r.resource.as_str()),
+            (
+                "authorization.k8s.io",
+                "selfsubjectaccessreviews" | "selfsubjectrulesreviews"
+            ) | ("authentication.k8s.io", "selfsubjectreviews")
+        )
     {
         return true;
     }
