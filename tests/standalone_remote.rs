@@ -151,7 +151,7 @@ spec: {{protocol: tcp, portOrAlias: echo, upstream: {{url: "tcp://127.0.0.1:{ech
         api_key: key.clone(),
         ca_file: Some(ca_file),
     });
-    let standalone = tokio::time::timeout(WAIT, Standalone::start(config))
+    let standalone = tokio::time::timeout(WAIT, Standalone::start(config.clone()))
         .await
         .expect("start in time")
         .unwrap();
@@ -232,6 +232,34 @@ spec: {{protocol: tcp, portOrAlias: echo, upstream: {{url: "tcp://127.0.0.1:{ech
         .filter(|t| !t.expired)
         .count();
     assert_eq!(live, 1, "only the tcp tunnel's token is left");
+
+    // A crash leaves the token behind; the next start of the same instance
+    // (same data dir) revokes it before minting new ones.
+    drop(standalone);
+    let orphans = api
+        .list_tokens("")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| !t.expired)
+        .count();
+    assert_eq!(orphans, 1, "a dropped (crashed) process revokes nothing");
+    let standalone = tokio::time::timeout(WAIT, Standalone::start(config.clone()))
+        .await
+        .expect("restart in time")
+        .unwrap();
+    let live: Vec<_> = api
+        .list_tokens("")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| !t.expired)
+        .collect();
+    assert_eq!(
+        live.len(),
+        1,
+        "the orphan was revoked and one new token minted: {live:?}"
+    );
 
     // Shutdown revokes the rest.
     standalone.shutdown().await;

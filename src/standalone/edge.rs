@@ -129,13 +129,59 @@ impl Embedded {
 #[derive(Debug)]
 pub struct Remote {
     client: TunaClient,
+    instance: String,
 }
 
 impl Remote {
-    /// Wraps a client.
-    pub fn new(client: TunaClient) -> Self {
-        Self { client }
+    /// Wraps a client. `instance` names this standalone process at the edge
+    /// (label [`INSTANCE_LABEL`] on its tokens), so that tokens left behind by a
+    /// crash can be found and revoked at the next start.
+    pub fn new(client: TunaClient, instance: impl Into<String>) -> Self {
+        Self {
+            client,
+            instance: instance.into(),
+        }
     }
+
+    /// Revokes the tokens an earlier run of this instance left at the edge (it
+    /// was killed, or files changed while it was down): every run mints its own.
+    pub async fn revoke_orphans(&self) -> Result<usize, Error> {
+        let selector = format!("{INSTANCE_LABEL}={}", self.instance);
+        let tokens = self
+            .client
+            .list_tokens(&selector)
+            .await
+            .map_err(|e| remote("listing tunnel tokens", e))?;
+        let mut revoked = 0;
+        for t in tokens.into_iter().filter(|t| !t.expired) {
+            match self.client.revoke_token(&t.id).await {
+                Ok(()) | Err(ClientError::NotFound { .. }) => revoked += 1,
+                Err(e) => return Err(remote("revoking an orphaned tunnel token", e)),
+            }
+        }
+        Ok(revoked)
+    }
+}
+
+/// Label naming the standalone instance that minted a token.
+pub const INSTANCE_LABEL: &str = "tuna.am/instance";
+
+/// File in the data dir holding the instance id.
+pub const INSTANCE_FILE: &str = "instance-id";
+
+/// The id of the standalone instance using `data_dir`, created on first use
+/// (`standalone-<16 hex>`), so a restart recognises the tokens it minted before.
+pub fn instance_id(data_dir: &Path) -> Result<String, Error> {
+    let file = data_dir.join(INSTANCE_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(Error::Io { path: file, source }),
+    }
+    let id = format!("standalone-{}", random_hex(8));
+    std::fs::write(&file, &id).map_err(|source| Error::Io { path: file, source })?;
+    Ok(id)
 }
 
 /// Where reservations and tokens come from (see the module docs).
@@ -314,6 +360,9 @@ impl EdgeControl {
                 request
                     .labels
                     .insert(OWNER_LABEL.to_owned(), owner_label(owner));
+                request
+                    .labels
+                    .insert(INSTANCE_LABEL.to_owned(), r.instance.clone());
                 for b in bindings {
                     match b {
                         Binding::Http { host } => request.bindings.hosts.push(host.clone()),
@@ -381,9 +430,10 @@ impl EdgeControl {
     }
 }
 
-/// Label values may not contain `/`; `namespace/name` becomes `namespace.name`.
+/// Label values are at most 63 characters of `A-Za-z0-9-_.`: `Ingress
+/// default/shop` becomes `Ingress.default.shop`.
 fn owner_label(owner: &str) -> String {
-    owner
+    let clean: String = owner
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_' {
@@ -392,7 +442,9 @@ fn owner_label(owner: &str) -> String {
                 '.'
             }
         })
-        .collect()
+        .take(63)
+        .collect();
+    clean.trim_matches('.').to_owned()
 }
 
 /// Bindings helper for tests and callers that build token requests.
@@ -405,4 +457,17 @@ pub fn bindings_of(bindings: &[Binding]) -> Bindings {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn owner_labels_are_valid_label_values() {
+        assert_eq!(
+            super::owner_label("Ingress default/shop"),
+            "Ingress.default.shop"
+        );
+        let long = super::owner_label(&format!("Tunnel default/{}", "x".repeat(100)));
+        assert_eq!(long.len(), 63);
+    }
 }

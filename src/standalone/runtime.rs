@@ -677,6 +677,19 @@ impl Standalone {
                         .await
                         .map_err(|e| Error::Edge(format!("edge API {}: {e}", remote.api_url)))?;
                     tracing::info!(account = %who.account, base_domain = %who.base_domain, "connected to the edge API");
+                    // One instance id per data dir: a restart finds its own orphans.
+                    let instance = super::edge::instance_id(&config.data_dir)?;
+                    let remote_control = Remote::new(client, instance);
+                    match remote_control.revoke_orphans().await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(
+                            revoked = n,
+                            "revoked tunnel tokens left by an earlier run"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not revoke tokens left by an earlier run")
+                        }
+                    }
                     let trust = match &remote.ca_file {
                         Some(ca) => Trust::CaFile(ca.clone()),
                         None => Trust::SystemRoots,
@@ -687,7 +700,7 @@ impl Standalone {
                         .and_then(|mut a| a.next())
                         .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
                     (
-                        EdgeControl::Remote(Remote::new(client)),
+                        EdgeControl::Remote(remote_control),
                         None,
                         remote.agent_addr.clone(),
                         trust,
