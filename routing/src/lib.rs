@@ -79,7 +79,8 @@
 //! compared by an integer of their first 8 bytes; nodes with more than 8
 //! children hashed). Its cost depends on the number of path segments, not on
 //! the number of routes. A path that needs rewriting is rewritten into a
-//! stack buffer of [`MAX_PATH_LEN`] bytes; a longer one matches no route.
+//! stack buffer of [`MAX_PATH_LEN`] bytes; if its rewritten form does not fit,
+//! it matches no route (a 404; already-canonical paths of any length match).
 //! Building is `O(total path length)`; `RouteTable::build` of 100 000
 //! routes takes a few hundred milliseconds, so tables are built off the
 //! request path and swapped in whole.

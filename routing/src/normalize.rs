@@ -550,6 +550,21 @@ mod tests {
     }
 
     #[test]
+    fn rewriting_is_bounded_by_the_stack_buffer() {
+        // Canonical already: any length is fine, no rewrite happens.
+        let long = format!("/{}", "a".repeat(MAX_PATH_LEN * 2));
+        assert_eq!(normalize_path(&long).as_deref(), Some(long.as_str()));
+        // Needs rewriting to more than the buffer holds: not routable.
+        let wide = format!("/{}", "\u{e9}".repeat(MAX_PATH_LEN / 4));
+        assert_eq!(normalize_path(&wide), None);
+        let mut buf = [0u8; MAX_PATH_LEN];
+        assert_eq!(normalize_path_into(&wide, &mut buf), None);
+        // Needs rewriting and fits (dot segments shrink it): routable.
+        let dotty = format!("/a{}", "/.".repeat(MAX_PATH_LEN));
+        assert_eq!(normalize_path_into(&dotty, &mut buf), Some("/a/"));
+    }
+
+    #[test]
     fn non_absolute_paths_do_not_route() {
         assert_eq!(normalize_path("*"), None);
         assert_eq!(normalize_path("http://x/a"), None);
