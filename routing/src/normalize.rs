@@ -104,6 +104,10 @@ pub enum InvalidHost {
 
 impl InvalidHost {
     /// Stable machine-readable name.
+    ///
+    /// ```
+    /// assert_eq!(tuna_routing::InvalidHost::BadWildcard.as_str(), "HostBadWildcard");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Empty => "HostEmpty",
@@ -197,6 +201,10 @@ pub enum InvalidPath {
 
 impl InvalidPath {
     /// Stable machine-readable name.
+    ///
+    /// ```
+    /// assert_eq!(tuna_routing::InvalidPath::EncodedSlash.as_str(), "PathEncodedSlash");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Self::NotAbsolute => "PathNotAbsolute",

@@ -127,6 +127,11 @@ pub enum SkipReason {
 
 impl SkipReason {
     /// Stable machine-readable name.
+    ///
+    /// ```
+    /// use tuna_operator::translate::ingress::SkipReason;
+    /// assert_eq!(SkipReason::WildcardHost.as_str(), "WildcardHost");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             Self::OtherIngressClass => "OtherIngressClass",
@@ -144,6 +149,11 @@ impl SkipReason {
     }
 
     /// The kind of item this reason applies to.
+    ///
+    /// ```
+    /// use tuna_operator::translate::ingress::{SkipKind, SkipReason};
+    /// assert_eq!(SkipReason::ResourceBackend.kind(), SkipKind::Backend);
+    /// ```
     pub fn kind(self) -> SkipKind {
         match self {
             Self::OtherIngressClass => SkipKind::Ingress,
@@ -282,6 +292,25 @@ pub fn is_our_class(ingress: &Ingress, class: &str) -> bool {
 /// Translates one Ingress, without host-ownership checks (see
 /// [`translate`] for a set). An Ingress of another class yields no specs and
 /// one `OtherIngressClass` item.
+///
+/// ```
+/// use k8s_openapi::api::networking::v1::Ingress;
+/// use tuna_operator::translate::ingress::{translate_one, SkipReason, TranslateOptions};
+///
+/// let ingress: Ingress = serde_json::from_value(serde_json::json!({
+///     "metadata": {"name": "web", "namespace": "shop"},
+///     "spec": {"ingressClassName": "tuna", "rules": [
+///         {"host": "shop.example.com", "http": {"paths": [
+///             {"path": "/api", "pathType": "Prefix",
+///              "backend": {"service": {"name": "api", "port": {"name": "http"}}}}]}},
+///         {"http": {"paths": []}}
+///     ]}
+/// })).unwrap();
+/// let out = translate_one(&ingress, &TranslateOptions::default());
+/// assert_eq!(out.specs[0].backend.to_string(), "shop/api:http");
+/// assert_eq!(out.skipped[0].reason, SkipReason::RuleWithoutHost);
+/// assert_eq!(out.skipped[0].event_reason(), "RuleSkipped");
+/// ```
 pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRoutes {
     let namespace = namespace_of(ingress);
     let name = name_of(ingress);
