@@ -28,6 +28,7 @@ HOST=bench.tuna.test
 TOKEN=bench-token
 
 WORK=$(mktemp -d)
+chmod 755 "$WORK" # nginx workers run as an unprivileged user
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -44,8 +45,9 @@ echo "== building (release)"
 cargo build --release -p tuna-tunnel --example tunnel_bench
 BENCH_BIN=$TARGET/release/examples/tunnel_bench
 if [ ! -x "$CACHE/rathole/bin/rathole" ]; then
+  # Not --locked: rathole 0.5.0's lock pins a `time` that no longer builds on current Rust.
   echo "== installing rathole into $CACHE/rathole"
-  cargo install rathole --locked --root "$CACHE/rathole"
+  cargo install rathole --root "$CACHE/rathole"
 fi
 RATHOLE=$CACHE/rathole/bin/rathole
 
@@ -140,7 +142,7 @@ bench_setup() { # name http_port tcp_port pids...
   run_iperf "$name" "$tcp" "$@"
 }
 
-wait_tcp "$NGINX_PORT"; wait_tcp "$IPERF_PORT"
+wait_tcp "$IPERF_PORT"; wait_http "http://127.0.0.1:$NGINX_PORT/1k.txt" "$HOST"
 echo "== machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); wrk -t$THREADS -c$CONNS -d${DURATION}s, 1 KiB body"
 
 # --- (c) direct ---------------------------------------------------------------

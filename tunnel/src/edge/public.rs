@@ -27,6 +27,9 @@ use crate::wire::{Scheme, StreamKind, StreamMeta};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
+/// Time a public HTTP/1.1 client has to send a request head.
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Idle HTTP/1.1 streams one public connection keeps for reuse.
 const MAX_IDLE_PER_CONNECTION: usize = 4;
 
@@ -65,7 +68,12 @@ pub(crate) async fn serve_connection<IO>(
         let conn = Arc::clone(&conn);
         async move { Ok::<_, Infallible>(conn.handle(req).await) }
     });
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // Slow-header clients (slowloris) are cut off after HEADER_READ_TIMEOUT.
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     let serving = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::select! {
         _ = cancel.cancelled() => {}

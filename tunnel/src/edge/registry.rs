@@ -67,6 +67,8 @@ pub(crate) struct Registry {
     tcp_ports: RangeInclusive<u16>,
     tasks: TaskGuard,
     me: Weak<Registry>,
+    /// Number of open agent sessions (for health and for tests).
+    pub(crate) sessions: tokio::sync::watch::Sender<usize>,
 }
 
 impl Registry {
@@ -83,6 +85,7 @@ impl Registry {
             tcp_ports,
             tasks,
             me: me.clone(),
+            sessions: tokio::sync::watch::Sender::new(0),
         })
     }
 

@@ -74,10 +74,16 @@ pub struct EdgeHandle {
     pub https_addr: Option<SocketAddr>,
     /// Bound REST API address.
     pub api_addr: Option<SocketAddr>,
+    sessions: tokio::sync::watch::Receiver<usize>,
     tasks: Option<TaskSet>,
 }
 
 impl EdgeHandle {
+    /// A watch of the number of open agent sessions.
+    pub fn sessions(&self) -> tokio::sync::watch::Receiver<usize> {
+        self.sessions.clone()
+    }
+
     /// Stops the edge: sessions get `GoAway(shutting_down)`, listeners close;
     /// returns when every task has ended (ports are free again).
     pub async fn shutdown(mut self) {
@@ -230,8 +236,10 @@ impl EdgeServer {
             _ => None,
         };
         drop(guard);
+        let sessions = registry.sessions.subscribe();
         drop(registry);
         Ok(EdgeHandle {
+            sessions,
             agent_addr,
             http_addr,
             https_addr,

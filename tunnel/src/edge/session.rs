@@ -144,6 +144,7 @@ async fn run(
         tokio::time::sleep(GOODBYE_GRACE).await;
         return Err(Error::Rejected(r));
     }
+    ctx.registry.sessions.send_modify(|n| *n += 1);
     tracing::info!(%peer, session = %session_id, token = %grant.token_id, %agent, bindings = targets.len(), "agent session open");
 
     let (frames_tx, mut frames) = mpsc::channel::<Result<Frame>>(64);
@@ -198,6 +199,9 @@ async fn run(
     };
     // Unroute first, so no new public connection picks this session.
     ctx.registry.remove_session(&session);
+    ctx.registry
+        .sessions
+        .send_modify(|n| *n = n.saturating_sub(1));
     session.closed.cancel();
     if let Some(reason) = &goodbye {
         tracing::info!(session = %session_id, reason = %reason, "closing agent session");
