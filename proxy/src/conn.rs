@@ -103,8 +103,97 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> VirtualSocket for TunnelSocket<S>
     }
 }
 
+/// An accepted TCP connection with a small write buffer, as a Pingora
+/// virtual socket.
+///
+/// Pingora's own listeners give accepted streams a write buffer of one MSS
+/// (`DEFAULT_L4_WRITE_BUFFER_SIZE`) and its HTTP/1 writer relies on it: the
+/// response header is written unflushed so that it leaves in one segment
+/// with a known-length body. The buffer setter is crate-private, and a
+/// `Stream` built from a bare `TcpStream` writes unbuffered — one `send`
+/// for the header and another for the body, which on the benchmark cost
+/// more than all of the routing. So the buffer lives here, below Pingora.
+pub(crate) struct BufferedTcp {
+    inner: tokio::io::BufWriter<tokio::net::TcpStream>,
+}
+
+impl BufferedTcp {
+    pub(crate) fn new(tcp: tokio::net::TcpStream) -> Self {
+        Self {
+            inner: tokio::io::BufWriter::with_capacity(WRITE_BUFFER, tcp),
+        }
+    }
+}
+
+impl fmt::Debug for BufferedTcp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BufferedTcp")
+    }
+}
+
+impl AsyncRead for BufferedTcp {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for BufferedTcp {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl VirtualSocket for BufferedTcp {
+    fn set_socket_option(&self, opt: VirtualSockOpt) -> std::io::Result<()> {
+        match opt {
+            VirtualSockOpt::NoDelay => self.inner.get_ref().set_nodelay(true),
+            _ => Ok(()),
+        }
+    }
+}
+
+const WRITE_BUFFER: usize = pingora::protocols::l4::stream::DEFAULT_L4_WRITE_BUFFER_SIZE;
+
+/// Wraps an accepted TCP connection as a Pingora [`Stream`].
+pub(crate) fn tcp_stream(
+    tcp: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    local: std::net::SocketAddr,
+) -> Stream {
+    #[cfg(unix)]
+    let fd = std::os::unix::io::AsRawFd::as_raw_fd(&tcp);
+    #[cfg(not(unix))]
+    let fd = -1;
+    let mut s = Stream::from(VirtualSocketStream::new(Box::new(BufferedTcp::new(tcp))));
+    // Both addresses are known from accept(): filling them in saves a
+    // getpeername/getsockname per request.
+    let digest = SocketDigest::from_raw_fd(fd);
+    let _ = digest.peer_addr.set(Some(L4Addr::Inet(peer)));
+    let _ = digest.local_addr.set(Some(L4Addr::Inet(local)));
+    s.set_socket_digest(digest);
+    s
+}
+
 /// Wraps a caller's stream as a Pingora [`Stream`] whose digest reports the
-/// public client and local addresses.
+/// public client and local addresses. Writes are buffered like accepted TCP
+/// connections' (see [`BufferedTcp`]), which also keeps a tunnel from
+/// carrying a response header and its body as separate frames.
 pub(crate) fn tunnel_stream<S>(
     stream: S,
     client: std::net::SocketAddr,

@@ -79,9 +79,6 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use pingora::apps::{HttpServerOptions, ServerApp};
-use pingora::protocols::GetSocketDigest;
-use pingora::protocols::SocketDigest;
-use pingora::protocols::l4::stream::Stream;
 use pingora::proxy::HttpProxy;
 use pingora::server::configuration::ServerConf;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -289,12 +286,20 @@ impl ProxyCore {
     /// shutdown. Returns the bound address (use port 0 in tests).
     /// Connections from [`ProxyConfig::trusted_peers`] count as trusted.
     pub async fn listen(&self, addr: SocketAddr) -> Result<SocketAddr> {
-        if *self.inner.shutdown_tx.borrow() {
-            return Err(Error::ShuttingDown);
-        }
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| Error::Bind { addr, source })?;
+        self.listen_on(listener)
+    }
+
+    /// Serves an already bound listener, like [`Self::listen`]. Its accept
+    /// loop and connections run on the runtime this is called from, so a
+    /// process can run one current-thread runtime per core, each with its
+    /// own `SO_REUSEPORT` listener (as nginx runs one worker per core).
+    pub fn listen_on(&self, listener: TcpListener) -> Result<SocketAddr> {
+        if *self.inner.shutdown_tx.borrow() {
+            return Err(Error::ShuttingDown);
+        }
         let bound = listener.local_addr()?;
         let inner = self.inner.clone();
         self.inner.tracker.spawn(accept_http(listener, inner));
@@ -527,11 +532,8 @@ async fn accept_http(listener: TcpListener, inner: Arc<Inner>) {
         };
         let _ = tcp.set_nodelay(true);
         let trusted = inner.shared.config.trusted_peers.contains(&peer.ip());
-        #[cfg(unix)]
-        let fd = std::os::unix::io::AsRawFd::as_raw_fd(&tcp);
-        let mut stream = Stream::from(tcp);
-        #[cfg(unix)]
-        stream.set_socket_digest(SocketDigest::from_raw_fd(fd));
+        let local = tcp.local_addr().unwrap_or(peer);
+        let stream = conn::tcp_stream(tcp, peer, local);
         let app = inner.app(Scheme::Http, trusted);
         let shared = inner.shared.clone();
         let watch = inner.shutdown_tx.subscribe();
