@@ -14,7 +14,11 @@ use tuna_tunnel::mux;
 
 /// Bytes of the bulk phase (`BULK_KIB`, default 1 GiB).
 fn bulk_bytes() -> usize {
-    std::env::var("BULK_KIB").ok().and_then(|c| c.parse().ok()).unwrap_or(1024 * 1024usize) * 1024
+    std::env::var("BULK_KIB")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(1024 * 1024usize)
+        * 1024
 }
 const EXCHANGES: usize = 20_000;
 const CONCURRENCY: usize = 64;
@@ -116,7 +120,10 @@ fn spawn_server(mut incoming: mpsc::UnboundedReceiver<Boxed>) {
 
 /// Write size of the bulk phase (`CHUNK` bytes, default 64 KiB).
 fn chunk_size() -> usize {
-    std::env::var("CHUNK").ok().and_then(|c| c.parse().ok()).unwrap_or(64 * 1024)
+    std::env::var("CHUNK")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(64 * 1024)
 }
 
 async fn bulk(opener: &Opener, streams: usize) -> f64 {
