@@ -485,3 +485,74 @@ async fn a_gone_agent_turns_its_host_into_503() {
         .status();
     assert_eq!(status, 503, "a host whose agent left answers 503");
 }
+
+/// A raw TLS connection to the agent listener, speaking the wire protocol by hand.
+async fn raw_agent_connection(
+    cert: &TestCert,
+    edge: &tuna_tunnel::edge::EdgeHandle,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert_der.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![tuna_tunnel::wire::ALPN.to_vec()];
+    let tcp = TcpStream::connect(edge.agent_addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_version_mismatch_is_answered_legibly() {
+    use tuna_tunnel::wire::{Frame, Preamble};
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+    let mut tls = raw_agent_connection(&cert, &edge).await;
+    tls.write_all(&Preamble { version: 99 }.encode())
+        .await
+        .unwrap();
+    let frame = Frame::read_from(&mut tls).await.unwrap();
+    let Frame::Reject(reason) = frame else {
+        panic!("expected reject, got {frame:?}")
+    };
+    assert_eq!(reason.code, ErrorCode::VersionMismatch);
+    assert!(
+        reason.message.contains("version 1") && reason.message.contains("99"),
+        "{}",
+        reason.message
+    );
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    assert!(rest.is_empty(), "the edge closes after the rejection");
+}
+
+#[tokio::test]
+async fn a_silent_or_foreign_client_is_dropped() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let edge = start_edge(&cert, &authority).await;
+
+    let mut foreign = raw_agent_connection(&cert, &edge).await;
+    foreign.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut rest = Vec::new();
+    let _ = foreign.read_to_end(&mut rest).await;
+    assert!(
+        rest.is_empty(),
+        "no answer to bytes without the TUNA preamble"
+    );
+
+    // Says nothing: the handshake timeout closes it.
+    let mut silent = raw_agent_connection(&cert, &edge).await;
+    let read = tokio::time::timeout(HANG_GUARD, silent.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the edge never closed a silent connection");
+    assert!(rest.is_empty());
+}
