@@ -556,3 +556,48 @@ async fn a_silent_or_foreign_client_is_dropped() {
     assert!(read.is_ok(), "the edge never closed a silent connection");
     assert!(rest.is_empty());
 }
+
+#[tokio::test]
+async fn streams_can_be_taken_from_a_channel_with_their_metadata() {
+    use tuna_tunnel::agent::Agent;
+    use tuna_tunnel::wire::StreamKind;
+    init();
+    let cert = TestCert::new();
+    let port = free_port();
+    let authority = authority_with("t1", vec![Binding::tcp("db")]);
+    authority.add_tcp_alias("db", port);
+    let edge = start_edge(&cert, &authority).await;
+    let (agent, mut streams) = Agent::start_with_channel(
+        agent_config(&cert, &edge, "t1", vec![Binding::tcp("db")]),
+        16,
+    )
+    .unwrap();
+    agent.connected().await.unwrap();
+
+    let mut client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let client_addr = client.local_addr().unwrap();
+    let (mut stream, meta) = tokio::time::timeout(HANG_GUARD, streams.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        meta.client_addr, client_addr,
+        "the stream names the public client"
+    );
+    assert_eq!(
+        meta.kind,
+        StreamKind::Tcp {
+            endpoint: "db".into(),
+            port
+        }
+    );
+    client.write_all(b"ping").await.unwrap();
+    let mut buf = [0u8; 4];
+    stream.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"ping");
+    stream.write_all(b"pong").await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    client.read_to_end(&mut back).await.unwrap();
+    assert_eq!(back, b"pong", "half-close travels as end of stream");
+}
