@@ -45,6 +45,28 @@
 //! - **Observability.** [`ProxyCore::serve_admin`]: `/healthz`, `/readyz`,
 //!   `/metrics` (Prometheus text).
 //!
+//! # Pingora hooks used
+//!
+//! `request_filter` (limits for keep-alive requests, request id and span,
+//! route lookup, the 404 page), `upstream_peer` (round-robin over the
+//! backend pinned at lookup; retries move to the next address),
+//! `upstream_request_filter` (hop-by-hop, `X-Forwarded-*`, request id),
+//! `upstream_response_filter`/`response_filter` (hop-by-hop, request id),
+//! `fail_to_connect`/`error_while_proxy` (retry policy, error counters),
+//! `fail_to_proxy` (502/504 pages), `logging` (metrics), and
+//! `suppress_error_log`. The first request header of each connection is
+//! checked before Pingora sees it (Pingora's own limits are fixed and its
+//! header timer restarts on every read).
+//!
+//! # Entry points
+//!
+//! [`ProxyCore::listen`] / [`ProxyCore::listen_on`] (a pre-bound listener,
+//! e.g. one `SO_REUSEPORT` socket per current-thread runtime),
+//! [`ProxyCore::serve_stream`] for tunnel streams, and
+//! [`ProxyCore::serve_admin`]. Binaries should install a modern global
+//! allocator (mimalloc or jemalloc): with glibc's, chunk consolidation on
+//! Pingora's per-request buffers costs ~15 % of the proxy's CPU.
+//!
 //! # Example
 //!
 //! ```no_run
