@@ -100,8 +100,14 @@ async fn routes_swap_live_without_failed_requests() {
             core.remove_host(&format!("churn{}.example.com", i - 1))
                 .unwrap();
         }
-        swaps_done.store(i, SeqCst);
+        // Read progress before publishing the last swap: clients stop once
+        // they see it, so nothing may be awaited after that.
         let target = completed.load(SeqCst) + 2;
+        if i == SWAPS {
+            swaps_done.store(i, SeqCst);
+            break;
+        }
+        swaps_done.store(i, SeqCst);
         while completed.load(SeqCst) < target {
             progress.notified().await;
         }
