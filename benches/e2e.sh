@@ -23,7 +23,7 @@ CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 CACHE=${TUNA_BENCH_CACHE:-$HOME/.cache/tuna-bench}
 TARGET=${CARGO_TARGET_DIR:-target}
-BASE=${BASE_PORT:-18000}
+BASE=${BASE_PORT:-26000}
 NGINX_PORT=$((BASE + 80)) IPERF_PORT=$((BASE + 201)) NGINX_PROXY=$((BASE + 90))
 TUNA_HTTP=$((BASE + 81)) TUNA_TCP=$((BASE + 202))
 RH_CTRL=$((BASE + 2)) RH_HTTP=$((BASE + 82)) RH_TCP=$((BASE + 203))
@@ -31,6 +31,8 @@ HOST=bench.localhost
 TOKEN=bench-token
 
 WORK=$(mktemp -d)
+# nginx workers drop privileges when started as root: let them read the files.
+chmod 755 "$WORK"
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -125,9 +127,10 @@ wait_tcp() { # port
   echo "port $1 never opened" >&2; return 1
 }
 
-cpu_ticks() { # pids... -> utime+stime ticks summed
-  local sum=0
-  for p in "$@"; do
+cpu_ticks() { # pids... -> utime+stime ticks of them and their children, summed
+  local sum=0 all=()
+  for p in "$@"; do all+=("$p"); while read -r c; do all+=("$c"); done < <(pgrep -P "$p" || true); done
+  for p in "${all[@]}"; do
     if [ -r "/proc/$p/stat" ]; then
       sum=$((sum + $(awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$p/stat")))
     fi
