@@ -7,15 +7,26 @@
 # p50/p99 latency and the proxy process's CPU time per request (from
 # /proc/<pid>/stat, summed over nginx's master and workers).
 #
-# Usage: benches/proxy.sh            (env: ROUNDS=3 DURATION=10s CONNS=50
-#                                      WRK_THREADS=2 PROXY_THREADS=2)
+# CPUs are split so that the load generator does not compete with the proxy
+# under test: wrk and the backend run on LOAD_CPUS, nginx (as a proxy) and
+# the tuna proxy on PROXY_CPUS, with one worker per proxy CPU each. On two
+# cores that is one core for the load and one for the proxy.
+#
+# Usage: benches/proxy.sh   (env: ROUNDS=3 DURATION=10s CONNS=50 WRK_THREADS=1
+#                             LOAD_CPUS=0 PROXY_CPUS=1-(n-1) PROXY_THREADS=<#PROXY_CPUS>
+#                             PROXY_MODE=multi|per-core PROFILE=bench-lto)
 set -euo pipefail
 
+ncpu=$(nproc)
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10s}
 CONNS=${CONNS:-50}
-WRK_THREADS=${WRK_THREADS:-2}
-PROXY_THREADS=${PROXY_THREADS:-2}
+LOAD_CPUS=${LOAD_CPUS:-0}
+PROXY_CPUS=${PROXY_CPUS:-$([ "$ncpu" -gt 1 ] && echo "1-$((ncpu - 1))" || echo 0)}
+WRK_THREADS=${WRK_THREADS:-1}
+PROXY_THREADS=${PROXY_THREADS:-$(taskset -c "$PROXY_CPUS" nproc)}
+PROXY_MODE=${PROXY_MODE:-multi}
+PROFILE=${PROFILE:-bench-lto}
 HOST=bench.example.com
 
 cd "$(dirname "$0")/.."
@@ -26,9 +37,9 @@ for tool in wrk nginx; do
   command -v "$tool" >/dev/null || { echo "error: $tool is not installed (apt-get install -y wrk nginx-light)" >&2; exit 1; }
 done
 
-echo "== building the proxy core (release)"
-cargo build --release --locked -p tuna-proxy --example bench_proxy
-bin="$CARGO_TARGET_DIR/release/examples/bench_proxy"
+echo "== building the proxy core (profile $PROFILE)"
+cargo build --profile "$PROFILE" --locked -p tuna-proxy --example bench_proxy
+bin="$CARGO_TARGET_DIR/$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE")/examples/bench_proxy"
 
 tmp=$(mktemp -d)
 pids=()
@@ -87,9 +98,10 @@ nginx_conf proxy "$PROXY_THREADS" "upstream backend { server 127.0.0.1:$backend_
       proxy_set_header X-Forwarded-Proto \$scheme;
     } }"
 
-nginx -e "$tmp/backend/error.log" -c "$tmp/backend/nginx.conf" -p "$tmp/backend" & pids+=($!)
-nginx -e "$tmp/proxy/error.log" -c "$tmp/proxy/nginx.conf" -p "$tmp/proxy" & nginx_pid=$!; pids+=($nginx_pid)
-"$bin" "127.0.0.1:$tuna_port" "$HOST" "127.0.0.1:$backend_port" "$PROXY_THREADS" >/dev/null & tuna_pid=$!; pids+=($tuna_pid)
+taskset -c "$LOAD_CPUS" nginx -e "$tmp/backend/error.log" -c "$tmp/backend/nginx.conf" -p "$tmp/backend" & pids+=($!)
+taskset -c "$PROXY_CPUS" nginx -e "$tmp/proxy/error.log" -c "$tmp/proxy/nginx.conf" -p "$tmp/proxy" & nginx_pid=$!; pids+=($nginx_pid)
+mode_arg=(); [ "$PROXY_MODE" = per-core ] && mode_arg=(per-core)
+taskset -c "$PROXY_CPUS" "$bin" "127.0.0.1:$tuna_port" "$HOST" "127.0.0.1:$backend_port" "$PROXY_THREADS" "${mode_arg[@]}" >/dev/null & tuna_pid=$!; pids+=($tuna_pid)
 wait_port "$backend_port"; wait_port "$nginx_port"; wait_port "$tuna_port"
 
 # CPU ticks (utime+stime) of a process and its children processes (nginx
@@ -115,7 +127,7 @@ run() { # target port pid mode round
   local target=$1 port=$2 pid=$3 mode=$4 round=$5 extra=() before after out
   [ "$mode" = close ] && extra=(-H "Connection: close")
   before=$([ "$pid" = - ] && echo 0 || cpu_ticks "$pid")
-  out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" --latency -H "Host: $HOST" "${extra[@]}" "http://127.0.0.1:$port/")
+  out=$(taskset -c "$LOAD_CPUS" wrk -t"$WRK_THREADS" -c"$CONNS" -d"$DURATION" --latency -H "Host: $HOST" "${extra[@]}" "http://127.0.0.1:$port/")
   after=$([ "$pid" = - ] && echo 0 || cpu_ticks "$pid")
   local rps p50 p99 reqs errs cpu
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
@@ -130,7 +142,8 @@ run() { # target port pid mode round
     "$mode" "$target" "$round" "$rps" "$p50" "$p99" "$cpu" "$errs"
 }
 
-echo "== wrk -t$WRK_THREADS -c$CONNS -d$DURATION, $ROUNDS rounds, $(nproc) cores"
+echo "== wrk -t$WRK_THREADS -c$CONNS -d$DURATION, $ROUNDS rounds, $ncpu cores;" \
+  "load on CPUs $LOAD_CPUS, proxies on CPUs $PROXY_CPUS ($PROXY_THREADS workers, tuna $PROXY_MODE); $(uptime)"
 # Warm up pools and caches.
 for port in "$backend_port" "$nginx_port" "$tuna_port"; do
   wrk -t1 -c4 -d1s -H "Host: $HOST" "http://127.0.0.1:$port/" >/dev/null

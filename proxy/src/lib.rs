@@ -324,7 +324,9 @@ impl ProxyCore {
         }
         let bound = listener.local_addr()?;
         let inner = self.inner.clone();
-        self.inner.tracker.spawn(accept_http(listener, inner));
+        self.inner
+            .tracker
+            .spawn(accept_http(listener, bound, inner));
         Ok(bound)
     }
 
@@ -537,7 +539,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn accept_http(listener: TcpListener, inner: Arc<Inner>) {
+/// `bound` is the listener's address: when it names one IP, it is every
+/// accepted connection's local address, and a `getsockname` per
+/// connection is saved.
+async fn accept_http(listener: TcpListener, bound: SocketAddr, inner: Arc<Inner>) {
+    let fixed_local = (!bound.ip().is_unspecified()).then_some(bound);
     loop {
         let (tcp, peer) = tokio::select! {
             _ = inner.stopping.cancelled() => return,
@@ -554,7 +560,10 @@ async fn accept_http(listener: TcpListener, inner: Arc<Inner>) {
         };
         let _ = tcp.set_nodelay(true);
         let trusted = inner.shared.config.trusted_peers.contains(&peer.ip());
-        let local = tcp.local_addr().unwrap_or(peer);
+        let local = match fixed_local {
+            Some(local) => local,
+            None => tcp.local_addr().unwrap_or(peer),
+        };
         let stream = conn::tcp_stream(tcp, peer, local);
         let app = inner.app(Scheme::Http, trusted);
         let shared = inner.shared.clone();
