@@ -306,7 +306,17 @@ async fn a_restarted_edge_is_rejoined_and_traffic_resumes() {
     );
 
     edge.shutdown().await;
-    wait_status(&agent, |s| !matches!(s, AgentStatus::Connected { .. })).await;
+    let status = wait_status(&agent, |s| {
+        !matches!(
+            s,
+            AgentStatus::Connected { .. } | AgentStatus::Connecting { .. }
+        )
+    })
+    .await;
+    assert!(
+        matches!(status, AgentStatus::Disconnected { .. }),
+        "an edge shutdown is not a rejection: {status:?}"
+    );
 
     let edge = EdgeServer::start(
         edge_config(&cert, agent_addr),

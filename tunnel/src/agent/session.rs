@@ -159,6 +159,10 @@ async fn session(
                             let _ = p.reply.send(Ok(results));
                         }
                     }
+                    // An edge restart is a disconnect, not a refusal of this agent.
+                    Some(Ok(Frame::GoAway(r))) if r.code == ErrorCode::ShuttingDown => {
+                        break Error::Closed(r.message);
+                    }
                     Some(Ok(Frame::GoAway(r))) => break Error::Rejected(r),
                     Some(Ok(other)) => break Error::Protocol(format!("unexpected frame on the control stream: {other:?}")),
                     Some(Err(e)) => break e,
