@@ -99,6 +99,21 @@ pub struct EdgeArgs {
     /// Heartbeat interval announced to agents, in seconds.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_secs: u64,
+    /// REST API requests one key may send back to back (token bucket size).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_rate_burst: u32,
+    /// REST API requests one key may send per second, sustained.
+    #[arg(long, default_value_t = 20.0, value_parser = parse_positive_rate)]
+    pub api_rate_per_second: f64,
+}
+
+fn parse_positive_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{s:?} is not a positive number of requests per second"
+        )),
+    }
 }
 
 fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
@@ -167,6 +182,10 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     let mut control_config = ControlConfig::new(&data_dir, &base_domain, &public_host);
     control_config.tcp_port_range = args.tcp_port_range.clone();
     control_config.dns_nameservers = args.dns_nameservers.clone();
+    control_config.rate_limit = crate::control::RateLimit {
+        burst: args.api_rate_burst,
+        per_second: args.api_rate_per_second,
+    };
     let control = ControlPlane::open(control_config)?;
 
     let names = vec![
@@ -277,6 +296,29 @@ mod tests {
             ])
             .is_err()
         );
+    }
+
+    #[test]
+    fn api_rate_limit_flags_parse_and_reject_nonsense() {
+        let base = ["edge", "--data-dir", "/d", "--base-domain", "b"];
+        let top = Top::try_parse_from(base).unwrap();
+        assert_eq!(top.edge.serve.api_rate_burst, 60);
+        assert_eq!(top.edge.serve.api_rate_per_second, 20.0);
+        let with = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            Top::try_parse_from(args)
+        };
+        let top = with(&["--api-rate-burst", "5", "--api-rate-per-second", "0.5"]).unwrap();
+        assert_eq!(top.edge.serve.api_rate_burst, 5);
+        assert_eq!(top.edge.serve.api_rate_per_second, 0.5);
+        for bad in [
+            ["--api-rate-burst", "0"],
+            ["--api-rate-per-second", "0"],
+            ["--api-rate-per-second", "-1"],
+            ["--api-rate-per-second", "NaN"],
+        ] {
+            assert!(with(&bad).is_err(), "{bad:?} must be refused");
+        }
     }
 
     #[tokio::test]
