@@ -31,7 +31,7 @@ pub struct StandaloneArgs {
     #[arg(long, default_value = "localhost")]
     pub base_domain: String,
     /// Ports TCP endpoints are given from (on 127.0.0.1), `FIRST-LAST`.
-    #[arg(long, default_value = "30000-30999", value_parser = parse_port_range)]
+    #[arg(long, default_value = "30000-30999", value_parser = tuna_tunnel::edge::cli::parse_port_range)]
     pub tcp_port_range: RangeInclusive<u16>,
     /// State of the embedded edge (its CA, TCP port allocations). Default:
     /// `$XDG_STATE_HOME/tuna-operator/standalone` (or `~/.local/state/…`).
@@ -55,24 +55,6 @@ pub struct StandaloneArgs {
     /// How often the files are checked for changes, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub poll_interval_ms: u64,
-}
-
-fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
-    let (a, b) = s
-        .split_once('-')
-        .ok_or_else(|| format!("{s:?} is not FIRST-LAST"))?;
-    let a: u16 = a
-        .trim()
-        .parse()
-        .map_err(|_| format!("{a:?} is not a port"))?;
-    let b: u16 = b
-        .trim()
-        .parse()
-        .map_err(|_| format!("{b:?} is not a port"))?;
-    if a == 0 || a > b {
-        return Err(format!("{s:?} is empty or starts at 0"));
-    }
-    Ok(a..=b)
 }
 
 /// The default `--data-dir`.

@@ -116,7 +116,9 @@ fn parse_positive_rate(s: &str) -> Result<f64, String> {
     }
 }
 
-fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
+/// Parses a `FIRST-LAST` port range (both inclusive, not starting at 0); the
+/// clap value parser of every `--tcp-port-range` flag.
+pub fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
     let (a, b) = s
         .split_once('-')
         .ok_or_else(|| format!("{s:?} is not FIRST-LAST"))?;
