@@ -6,6 +6,7 @@ set -euo pipefail
 need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)          # pingora's zlib-ng build
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
+command -v nc >/dev/null 2>&1 || need_apt+=(netcat-openbsd)  # the README's TCP example
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
