@@ -722,19 +722,7 @@ fn resource_request(
             Ok(json_response(200, &obj))
         }
         ("list", None) => {
-            let labels = LabelSelector::parse(
-                query
-                    .get("labelSelector")
-                    .map(String::as_str)
-                    .unwrap_or_default(),
-            )?;
-            let fields = FieldSelector::parse(
-                query
-                    .get("fieldSelector")
-                    .map(String::as_str)
-                    .unwrap_or_default(),
-                &rt.resource,
-            )?;
+            let (labels, fields) = selectors(query, &rt.resource)?;
             let mut items: Vec<Value> = st
                 .list(&rt, rp.namespace.as_deref())
                 .into_iter()
@@ -781,19 +769,7 @@ fn resource_request(
             ))
         }
         ("watch", None) => {
-            let labels = LabelSelector::parse(
-                query
-                    .get("labelSelector")
-                    .map(String::as_str)
-                    .unwrap_or_default(),
-            )?;
-            let fields = FieldSelector::parse(
-                query
-                    .get("fieldSelector")
-                    .map(String::as_str)
-                    .unwrap_or_default(),
-                &rt.resource,
-            )?;
+            let (labels, fields) = selectors(query, &rt.resource)?;
             Ok(watch(
                 shared,
                 &mut st,
@@ -895,19 +871,7 @@ fn resource_request(
             ))
         }
         ("deletecollection", None) => {
-            let labels = LabelSelector::parse(
-                query
-                    .get("labelSelector")
-                    .map(String::as_str)
-                    .unwrap_or_default(),
-            )?;
-            let fields = FieldSelector::parse(
-                query
-                    .get("fieldSelector")
-                    .map(String::as_str)
-                    .unwrap_or_default(),
-                &rt.resource,
-            )?;
+            let (labels, fields) = selectors(query, &rt.resource)?;
             let opts = parse_body(body)?;
             let policy = Propagation::parse(
                 opts["propagationPolicy"]
@@ -943,6 +907,19 @@ fn resource_request(
 }
 
 /// A body whose apiVersion/kind do not match the URL is a 400, as on the apiserver.
+/// The `labelSelector` and `fieldSelector` of a list, watch or deletecollection
+/// request (absent = match everything).
+fn selectors(
+    query: &HashMap<String, String>,
+    resource: &str,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let param = |name: &str| query.get(name).map(String::as_str).unwrap_or_default();
+    Ok((
+        LabelSelector::parse(param("labelSelector"))?,
+        FieldSelector::parse(param("fieldSelector"), resource)?,
+    ))
+}
+
 fn check_kind(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     let kind = obj["kind"].as_str().unwrap_or_default();
     let av = obj["apiVersion"].as_str().unwrap_or_default();
