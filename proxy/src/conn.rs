@@ -1,5 +1,5 @@
-//! Getting downstream connections into Pingora: the TCP listener, tunnel
-//! streams, and the first-request header gate.
+//! Getting downstream connections served: the fast path first, then
+//! Pingora, from the TCP listener or from tunnel streams.
 
 use std::fmt;
 use std::pin::Pin;
@@ -15,13 +15,11 @@ use pingora::protocols::l4::stream::Stream;
 use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::DownstreamLimits;
+use crate::h1;
 use crate::http::{Router, Shared};
-
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Adapts a caller's stream to Pingora's [`VirtualSocket`], which must be
 /// `Sync`. The stream sits in a `Mutex` that is only ever reached through
@@ -217,112 +215,23 @@ where
     s
 }
 
-/// Outcome of the header gate.
-enum Gate {
-    /// Hand the stream to Pingora (bytes read so far were put back).
-    Proceed,
-    /// The connection is done (closed, rejected, timed out).
-    Done,
-}
-
-/// Reads the first request header of a connection under the configured
-/// limits before Pingora parses it. Pingora's own limits are fixed (1 MiB,
-/// 256 fields), answer 400 rather than 431, and its header-read timer
-/// restarts with every read, so a client trickling one byte at a time would
-/// hold the connection for ever. Later requests on a keep-alive connection
-/// are checked in `request_filter` and bounded by the keep-alive timeout.
-async fn header_gate(
-    stream: &mut Stream,
-    limits: &DownstreamLimits,
-    shared: &Shared,
-    stopping: &CancellationToken,
-) -> Gate {
-    let deadline = tokio::time::Instant::now() + limits.header_read_timeout;
-    let mut buf: Vec<u8> = Vec::with_capacity(2048);
-    let mut scanned: usize = 0;
-    loop {
-        let read = tokio::select! {
-            read = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)) => read,
-            // An idle connection that has not started a request does not
-            // hold up a graceful shutdown.
-            _ = stopping.cancelled(), if buf.is_empty() => return Gate::Done,
-        };
-        match read {
-            Err(_) => {
-                if !buf.is_empty() {
-                    shared.metrics.header_rejections.fetch_add(1, Relaxed);
-                    reject(stream, 408, "Request Timeout").await;
-                }
-                return Gate::Done;
-            }
-            Ok(Err(_)) | Ok(Ok(0)) => return Gate::Done,
-            Ok(Ok(_)) => {}
-        }
-        if buf.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&buf) {
-            continue;
-        }
-        if buf.starts_with(H2_PREFACE) {
-            // HTTP/2: header limits are enforced by the h2 server settings.
-            stream.rewind(&buf);
-            return Gate::Proceed;
-        }
-        // Look for the blank line that ends the header block (CRLF or bare
-        // LF line ends, as httparse accepts both).
-        let from = scanned.saturating_sub(3);
-        let end = buf[from..].windows(2).enumerate().find_map(|(i, w)| {
-            let at = from + i;
-            if w == b"\n\n" {
-                Some(at + 2)
-            } else if w == b"\n\r" && buf.get(at + 2) == Some(&b'\n') {
-                Some(at + 3)
-            } else {
-                None
-            }
-        });
-        scanned = buf.len();
-        match end {
-            Some(end) => {
-                let lines = buf[..end].iter().filter(|b| **b == b'\n').count();
-                // Minus the request line and the blank line.
-                let fields = lines.saturating_sub(2);
-                if end > limits.max_header_bytes || fields > limits.max_header_count {
-                    shared.metrics.header_rejections.fetch_add(1, Relaxed);
-                    reject(stream, 431, "Request Header Fields Too Large").await;
-                    return Gate::Done;
-                }
-                stream.rewind(&buf);
-                return Gate::Proceed;
-            }
-            None if buf.len() > limits.max_header_bytes => {
-                shared.metrics.header_rejections.fetch_add(1, Relaxed);
-                reject(stream, 431, "Request Header Fields Too Large").await;
-                return Gate::Done;
-            }
-            None => {}
-        }
-    }
-}
-
-async fn reject(stream: &mut Stream, status: u16, reason: &str) {
-    let body = format!("{status} {reason}\n");
-    let resp = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(resp.as_bytes()).await;
-    let _ = stream.flush().await;
-    let _ = stream.shutdown().await;
-}
-
-/// Serves one downstream connection to completion: gate, then Pingora.
-pub(crate) async fn serve_connection(
-    mut stream: Stream,
+/// Serves one downstream connection to completion: the HTTP/1.1 fast
+/// path first (`h1`), then — if a request needs it — Pingora, which gets
+/// the stream (built by `wrap`) with the bytes already read put back.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve_connection<S>(
+    mut io: S,
+    client_ip: std::net::IpAddr,
+    scheme: crate::Scheme,
+    trusted: bool,
+    wrap: impl FnOnce(S) -> Stream,
     app: Arc<HttpProxy<Router>>,
     shared: Arc<Shared>,
     shutdown: ShutdownWatch,
     stopping: CancellationToken,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let metrics = &shared.metrics;
     metrics.http_connections_total.fetch_add(1, Relaxed);
     metrics.http_connections_active.fetch_add(1, Relaxed);
@@ -333,8 +242,16 @@ pub(crate) async fn serve_connection(
         }
     }
     let _active = Active(&metrics.http_connections_active);
-    if let Gate::Proceed = header_gate(&mut stream, &shared.config.limits, &shared, &stopping).await
-    {
+    let ctx = h1::ConnCtx {
+        shared: &shared,
+        client_ip,
+        scheme,
+        trusted,
+        stopping: &stopping,
+    };
+    if let h1::Outcome::HandOff(read) = h1::serve(&mut io, &ctx).await {
+        let mut stream = wrap(io);
+        stream.rewind(&read);
         let _ = app.process_new(Box::new(stream), &shutdown).await;
     }
 }

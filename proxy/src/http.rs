@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) snapshot: ArcSwap<Snapshot>,
     pub(crate) metrics: Metrics,
     pub(crate) config: ProxyConfig,
+    /// Idle upstream connections of the HTTP/1.1 fast path.
+    pub(crate) pool: crate::h1::Pool,
     id_prefix: u32,
     id_counter: AtomicU64,
 }
@@ -69,6 +71,7 @@ impl Shared {
         Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             metrics: Metrics::default(),
+            pool: crate::h1::Pool::new(config.upstream_pool_size, config.upstream.idle),
             config,
             id_prefix,
             id_counter: AtomicU64::new(0),
@@ -76,16 +79,21 @@ impl Shared {
     }
 
     fn next_request_id(&self) -> HeaderValue {
-        let n = self.id_counter.fetch_add(1, Relaxed);
-        // 8 hex digits of prefix, 16 of counter, written in place: this
-        // runs for every request, so no `format!` String in between.
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut id = [0u8; 24];
+        self.write_request_id(&mut id);
+        HeaderValue::from_bytes(&id).expect("hex is a valid header value")
+    }
+
+    /// Writes the next request id into `id` (24 bytes): 8 hex digits of
+    /// prefix, 16 of counter, in place — this runs for every request, so
+    /// no `format!` String in between.
+    pub(crate) fn write_request_id(&self, id: &mut [u8]) {
+        let n = self.id_counter.fetch_add(1, Relaxed);
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         let digits = (u128::from(self.id_prefix) << 64) | u128::from(n);
-        for (i, b) in id.iter_mut().enumerate() {
+        for (i, b) in id.iter_mut().take(24).enumerate() {
             *b = HEX[((digits >> (4 * (23 - i))) & 0xf) as usize];
         }
-        HeaderValue::from_bytes(&id).expect("hex is a valid header value")
     }
 }
 
@@ -166,6 +174,26 @@ fn strip_hop_by_hop(headers: &http::HeaderMap, keep_upgrade: bool) -> Vec<Header
     removed
 }
 
+/// Whether an HTTP/1 client wants its connection kept after this request
+/// (RFC 9112 §9.3); h2 requests always share their connection.
+fn client_keeps_alive(req: &RequestHeader) -> bool {
+    let tokens = || {
+        req.headers
+            .get_all(header::CONNECTION)
+            .into_iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+    };
+    match req.version {
+        http::Version::HTTP_10 | http::Version::HTTP_09 => {
+            tokens().any(|t| t.eq_ignore_ascii_case("keep-alive"))
+        }
+        http::Version::HTTP_11 => !tokens().any(|t| t.eq_ignore_ascii_case("close")),
+        _ => true,
+    }
+}
+
 fn error_cause(e: &Error) -> UpstreamErrorCause {
     match e.etype() {
         ErrorType::ConnectRefused | ErrorType::ConnectNoRoute => UpstreamErrorCause::ConnectRefused,
@@ -206,7 +234,7 @@ fn status_for(e: &Error) -> u16 {
     }
 }
 
-fn error_page(status: u16) -> &'static str {
+pub(crate) fn error_page(status: u16) -> &'static str {
     match status {
         502 => "502 Bad Gateway: the upstream refused the connection or is unreachable.\n",
         504 => "504 Gateway Timeout: the upstream did not answer in time.\n",
@@ -273,7 +301,14 @@ impl ProxyHttp for Router {
         ctx: &mut RequestCtx,
     ) -> pingora::Result<bool> {
         let config = &self.shared.config;
-        session.set_keepalive(Some(config.limits.keepalive_idle.as_secs().max(1)));
+        // Keep-alive only when the client asked for it (HTTP/1.1 without
+        // `close`, HTTP/1.0 with `keep-alive`): an HTTP/1.0 client waits
+        // for the close that ends its response.
+        if client_keeps_alive(session.req_header()) {
+            session.set_keepalive(Some(config.limits.keepalive_idle.as_secs().max(1)));
+        } else {
+            session.set_keepalive(None);
+        }
         let req = session.req_header();
 
         // Request id: a trusted hop's id is kept so one id follows the

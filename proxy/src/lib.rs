@@ -89,6 +89,7 @@ mod admin;
 mod config;
 mod conn;
 mod error;
+mod h1;
 mod http;
 mod metrics;
 mod routes;
@@ -340,10 +341,14 @@ impl ProxyCore {
         if *self.inner.shutdown_tx.borrow() {
             return;
         }
-        let stream = conn::tunnel_stream(stream, info.client_addr, info.local_addr);
         let app = self.inner.app(info.scheme, info.trusted);
+        let (client, local) = (info.client_addr, info.local_addr);
         let fut = conn::serve_connection(
             stream,
+            info.client_addr.ip(),
+            info.scheme,
+            info.trusted,
+            move |s| conn::tunnel_stream(s, client, local),
             app,
             self.inner.shared.clone(),
             self.inner.shutdown_tx.subscribe(),
@@ -564,7 +569,6 @@ async fn accept_http(listener: TcpListener, bound: SocketAddr, inner: Arc<Inner>
             Some(local) => local,
             None => tcp.local_addr().unwrap_or(peer),
         };
-        let stream = conn::tcp_stream(tcp, peer, local);
         let app = inner.app(Scheme::Http, trusted);
         let shared = inner.shared.clone();
         let watch = inner.shutdown_tx.subscribe();
@@ -572,7 +576,17 @@ async fn accept_http(listener: TcpListener, bound: SocketAddr, inner: Arc<Inner>
         let cut = inner.cut.clone();
         inner.tracker.spawn(async move {
             tokio::select! {
-                _ = conn::serve_connection(stream, app, shared, watch, stopping) => {}
+                _ = conn::serve_connection(
+                    tcp,
+                    peer.ip(),
+                    Scheme::Http,
+                    trusted,
+                    move |tcp| conn::tcp_stream(tcp, peer, local),
+                    app,
+                    shared,
+                    watch,
+                    stopping,
+                ) => {}
                 _ = cut.cancelled() => {}
             }
         });

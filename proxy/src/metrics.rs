@@ -81,6 +81,10 @@ pub(crate) struct Metrics {
     pub(crate) tcp_bytes_to_upstream: AtomicU64,
     pub(crate) tcp_bytes_to_client: AtomicU64,
     pub(crate) header_rejections: AtomicU64,
+    /// Requests the HTTP/1.1 fast path served (answered or failed).
+    pub(crate) fast_path_requests: AtomicU64,
+    /// Connections the fast path handed to Pingora.
+    pub(crate) pingora_handoffs: AtomicU64,
 }
 
 impl Metrics {
@@ -166,7 +170,19 @@ impl Metrics {
             );
         }
 
-        let gauges: [(&str, &str, &str, i64); 8] = [
+        let gauges: [(&str, &str, &str, i64); 10] = [
+            (
+                "tuna_proxy_http_fast_path_requests_total",
+                "counter",
+                "HTTP/1.1 requests served by the fast path.",
+                self.fast_path_requests.load(Relaxed) as i64,
+            ),
+            (
+                "tuna_proxy_http_pingora_handoffs_total",
+                "counter",
+                "Connections handed to Pingora (h2c, upgrades, chunked uploads, HTTP/1.0, h2c/TLS upstreams).",
+                self.pingora_handoffs.load(Relaxed) as i64,
+            ),
             (
                 "tuna_proxy_http_connections_active",
                 "gauge",

@@ -83,6 +83,9 @@ pub struct TlsUpstream {
 #[derive(Debug)]
 pub(crate) struct CompiledBackend {
     peers: Vec<HttpPeer>,
+    /// The same addresses, for the HTTP/1.1 fast path.
+    addrs: Vec<SocketAddr>,
+    http1: bool,
     next: AtomicUsize,
     pub(crate) stats: Arc<HostStats>,
 }
@@ -124,6 +127,8 @@ impl CompiledBackend {
             .collect();
         Self {
             peers,
+            addrs: backend.addrs.clone(),
+            http1: backend.protocol == UpstreamProtocol::Http1,
             next: AtomicUsize::new(0),
             stats,
         }
@@ -138,6 +143,16 @@ impl CompiledBackend {
     /// retries move on to the next address.
     pub(crate) fn peer(&self, start: usize, attempt: usize) -> &HttpPeer {
         &self.peers[(start + attempt) % self.peers.len()]
+    }
+
+    /// The address for attempt `i` (start index plus attempt), as [`Self::peer`].
+    pub(crate) fn addr(&self, i: usize) -> SocketAddr {
+        self.addrs[i % self.addrs.len()]
+    }
+
+    /// Whether the fast path may serve this backend (plain HTTP/1.1).
+    pub(crate) fn is_http1(&self) -> bool {
+        self.http1
     }
 
     pub(crate) fn addr_count(&self) -> usize {

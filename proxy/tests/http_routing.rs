@@ -150,6 +150,10 @@ async fn header_policy_untrusted_listener() {
     for hop in ["x-secret", "keep-alive", "proxy-authorization"] {
         assert!(!echo.contains_key(hop), "{hop} must be stripped: {echo:?}");
     }
+    // The policy above is the fast path's (see also the h2c test below,
+    // which goes through Pingora's hooks).
+    assert_eq!(metric(&core, "tuna_proxy_http_fast_path_requests_total"), 1);
+    assert_eq!(metric(&core, "tuna_proxy_http_pingora_handoffs_total"), 0);
 }
 
 #[tokio::test]
@@ -177,6 +181,7 @@ async fn header_policy_trusted_peer_appends_and_keeps_request_id() {
     let echo = parse_echo(&resp.text().await.unwrap());
     assert_eq!(echo["x-forwarded-for"], vec!["203.0.113.9, 127.0.0.1"]);
     assert_eq!(echo["x-request-id"], vec!["edge-abc-123"]);
+    assert_eq!(metric(&core, "tuna_proxy_http_fast_path_requests_total"), 1);
 }
 
 #[tokio::test]

@@ -100,3 +100,11 @@ pub async fn dead_addr() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     l.local_addr().unwrap()
 }
+
+/// The value of an unlabelled series in `/metrics` (0 if absent).
+pub fn metric(core: &ProxyCore, name: &str) -> i64 {
+    core.render_metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
