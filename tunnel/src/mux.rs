@@ -133,6 +133,19 @@ pub struct MuxStream {
     shut: bool,
 }
 
+impl MuxStream {
+    /// Whether the peer has finished its side (`END_STREAM` or reset
+    /// received): nothing more will arrive, so the stream is no use for
+    /// another request/response exchange.
+    pub fn peer_finished(&self) -> bool {
+        match &self.recv {
+            RecvState::Pending(_) => false,
+            RecvState::Streaming(recv) => recv.is_end_stream(),
+            RecvState::Done => true,
+        }
+    }
+}
+
 impl std::fmt::Debug for MuxStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MuxStream")

@@ -4,8 +4,10 @@
 
 pub mod authority;
 pub mod cli;
+mod http1;
 mod public;
 mod registry;
+mod relay;
 pub mod server;
 mod session;
 mod tasks;

@@ -1,6 +1,11 @@
 //! Public listeners: HTTP and HTTPS (HTTP/1.1 and h2 via ALPN), routed by
 //! `Host` to the session that serves it.
 //!
+//! HTTP/1.1 connections go through a byte relay ([`relay`]) that parses
+//! only what routing and framing need and forwards the bytes as they are;
+//! h2 clients and what the relay does not handle get a full hyper server
+//! ([`serve_hyper`]).
+//!
 //! Each public connection gets its own data streams, one per host it talks
 //! to (so a stream's [`StreamMeta`] names one client and one host, and the
 //! agent's proxy core can set `X-Forwarded-*` from it). The edge speaks
@@ -23,15 +28,16 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
 use super::registry::{Registry, Session};
+use super::relay;
 use crate::wire::{Scheme, StreamKind, StreamMeta};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
 /// Time a public HTTP/1.1 client has to send a request head.
-const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Idle HTTP/1.1 streams one public connection keeps for reuse.
-const MAX_IDLE_PER_CONNECTION: usize = 4;
+pub(crate) const MAX_IDLE_PER_CONNECTION: usize = 4;
 
 /// One accepted public connection.
 struct PublicConnection {
@@ -48,8 +54,31 @@ struct Idle {
 }
 
 /// Serves one public connection (plain or TLS-terminated) until it closes
-/// or the edge shuts down.
+/// or the edge shuts down. HTTP/1.1 goes through the byte relay
+/// ([`relay`]), which hands anything it does not relay (upgrades, HTTP/1.0,
+/// h2 with prior knowledge, ...) to [`serve_hyper`]; a TLS connection that
+/// negotiated h2 goes to [`serve_hyper`] at once.
 pub(crate) async fn serve_connection<IO>(
+    io: IO,
+    client_addr: SocketAddr,
+    scheme: Scheme,
+    alpn_h2: bool,
+    registry: Arc<Registry>,
+    cancel: CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if alpn_h2 {
+        serve_hyper(io, client_addr, scheme, registry, cancel).await;
+    } else {
+        relay::serve(io, client_addr, scheme, registry, cancel).await;
+    }
+}
+
+/// Serves a public connection with a full HTTP server (hyper, HTTP/1.1 and
+/// h2): every request is parsed, routed by host and re-sent on an HTTP/1.1
+/// client over the tunnel stream.
+pub(crate) async fn serve_hyper<IO>(
     io: IO,
     client_addr: SocketAddr,
     scheme: Scheme,
@@ -88,30 +117,10 @@ pub(crate) async fn serve_connection<IO>(
 impl PublicConnection {
     async fn handle(&self, mut req: Request<Incoming>) -> Response<Body> {
         let Some(host) = request_host(&req) else {
-            return page(
-                StatusCode::BAD_REQUEST,
-                "Bad request",
-                "The request names no host.",
-                None,
-            );
+            return Page::no_host().response();
         };
         let Some(session) = self.registry.session_for_host(&host) else {
-            if self.registry.host_went_offline(&host) {
-                return page(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "Tunnel offline",
-                    &format!(
-                        "The tunnel serving {host} is not connected right now. Try again shortly."
-                    ),
-                    Some("5"),
-                );
-            }
-            return page(
-                StatusCode::NOT_FOUND,
-                "No tunnel for this host",
-                &format!("No tunnel serves {host} on this edge."),
-                None,
-            );
+            return Page::not_routed(&self.registry, &host).response();
         };
         let upgrade = is_upgrade(&req);
         to_origin_form(&mut req, &host);
@@ -128,14 +137,14 @@ impl PublicConnection {
             Some(s) => s,
             None => match self.connect(&host, &session, upgrade).await {
                 Some(s) => s,
-                None => return bad_gateway(&host),
+                None => return Page::bad_gateway(&host).response(),
             },
         };
         let mut resp = match sender.send_request(req).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!(%host, error = %e, "request through the tunnel failed");
-                return bad_gateway(&host);
+                return Page::bad_gateway(&host).response();
             }
         };
         if let Some(client_upgrade) = client_upgrade {
@@ -306,46 +315,128 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn bad_gateway(host: &str) -> Response<Body> {
-    page(
-        StatusCode::BAD_GATEWAY,
-        "Tunnel unreachable",
-        &format!("The tunnel agent serving {host} did not answer."),
-        None,
-    )
+/// A small self-explanatory HTML page the edge answers with itself.
+pub(crate) struct Page {
+    status: StatusCode,
+    title: &'static str,
+    text: String,
+    retry_after: Option<&'static str>,
 }
 
-/// A small self-explanatory HTML page.
-fn page(
-    status: StatusCode,
-    title: &str,
-    text: &str,
-    retry_after: Option<&'static str>,
-) -> Response<Body> {
-    let html = format!(
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{code} {title}</title></head>\
-         <body><h1>{code} {title}</h1><p>{text}</p><hr><p>tuna edge</p></body></html>\n",
-        code = status.as_u16(),
-        title = escape(title),
-        text = escape(text),
-    );
-    let mut resp = Response::new(
-        Full::new(Bytes::from(html))
-            .map_err(|never| match never {})
-            .boxed(),
-    );
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Some(secs) = retry_after {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
+impl Page {
+    fn new(status: StatusCode, title: &'static str, text: String) -> Self {
+        Self {
+            status,
+            title,
+            text,
+            retry_after: None,
+        }
     }
-    resp
+
+    pub(crate) fn no_host() -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "Bad request",
+            "The request names no host.".into(),
+        )
+    }
+
+    pub(crate) fn bad_request(reason: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "Bad request",
+            format!("The request cannot be forwarded: {reason}."),
+        )
+    }
+
+    pub(crate) fn head_too_large() -> Self {
+        Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "Request header fields too large",
+            "The request head is too large.".into(),
+        )
+    }
+
+    /// 503 for a host whose tunnel is gone (it may come back), else 404.
+    pub(crate) fn not_routed(registry: &Registry, host: &str) -> Self {
+        if registry.host_went_offline(host) {
+            return Self {
+                retry_after: Some("5"),
+                ..Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Tunnel offline",
+                    format!(
+                        "The tunnel serving {host} is not connected right now. Try again shortly."
+                    ),
+                )
+            };
+        }
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "No tunnel for this host",
+            format!("No tunnel serves {host} on this edge."),
+        )
+    }
+
+    pub(crate) fn bad_gateway(host: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_GATEWAY,
+            "Tunnel unreachable",
+            format!("The tunnel agent serving {host} did not answer."),
+        )
+    }
+
+    fn html(&self) -> String {
+        format!(
+            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{code} {title}</title></head>\
+             <body><h1>{code} {title}</h1><p>{text}</p><hr><p>tuna edge</p></body></html>\n",
+            code = self.status.as_u16(),
+            title = escape(self.title),
+            text = escape(&self.text),
+        )
+    }
+
+    /// The page for the hyper path.
+    pub(crate) fn response(&self) -> Response<Body> {
+        let mut resp = Response::new(
+            Full::new(Bytes::from(self.html()))
+                .map_err(|never| match never {})
+                .boxed(),
+        );
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        resp.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
+        }
+        resp
+    }
+
+    /// The page as HTTP/1.1 bytes, for the relay; `close` announces that
+    /// the connection ends after it.
+    pub(crate) fn to_http1(&self, close: bool) -> Vec<u8> {
+        let html = self.html();
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: text/html; charset=utf-8\r\ncache-control: no-store\r\ncontent-length: {}\r\n",
+            self.status.as_u16(),
+            self.status.canonical_reason().unwrap_or(""),
+            html.len()
+        );
+        if let Some(secs) = self.retry_after {
+            out.push_str(&format!("retry-after: {secs}\r\n"));
+        }
+        if close {
+            out.push_str("connection: close\r\n");
+        }
+        out.push_str("\r\n");
+        out.push_str(&html);
+        out.into_bytes()
+    }
 }
 
 fn escape(s: &str) -> String {

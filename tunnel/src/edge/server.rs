@@ -159,6 +159,7 @@ impl EdgeServer {
                             tcp,
                             peer,
                             Scheme::Http,
+                            false,
                             registry,
                             g.cancel.clone(),
                         )
@@ -197,10 +198,12 @@ impl EdgeServer {
                                 _ => return,
                             },
                         };
+                        let alpn_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                         public::serve_connection(
                             tls,
                             peer,
                             Scheme::Https,
+                            alpn_h2,
                             registry,
                             g.cancel.clone(),
                         )
