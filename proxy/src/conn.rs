@@ -224,6 +224,7 @@ pub(crate) async fn serve_connection<S>(
     client_ip: std::net::IpAddr,
     scheme: crate::Scheme,
     trusted: bool,
+    is_socket: bool,
     wrap: impl FnOnce(S) -> Stream,
     app: Arc<HttpProxy<Router>>,
     shared: Arc<Shared>,
@@ -249,9 +250,18 @@ pub(crate) async fn serve_connection<S>(
         trusted,
         stopping: &stopping,
     };
-    if let h1::Outcome::HandOff(read) = h1::serve(&mut io, &ctx).await {
-        let mut stream = wrap(io);
-        stream.rewind(&read);
-        let _ = app.process_new(Box::new(stream), &shutdown).await;
+    match h1::serve(&mut io, &ctx).await {
+        h1::Outcome::HandOff(read) => {
+            let mut stream = wrap(io);
+            stream.rewind(&read);
+            let _ = app.process_new(Box::new(stream), &shutdown).await;
+        }
+        // A socket is closed by dropping it; a tunnel stream may need its
+        // end of stream said explicitly.
+        h1::Outcome::Closed if !is_socket => {
+            use tokio::io::AsyncWriteExt;
+            let _ = io.shutdown().await;
+        }
+        h1::Outcome::Closed => {}
     }
 }

@@ -531,7 +531,8 @@ where
             "request done"
         );
         if !keep_going || c.stopping.is_cancelled() {
-            let _ = down.shutdown().await;
+            // The caller closes the stream (for a socket, dropping it sends
+            // the FIN: no separate shutdown call per connection).
             return Outcome::Closed;
         }
         deadline = tokio::time::Instant::now() + limits.keepalive_idle;
