@@ -1,15 +1,31 @@
 //! The proxy core: a Pingora-based reverse proxy that Ingress routes,
 //! Tunnels and TCPEndpoints all register into.
 //!
+//! # Two HTTP paths, one policy
+//!
+//! Every HTTP connection starts on a small HTTP/1.1 fast path (`h1`):
+//! plain requests to HTTP/1.1 backends — by far the common case — are
+//! parsed once with `httparse` and relayed with their framing tracked but
+//! their bodies never decoded, over its own keep-alive upstream pool. A
+//! request it does not serve (h2c, WebSocket/`Upgrade`, `Expect`, chunked
+//! uploads, HTTP/1.0, h2c or TLS backends, anything `httparse` rejects)
+//! hands the connection, with the bytes already read, to Pingora for the
+//! rest of its life. Both paths apply the same header policy, limits,
+//! errors, retries and metrics (`tuna_proxy_http_fast_path_requests_total`
+//! and `tuna_proxy_http_pingora_handoffs_total` say which served what). Why:
+//! Pingora 0.9's per-request HTTP/1 machinery cost 2.7× nginx's CPU per
+//! keep-alive request in `benches/proxy.sh`; the fast path costs 0.9×.
+//!
 //! # Contract
 //!
 //! - **Embedding.** [`ProxyCore::new`] needs only a running tokio runtime
 //!   (ours); Pingora's `Server`/`run_forever` is not used. Connections enter
-//!   Pingora through `pingora::proxy::http_proxy` + `ServerApp::process_new`,
 //!   from a plain listener ([`ProxyCore::listen`]) or from any async stream
 //!   ([`ProxyCore::serve_stream`], for connections that arrive through a
-//!   tunnel: no loopback hop; the stream is wrapped as a Pingora
-//!   `VirtualSocket` whose digest reports the public client address).
+//!   tunnel: no loopback hop). Pingora gets its connections through
+//!   `pingora::proxy::http_proxy` + `ServerApp::process_new`, the stream
+//!   wrapped as a Pingora `VirtualSocket` whose digest reports the public
+//!   client address.
 //! - **Registration (the plugin seam).** [`ProxyCore::set_host_routes`],
 //!   [`ProxyCore::remove_host`], [`ProxyCore::add_tcp_listener`],
 //!   [`ProxyCore::remove_tcp_listener`], [`ProxyCore::set_tcp_service`],
@@ -34,9 +50,10 @@
 //!   WebSocket/Upgrade, streamed bodies of any size, HTTP/1.1 and h2c from
 //!   clients, upstream HTTP/1.1, h2c ([`UpstreamProtocol::H2c`], for gRPC)
 //!   and HTTPS.
-//! - **Limits.** First request header of a connection: size and field
-//!   count → 431, total read time → 408 ([`DownstreamLimits`]); later
-//!   requests on a keep-alive connection: 431 from the same limits.
+//! - **Limits.** Request headers: size and field count → 431; the first
+//!   request of a connection must arrive whole within the header timeout,
+//!   later ones within the keep-alive idle time for their first byte and
+//!   the header timeout from there → 408 ([`DownstreamLimits`]).
 //! - **TCP.** Listeners and tunnel-fed services splice bytes both ways with
 //!   half-close, under a per-endpoint connection limit.
 //! - **Shutdown.** [`ProxyCore::shutdown`] stops accepting, lets open
@@ -54,8 +71,8 @@
 //! `upstream_response_filter`/`response_filter` (hop-by-hop, request id),
 //! `fail_to_connect`/`error_while_proxy` (retry policy, error counters),
 //! `fail_to_proxy` (502/504 pages), `logging` (metrics), and
-//! `suppress_error_log`. The first request header of each connection is
-//! checked before Pingora sees it (Pingora's own limits are fixed and its
+//! `suppress_error_log`. Request heads are read and checked by the fast
+//! path before Pingora sees them (Pingora's own limits are fixed and its
 //! header timer restarts on every read).
 //!
 //! # Entry points
