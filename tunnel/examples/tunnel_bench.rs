@@ -61,6 +61,15 @@ enum Role {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Warnings (a lost session, h2 refusing a peer) must show in a benchmark
+    // run: figures measured on a broken tunnel are worthless.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().role {
         Role::Edge {
             agent,

@@ -50,6 +50,10 @@ const BODY_READ: usize = 64 * 1024;
 const LINGER: Duration = Duration::from_secs(2);
 /// Most bytes drained while lingering.
 const LINGER_BYTES: usize = 1024 * 1024;
+/// How long a retired stream may take to end from the agent's side.
+const STREAM_FINISH: Duration = Duration::from_secs(1);
+/// Most retired streams a connection keeps until it closes.
+const MAX_RETIRED: usize = 4;
 
 /// How a relayed connection ended.
 enum Outcome {
@@ -80,6 +84,8 @@ struct Relay<IO> {
     /// Response bytes read from the current stream.
     resp: BytesMut,
     idle: Vec<IdleStream>,
+    /// Streams done with, finished (not reset) when the connection closes.
+    retired: Vec<MuxStream>,
 }
 
 /// Serves one public HTTP/1.1 connection until it closes or the edge shuts down.
@@ -100,6 +106,7 @@ pub(crate) async fn serve<IO>(
         buf: BytesMut::with_capacity(BUFFER),
         resp: BytesMut::new(),
         idle: Vec::new(),
+        retired: Vec::new(),
     };
     let outcome = tokio::select! {
         _ = cancel.cancelled() => return,
@@ -107,9 +114,12 @@ pub(crate) async fn serve<IO>(
     };
     match outcome {
         Outcome::Close => {
+            let streams: Vec<MuxStream> = (relay.idle.drain(..).map(|i| i.stream))
+                .chain(relay.retired.drain(..))
+                .collect();
             tokio::select! {
                 _ = cancel.cancelled() => {}
-                _ = linger_close(&mut relay.io) => {}
+                _ = async { tokio::join!(linger_close(&mut relay.io), finish_streams(streams)) } => {}
             }
         }
         Outcome::Handoff => {
@@ -142,6 +152,27 @@ async fn linger_close<IO: AsyncRead + AsyncWrite + Unpin>(io: &mut IO) {
         }
     })
     .await;
+}
+
+/// Ends streams the way TCP ends a connection: our `END_STREAM`, then the
+/// agent's. Dropping a stream instead resets it, and the agent's frames
+/// already on the wire then arrive for a stream h2 may have forgotten.
+async fn finish_streams(streams: Vec<MuxStream>) {
+    if streams.is_empty() {
+        return;
+    }
+    let finishing = streams.into_iter().map(|mut stream| async move {
+        if stream.shutdown().await.is_err() {
+            return;
+        }
+        let mut sink = [0u8; 1024];
+        while let Ok(n) = stream.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let _ = timeout(STREAM_FINISH, futures::future::join_all(finishing)).await;
 }
 
 /// Why relaying a response failed.
@@ -299,6 +330,8 @@ where
                 }
                 if end.reusable && uploaded {
                     self.put_idle(host, session, stream);
+                } else if uploaded {
+                    self.retire(stream);
                 }
                 if end.close || head.close || !uploaded {
                     Next::Close
@@ -319,8 +352,19 @@ where
     }
 
     fn take_idle(&mut self, host: &str, session: &Arc<Session>) -> Option<MuxStream> {
-        self.idle
-            .retain(|i| !i.session.closed.is_cancelled() && !i.stream.peer_finished());
+        let mut i = 0;
+        while i < self.idle.len() {
+            let entry = &mut self.idle[i];
+            if entry.session.closed.is_cancelled() {
+                self.idle.swap_remove(i);
+            } else if !is_quiet(&mut entry.stream) {
+                // The agent ended it (or said something unasked): finish it.
+                let entry = self.idle.swap_remove(i);
+                self.retire(entry.stream);
+            } else {
+                i += 1;
+            }
+        }
         let pos = self
             .idle
             .iter()
@@ -335,6 +379,16 @@ where
                 session,
                 stream,
             });
+        } else {
+            self.retire(stream);
+        }
+    }
+
+    /// Keeps a stream that is done with until the connection closes, to end
+    /// it cleanly then ([`finish_streams`]); past a few, it is just dropped.
+    fn retire(&mut self, stream: MuxStream) {
+        if self.retired.len() < MAX_RETIRED {
+            self.retired.push(stream);
         }
     }
 
@@ -354,6 +408,15 @@ where
             }
         }
     }
+}
+
+/// Whether an idle stream has nothing to say: no end, no reset, no bytes
+/// nobody asked for. Anything else makes it unfit for the next exchange.
+fn is_quiet(stream: &mut MuxStream) -> bool {
+    let mut cx = Context::from_waker(futures::task::noop_waker_ref());
+    let mut byte = [0u8; 1];
+    let mut probe = ReadBuf::new(&mut byte);
+    Pin::new(stream).poll_read(&mut cx, &mut probe).is_pending()
 }
 
 /// A request whose body is still arriving: the body is pumped to the stream
