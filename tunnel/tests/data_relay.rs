@@ -29,6 +29,7 @@ type Body = BoxBody<Bytes, Infallible>;
 
 /// An edge and one agent per host, each agent's streams served by `handler`.
 struct Setup {
+    cert: TestCert,
     edge: EdgeHandle,
     agents: Vec<AgentHandle>,
     /// Streams each agent was asked to serve, by host order.
@@ -71,6 +72,7 @@ where
         streams.push(count);
     }
     Setup {
+        cert,
         edge,
         agents,
         streams,
@@ -499,6 +501,14 @@ async fn edge_pages_on_the_relay_path() {
     let resp = read_response(&mut conn, false).await;
     assert_eq!(resp.status, 404);
     assert!(resp.text().contains("No tunnel serves nobody.tuna.test"));
+    // HEAD gets the page's head only; the connection stays in step.
+    conn.write_all(b"HEAD / HTTP/1.1\r\nHost: nobody.tuna.test\r\n\r\nGET /after HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_response(&mut conn, true).await;
+    assert_eq!(resp.status, 404);
+    let resp = read_response(&mut conn, false).await;
+    assert_eq!(resp.text(), "host=app.tuna.test path=/after body=0");
     // A head over the limit: 431 and close.
     let huge = format!(
         "GET / HTTP/1.1\r\nHost: app.tuna.test\r\nX-Big: {}\r\n\r\n",
@@ -602,5 +612,45 @@ async fn thousands_of_closing_connections_keep_the_session() {
         s.agents[0].session_id(),
         Some(session),
         "the same session carried all"
+    );
+}
+
+#[tokio::test]
+async fn a_keep_alive_connection_follows_its_host_to_a_newer_session() {
+    let s = setup(&[APP], hyper_backend).await;
+    let mut conn = connect(&s.edge).await;
+    let get = b"GET / HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n";
+    conn.write_all(get).await.unwrap();
+    assert_eq!(read_response(&mut conn, false).await.status, 200);
+
+    // The same token connects again (an agent that restarted before the
+    // edge noticed): the newer session takes the host over.
+    let newer = {
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&count);
+        let agent = Agent::start(
+            agent_config(&s.cert, &s.edge, "t0", vec![Binding::http(APP)]),
+            move |stream: MuxStream, meta: StreamMeta| {
+                seen.fetch_add(1, Ordering::SeqCst);
+                hyper_backend(stream, meta);
+            },
+        )
+        .unwrap();
+        agent.connected().await.unwrap();
+        (agent, count)
+    };
+    for _ in 0..3 {
+        conn.write_all(get).await.unwrap();
+        assert_eq!(read_response(&mut conn, false).await.status, 200);
+    }
+    assert_eq!(
+        s.streams[0].load(Ordering::SeqCst),
+        1,
+        "the old session served once"
+    );
+    assert_eq!(
+        newer.1.load(Ordering::SeqCst),
+        1,
+        "the new one took over, on one stream"
     );
 }

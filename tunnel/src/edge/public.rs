@@ -418,8 +418,9 @@ impl Page {
     }
 
     /// The page as HTTP/1.1 bytes, for the relay; `close` announces that
-    /// the connection ends after it.
-    pub(crate) fn to_http1(&self, close: bool) -> Vec<u8> {
+    /// the connection ends after it; without `body` (the answer to HEAD)
+    /// only the head goes out.
+    pub(crate) fn to_http1(&self, close: bool, body: bool) -> Vec<u8> {
         let html = self.html();
         let mut out = format!(
             "HTTP/1.1 {} {}\r\ncontent-type: text/html; charset=utf-8\r\ncache-control: no-store\r\ncontent-length: {}\r\n",
@@ -434,7 +435,9 @@ impl Page {
             out.push_str("connection: close\r\n");
         }
         out.push_str("\r\n");
-        out.push_str(&html);
+        if body {
+            out.push_str(&html);
+        }
         out.into_bytes()
     }
 }

@@ -228,7 +228,7 @@ where
                             http1::Reject::BadRequest(reason) => Page::bad_request(reason),
                             http1::Reject::HeadTooLarge => Page::head_too_large(),
                         };
-                        let _ = self.write_page(&page, true).await;
+                        let _ = self.write_page(&page, true, false).await;
                         return Err(Outcome::Close);
                     }
                 }
@@ -245,8 +245,8 @@ where
         }
     }
 
-    async fn write_page(&mut self, page: &Page, close: bool) -> io::Result<()> {
-        self.io.write_all(&page.to_http1(close)).await?;
+    async fn write_page(&mut self, page: &Page, close: bool, is_head: bool) -> io::Result<()> {
+        self.io.write_all(&page.to_http1(close, !is_head)).await?;
         self.io.flush().await
     }
 
@@ -257,7 +257,8 @@ where
         if let Some(end) = keep {
             self.buf.advance(end);
         }
-        if self.write_page(&page, keep.is_none()).await.is_err() || keep.is_none() {
+        let written = self.write_page(&page, keep.is_none(), head.is_head).await;
+        if written.is_err() || keep.is_none() {
             return Next::Close;
         }
         Next::KeepAlive
@@ -356,10 +357,10 @@ where
         while i < self.idle.len() {
             let entry = &mut self.idle[i];
             if entry.session.closed.is_cancelled() {
-                self.idle.swap_remove(i);
+                self.idle.remove(i);
             } else if !is_quiet(&mut entry.stream) {
                 // The agent ended it (or said something unasked): finish it.
-                let entry = self.idle.swap_remove(i);
+                let entry = self.idle.remove(i);
                 self.retire(entry.stream);
             } else {
                 i += 1;
@@ -369,19 +370,22 @@ where
             .idle
             .iter()
             .position(|i| i.host == host && Arc::ptr_eq(&i.session, session))?;
-        Some(self.idle.swap_remove(pos).stream)
+        Some(self.idle.remove(pos).stream)
     }
 
+    /// Keeps a stream for the next request to its host; the least recently
+    /// used one makes room (a host that moved to a newer session leaves
+    /// streams nobody takes any more).
     fn put_idle(&mut self, host: &str, session: Arc<Session>, stream: MuxStream) {
-        if self.idle.len() < MAX_IDLE_PER_CONNECTION {
-            self.idle.push(IdleStream {
-                host: host.to_owned(),
-                session,
-                stream,
-            });
-        } else {
-            self.retire(stream);
+        if self.idle.len() >= MAX_IDLE_PER_CONNECTION {
+            let oldest = self.idle.remove(0);
+            self.retire(oldest.stream);
         }
+        self.idle.push(IdleStream {
+            host: host.to_owned(),
+            session,
+            stream,
+        });
     }
 
     /// Keeps a stream that is done with until the connection closes, to end
