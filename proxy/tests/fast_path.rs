@@ -46,11 +46,23 @@ async fn read_request(tcp: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String,
     }
 }
 
-/// A backend that answers each request with `script(method, path, body
-/// length)`: the raw response bytes and whether to close afterwards.
-async fn scripted_backend(
-    script: fn(&str, &str, usize) -> (Vec<u8>, bool),
-) -> (SocketAddr, Arc<AtomicUsize>) {
+/// One request as a scripted backend saw it; `nth` counts from 0 on each
+/// connection.
+struct Seen<'a> {
+    method: &'a str,
+    path: &'a str,
+    len: usize,
+    nth: usize,
+}
+
+/// A scripted answer: raw response bytes and whether to close afterwards;
+/// `None` closes without answering.
+type Answer = Option<(Vec<u8>, bool)>;
+
+/// A backend that answers each request with `script`: the raw response
+/// bytes and whether to close afterwards, or `None` to close without
+/// answering. Counts the connections it accepted.
+async fn scripted_backend(script: fn(&Seen<'_>) -> Answer) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let connections = Arc::new(AtomicUsize::new(0));
@@ -60,8 +72,18 @@ async fn scripted_backend(
             count.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(async move {
                 let mut buf = Vec::new();
+                let mut nth = 0;
                 while let Some((method, path, len)) = read_request(&mut tcp, &mut buf).await {
-                    let (resp, close) = script(&method, &path, len);
+                    let seen = Seen {
+                        method: &method,
+                        path: &path,
+                        len,
+                        nth,
+                    };
+                    nth += 1;
+                    let Some((resp, close)) = script(&seen) else {
+                        return;
+                    };
                     if tcp.write_all(&resp).await.is_err() || close {
                         return;
                     }
@@ -160,23 +182,26 @@ async fn proxied(backend: SocketAddr) -> (ProxyCore, SocketAddr) {
     (core, addr)
 }
 
-fn framings(method: &str, path: &str, _len: usize) -> (Vec<u8>, bool) {
-    let resp: &[u8] = match path {
+fn framings(req: &Seen<'_>) -> Answer {
+    let resp: &[u8] = match req.path {
         "/chunked" => {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nx-kind: chunked\r\n\r\n\
               5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-trailer: t\r\n\r\n"
         }
-        "/head" if method == "HEAD" => b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n",
+        "/head" if req.method == "HEAD" => b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n",
         "/empty" => b"HTTP/1.1 204 No Content\r\nx-kind: empty\r\n\r\n",
         "/early" => {
             b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n\
               HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
         }
-        "/close" => return (b"HTTP/1.1 200 OK\r\nx-kind: close\r\n\r\nuntil the end".to_vec(), true),
+        "/close" => {
+            let resp = b"HTTP/1.1 200 OK\r\nx-kind: close\r\n\r\nuntil the end";
+            return Some((resp.to_vec(), true));
+        }
         "/garbage" => b"this is not HTTP\r\n\r\n",
         _ => b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\nconnection: keep-alive, x-hop\r\nx-hop: 1\r\n\r\ndefault",
     };
-    (resp.to_vec(), false)
+    Some((resp.to_vec(), false))
 }
 
 /// Every response framing, back to back on one client connection, with
@@ -297,16 +322,10 @@ async fn pipelined_requests_are_answered_in_order() {
     );
 }
 
-fn count_body(_: &str, _: &str, len: usize) -> (Vec<u8>, bool) {
-    let body = len.to_string();
-    (
-        format!(
-            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .into_bytes(),
-        false,
-    )
+fn count_body(req: &Seen<'_>) -> Answer {
+    let body = req.len.to_string();
+    let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+    Some(([head.as_bytes(), body.as_bytes()].concat(), false))
 }
 
 /// A Content-Length body much larger than one read reaches the backend
@@ -342,26 +361,13 @@ async fn large_request_body_is_streamed_whole() {
 /// Answers the first request of each connection, then reads the next one
 /// and closes without answering: a keep-alive connection the upstream
 /// dropped just as the proxy reused it.
-async fn one_shot_backend() -> (SocketAddr, Arc<AtomicUsize>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let count = connections.clone();
-    tokio::spawn(async move {
-        while let Ok((mut tcp, _)) = listener.accept().await {
-            count.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                if read_request(&mut tcp, &mut buf).await.is_some() {
-                    let _ = tcp
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                        .await;
-                }
-                let _ = read_request(&mut tcp, &mut buf).await;
-            });
-        }
-    });
-    (addr, connections)
+fn one_shot(req: &Seen<'_>) -> Answer {
+    (req.nth == 0).then(|| {
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+            false,
+        )
+    })
 }
 
 /// A reused connection that dies before any response byte is retried on a
@@ -369,7 +375,7 @@ async fn one_shot_backend() -> (SocketAddr, Arc<AtomicUsize>) {
 /// (the upstream may have acted on it).
 #[tokio::test]
 async fn stale_pooled_connection_is_retried_only_when_idempotent() {
-    let (backend, conns) = one_shot_backend().await;
+    let (backend, conns) = scripted_backend(one_shot).await;
     let (core, addr) = proxied(backend).await;
     let mut tcp = TcpStream::connect(addr).await.unwrap();
     let mut buf = Vec::new();
