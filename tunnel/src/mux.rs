@@ -39,6 +39,143 @@ pub const MAX_STREAMS: u32 = 16 * 1024;
 /// Largest chunk handed to h2 per write (bounds the copy per call).
 const MAX_WRITE: usize = 256 * 1024;
 
+/// Writes smaller than this are gathered (copied); larger ones go straight
+/// to TLS, so bulk transfers pay no copy and no held-back flush.
+const SMALL_WRITE: usize = 16 * 1024;
+/// Most bytes gathered before they are written out anyway.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// The transport under h2 on both sides: gathers h2's small writes and
+/// holds a flush back for one scheduler turn, so that frames other streams
+/// queue in that turn leave in the same TLS record and system call.
+///
+/// h2 flushes its connection every time it is woken, so without this each
+/// small response left in a record and a `writev` of its own (measured on
+/// the agent: one `writev` per keep-alive response). Large writes (bulk
+/// DATA frames) pass straight through, without a copy or a held-back flush.
+pub struct Coalesced<T> {
+    inner: T,
+    buf: Vec<u8>,
+    /// A flush was held back once already; the next one goes through.
+    yielded: bool,
+    /// A large write went through since the last flush: bulk transfer,
+    /// where the rest of a partly written frame must not be gathered.
+    bulk: bool,
+}
+
+impl<T> Coalesced<T> {
+    /// Wraps the TLS stream an h2 connection runs on.
+    pub fn new(inner: T) -> Self {
+        Self {
+            inner,
+            buf: Vec::new(),
+            yielded: false,
+            bulk: false,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> Coalesced<T> {
+    /// Writes out everything gathered.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut written = 0;
+        while written < self.buf.len() {
+            match Pin::new(&mut self.inner).poll_write(cx, &self.buf[written..]) {
+                Poll::Ready(Ok(0)) => {
+                    self.buf.drain(..written);
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => written += n,
+                Poll::Ready(Err(e)) => {
+                    self.buf.drain(..written);
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Pending => {
+                    self.buf.drain(..written);
+                    return Poll::Pending;
+                }
+            }
+        }
+        self.buf.clear();
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Coalesced<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let direct = this.bulk || data.len() >= SMALL_WRITE;
+        if direct || this.buf.len() + data.len() > COALESCE_LIMIT {
+            ready!(this.poll_drain(cx))?;
+            if direct {
+                this.bulk = true;
+                return Pin::new(&mut this.inner).poll_write(cx, data);
+            }
+        }
+        this.buf.extend_from_slice(data);
+        Poll::Ready(Ok(data.len()))
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let direct = this.bulk || total >= SMALL_WRITE;
+        if direct || this.buf.len() + total > COALESCE_LIMIT {
+            ready!(this.poll_drain(cx))?;
+            if direct {
+                this.bulk = true;
+                return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+            }
+        }
+        for b in bufs {
+            this.buf.extend_from_slice(b);
+        }
+        Poll::Ready(Ok(total))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if !this.buf.is_empty() && !this.yielded {
+            this.yielded = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        ready!(this.poll_drain(cx))?;
+        this.yielded = false;
+        ready!(Pin::new(&mut this.inner).poll_flush(cx))?;
+        this.bulk = false;
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
 /// The h2 client configuration the edge uses on an agent connection.
 pub fn client_builder() -> h2::client::Builder {
     let mut b = h2::client::Builder::new();
@@ -262,5 +399,61 @@ impl AsyncWrite for MuxStream {
             self.send.send_data(Bytes::new(), true).map_err(to_io)?;
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// Records every write that reaches it.
+    #[derive(Default)]
+    struct Recorder {
+        writes: Vec<Vec<u8>>,
+        flushes: usize,
+    }
+
+    impl AsyncWrite for Recorder {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            self.writes.push(buf.to_vec());
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.flushes += 1;
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn small_writes_leave_together_large_ones_directly_in_order() {
+        let mut c = Coalesced::new(Recorder::default());
+        c.write_all(b"one").await.unwrap();
+        c.write_all(b"two").await.unwrap();
+        assert!(c.inner.writes.is_empty(), "small writes wait for the flush");
+        c.flush().await.unwrap();
+        assert_eq!(c.inner.writes, vec![b"onetwo".to_vec()]);
+        assert_eq!(c.inner.flushes, 1);
+
+        let big = vec![7u8; SMALL_WRITE];
+        c.write_all(b"x").await.unwrap();
+        c.write_all(&big).await.unwrap();
+        // After a large write, the rest of the cycle goes straight through.
+        c.write_all(b"tail").await.unwrap();
+        assert_eq!(c.inner.writes[1..], [b"x".to_vec(), big, b"tail".to_vec()]);
+        c.flush().await.unwrap();
+        c.write_all(b"small again").await.unwrap();
+        assert_eq!(c.inner.writes.len(), 4, "a flush ends bulk mode");
+        c.shutdown().await.unwrap();
+        assert_eq!(c.inner.writes[4], b"small again".to_vec());
     }
 }

@@ -287,7 +287,9 @@ async fn handshake(
         other => return Err(Error::Protocol(format!("expected welcome, got {other:?}"))),
     };
     // From here the TLS stream speaks h2; the edge opens the control stream first.
-    let mut conn = mux::server_builder().handshake(tls).await?;
+    let mut conn = mux::server_builder()
+        .handshake(mux::Coalesced::new(tls))
+        .await?;
     let (request, respond) = conn
         .accept()
         .await
@@ -305,7 +307,10 @@ async fn handshake(
 /// Drives the h2 connection and hands every data stream to the handler.
 /// Returns when the edge closes the connection.
 async fn accept_streams(
-    mut conn: h2::server::Connection<tokio_rustls::client::TlsStream<TcpStream>, bytes::Bytes>,
+    mut conn: h2::server::Connection<
+        mux::Coalesced<tokio_rustls::client::TlsStream<TcpStream>>,
+        bytes::Bytes,
+    >,
     handler: Arc<dyn StreamHandler>,
 ) -> Result<()> {
     while let Some(next) = conn.accept().await {

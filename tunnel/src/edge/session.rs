@@ -116,9 +116,12 @@ async fn run(
     let remaining = deadline
         .saturating_duration_since(Instant::now())
         .max(Duration::from_secs(1));
-    let (sender, connection) = timeout(remaining, mux::client_builder().handshake(tls))
-        .await
-        .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
+    let (sender, connection) = timeout(
+        remaining,
+        mux::client_builder().handshake(mux::Coalesced::new(tls)),
+    )
+    .await
+    .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
     let driver = tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "agent h2 connection ended");
