@@ -122,7 +122,7 @@ pub struct RequestCtx {
     answered_locally: Option<u16>,
 }
 
-const HOP_BY_HOP: [HeaderName; 6] = [
+pub(crate) const HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),

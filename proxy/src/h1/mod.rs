@@ -39,7 +39,7 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::Scheme;
-use crate::http::{Shared, error_page};
+use crate::http::{HOP_BY_HOP, Shared, error_page};
 use crate::metrics::UpstreamErrorCause;
 use crate::routes::CompiledBackend;
 use framing::{BodyKind, Chunked, ends_chunked, parse_content_length, tokens};
@@ -120,21 +120,12 @@ fn eq(name: &str, lower: &str) -> bool {
     name.eq_ignore_ascii_case(lower)
 }
 
-/// Hop-by-hop headers of both directions (RFC 9110 §7.6.1), besides the
-/// ones `Connection` names. `Transfer-Encoding` is not among them: requests
-/// with it go to Pingora and responses keep their chunked framing.
+/// Hop-by-hop headers of both directions, besides the ones `Connection`
+/// names: the Pingora path's list plus `Upgrade` (upgrades never take the
+/// fast path). `Transfer-Encoding` is not among them: requests with it go
+/// to Pingora and responses keep their chunked framing.
 fn is_hop_by_hop(name: &str) -> bool {
-    [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "upgrade",
-    ]
-    .iter()
-    .any(|h| eq(name, h))
+    eq(name, "upgrade") || HOP_BY_HOP.iter().any(|h| eq(name, h.as_str()))
 }
 
 /// Parses a request head in `buf` and, if it is for the fast path, writes
@@ -860,16 +851,12 @@ impl<D: AsyncRead + AsyncWrite + Unpin> Io<'_, D> {
             if self.inbuf.capacity() - self.inbuf.len() < 4096 {
                 self.inbuf.reserve(IO_CHUNK);
             }
-            let got = match tokio::time::timeout(
-                config.limits.keepalive_idle,
-                self.down.read_buf(self.inbuf),
-            )
-            .await
+            match tokio::time::timeout(config.limits.keepalive_idle, self.down.read_buf(self.inbuf))
+                .await
             {
-                Ok(Ok(n)) if n > 0 => n,
+                Ok(Ok(n)) if n > 0 => {}
                 _ => return Err(Failure::Close),
-            };
-            let _ = got;
+            }
             let take = (self.inbuf.len() as u64).min(left) as usize;
             match tokio::time::timeout(config.upstream.write, up.write_all(&self.inbuf[..take]))
                 .await
