@@ -105,6 +105,11 @@ pub struct EdgeArgs {
     /// REST API requests one key may send per second, sustained.
     #[arg(long, default_value_t = 20.0, value_parser = parse_positive_rate)]
     pub api_rate_per_second: f64,
+    /// Once every listener is bound, write their addresses here as JSON
+    /// (`{"agent": "127.0.0.1:7443", "http": …, "https": …, "api": …, "caFile": …}`),
+    /// atomically: scripts and tests that bind port 0 read the real ports from it.
+    #[arg(long, value_name = "FILE")]
+    pub addresses_file: Option<PathBuf>,
 }
 
 fn parse_positive_rate(s: &str) -> Result<f64, String> {
@@ -217,6 +222,17 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     if let Some(ca) = agent_identity.ca_file.as_ref() {
         tracing::info!(ca_file = %ca.display(), "agents and API clients trust this CA file");
     }
+    if let Some(path) = &args.addresses_file {
+        let addresses = serde_json::json!({
+            "agent": edge.agent_addr.to_string(),
+            "http": edge.http_addr.map(|a| a.to_string()),
+            "https": edge.https_addr.map(|a| a.to_string()),
+            "api": edge.api_addr.map(|a| a.to_string()),
+            "caFile": agent_identity.ca_file.as_ref().map(|p| p.display().to_string()),
+        });
+        write_atomically(path, addresses.to_string().as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     tracing::info!(
         agent = %edge.agent_addr,
         http = ?edge.http_addr,
@@ -228,6 +244,20 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     edge.shutdown().await;
     Ok(())
+}
+
+/// Writes `bytes` to a temporary file beside `path`, syncs it and renames it
+/// over `path`, so a reader never sees a partial file.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
 }
 
 async fn shutdown_signal() {
