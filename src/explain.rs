@@ -7,19 +7,23 @@
 //! asks the table to explain the URL. The exit code is 0 whether or not a
 //! route matches; unreadable or invalid input is an error.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
+
+use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::networking::v1::Ingress;
 use serde::Serialize;
-use tuna_routing::{BuildIssue, HostSelection, Outcome, RouteTable};
+use tuna_crds::{Domain, Tunnel};
+use tuna_routing::{HostSelection, Outcome, RouteTable};
 
-use crate::manifest;
-use crate::translate::ingress::{
-    DEFAULT_INGRESS_CLASS, ServicePort, ServiceRef, SkipKind, Skipped, TranslateOptions, translate,
+use crate::desired::{
+    Backend, Backends, HostRoute, Inputs, Kind, PlanOptions, Reason, Refusal, plan,
 };
+use crate::manifest;
+use crate::translate::ingress::{DEFAULT_INGRESS_CLASS, ServicePort, SkipKind, TranslateOptions};
+use crate::translate::service::ServiceIndex;
 
 /// Subcommands of `tuna-operator route`.
 #[derive(Debug, clap::Subcommand)]
@@ -33,13 +37,18 @@ pub enum RouteCommand {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ExplainArgs {
     /// A manifest file or directory (read recursively); repeat for more.
-    #[arg(
-        short = 'f',
-        long = "filename",
-        value_name = "FILE_OR_DIR",
-        required = true
-    )]
+    /// Without it, the Ingresses, IngressClasses, Tunnels, Domains and the
+    /// Services they name are read (read-only) from the current kubeconfig context.
+    #[arg(short = 'f', long = "filename", value_name = "FILE_OR_DIR")]
     pub files: Vec<PathBuf>,
+    /// A host reserved on the account outside Kubernetes (repeatable): Ingresses
+    /// may publish it without a Domain, as the agent allows.
+    #[arg(long = "account-domain", value_name = "HOST")]
+    pub account_domains: Vec<String>,
+    /// The edge's base domain, for Domains with `subdomain:` (default: what the
+    /// cluster's Domains show in `status.fqdn`, else `localhost`).
+    #[arg(long)]
+    pub base_domain: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -125,46 +134,21 @@ pub struct SkippedJson {
     pub message: String,
 }
 
-impl From<&Skipped> for SkippedJson {
-    fn from(s: &Skipped) -> Self {
-        Self {
-            kind: s.reason.kind(),
-            reason: s.reason.as_str().to_owned(),
-            namespace: s.namespace.clone(),
-            ingress: s.ingress.clone(),
-            rule: s.rule,
-            path: s.path,
-            message: s.message.clone(),
-        }
-    }
-}
-
-impl From<&BuildIssue> for SkippedJson {
-    fn from(issue: &BuildIssue) -> Self {
-        let origin = issue.origin();
-        let message = match issue {
-            BuildIssue::InvalidHost { host, reason, .. } => format!("host {host:?}: {reason}"),
-            BuildIssue::InvalidPath { path, reason, .. } => format!("path {path:?}: {reason}"),
-            BuildIssue::Conflict {
-                winner,
-                host,
-                path,
-                path_type,
-                ..
-            } => {
-                format!(
-                    "{path_type} {host}{path} is also defined by {winner}, which wins (older, then by namespace/name)"
-                )
-            }
+impl From<&Refusal> for SkippedJson {
+    fn from(r: &Refusal) -> Self {
+        let kind = match r.reason {
+            Reason::Ingress(reason) => reason.kind(),
+            Reason::Backend(_) => SkipKind::Backend,
+            _ => SkipKind::Rule,
         };
         Self {
-            kind: SkipKind::Rule,
-            reason: issue.reason().to_owned(),
-            namespace: origin.namespace.clone(),
-            ingress: origin.name.clone(),
-            rule: Some(origin.rule),
-            path: Some(origin.path),
-            message,
+            kind,
+            reason: r.reason.as_str().to_owned(),
+            namespace: r.object.namespace.clone(),
+            ingress: r.object.name.clone(),
+            rule: r.rule,
+            path: r.path,
+            message: r.message.clone(),
         }
     }
 }
@@ -207,51 +191,134 @@ pub fn split_url(url: &str) -> anyhow::Result<(String, String)> {
     Ok((host.to_owned(), path))
 }
 
-/// Loads the manifests, builds the table and explains the URL.
-pub fn explain(args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
-    let (host, path) = split_url(&args.url)?;
-    let loaded = manifest::load_paths(&args.files);
+/// What `route explain` explains from: the objects of files or of a cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Ingresses (all classes).
+    pub ingresses: Vec<Arc<Ingress>>,
+    /// Tunnels (their hosts are not available to Ingresses).
+    pub tunnels: Vec<Arc<Tunnel>>,
+    /// Domains (they reserve hosts for a namespace).
+    pub domains: Vec<Arc<Domain>>,
+    /// Services, when they are known (a cluster); files leave backends unchecked.
+    pub services: Option<ServiceIndex>,
+    /// The IngressClass of `--ingress-class` is the cluster's default.
+    pub is_default_class: bool,
+    /// The edge's base domain as the cluster's Domains show it (`status.fqdn`).
+    pub base_domain: Option<String>,
+}
+
+/// Reads the `-f` files: Ingresses, Tunnels and Domains; other kinds are ignored.
+pub fn snapshot_from_files(files: &[PathBuf]) -> anyhow::Result<Snapshot> {
+    let loaded = manifest::load_paths(files);
     if !loaded.errors.is_empty() {
         let list: Vec<String> = loaded.errors.iter().map(|e| format!("  {e}")).collect();
         bail!("cannot read the manifests:\n{}", list.join("\n"));
     }
-    let mut ingresses = Vec::new();
+    let mut snapshot = Snapshot::default();
     let mut problems = Vec::new();
-    for object in loaded.objects.iter().filter(|o| o.kind == "Ingress") {
-        if object.api_version != "networking.k8s.io/v1" {
-            problems.push(format!(
-                "  {}: Ingress {}/{} uses {}; only networking.k8s.io/v1 is served",
-                object.source, object.namespace, object.name, object.api_version
-            ));
-            continue;
-        }
-        match object.parse::<Ingress>() {
-            Ok(ingress) => ingresses.push(ingress),
-            Err(e) => problems.push(format!("  {e}")),
+    for object in &loaded.objects {
+        let result = match object.kind.as_str() {
+            "Ingress" if object.api_version != "networking.k8s.io/v1" => {
+                problems.push(format!(
+                    "  {}: Ingress {}/{} uses {}; only networking.k8s.io/v1 is served",
+                    object.source, object.namespace, object.name, object.api_version
+                ));
+                continue;
+            }
+            "Ingress" => object
+                .parse::<Ingress>()
+                .map(|i| snapshot.ingresses.push(Arc::new(i))),
+            "Tunnel" if object.is(tuna_crds::GROUP, "Tunnel") => object
+                .parse::<Tunnel>()
+                .map(|t| snapshot.tunnels.push(Arc::new(t))),
+            "Domain" if object.is(tuna_crds::GROUP, "Domain") => object
+                .parse::<Domain>()
+                .map(|d| snapshot.domains.push(Arc::new(d))),
+            _ => continue,
+        };
+        if let Err(e) = result {
+            problems.push(format!("  {e}"));
         }
     }
     if !problems.is_empty() {
         bail!("invalid Ingress manifests:\n{}", problems.join("\n"));
     }
-    let options = TranslateOptions {
-        class: args.ingress_class.clone(),
+    Ok(snapshot)
+}
+
+/// Loads the manifests (or reads the cluster), plans exactly as the agent does
+/// and explains the URL.
+pub fn explain(args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
+    split_url(&args.url)?;
+    let snapshot = if args.files.is_empty() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(crate::cluster::explain_snapshot(&args.ingress_class))?
+    } else {
+        snapshot_from_files(&args.files)?
     };
-    let routes = translate(&ingresses, &options, &BTreeMap::new());
-    let (table, issues) = RouteTable::build(routes.specs).context("building the route table")?;
-    let mut skipped: Vec<SkippedJson> = routes.skipped.iter().map(SkippedJson::from).collect();
-    skipped.extend(issues.iter().map(SkippedJson::from));
+    explain_snapshot(&snapshot, args)
+}
+
+/// Explains the URL over `snapshot` (see [`explain`]).
+pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
+    let (host, path) = split_url(&args.url)?;
+    let base_domain = args
+        .base_domain
+        .clone()
+        .or_else(|| snapshot.base_domain.clone())
+        .unwrap_or_else(|| "localhost".to_owned());
+    let mut options = PlanOptions::cluster(&base_domain);
+    options.ingress = TranslateOptions {
+        class: args.ingress_class.clone(),
+        is_default_class: snapshot.is_default_class,
+    };
+    options.account_hosts = args
+        .account_domains
+        .iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    let empty = ServiceIndex::default();
+    let services = match &snapshot.services {
+        Some(index) => index,
+        None => {
+            options.backends = Backends::Unchecked;
+            &empty
+        }
+    };
+    let inputs = Inputs {
+        ingresses: &snapshot.ingresses,
+        tunnels: &snapshot.tunnels,
+        domains: &snapshot.domains,
+        tcp_endpoints: &[],
+    };
+    let plan = plan(&inputs, services, &options);
+    let specs: Vec<HostRoute> = plan
+        .hosts
+        .values()
+        .flat_map(|h| h.routes.iter().chain(&h.refused).cloned())
+        .collect();
+    let (table, _) = RouteTable::build(specs).context("building the route table")?;
+    let skipped: Vec<SkippedJson> = plan
+        .refusals
+        .iter()
+        .filter(|r| r.object.kind == Kind::Ingress)
+        .map(SkippedJson::from)
+        .collect();
 
     let why = table.explain(&host, &path);
-    let json = match why.winner {
+    let json = match &why.winner {
         Some(m) => ExplainJson {
             matched: true,
             namespace: Some(m.spec.origin.namespace.clone()),
-            ingress: Some(m.spec.origin.name.clone()),
+            ingress: m.backend.url.is_none().then(|| m.spec.origin.name.clone()),
             host: Some(m.spec.host.clone()),
             path: Some(m.spec.path.clone()),
             path_type: Some(m.spec.path_type.as_str().to_owned()),
-            service: Some(m.backend.name.clone()),
-            port: Some(m.backend.port.clone()),
+            service: m.backend.service.as_ref().map(|s| s.name.clone()),
+            port: m.backend.service.as_ref().map(|s| s.port.clone()),
             skipped,
         },
         None => ExplainJson {
@@ -266,15 +333,25 @@ pub fn explain(args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
             skipped,
         },
     };
-    let text = render_text(&args.url, &ingresses, &why, &json);
+    let notes = Notes {
+        no_ingress: snapshot.ingresses.is_empty(),
+        unchecked_backends: snapshot.services.is_none(),
+    };
+    let text = render_text(&args.url, &why, &json, notes);
     Ok(ExplainReport { json, text })
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Notes {
+    no_ingress: bool,
+    unchecked_backends: bool,
 }
 
 fn render_text(
     url: &str,
-    ingresses: &[Ingress],
-    why: &tuna_routing::Explanation<'_, ServiceRef>,
+    why: &tuna_routing::Explanation<'_, Backend>,
     json: &ExplainJson,
+    notes: Notes,
 ) -> String {
     let mut out = String::new();
     let host = why.host.as_deref().unwrap_or("?");
@@ -291,7 +368,14 @@ fn render_text(
         "Path:   {}",
         why.path.as_deref().unwrap_or("(cannot be routed)")
     );
-    match why.winner {
+    match &why.winner {
+        Some(m) if m.backend.url.is_some() => {
+            let _ = writeln!(
+                out,
+                "Result: served by Tunnel {}/{} -> {}",
+                m.spec.origin.namespace, m.spec.origin.name, m.backend
+            );
+        }
         Some(m) => {
             let _ = writeln!(
                 out,
@@ -352,8 +436,14 @@ fn render_text(
             let _ = writeln!(out, "  - {at}: {}: {}", s.reason, s.message);
         }
     }
-    if ingresses.is_empty() {
-        let _ = writeln!(out, "\nNote: the manifests contain no Ingress.");
+    if notes.no_ingress {
+        let _ = writeln!(out, "\nNote: there is no Ingress.");
+    }
+    if notes.unchecked_backends {
+        let _ = writeln!(
+            out,
+            "\nNote: read from files, so backends are not checked against Services (run without -f to read the cluster)."
+        );
     }
     out
 }

@@ -4,7 +4,9 @@
 //! manifests from files, `translate` turns objects into desired routes (pure),
 //! `explain` is the `route explain` command.
 
+pub mod cluster;
 pub mod crdgen;
+pub mod desired;
 pub mod explain;
 pub mod manifest;
 pub mod standalone;

@@ -215,6 +215,11 @@ spec:
 apiVersion: v1
 kind: Service
 metadata: {name: ignored}
+---
+apiVersion: k8s.tuna.am/v1alpha1
+kind: Domain
+metadata: {name: app}
+spec: {domain: app.example.com}
 "#;
 
 #[test]
@@ -319,12 +324,137 @@ fn bad_input_fails_with_a_clear_message() {
             ],
             "not a valid host",
         ),
-        (vec!["http://a.example.com/"], "--filename"),
+        // Without -f the cluster of the current kubeconfig is read.
+        (
+            vec!["http://a.example.com/"],
+            "no Kubernetes cluster to read",
+        ),
     ];
+    let no_cluster = dir.path().join("no-such-kubeconfig");
     for (args, message) in cases {
-        let out = run(&args);
+        let out = Command::new(env!("CARGO_BIN_EXE_tuna-operator"))
+            .args(["route", "explain"])
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .env("KUBECONFIG", &no_cluster)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("run tuna-operator");
         assert!(!out.status.success(), "{args:?} should fail");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(message), "{args:?}: {stderr}");
     }
+}
+
+/// `route explain` builds what the agent serves: a host belongs to the
+/// namespace of its Domain even when another namespace's Ingress is older, an
+/// unreserved host is not published (unless `--account-domain` names it), and
+/// a Tunnel's host is not available to Ingresses.
+#[test]
+fn hosts_are_owned_and_reserved_as_the_agent_sees_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        r#"
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: old-thief, namespace: blog, creationTimestamp: "2020-01-01T00:00:00Z"}
+spec:
+  ingressClassName: tuna
+  rules:
+    - host: shop.example.com
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: blog, port: {number: 80}}}}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: shop, namespace: shop, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec:
+  ingressClassName: tuna
+  rules:
+    - host: shop.example.com
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+    - host: free.example.com
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: free, port: {number: 80}}}}]}
+    - host: web.tuna.test
+      http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+---
+apiVersion: k8s.tuna.am/v1alpha1
+kind: Domain
+metadata: {name: shop, namespace: shop}
+spec: {domain: shop.example.com}
+---
+apiVersion: k8s.tuna.am/v1alpha1
+kind: Domain
+metadata: {name: web, namespace: shop}
+spec: {subdomain: web}
+---
+apiVersion: k8s.tuna.am/v1alpha1
+kind: Tunnel
+metadata: {name: web, namespace: shop}
+spec: {subdomain: web, upstream: {url: "http://web:80"}}
+"#,
+    )
+    .unwrap();
+    let f = dir.path().to_str().unwrap();
+    let out = run(&[
+        "-f",
+        f,
+        "--base-domain",
+        "tuna.test",
+        "-o",
+        "json",
+        "https://shop.example.com/",
+    ]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["namespace"], "shop", "{json}");
+    let skipped: Vec<(String, String)> = json["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                format!(
+                    "{}/{}",
+                    s["namespace"].as_str().unwrap(),
+                    s["ingress"].as_str().unwrap()
+                ),
+                s["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for expected in [
+        ("blog/old-thief", "HostOwnedByOtherNamespace"),
+        ("shop/shop", "HostNotReserved"),
+        ("shop/shop", "HostUsedByTunnel"),
+    ] {
+        assert!(
+            skipped.contains(&(expected.0.to_owned(), expected.1.to_owned())),
+            "{expected:?} in {skipped:?}"
+        );
+    }
+    assert_eq!(
+        explain_json(&[dir.path()], "https://free.example.com/")["matched"],
+        false
+    );
+    let out = run(&[
+        "-f",
+        f,
+        "--account-domain",
+        "free.example.com",
+        "-o",
+        "json",
+        "https://free.example.com/",
+    ]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["service"], "free", "{json}");
+    // The Tunnel's host is served by the Tunnel (with --base-domain for subdomains).
+    let out = run(&[
+        "-f",
+        f,
+        "--base-domain",
+        "tuna.test",
+        "https://web.tuna.test/",
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("served by Tunnel shop/web"), "{text}");
 }

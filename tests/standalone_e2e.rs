@@ -175,7 +175,7 @@ fn services(web: SocketAddr, api: SocketAddr, echo: SocketAddr) -> String {
 apiVersion: v1
 kind: Service
 metadata: {{name: web}}
-spec: {{externalName: 127.0.0.1, ports: [{{name: http, port: 80, targetPort: {}}}]}}
+spec: {{type: ExternalName, externalName: 127.0.0.1, ports: [{{name: http, port: 80, targetPort: {}}}]}}
 ---
 apiVersion: v1
 kind: Service
@@ -185,7 +185,7 @@ spec: {{clusterIP: 127.0.0.1, ports: [{{port: {}}}]}}
 apiVersion: v1
 kind: Service
 metadata: {{name: echo}}
-spec: {{externalName: localhost, ports: [{{name: echo, port: {}}}]}}
+spec: {{type: ExternalName, externalName: localhost, ports: [{{name: echo, port: {}}}]}}
 "#,
         web.port(),
         api.port(),
@@ -401,7 +401,7 @@ async fn a_removed_tunnel_stops_serving_and_its_token_is_revoked() {
 async fn broken_manifests_are_explained_and_the_rest_keeps_serving() {
     let web = http_backend("web").await;
     let good = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{externalName: 127.0.0.1, ports: [{{port: {}}}]}}\n---\n{}",
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{type: ExternalName, externalName: 127.0.0.1, ports: [{{port: {}}}]}}\n---\n{}",
         web.port(),
         shop_ingress(&[("/", "web", &web.port().to_string())])
     );

@@ -92,7 +92,7 @@ const GOOD: &str = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: web}
-spec: {externalName: 127.0.0.1, ports: [{name: http, port: 8080}]}
+spec: {type: ExternalName, externalName: 127.0.0.1, ports: [{name: http, port: 8080}]}
 ---
 apiVersion: k8s.tuna.am/v1alpha1
 kind: Domain
@@ -227,7 +227,7 @@ fn host_ownership_and_tunnel_hosts() {
 apiVersion: v1
 kind: Service
 metadata: {name: web, namespace: other}
-spec: {externalName: 127.0.0.1, ports: [{port: 9000}]}
+spec: {type: ExternalName, externalName: 127.0.0.1, ports: [{port: 9000}]}
 ---
 apiVersion: networking.k8s.io/v1
 kind: Ingress

@@ -110,7 +110,7 @@ async fn serves_through_a_remote_edge_and_cleans_up_tokens() {
             r#"apiVersion: v1
 kind: Service
 metadata: {{name: web}}
-spec: {{externalName: 127.0.0.1, ports: [{{port: {web}}}]}}
+spec: {{type: ExternalName, externalName: 127.0.0.1, ports: [{{port: {web}}}]}}
 ---
 apiVersion: k8s.tuna.am/v1alpha1
 kind: Domain

@@ -2,9 +2,10 @@
 //!
 //! [`desired_state`] takes what [`crate::manifest`] loaded and returns what to
 //! publish — HTTP hosts with their route tables, TCP endpoints, the tunnels whose
-//! tokens must be held — plus every item it could not use, with a reason. It
-//! calls the same translation functions as the Kubernetes reconcilers
-//! (`crate::translate`), with the standalone upstream policy.
+//! tokens must be held — plus every item it could not use, with a reason. The
+//! rules are those of the provider-neutral [`crate::desired::plan`], which the
+//! Kubernetes agent and `route explain` call too, with the standalone upstream
+//! policy.
 //!
 //! Rules specific to standalone mode (documented for users in
 //! `examples/standalone/README.md`):
@@ -13,30 +14,29 @@
 //! - Ingress hosts must be reserved by a Domain of the Ingress's namespace, as in
 //!   a cluster.
 //! - An http Tunnel owns its host: Ingress rules for the same host are skipped
-//!   (`HostUsedByTunnel`), and of two Tunnels with one host the first (by
-//!   namespace/name) wins.
+//!   (`HostUsedByTunnel`), and of two Tunnels with one host the oldest wins
+//!   (then by namespace/name; objects read from files have no creation time, so
+//!   that is namespace/name).
 //! - A tcp Tunnel with an alias needs a `TCPEndpoint` with that alias in its
 //!   namespace (there is no account to hold other reservations); a port number
 //!   is used as given.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::networking::v1::Ingress;
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
-use tuna_routing::{PathType, RouteSpec, RouteTable};
+use tuna_routing::RouteSpec;
 
+use crate::desired::{HostSource, Inputs, Kind, ObjectRef, PlanOptions, plan};
 use crate::manifest::{Loaded, LoadedObject, Source};
-use crate::translate::domain::{DesiredDomain, HostReservations, desired_domain, reserved_routes};
+use crate::translate::domain::DesiredDomain;
 use crate::translate::ingress::{self, TranslateOptions};
-use crate::translate::service::{
-    ResolvedUpstream, ServiceIndex, ServiceInfo, UpstreamPolicy, UpstreamScheme, resolve_service,
-};
-use crate::translate::tcpendpoint::{AliasOwners, DesiredTcpEndpoint, desired_tcp_endpoint};
-use crate::translate::tunnel::{
-    DesiredTunnel, PortOrAlias, PublicEndpoint, TunnelOptions, desired_tunnel,
-};
+use crate::translate::service::{ResolvedUpstream, ServiceIndex, ServiceInfo, UpstreamPolicy};
+use crate::translate::tcpendpoint::DesiredTcpEndpoint;
+use crate::translate::tunnel::{DesiredTunnel, PortOrAlias};
 
 /// Settings of the translation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +170,8 @@ fn parse<K: serde::de::DeserializeOwned>(
     }
 }
 
-/// Computes the desired state (see the module docs).
+/// Computes the desired state (see the module docs): reads the manifests, then
+/// asks the provider-neutral [`crate::desired::plan`] what to publish.
 pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState {
     let mut state = DesiredState::default();
     for e in &loaded.errors {
@@ -183,10 +184,11 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
     }
 
     let mut services = Vec::new();
-    let mut ingresses: Vec<(Ingress, Source)> = Vec::new();
-    let mut tunnels: Vec<(Tunnel, Source)> = Vec::new();
-    let mut domains = Vec::new();
-    let mut endpoints = Vec::new();
+    let mut ingresses: Vec<Arc<Ingress>> = Vec::new();
+    let mut tunnels: Vec<Arc<Tunnel>> = Vec::new();
+    let mut domains: Vec<Arc<Domain>> = Vec::new();
+    let mut endpoints: Vec<Arc<TcpEndpoint>> = Vec::new();
+    let mut sources: BTreeMap<ObjectRef, Source> = BTreeMap::new();
     let mut seen: BTreeSet<(String, String, String)> = BTreeSet::new();
     for o in &loaded.objects {
         let known = KINDS.iter().find(|(g, k)| o.is(g, k));
@@ -211,6 +213,12 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             });
             continue;
         }
+        let mut remember = |kind: Kind| {
+            sources.insert(
+                ObjectRef::new(kind, o.namespace.clone(), o.name.clone()),
+                o.source.clone(),
+            );
+        };
         match *kind {
             "Service" => {
                 if let Some(s) = parse::<Service>(o, &mut state.skipped) {
@@ -219,329 +227,93 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             }
             "Ingress" => {
                 if let Some(i) = parse::<Ingress>(o, &mut state.skipped) {
-                    ingresses.push((i, o.source.clone()));
+                    remember(Kind::Ingress);
+                    ingresses.push(Arc::new(i));
                 }
             }
             "Tunnel" => {
                 if let Some(t) = parse::<Tunnel>(o, &mut state.skipped) {
-                    tunnels.push((t, o.source.clone()));
+                    remember(Kind::Tunnel);
+                    tunnels.push(Arc::new(t));
                 }
             }
             "Domain" => {
                 if let Some(d) = parse::<Domain>(o, &mut state.skipped) {
-                    domains.push((d, o.source.clone()));
+                    remember(Kind::Domain);
+                    domains.push(Arc::new(d));
                 }
             }
             _ => {
                 if let Some(e) = parse::<TcpEndpoint>(o, &mut state.skipped) {
-                    endpoints.push((e, o.source.clone()));
+                    remember(Kind::TcpEndpoint);
+                    endpoints.push(Arc::new(e));
                 }
             }
         }
     }
     let services = ServiceIndex::new(services);
-
-    // Domains → reservations.
-    let mut domain_sources = BTreeMap::new();
-    let mut desired_domains = Vec::new();
-    for (d, source) in &domains {
-        let label = format!(
-            "Domain {}/{}",
-            d.metadata.namespace.as_deref().unwrap_or("default"),
-            d.metadata.name.as_deref().unwrap_or("")
-        );
-        match desired_domain(d, &options.base_domain) {
-            Ok(dd) => {
-                domain_sources.insert((dd.namespace.clone(), dd.name.clone()), source.clone());
-                desired_domains.push(dd);
-            }
-            Err(e) => state.skipped.push(SkippedItem {
-                source: Some(source.clone()),
-                object: label,
-                reason: e.reason.as_str().into(),
-                message: e.message,
-            }),
-        }
-    }
-    let (reservations, duplicates) =
-        HostReservations::from_domains(&desired_domains, BTreeSet::new());
-    for (dd, e) in duplicates {
-        state.skipped.push(SkippedItem {
-            source: domain_sources
-                .get(&(dd.namespace.clone(), dd.name.clone()))
-                .cloned(),
-            object: format!("Domain {}/{}", dd.namespace, dd.name),
-            reason: e.reason.as_str().into(),
-            message: e.message,
-        });
-        desired_domains.retain(|d| !(d.namespace == dd.namespace && d.name == dd.name));
-    }
-    state.domains = desired_domains;
-
-    // TCPEndpoints → aliases.
-    let mut desired_endpoints = Vec::new();
-    let mut endpoint_sources = BTreeMap::new();
-    for (e, source) in &endpoints {
-        let label = format!(
-            "TCPEndpoint {}/{}",
-            e.metadata.namespace.as_deref().unwrap_or("default"),
-            e.metadata.name.as_deref().unwrap_or("")
-        );
-        match desired_tcp_endpoint(e) {
-            Ok(de) => {
-                endpoint_sources.insert((de.namespace.clone(), de.name.clone()), source.clone());
-                desired_endpoints.push(de);
-            }
-            Err(err) => state.skipped.push(SkippedItem {
-                source: Some(source.clone()),
-                object: label,
-                reason: err.reason.as_str().into(),
-                message: err.message,
-            }),
-        }
-    }
-    let (aliases, duplicates) = AliasOwners::new(&desired_endpoints);
-    for (de, e) in duplicates {
-        state.skipped.push(SkippedItem {
-            source: endpoint_sources
-                .get(&(de.namespace.clone(), de.name.clone()))
-                .cloned(),
-            object: format!("TCPEndpoint {}/{}", de.namespace, de.name),
-            reason: e.reason.as_str().into(),
-            message: e.message,
-        });
-        desired_endpoints.retain(|d| !(d.namespace == de.namespace && d.name == de.name));
-    }
-    state.tcp_endpoints = desired_endpoints;
-
-    // Tunnels.
-    let tunnel_options = TunnelOptions {
-        base_domain: options.base_domain.clone(),
-        policy: options.policy,
+    let inputs = Inputs {
+        ingresses: &ingresses,
+        tunnels: &tunnels,
+        domains: &domains,
+        tcp_endpoints: &endpoints,
     };
-    let mut tunnel_hosts: BTreeMap<String, String> = BTreeMap::new();
-    let mut tcp_claims: BTreeMap<PortOrAlias, String> = BTreeMap::new();
-    tunnels.sort_by(|a, b| {
-        (&a.0.metadata.namespace, &a.0.metadata.name)
-            .cmp(&(&b.0.metadata.namespace, &b.0.metadata.name))
-    });
-    for (t, source) in &tunnels {
-        let key = format!(
-            "{}/{}",
-            t.metadata.namespace.as_deref().unwrap_or("default"),
-            t.metadata.name.as_deref().unwrap_or("")
-        );
-        let skip = |reason: &str, message: String| SkippedItem {
-            source: Some(source.clone()),
-            object: format!("Tunnel {key}"),
-            reason: reason.into(),
-            message,
-        };
-        let desired = match desired_tunnel(t, &services, &reservations, &aliases, &tunnel_options) {
-            Ok(d) => d,
-            Err(e) => {
-                state.skipped.push(skip(e.reason.as_str(), e.message));
-                continue;
-            }
-        };
-        match &desired.public {
-            PublicEndpoint::Http { host } => {
-                if let Some(first) = tunnel_hosts.get(host) {
-                    state.skipped.push(skip(
-                        "HostConflict",
-                        format!("host {host} is already published by Tunnel {first}"),
-                    ));
-                    continue;
-                }
-                tunnel_hosts.insert(host.clone(), key.clone());
-                state.hosts.insert(
-                    host.clone(),
-                    PublishedHost {
-                        routes: vec![RouteSpec {
-                            host: host.clone(),
-                            path: "/".into(),
-                            path_type: PathType::Prefix,
-                            backend: desired.upstream.clone(),
-                            origin: tuna_routing::Origin {
-                                namespace: desired.namespace.clone(),
-                                name: desired.name.clone(),
-                                rule: 0,
-                                path: 0,
-                            },
-                            tie_break: tuna_routing::TieBreak {
-                                created: 0,
-                                namespace: desired.namespace.clone(),
-                                name: desired.name.clone(),
-                            },
-                        }],
-                        publishers: vec![Publisher::Tunnel(key.clone())],
-                    },
-                );
-            }
-            PublicEndpoint::Tcp(endpoint) => {
-                if let PortOrAlias::Alias(alias) = endpoint
-                    && aliases.get(alias).is_none()
-                {
-                    state.skipped.push(skip(
-                        "TcpEndpointNotFound",
-                        format!("no TCPEndpoint with alias {alias} in namespace {:?}; add one to the files", desired.namespace),
-                    ));
-                    continue;
-                }
-                if let Some(first) = tcp_claims.get(endpoint) {
-                    state.skipped.push(skip(
-                        "TcpEndpointInUse",
-                        format!("{endpoint} is already used by Tunnel {first}"),
-                    ));
-                    continue;
-                }
-                tcp_claims.insert(endpoint.clone(), key.clone());
-                state.tcp.insert(
-                    key.clone(),
-                    PublishedTcp {
-                        endpoint: endpoint.clone(),
-                        upstream: desired.upstream.clone(),
-                        tunnel: key.clone(),
-                    },
-                );
-            }
-        }
-        state.tunnels.insert(key, desired);
-    }
+    let mut plan_options = PlanOptions::standalone(&options.base_domain);
+    plan_options.ingress = TranslateOptions::for_class(options.ingress_class.clone());
+    plan_options.policy = options.policy;
+    let plan = plan(&inputs, &services, &plan_options);
 
-    // Ingresses.
-    let ingress_sources: BTreeMap<(String, String), Source> = ingresses
-        .iter()
-        .map(|(i, s)| {
-            (
-                (
-                    i.metadata.namespace.clone().unwrap_or_default(),
-                    i.metadata.name.clone().unwrap_or_default(),
-                ),
-                s.clone(),
-            )
-        })
-        .collect();
-    let source_of = |ns: &str, name: &str| {
-        ingress_sources
-            .get(&(ns.to_owned(), name.to_owned()))
-            .cloned()
-    };
-    let ingress_objects: Vec<Ingress> = ingresses.into_iter().map(|(i, _)| i).collect();
-    let routes = ingress::translate(
-        &ingress_objects,
-        &TranslateOptions {
-            class: options.ingress_class.clone(),
-        },
-        &reservations.domains,
-    );
-    let (routes, unreserved) = reserved_routes(routes, &reservations);
-    for s in &routes.skipped {
-        let mut object = format!("Ingress {}/{}", s.namespace, s.ingress);
-        if let Some(rule) = s.rule {
-            object.push_str(&format!(" rule {rule}"));
-        }
-        if let Some(path) = s.path {
-            object.push_str(&format!(" path {path}"));
-        }
+    for r in &plan.refusals {
         state.skipped.push(SkippedItem {
-            source: source_of(&s.namespace, &s.ingress),
-            object,
-            reason: s.reason.as_str().into(),
-            message: s.message.clone(),
+            source: sources.get(&r.object).cloned(),
+            object: r.location(),
+            reason: r.reason.as_str().into(),
+            message: r.message.clone(),
         });
     }
-    let route_label = |o: &tuna_routing::Origin| {
-        format!(
-            "Ingress {}/{} rule {} path {}",
-            o.namespace, o.name, o.rule, o.path
-        )
-    };
-    for u in unreserved {
-        state.skipped.push(SkippedItem {
-            source: source_of(&u.spec.origin.namespace, &u.spec.origin.name),
-            object: route_label(&u.spec.origin),
-            reason: u.refusal.as_str().into(),
-            message: u.refusal.message(&u.spec.host),
-        });
-    }
-    let mut by_host: BTreeMap<String, Vec<HttpRouteSpec>> = BTreeMap::new();
-    for spec in routes.specs {
-        let host = spec.host.to_ascii_lowercase();
-        if let Some(tunnel) = tunnel_hosts.get(&host) {
-            state.skipped.push(SkippedItem {
-                source: source_of(&spec.origin.namespace, &spec.origin.name),
-                object: route_label(&spec.origin),
-                reason: "HostUsedByTunnel".into(),
-                message: format!("host {host} is published by Tunnel {tunnel}"),
-            });
-            continue;
-        }
-        match resolve_service(
-            &spec.backend,
-            &spec.origin.namespace,
-            UpstreamScheme::Http,
-            &services,
-            &options.policy,
-        ) {
-            Ok(upstream) => by_host.entry(host.clone()).or_default().push(RouteSpec {
-                host,
-                path: spec.path,
-                path_type: spec.path_type,
-                backend: upstream,
-                origin: spec.origin,
-                tie_break: spec.tie_break,
-            }),
-            Err(e) => state.skipped.push(SkippedItem {
-                source: source_of(&spec.origin.namespace, &spec.origin.name),
-                object: route_label(&spec.origin),
-                reason: e.reason.as_str().into(),
-                message: e.message,
-            }),
-        }
-    }
-    // Invalid paths and equal rules are found by building the table, exactly as
-    // the proxy core will; report them now and publish only what will route.
-    for (host, specs) in by_host {
-        let issues = match RouteTable::build(specs.clone()) {
-            Ok((_, issues)) => issues,
-            Err(e) => {
-                state.skipped.push(SkippedItem {
-                    source: None,
-                    object: format!("host {host}"),
-                    reason: "TooManyRoutes".into(),
-                    message: e.to_string(),
-                });
-                continue;
-            }
-        };
-        let mut kept = specs;
-        for issue in &issues {
-            let origin = issue.origin();
-            kept.retain(|s| &s.origin != origin);
-            state.skipped.push(SkippedItem {
-                source: source_of(&origin.namespace, &origin.name),
-                object: route_label(origin),
-                reason: issue.reason().into(),
-                message: issue.to_string(),
-            });
-        }
-        if kept.is_empty() {
-            continue;
-        }
-        let mut publishers: Vec<Publisher> = kept
-            .iter()
-            .map(|s| Publisher::Ingress(format!("{}/{}", s.origin.namespace, s.origin.name)))
+    for (host, h) in plan.hosts {
+        let routes = h
+            .routes
+            .into_iter()
+            .map(|r| RouteSpec {
+                host: r.host,
+                path: r.path,
+                path_type: r.path_type,
+                backend: r
+                    .backend
+                    .upstream
+                    .expect("standalone plans resolve every backend"),
+                origin: r.origin,
+                tie_break: r.tie_break,
+            })
             .collect();
-        publishers.sort();
-        publishers.dedup();
-        state.hosts.insert(
-            host,
-            PublishedHost {
-                routes: kept,
-                publishers,
+        let publishers = match h.source {
+            HostSource::Tunnel(t) => vec![Publisher::Tunnel(t.key())],
+            HostSource::Ingresses(list) => list
+                .into_iter()
+                .map(|i| Publisher::Ingress(i.key()))
+                .collect(),
+        };
+        state
+            .hosts
+            .insert(host, PublishedHost { routes, publishers });
+    }
+    for (tunnel, t) in plan.tcp {
+        state.tcp.insert(
+            tunnel.key(),
+            PublishedTcp {
+                endpoint: t.endpoint,
+                upstream: t.upstream,
+                tunnel: tunnel.key(),
             },
         );
     }
+    state.domains = plan.domains;
+    state.tcp_endpoints = plan.tcp_endpoints;
+    state.tunnels = plan
+        .tunnels
+        .into_iter()
+        .map(|(k, t)| (k.key(), t))
+        .collect();
     state
 }

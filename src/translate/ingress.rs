@@ -222,13 +222,48 @@ impl fmt::Display for Skipped {
 pub struct TranslateOptions {
     /// The IngressClass name this controller answers to.
     pub class: String,
+    /// That IngressClass is the cluster's default
+    /// (`ingressclass.kubernetes.io/is-default-class: "true"`): an Ingress with
+    /// neither `ingressClassName` nor the legacy annotation is ours too. The
+    /// `DefaultIngressClass` admission plugin fills the field only on create, so
+    /// Ingresses created before the class became the default have none.
+    pub is_default_class: bool,
 }
 
 impl Default for TranslateOptions {
     fn default() -> Self {
         Self {
             class: DEFAULT_INGRESS_CLASS.to_owned(),
+            is_default_class: false,
         }
+    }
+}
+
+impl TranslateOptions {
+    /// Options for `class` (not the default class).
+    pub fn for_class(class: impl Into<String>) -> Self {
+        Self {
+            class: class.into(),
+            is_default_class: false,
+        }
+    }
+
+    /// Whether these options make `ingress` ours (see [`is_our_class`]).
+    pub fn serves(&self, ingress: &Ingress) -> bool {
+        if is_our_class(ingress, &self.class) {
+            return true;
+        }
+        let unclassed = ingress
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress_class_name.as_deref())
+            .is_none()
+            && !ingress
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(LEGACY_CLASS_ANNOTATION));
+        self.is_default_class && unclassed
     }
 }
 
@@ -324,7 +359,7 @@ pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRo
             path,
             message,
         };
-    if !is_our_class(ingress, &options.class) {
+    if !options.serves(ingress) {
         let named = ingress
             .spec
             .as_ref()
@@ -485,8 +520,8 @@ fn service_ref(
 /// let routes = translate(&[], &TranslateOptions::default(), &BTreeMap::new());
 /// assert!(routes.specs.is_empty() && routes.skipped.is_empty());
 /// ```
-pub fn translate(
-    ingresses: &[Ingress],
+pub fn translate<'a>(
+    ingresses: impl IntoIterator<Item = &'a Ingress>,
     options: &TranslateOptions,
     domain_owners: &BTreeMap<String, String>,
 ) -> IngressRoutes {
@@ -691,7 +726,7 @@ spec:
                 want,
                 "class {class:?} annotation {annotation:?} ours {ours:?}"
             );
-            let out = translate_one(&ing, &TranslateOptions { class: ours.into() });
+            let out = translate_one(&ing, &TranslateOptions::for_class(ours));
             assert_eq!(out.specs.len(), usize::from(want));
             if !want {
                 assert_eq!(out.skipped[0].reason, SkipReason::OtherIngressClass);

@@ -16,15 +16,19 @@
 //!
 //! # Where the address comes from
 //!
-//! - [`Addressing::Cluster`]: the Service's `clusterIP` and Service `port` (kube-proxy
-//!   forwards to a pod). Headless Services (`clusterIP: None`) are refused: the
-//!   proxy dials one address and does not watch Endpoints.
+//! - [`Addressing::Cluster`]: the Service's `clusterIP` and Service `port`
+//!   (kube-proxy forwards to a ready pod; the proxy dials an IP, so the pod's
+//!   DNS resolver is never involved). A headless Service (`clusterIP: None`) is
+//!   dialled at the ready addresses of its EndpointSlices
+//!   ([`ServiceInfo::headless`], read by the caller) on the endpoint port of the
+//!   same name; without a ready endpoint it is refused.
 //! - [`Addressing::Standalone`]: there is no cluster, so a `Service` manifest in the
-//!   files *is* the mapping: `spec.externalName` (a host name or IP) or else
-//!   `spec.clusterIP` gives the address, and the port is the numeric
-//!   `targetPort` when one is set (the Service stands for its pods), else `port`.
-//!   An `ExternalName` Service is the ordinary way to point at a local process
-//!   here, so the standalone policy allows it.
+//!   files *is* the mapping: `spec.externalName` of a `type: ExternalName` Service
+//!   (a host name or IP) or else `spec.clusterIP` gives the address, and the port
+//!   is the numeric `targetPort` when one is set (the Service stands for its pods),
+//!   else `port`. An `ExternalName` Service is the ordinary way to point at a local
+//!   process here, so the standalone policy allows it. As in Kubernetes,
+//!   `externalName` is ignored on a Service of another type.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -116,6 +120,9 @@ pub struct ResolvedUpstream {
     pub app_protocol: Option<String>,
     /// The Service it came from (`namespace/name`), `None` for a literal address.
     pub service: Option<String>,
+    /// For a headless Service: its ready endpoint addresses, dialled at `port`
+    /// instead of `host` (empty otherwise).
+    pub endpoints: Vec<IpAddr>,
 }
 
 impl ResolvedUpstream {
@@ -227,6 +234,15 @@ pub enum UpstreamReason {
 }
 
 impl UpstreamReason {
+    /// The Service named is missing or unusable (as opposed to a refused URL):
+    /// something only a lookup of the Service can tell.
+    pub fn is_about_the_service(self) -> bool {
+        matches!(
+            self,
+            Self::ServiceNotFound | Self::ServicePortNotFound | Self::ServiceWithoutAddress
+        )
+    }
+
     /// Stable machine-readable name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -392,17 +408,43 @@ pub struct ServiceInfo {
     pub cluster_ip: Option<String>,
     /// Ports.
     pub ports: Vec<ServicePortInfo>,
+    /// For a headless Service (`clusterIP: None`): the ready addresses of its
+    /// EndpointSlices, when the caller read them.
+    pub headless: Option<HeadlessEndpoints>,
+}
+
+/// The ready endpoints of a headless Service, merged over its EndpointSlices.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HeadlessEndpoints {
+    /// Addresses of endpoints whose `conditions.ready` is not false.
+    pub addresses: Vec<IpAddr>,
+    /// The slices' ports: name (matching the Service port's name) and number.
+    pub ports: Vec<(Option<String>, u16)>,
+}
+
+impl HeadlessEndpoints {
+    /// The endpoint port serving Service port `service_port`: the one of the same
+    /// name, or the only one when the Service has a single unnamed port.
+    fn port_for(&self, service_port: &ServicePortInfo) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|(name, _)| name == &service_port.name)
+            .or_else(|| match self.ports.as_slice() {
+                [only] if service_port.name.is_none() => Some(only),
+                _ => None,
+            })
+            .map(|(_, port)| *port)
+    }
 }
 
 impl ServiceInfo {
     /// Reads a Service object; the namespace defaults to `default`.
     pub fn from_service(service: &Service) -> Self {
         let spec = service.spec.clone().unwrap_or_default();
+        // Kubernetes ignores `externalName` unless the type is ExternalName; so do we.
         let external_name = match spec.type_.as_deref() {
             Some("ExternalName") => spec.external_name.clone().filter(|n| !n.is_empty()),
-            // An externalName without the type is ignored by Kubernetes; in files it
-            // is what the user means, so honour it there too.
-            _ => spec.external_name.clone().filter(|n| !n.is_empty()),
+            _ => None,
         };
         let cluster_ip = spec
             .cluster_ip
@@ -434,6 +476,7 @@ impl ServiceInfo {
             external_name,
             cluster_ip,
             ports,
+            headless: None,
         }
     }
 
@@ -445,6 +488,19 @@ impl ServiceInfo {
                 .iter()
                 .find(|p| p.name.as_deref() == Some(name.as_str())),
         }
+    }
+}
+
+/// Where a translation finds Services: an index built from files or a
+/// reflector, or a cache filled by `get` requests.
+pub trait ServiceLookup {
+    /// The Service `namespace/name`, if known.
+    fn service(&self, namespace: &str, name: &str) -> Option<&ServiceInfo>;
+}
+
+impl ServiceLookup for ServiceIndex {
+    fn service(&self, namespace: &str, name: &str) -> Option<&ServiceInfo> {
+        self.get(namespace, name)
     }
 }
 
@@ -485,7 +541,7 @@ impl ServiceIndex {
 pub fn resolve_url(
     url: &UpstreamUrl,
     namespace: &str,
-    services: &ServiceIndex,
+    services: &dyn ServiceLookup,
     policy: &UpstreamPolicy,
 ) -> Result<ResolvedUpstream, UpstreamError> {
     let literal_port = |what: &str| -> Result<u16, UpstreamError> {
@@ -519,6 +575,7 @@ pub fn resolve_url(
                 port: literal_port("the address")?,
                 app_protocol: None,
                 service: None,
+                endpoints: Vec::new(),
             })
         }
         UpstreamHost::External(host) => {
@@ -536,6 +593,7 @@ pub fn resolve_url(
                 port: literal_port("the host")?,
                 app_protocol: None,
                 service: None,
+                endpoints: Vec::new(),
             })
         }
         UpstreamHost::ServiceFqdn {
@@ -570,7 +628,7 @@ pub fn resolve_url(
             // in the caller's namespace or such a Service exists.
             if let Some(ns) = named_ns
                 && ns != namespace
-                && services.get(ns, name).is_none()
+                && services.service(ns, name).is_none()
             {
                 let host = format!("{name}.{ns}");
                 return resolve_url(
@@ -587,7 +645,9 @@ pub fn resolve_url(
             // `localhost` is the one single-label name people mean as a host, not a
             // Service; every other bare name is a Service (so a missing one is
             // reported as such instead of failing later as a DNS error).
-            if named_ns.is_none() && name == "localhost" && services.get(service_ns, name).is_none()
+            if named_ns.is_none()
+                && name == "localhost"
+                && services.service(service_ns, name).is_none()
             {
                 if !policy.allow_addresses {
                     return Err(err(
@@ -603,6 +663,7 @@ pub fn resolve_url(
                     port: literal_port("the host")?,
                     app_protocol: None,
                     service: None,
+                    endpoints: Vec::new(),
                 });
             }
             let port = url.port.clone().or_else(|| {
@@ -632,7 +693,7 @@ pub fn resolve_service(
     service: &ServiceRef,
     namespace: &str,
     scheme: UpstreamScheme,
-    services: &ServiceIndex,
+    services: &dyn ServiceLookup,
     policy: &UpstreamPolicy,
 ) -> Result<ResolvedUpstream, UpstreamError> {
     let ServiceRef {
@@ -648,7 +709,7 @@ pub fn resolve_service(
             ),
         ));
     }
-    let Some(info) = services.get(service_ns, name) else {
+    let Some(info) = services.service(service_ns, name) else {
         return Err(err(
             UpstreamReason::ServiceNotFound,
             format!("Service {service_ns}/{name} not found"),
@@ -685,22 +746,33 @@ pub fn resolve_service(
             ),
         ));
     }
+    let mut endpoints = Vec::new();
     let (host, dial_port) = match (policy.addressing, &info.external_name, &info.cluster_ip) {
         (_, Some(external), _) => (external.clone(), resolve_port(policy.addressing, port_info)),
         (_, None, Some(ip)) => (ip.clone(), resolve_port(policy.addressing, port_info)),
         (Addressing::Cluster, None, None) => {
-            return Err(err(
-                UpstreamReason::ServiceWithoutAddress,
-                format!(
-                    "Service {service_ns}/{name} is headless (clusterIP: None); give it a cluster IP"
-                ),
-            ));
+            // Headless: the ready EndpointSlice addresses, at the endpoint port.
+            let ready = info
+                .headless
+                .as_ref()
+                .filter(|h| !h.addresses.is_empty())
+                .and_then(|h| Some((h, h.port_for(port_info)?)));
+            let Some((headless, endpoint_port)) = ready else {
+                return Err(err(
+                    UpstreamReason::ServiceWithoutAddress,
+                    format!(
+                        "Service {service_ns}/{name} is headless (clusterIP: None) and has no ready endpoint for port {port}"
+                    ),
+                ));
+            };
+            endpoints = headless.addresses.clone();
+            (format!("{name}.{service_ns}"), endpoint_port)
         }
         (Addressing::Standalone, None, None) => {
             return Err(err(
                 UpstreamReason::ServiceWithoutAddress,
                 format!(
-                    "Service {service_ns}/{name} has neither spec.externalName nor spec.clusterIP; in standalone mode one of them is the backend's address"
+                    "Service {service_ns}/{name} has neither an address in spec.clusterIP nor type: ExternalName with spec.externalName; in standalone mode one of them is the backend's address"
                 ),
             ));
         }
@@ -711,6 +783,7 @@ pub fn resolve_service(
         port: dial_port,
         app_protocol: port_info.app_protocol.clone(),
         service: Some(format!("{service_ns}/{name}")),
+        endpoints,
     })
 }
 
@@ -747,6 +820,7 @@ mod tests {
                     app_protocol: a.map(Into::into),
                 })
                 .collect(),
+            headless: None,
         }
     }
 
@@ -782,6 +856,54 @@ mod tests {
                 &[(None, 5432, None, None)],
             ),
         ])
+    }
+
+    /// Kubernetes ignores `externalName` unless `type: ExternalName`: a
+    /// ClusterIP Service that happens to carry the field is dialled at its
+    /// cluster IP, and one without a cluster IP has no address.
+    #[test]
+    fn external_name_counts_only_on_external_name_services() {
+        let service = |yaml: &str| -> ServiceInfo {
+            ServiceInfo::from_service(&serde_saphyr::from_str(yaml).expect("test Service"))
+        };
+        let typed = service(
+            "metadata: {name: a}\nspec: {type: ExternalName, externalName: db.example.com}",
+        );
+        assert_eq!(typed.external_name.as_deref(), Some("db.example.com"));
+        let cluster_ip = service(
+            "metadata: {name: b}\nspec: {type: ClusterIP, clusterIP: 10.0.0.9, externalName: db.example.com}",
+        );
+        assert_eq!(cluster_ip.external_name, None);
+        assert_eq!(cluster_ip.cluster_ip.as_deref(), Some("10.0.0.9"));
+        let untyped = service("metadata: {name: c}\nspec: {externalName: db.example.com}");
+        assert_eq!(untyped.external_name, None);
+    }
+
+    /// A headless Service is dialled at its ready EndpointSlice addresses on the
+    /// endpoint port of the same name; without endpoints it is refused.
+    #[test]
+    fn headless_services_use_ready_endpoints() {
+        let mut info = svc(
+            "default",
+            "db",
+            None,
+            None,
+            &[(Some("pg"), 5432, None, None)],
+        );
+        let services = ServiceIndex::new([info.clone()]);
+        let url = parse_upstream_url("tcp://db:pg").unwrap();
+        let refused =
+            resolve_url(&url, "default", &services, &UpstreamPolicy::cluster()).unwrap_err();
+        assert_eq!(refused.reason, UpstreamReason::ServiceWithoutAddress);
+        info.headless = Some(HeadlessEndpoints {
+            addresses: vec!["10.1.0.5".parse().unwrap(), "10.1.0.6".parse().unwrap()],
+            ports: vec![(Some("pg".into()), 15432)],
+        });
+        let services = ServiceIndex::new([info]);
+        let resolved = resolve_url(&url, "default", &services, &UpstreamPolicy::cluster()).unwrap();
+        assert_eq!(resolved.port, 15432);
+        assert_eq!(resolved.endpoints.len(), 2);
+        assert_eq!(resolved.service.as_deref(), Some("default/db"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tuna_crds::{Tunnel, TunnelProtocol};
 
 use super::domain::{HostReservations, is_dns_label};
 use super::service::{
-    ResolvedUpstream, ServiceIndex, UpstreamPolicy, UpstreamReason, UpstreamScheme,
+    ResolvedUpstream, ServiceLookup, UpstreamPolicy, UpstreamReason, UpstreamScheme,
     parse_upstream_url, resolve_url,
 };
 use super::tcpendpoint::AliasOwners;
@@ -133,7 +133,7 @@ fn fail(reason: TunnelReason, message: impl Into<String>) -> TunnelError {
 /// needs no Domain of its own (the subdomain is claimed when the tunnel connects).
 pub fn desired_tunnel(
     tunnel: &Tunnel,
-    services: &ServiceIndex,
+    services: &dyn ServiceLookup,
     reservations: &HostReservations,
     aliases: &AliasOwners,
     options: &TunnelOptions,
@@ -275,6 +275,7 @@ fn port_number(n: i64) -> Result<PortOrAlias, TunnelError> {
 mod tests {
     use super::*;
     use crate::translate::domain::{DesiredDomain, HostReservations};
+    use crate::translate::service::ServiceIndex;
     use crate::translate::service::{APP_PROTOCOL_H2C, ServiceInfo, ServicePortInfo};
     use crate::translate::tcpendpoint::DesiredTcpEndpoint;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -320,6 +321,7 @@ mod tests {
                     port("http", 80, None),
                     port("grpc", 9000, Some(APP_PROTOCOL_H2C)),
                 ],
+                headless: None,
             },
             ServiceInfo {
                 namespace: "shop".into(),
@@ -327,6 +329,7 @@ mod tests {
                 external_name: None,
                 cluster_ip: Some("10.0.0.2".into()),
                 ports: vec![port("pg", 5432, None)],
+                headless: None,
             },
         ])
     }

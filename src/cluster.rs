@@ -1,0 +1,206 @@
+//! Reading the Kubernetes API: the client, Services (with `get` only), and the
+//! snapshot `route explain` explains without `-f`.
+//!
+//! The client follows kube-rs's standard resolution: `KUBECONFIG` (or
+//! `~/.kube/config`) and its current context, else the in-cluster
+//! ServiceAccount. TLS uses ring, the one crypto provider of the process.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::Client;
+use kube::api::{Api, ListParams};
+use tuna_crds::{Domain, Tunnel};
+
+use crate::explain::Snapshot;
+use crate::translate::ingress::{ServiceRef, TranslateOptions, translate_one};
+use crate::translate::service::{
+    HeadlessEndpoints, ServiceIndex, ServiceInfo, UpstreamHost, parse_upstream_url,
+};
+
+/// `spec.controller` of the IngressClasses this operator serves.
+pub const INGRESS_CONTROLLER: &str = "k8s.tuna.am/ingress-controller";
+/// Annotation marking the cluster's default IngressClass.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// Label EndpointSlices carry with the name of their Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Installs ring as the process's crypto provider (idempotent).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A client for the current kubeconfig context or the in-cluster ServiceAccount.
+pub async fn client() -> Result<Client, kube::Error> {
+    install_crypto_provider();
+    Client::try_default().await
+}
+
+/// Reads Service `namespace/name` with one `get` (and, for a headless Service,
+/// a `list` of its EndpointSlices by the `kubernetes.io/service-name` label).
+/// `None` when the Service does not exist.
+pub async fn read_service(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<ServiceInfo>, kube::Error> {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let Some(service) = services.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let mut info = ServiceInfo::from_service(&service);
+    if info.cluster_ip.is_none() && info.external_name.is_none() {
+        let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+        let list = slices
+            .list(&ListParams::default().labels(&format!("{SERVICE_NAME_LABEL}={name}")))
+            .await?;
+        info.headless = Some(headless_endpoints(&list.items));
+    }
+    Ok(Some(info))
+}
+
+/// Merges the ready endpoints of a headless Service's EndpointSlices. An
+/// endpoint whose `conditions.ready` is absent counts as ready (the API says so).
+pub fn headless_endpoints(slices: &[EndpointSlice]) -> HeadlessEndpoints {
+    let mut out = HeadlessEndpoints::default();
+    for slice in slices {
+        for endpoint in &slice.endpoints {
+            let ready = endpoint
+                .conditions
+                .as_ref()
+                .and_then(|c| c.ready)
+                .unwrap_or(true);
+            if !ready {
+                continue;
+            }
+            for address in &endpoint.addresses {
+                if let Ok(ip) = address.parse()
+                    && !out.addresses.contains(&ip)
+                {
+                    out.addresses.push(ip);
+                }
+            }
+        }
+        for port in slice.ports.iter().flatten() {
+            if let Some(number) = port.port.and_then(|p| u16::try_from(p).ok()) {
+                let entry = (port.name.clone().filter(|n| !n.is_empty()), number);
+                if !out.ports.contains(&entry) {
+                    out.ports.push(entry);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The Services an Ingress backend or a Tunnel upstream names.
+pub fn referenced_services(
+    ingresses: &[Arc<Ingress>],
+    tunnels: &[Arc<Tunnel>],
+    options: &TranslateOptions,
+) -> BTreeSet<(String, String)> {
+    let mut wanted = BTreeSet::new();
+    for ingress in ingresses {
+        for spec in translate_one(ingress, options).specs {
+            let ServiceRef {
+                namespace, name, ..
+            } = spec.backend;
+            wanted.insert((namespace, name));
+        }
+    }
+    for tunnel in tunnels {
+        let namespace = tunnel.metadata.namespace.as_deref().unwrap_or("default");
+        if let Ok(url) = parse_upstream_url(&tunnel.spec.upstream.url) {
+            match url.host {
+                UpstreamHost::Service {
+                    namespace: ns,
+                    name,
+                } => {
+                    wanted.insert((ns.unwrap_or_else(|| namespace.to_owned()), name));
+                }
+                UpstreamHost::ServiceFqdn { namespace, name } => {
+                    wanted.insert((namespace, name));
+                }
+                UpstreamHost::Ip(_) | UpstreamHost::External(_) => {}
+            }
+        }
+    }
+    wanted
+}
+
+/// Whether the IngressClass `class` is ours and the cluster's default.
+pub fn is_default_class(classes: &[IngressClass], class: &str) -> bool {
+    classes.iter().any(|c| {
+        c.metadata.name.as_deref() == Some(class)
+            && c.spec.as_ref().and_then(|s| s.controller.as_deref()) == Some(INGRESS_CONTROLLER)
+            && c.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                .is_some_and(|v| v == "true")
+    })
+}
+
+/// The base domain the cluster's Domains show: `status.fqdn` minus `spec.subdomain`.
+pub fn base_domain_of(domains: &[Arc<Domain>]) -> Option<String> {
+    domains.iter().find_map(|d| {
+        let sub = d.spec.subdomain.as_deref()?;
+        let fqdn = d.status.as_ref()?.fqdn.as_deref()?;
+        fqdn.strip_prefix(sub)?.strip_prefix('.').map(str::to_owned)
+    })
+}
+
+/// Reads what `route explain` needs from the current kubeconfig context,
+/// read-only: Ingresses, IngressClasses, Tunnels and Domains (list), and the
+/// Services they name (get).
+pub async fn explain_snapshot(class: &str) -> anyhow::Result<Snapshot> {
+    use anyhow::Context as _;
+    let client = client()
+        .await
+        .context("no Kubernetes cluster to read (set KUBECONFIG, or give manifests with -f)")?;
+    let lp = ListParams::default();
+    let ingresses = Api::<Ingress>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing Ingresses")?;
+    let classes = Api::<IngressClass>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing IngressClasses")?;
+    let tunnels = Api::<Tunnel>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing Tunnels (are the CRDs installed?)")?;
+    let domains = Api::<Domain>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing Domains (are the CRDs installed?)")?;
+    let is_default_class = is_default_class(&classes.items, class);
+    let options = TranslateOptions {
+        class: class.to_owned(),
+        is_default_class,
+    };
+    let ingresses: Vec<Arc<Ingress>> = ingresses.items.into_iter().map(Arc::new).collect();
+    let tunnels: Vec<Arc<Tunnel>> = tunnels.items.into_iter().map(Arc::new).collect();
+    let domains: Vec<Arc<Domain>> = domains.items.into_iter().map(Arc::new).collect();
+    let mut services = Vec::new();
+    for (namespace, name) in referenced_services(&ingresses, &tunnels, &options) {
+        if let Some(info) = read_service(&client, &namespace, &name)
+            .await
+            .with_context(|| format!("reading Service {namespace}/{name}"))?
+        {
+            services.push(info);
+        }
+    }
+    Ok(Snapshot {
+        base_domain: base_domain_of(&domains),
+        ingresses,
+        tunnels,
+        domains,
+        services: Some(ServiceIndex::new(services)),
+        is_default_class,
+    })
+}

@@ -1,0 +1,1045 @@
+//! The desired state of the whole system, provider-neutral and pure.
+//!
+//! [`plan`] takes the objects a provider sees — reflector stores in a cluster
+//! (`Arc<K>`, as they hand them out: nothing is cloned per change), manifests
+//! in standalone mode, or files and a cluster snapshot for `route explain` — plus
+//! a [`ServiceLookup`], and returns what must be published: per-host route
+//! tables, TCP bindings, the reservations to hold, the tunnels to run, and every
+//! object (or rule, path, backend) that is refused, with a typed [`Reason`] and
+//! the [`ObjectRef`] it comes from. The cross-kind rules live here and only here:
+//!
+//! - **Domains** reserve hosts; of two Domains with one host the oldest wins
+//!   (then namespace, name), the others are `DuplicateDomain`.
+//! - **TCPEndpoints** reserve aliases; the oldest wins, others `DuplicateAlias`.
+//! - **Tunnels**, oldest first: an http Tunnel owns its host; a younger Tunnel
+//!   with the same host is `HostConflict`; a host reserved by a Domain of another
+//!   namespace is refused. A tcp Tunnel may use a TCPEndpoint of its own
+//!   namespace only; two tcp Tunnels on one endpoint: the younger is
+//!   `TcpEndpointInUse`. With [`PlanOptions::require_tcp_endpoint_objects`]
+//!   (standalone: there is no account to hold other reservations) an alias no
+//!   TCPEndpoint declares is `TcpEndpointNotFound`; otherwise it is left to the
+//!   edge, which knows the account's reservations.
+//! - **Ingresses** (of our class): host ownership by namespace (the Domain's
+//!   namespace, else the oldest claimant's), hosts must be reserved (a Domain of
+//!   the namespace or an account host), rules on a Tunnel's host are skipped
+//!   (`HostUsedByTunnel`), backends are resolved against the Services, and the
+//!   route table of each host is built here exactly as the proxy core will build
+//!   it, so invalid paths and equal rules are reported now and only what routes
+//!   is published.
+//!
+//! The same function feeds standalone mode, `route explain` and the agent, so
+//! what `route explain` prints is what the agent serves.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+use tuna_crds::{Domain, TcpEndpoint, Tunnel};
+use tuna_routing::{BuildIssue, Origin, PathType, RouteSpec, RouteTable, TieBreak};
+
+use crate::translate::domain::{
+    DesiredDomain, DomainReason, HostRefusal, HostReservations, desired_domain, reserved_routes,
+};
+use crate::translate::ingress::{self, ServiceRef, SkipKind, SkipReason, TranslateOptions};
+use crate::translate::service::{
+    ResolvedUpstream, ServiceLookup, UpstreamPolicy, UpstreamReason, UpstreamScheme,
+    resolve_service,
+};
+use crate::translate::tcpendpoint::{
+    AliasOwners, DesiredTcpEndpoint, TcpEndpointReason, desired_tcp_endpoint,
+};
+use crate::translate::tunnel::{
+    DesiredTunnel, PortOrAlias, PublicEndpoint, TunnelOptions, TunnelReason, desired_tunnel,
+};
+
+/// The kinds the plan reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Kind {
+    /// `networking.k8s.io/v1` Ingress.
+    Ingress,
+    /// `k8s.tuna.am/v1alpha1` Tunnel.
+    Tunnel,
+    /// `k8s.tuna.am/v1alpha1` Domain.
+    Domain,
+    /// `k8s.tuna.am/v1alpha1` TCPEndpoint.
+    TcpEndpoint,
+}
+
+impl Kind {
+    /// The Kubernetes kind.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ingress => "Ingress",
+            Self::Tunnel => "Tunnel",
+            Self::Domain => "Domain",
+            Self::TcpEndpoint => "TCPEndpoint",
+        }
+    }
+}
+
+/// Names one object: kind, namespace, name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ObjectRef {
+    /// Kind.
+    pub kind: Kind,
+    /// Namespace (`default` when the object has none).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// A reference from parts.
+    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The reference of an object of `kind` with `meta`.
+    pub fn of(kind: Kind, meta: &ObjectMeta) -> Self {
+        Self::new(
+            kind,
+            meta.namespace.as_deref().unwrap_or("default"),
+            meta.name.as_deref().unwrap_or(""),
+        )
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
+    }
+}
+
+/// Why something is not published. Every variant has a stable CamelCase name
+/// ([`Reason::as_str`]): the reason of the `Ready` condition or the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Reason {
+    /// A Domain's spec (or a younger duplicate).
+    Domain(DomainReason),
+    /// A TCPEndpoint's spec (or a younger duplicate).
+    TcpEndpoint(TcpEndpointReason),
+    /// A Tunnel's spec or upstream.
+    Tunnel(TunnelReason),
+    /// An Ingress rule, path or backend skipped by the translation.
+    Ingress(SkipReason),
+    /// An Ingress route whose Service cannot be used.
+    Backend(UpstreamReason),
+    /// An Ingress route on a host that is not reserved for its namespace.
+    HostNotReserved,
+    /// An Ingress route on a host reserved by a Domain of another namespace.
+    HostOwnedByOtherNamespace,
+    /// An Ingress route on a host an http Tunnel publishes.
+    HostUsedByTunnel,
+    /// A Tunnel whose host an older Tunnel publishes.
+    HostConflict,
+    /// A tcp Tunnel whose endpoint an older tcp Tunnel uses.
+    TcpEndpointInUse,
+    /// A tcp Tunnel naming an alias no TCPEndpoint declares (standalone).
+    TcpEndpointNotFound,
+    /// A route the route table refused (`InvalidPath`, `RouteConflict`, …).
+    Route(&'static str),
+    /// A host with more routes than a table holds.
+    TooManyRoutes,
+}
+
+impl Reason {
+    /// Stable machine-readable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Domain(r) => r.as_str(),
+            Self::TcpEndpoint(r) => r.as_str(),
+            Self::Tunnel(r) => r.as_str(),
+            Self::Ingress(r) => r.as_str(),
+            Self::Backend(r) => r.as_str(),
+            Self::HostNotReserved => "HostNotReserved",
+            Self::HostOwnedByOtherNamespace => "HostOwnedByOtherNamespace",
+            Self::HostUsedByTunnel => "HostUsedByTunnel",
+            Self::HostConflict => "HostConflict",
+            Self::TcpEndpointInUse => "TcpEndpointInUse",
+            Self::TcpEndpointNotFound => "TcpEndpointNotFound",
+            Self::Route(r) => r,
+            Self::TooManyRoutes => "TooManyRoutes",
+        }
+    }
+
+    /// For Ingresses: the event this becomes (`RuleSkipped` or `BackendSkipped`).
+    pub fn ingress_event(self) -> &'static str {
+        match self {
+            Self::Backend(_) => "BackendSkipped",
+            Self::Ingress(r) if r.kind() == SkipKind::Backend => "BackendSkipped",
+            _ => "RuleSkipped",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Something not published, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Refusal {
+    /// The object it comes from.
+    pub object: ObjectRef,
+    /// For Ingresses: the index in `spec.rules`, when it is a rule or inside one.
+    pub rule: Option<usize>,
+    /// For Ingresses: the index in the rule's `http.paths`.
+    pub path: Option<usize>,
+    /// Machine-readable reason.
+    pub reason: Reason,
+    /// What happened and what to do.
+    pub message: String,
+}
+
+impl Refusal {
+    fn new(object: ObjectRef, reason: Reason, message: impl Into<String>) -> Self {
+        Self {
+            object,
+            rule: None,
+            path: None,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    fn at(object: ObjectRef, origin: &Origin, reason: Reason, message: impl Into<String>) -> Self {
+        Self {
+            object,
+            rule: Some(origin.rule),
+            path: Some(origin.path),
+            reason,
+            message: message.into(),
+        }
+    }
+
+    /// `Ingress ns/name rule 0 path 1` (or just the object).
+    pub fn location(&self) -> String {
+        let mut out = self.object.to_string();
+        if let Some(rule) = self.rule {
+            out.push_str(&format!(" rule {rule}"));
+        }
+        if let Some(path) = self.path {
+            out.push_str(&format!(" path {path}"));
+        }
+        out
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.location(), self.reason, self.message)
+    }
+}
+
+/// The objects a plan is made from.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Inputs<'a> {
+    /// Ingresses (of any class: the plan picks its own).
+    pub ingresses: &'a [Arc<Ingress>],
+    /// Tunnels.
+    pub tunnels: &'a [Arc<Tunnel>],
+    /// Domains.
+    pub domains: &'a [Arc<Domain>],
+    /// TCPEndpoints.
+    pub tcp_endpoints: &'a [Arc<TcpEndpoint>],
+}
+
+/// Whether Ingress backends are resolved against Services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backends {
+    /// Resolve every backend; an unusable Service skips the route.
+    #[default]
+    Resolve,
+    /// Keep backends as named (`route explain` on files that hold no Service).
+    Unchecked,
+}
+
+/// Settings of a plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// The edge's base domain (`subdomain: web` is `web.<base domain>`), lower case.
+    pub base_domain: String,
+    /// Which Ingresses are ours.
+    pub ingress: TranslateOptions,
+    /// What upstreams may point at.
+    pub policy: UpstreamPolicy,
+    /// Hosts reserved on the account outside Kubernetes: Ingresses of any
+    /// namespace may publish them (the oldest claimant's namespace then owns them).
+    pub account_hosts: BTreeSet<String>,
+    /// A tcp Tunnel's alias must be declared by a TCPEndpoint (standalone).
+    pub require_tcp_endpoint_objects: bool,
+    /// Resolve Ingress backends or keep them as named.
+    pub backends: Backends,
+}
+
+impl PlanOptions {
+    /// Options for a cluster: the given base domain, class `tuna`, Services of the
+    /// object's own namespace only.
+    pub fn cluster(base_domain: &str) -> Self {
+        Self {
+            base_domain: base_domain.to_ascii_lowercase(),
+            ingress: TranslateOptions::default(),
+            policy: UpstreamPolicy::cluster(),
+            account_hosts: BTreeSet::new(),
+            require_tcp_endpoint_objects: false,
+            backends: Backends::Resolve,
+        }
+    }
+
+    /// Options for standalone mode (see `crate::standalone`).
+    pub fn standalone(base_domain: &str) -> Self {
+        Self {
+            policy: UpstreamPolicy::standalone(),
+            require_tcp_endpoint_objects: true,
+            ..Self::cluster(base_domain)
+        }
+    }
+}
+
+/// The backend of a route.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Backend {
+    /// The Service as an Ingress names it (`None` for a Tunnel).
+    pub service: Option<ServiceRef>,
+    /// A Tunnel's `spec.upstream.url` (`None` for an Ingress).
+    pub url: Option<String>,
+    /// What the proxy dials; `None` only with [`Backends::Unchecked`].
+    pub upstream: Option<ResolvedUpstream>,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.service, &self.url, &self.upstream) {
+            (Some(s), _, _) => write!(f, "{s}"),
+            (None, _, Some(u)) => write!(f, "{u}"),
+            (None, Some(url), None) => f.write_str(url),
+            (None, None, None) => f.write_str("?"),
+        }
+    }
+}
+
+/// One route of a published host.
+pub type HostRoute = RouteSpec<Backend>;
+
+/// What publishes a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostSource {
+    /// An http Tunnel (its one route is `Prefix /`).
+    Tunnel(ObjectRef),
+    /// Ingresses of one namespace (sorted, deduplicated).
+    Ingresses(Vec<ObjectRef>),
+}
+
+/// A host to publish: one tunnel, one route table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPlan {
+    /// The routes, in the order they were found (the route table decides matching).
+    pub routes: Vec<HostRoute>,
+    /// Routes the route table refused (equal to an older rule, invalid path):
+    /// not published, kept so that `route explain` can show why they lost.
+    pub refused: Vec<HostRoute>,
+    /// Who publishes it.
+    pub source: HostSource,
+    /// The namespace that owns the host.
+    pub namespace: String,
+}
+
+impl HostPlan {
+    /// The publishing objects.
+    pub fn publishers(&self) -> Vec<ObjectRef> {
+        match &self.source {
+            HostSource::Tunnel(t) => vec![t.clone()],
+            HostSource::Ingresses(list) => list.clone(),
+        }
+    }
+}
+
+/// A TCP endpoint to publish for a tcp Tunnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpPlan {
+    /// The endpoint, by port or alias.
+    pub endpoint: PortOrAlias,
+    /// Where the bytes go.
+    pub upstream: ResolvedUpstream,
+}
+
+/// Everything to publish, and everything refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Host (lower case) → its routes.
+    pub hosts: BTreeMap<String, HostPlan>,
+    /// tcp Tunnel → its TCP endpoint.
+    pub tcp: BTreeMap<ObjectRef, TcpPlan>,
+    /// Domains whose reservation stands (duplicates removed).
+    pub domains: Vec<DesiredDomain>,
+    /// TCPEndpoints whose reservation stands.
+    pub tcp_endpoints: Vec<DesiredTcpEndpoint>,
+    /// Tunnels that are published (each gets a tunnel and a token).
+    pub tunnels: BTreeMap<ObjectRef, DesiredTunnel>,
+    /// What was refused, in input order where it has one.
+    pub refusals: Vec<Refusal>,
+}
+
+impl Plan {
+    /// The refusals of one object.
+    pub fn refusals_of<'a>(&'a self, object: &'a ObjectRef) -> impl Iterator<Item = &'a Refusal> {
+        self.refusals.iter().filter(move |r| &r.object == object)
+    }
+
+    /// The hosts an object publishes routes on.
+    pub fn hosts_of(&self, object: &ObjectRef) -> Vec<String> {
+        self.hosts
+            .iter()
+            .filter(|(_, h)| h.publishers().contains(object))
+            .map(|(host, _)| host.clone())
+            .collect()
+    }
+}
+
+fn created(meta: &ObjectMeta) -> i64 {
+    meta.creation_timestamp
+        .as_ref()
+        .map_or(i64::MAX, |t| t.0.as_second())
+}
+
+/// Oldest first, then by namespace and name: the order every conflict is decided in.
+fn age_order<K: kube::Resource>(objects: &[Arc<K>]) -> Vec<&Arc<K>> {
+    let mut sorted: Vec<&Arc<K>> = objects.iter().collect();
+    sorted.sort_by(|a, b| {
+        let (a, b) = (a.meta(), b.meta());
+        (created(a), &a.namespace, &a.name).cmp(&(created(b), &b.namespace, &b.name))
+    });
+    sorted
+}
+
+/// Computes the plan (see the module docs).
+pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOptions) -> Plan {
+    let mut out = Plan::default();
+
+    // Domains → reservations.
+    let mut domains = Vec::new();
+    for d in inputs.domains {
+        let object = ObjectRef::of(Kind::Domain, &d.metadata);
+        match desired_domain(d, &options.base_domain) {
+            Ok(dd) => domains.push(dd),
+            Err(e) => out
+                .refusals
+                .push(Refusal::new(object, Reason::Domain(e.reason), e.message)),
+        }
+    }
+    let (reservations, duplicates) =
+        HostReservations::from_domains(&domains, options.account_hosts.clone());
+    for (dd, e) in duplicates {
+        domains.retain(|d| !(d.namespace == dd.namespace && d.name == dd.name));
+        out.refusals.push(Refusal::new(
+            ObjectRef::new(Kind::Domain, dd.namespace, dd.name),
+            Reason::Domain(e.reason),
+            e.message,
+        ));
+    }
+    out.domains = domains;
+
+    // TCPEndpoints → aliases.
+    let mut endpoints = Vec::new();
+    for e in inputs.tcp_endpoints {
+        let object = ObjectRef::of(Kind::TcpEndpoint, &e.metadata);
+        match desired_tcp_endpoint(e) {
+            Ok(de) => endpoints.push(de),
+            Err(err) => out.refusals.push(Refusal::new(
+                object,
+                Reason::TcpEndpoint(err.reason),
+                err.message,
+            )),
+        }
+    }
+    let (aliases, duplicates) = AliasOwners::new(&endpoints);
+    for (de, e) in duplicates {
+        endpoints.retain(|d| !(d.namespace == de.namespace && d.name == de.name));
+        out.refusals.push(Refusal::new(
+            ObjectRef::new(Kind::TcpEndpoint, de.namespace, de.name),
+            Reason::TcpEndpoint(e.reason),
+            e.message,
+        ));
+    }
+    out.tcp_endpoints = endpoints;
+
+    // Tunnels, oldest first.
+    let tunnel_options = TunnelOptions {
+        base_domain: options.base_domain.clone(),
+        policy: options.policy,
+    };
+    let mut tunnel_hosts: BTreeMap<String, ObjectRef> = BTreeMap::new();
+    let mut tcp_claims: BTreeMap<PortOrAlias, ObjectRef> = BTreeMap::new();
+    for t in age_order(inputs.tunnels) {
+        let object = ObjectRef::of(Kind::Tunnel, &t.metadata);
+        let desired = match desired_tunnel(t, services, &reservations, &aliases, &tunnel_options) {
+            Ok(d) => d,
+            Err(e) => {
+                // Without Services to check, a Tunnel whose only fault may be its
+                // Service still owns its host (as it would in a cluster).
+                if options.backends == Backends::Unchecked
+                    && matches!(e.reason, TunnelReason::Upstream(r) if r.is_about_the_service())
+                    && let Some(host) = tunnel_host(t, &options.base_domain)
+                    && !tunnel_hosts.contains_key(&host)
+                {
+                    tunnel_hosts.insert(host.clone(), object.clone());
+                    let route = tunnel_route(t, &host, None);
+                    out.hosts.insert(
+                        host,
+                        HostPlan {
+                            routes: vec![route],
+                            refused: Vec::new(),
+                            source: HostSource::Tunnel(object.clone()),
+                            namespace: object.namespace.clone(),
+                        },
+                    );
+                    continue;
+                }
+                out.refusals
+                    .push(Refusal::new(object, Reason::Tunnel(e.reason), e.message));
+                continue;
+            }
+        };
+        match &desired.public {
+            PublicEndpoint::Http { host } => {
+                if let Some(first) = tunnel_hosts.get(host) {
+                    out.refusals.push(Refusal::new(
+                        object,
+                        Reason::HostConflict,
+                        format!("host {host} is already published by {first}, which is older"),
+                    ));
+                    continue;
+                }
+                tunnel_hosts.insert(host.clone(), object.clone());
+                out.hosts.insert(
+                    host.clone(),
+                    HostPlan {
+                        routes: vec![tunnel_route(t, host, Some(desired.upstream.clone()))],
+                        refused: Vec::new(),
+                        source: HostSource::Tunnel(object.clone()),
+                        namespace: desired.namespace.clone(),
+                    },
+                );
+            }
+            PublicEndpoint::Tcp(endpoint) => {
+                if let PortOrAlias::Alias(alias) = endpoint
+                    && options.require_tcp_endpoint_objects
+                    && aliases.get(alias).is_none()
+                {
+                    out.refusals.push(Refusal::new(
+                        object,
+                        Reason::TcpEndpointNotFound,
+                        format!(
+                            "no TCPEndpoint with alias {alias} in namespace {:?}; add one",
+                            desired.namespace
+                        ),
+                    ));
+                    continue;
+                }
+                if let Some(first) = tcp_claims.get(endpoint) {
+                    out.refusals.push(Refusal::new(
+                        object,
+                        Reason::TcpEndpointInUse,
+                        format!("{endpoint} is already used by {first}, which is older"),
+                    ));
+                    continue;
+                }
+                tcp_claims.insert(endpoint.clone(), object.clone());
+                out.tcp.insert(
+                    object.clone(),
+                    TcpPlan {
+                        endpoint: endpoint.clone(),
+                        upstream: desired.upstream.clone(),
+                    },
+                );
+            }
+        }
+        out.tunnels.insert(object, desired);
+    }
+
+    plan_ingresses(
+        inputs,
+        services,
+        options,
+        &reservations,
+        &tunnel_hosts,
+        &mut out,
+    );
+    out
+}
+
+fn plan_ingresses(
+    inputs: &Inputs<'_>,
+    services: &dyn ServiceLookup,
+    options: &PlanOptions,
+    reservations: &HostReservations,
+    tunnel_hosts: &BTreeMap<String, ObjectRef>,
+    out: &mut Plan,
+) {
+    // Ingresses of other classes come back as `OtherIngressClass` refusals; a
+    // cluster provider does not report those (they belong to other controllers).
+    let ingress_ref = |namespace: &str, name: &str| ObjectRef::new(Kind::Ingress, namespace, name);
+    let routes = ingress::translate(
+        inputs.ingresses.iter().map(|i| &**i),
+        &options.ingress,
+        &reservations.domains,
+    );
+    let (routes, unreserved) = reserved_routes(routes, reservations);
+    for s in &routes.skipped {
+        out.refusals.push(Refusal {
+            object: ingress_ref(&s.namespace, &s.ingress),
+            rule: s.rule,
+            path: s.path,
+            reason: Reason::Ingress(s.reason),
+            message: s.message.clone(),
+        });
+    }
+    for u in unreserved {
+        let reason = match u.refusal {
+            HostRefusal::NotReserved => Reason::HostNotReserved,
+            HostRefusal::OtherNamespace { .. } => Reason::HostOwnedByOtherNamespace,
+        };
+        let o = &u.spec.origin;
+        out.refusals.push(Refusal::at(
+            ingress_ref(&o.namespace, &o.name),
+            o,
+            reason,
+            u.refusal.message(&u.spec.host),
+        ));
+    }
+    let mut by_host: BTreeMap<String, Vec<HostRoute>> = BTreeMap::new();
+    for spec in routes.specs {
+        let host = spec.host.to_ascii_lowercase();
+        let object = ingress_ref(&spec.origin.namespace, &spec.origin.name);
+        if let Some(tunnel) = tunnel_hosts.get(&host) {
+            out.refusals.push(Refusal::at(
+                object,
+                &spec.origin,
+                Reason::HostUsedByTunnel,
+                format!("host {host} is published by {tunnel}"),
+            ));
+            continue;
+        }
+        let upstream = match options.backends {
+            Backends::Unchecked => None,
+            Backends::Resolve => match resolve_service(
+                &spec.backend,
+                &spec.origin.namespace,
+                UpstreamScheme::Http,
+                services,
+                &options.policy,
+            ) {
+                Ok(u) => Some(u),
+                Err(e) => {
+                    out.refusals.push(Refusal::at(
+                        object,
+                        &spec.origin,
+                        Reason::Backend(e.reason),
+                        e.message,
+                    ));
+                    continue;
+                }
+            },
+        };
+        by_host.entry(host.clone()).or_default().push(RouteSpec {
+            host,
+            path: spec.path,
+            path_type: spec.path_type,
+            backend: Backend {
+                service: Some(spec.backend),
+                url: None,
+                upstream,
+            },
+            origin: spec.origin,
+            tie_break: spec.tie_break,
+        });
+    }
+    // Invalid paths and equal rules are found by building the table, exactly as
+    // the proxy core will; report them now and publish only what will route.
+    for (host, specs) in by_host {
+        let issues = match RouteTable::build(specs.clone()) {
+            Ok((_, issues)) => issues,
+            Err(e) => {
+                for name in specs
+                    .iter()
+                    .map(|s| (&s.origin.namespace, &s.origin.name))
+                    .collect::<BTreeSet<_>>()
+                {
+                    out.refusals.push(Refusal::new(
+                        ingress_ref(name.0, name.1),
+                        Reason::TooManyRoutes,
+                        format!("host {host}: {e}"),
+                    ));
+                }
+                continue;
+            }
+        };
+        let (mut kept, mut refused) = (specs, Vec::new());
+        for issue in &issues {
+            let origin = issue.origin();
+            let (lost, rest): (Vec<_>, Vec<_>) =
+                kept.into_iter().partition(|s| &s.origin == origin);
+            kept = rest;
+            refused.extend(lost);
+            out.refusals.push(Refusal::at(
+                ingress_ref(&origin.namespace, &origin.name),
+                origin,
+                Reason::Route(issue.reason()),
+                issue_message(issue),
+            ));
+        }
+        let Some(first) = kept.first() else {
+            continue;
+        };
+        let namespace = first.origin.namespace.clone();
+        let mut publishers: Vec<ObjectRef> = kept
+            .iter()
+            .map(|s| ingress_ref(&s.origin.namespace, &s.origin.name))
+            .collect();
+        publishers.sort();
+        publishers.dedup();
+        out.hosts.insert(
+            host,
+            HostPlan {
+                routes: kept,
+                refused,
+                source: HostSource::Ingresses(publishers),
+                namespace,
+            },
+        );
+    }
+}
+
+/// The public host of an http Tunnel with a valid subdomain.
+fn tunnel_host(tunnel: &Tunnel, base_domain: &str) -> Option<String> {
+    if tunnel.spec.protocol != tuna_crds::TunnelProtocol::Http {
+        return None;
+    }
+    let sub = tunnel.spec.subdomain.as_deref()?;
+    crate::translate::domain::is_dns_label(sub).then(|| format!("{sub}.{base_domain}"))
+}
+
+/// The one route of an http Tunnel: `Prefix /` on its host.
+fn tunnel_route(tunnel: &Tunnel, host: &str, upstream: Option<ResolvedUpstream>) -> HostRoute {
+    let object = ObjectRef::of(Kind::Tunnel, &tunnel.metadata);
+    RouteSpec {
+        host: host.to_owned(),
+        path: "/".into(),
+        path_type: PathType::Prefix,
+        backend: Backend {
+            service: None,
+            url: Some(tunnel.spec.upstream.url.clone()),
+            upstream,
+        },
+        origin: Origin {
+            namespace: object.namespace.clone(),
+            name: object.name.clone(),
+            rule: 0,
+            path: 0,
+        },
+        tie_break: TieBreak {
+            created: created(&tunnel.metadata),
+            namespace: object.namespace,
+            name: object.name,
+        },
+    }
+}
+
+/// A route table issue as a sentence, without the location (a [`Refusal`] has it).
+fn issue_message(issue: &BuildIssue) -> String {
+    match issue {
+        BuildIssue::InvalidHost { host, reason, .. } => format!("host {host:?}: {reason}"),
+        BuildIssue::InvalidPath { path, reason, .. } => format!("path {path:?}: {reason}"),
+        BuildIssue::Conflict {
+            winner,
+            host,
+            path,
+            path_type,
+            ..
+        } => format!(
+            "{path_type} {host}{path} is also defined by {winner}, which wins (older, then by namespace/name)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::service::{ServiceIndex, ServiceInfo};
+
+    fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
+        yaml.split("\n---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| Arc::new(serde_saphyr::from_str::<K>(d).expect("test manifest")))
+            .collect()
+    }
+
+    fn services(yaml: &str) -> ServiceIndex {
+        ServiceIndex::new(
+            objects::<k8s_openapi::api::core::v1::Service>(yaml)
+                .iter()
+                .map(|s| ServiceInfo::from_service(s)),
+        )
+    }
+
+    const SERVICES: &str = "
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.0.0.1, ports: [{name: http, port: 80}]}
+---
+metadata: {name: api, namespace: shop}
+spec: {clusterIP: 10.0.0.2, ports: [{port: 8080}]}
+---
+metadata: {name: web, namespace: blog}
+spec: {clusterIP: 10.0.1.1, ports: [{port: 80}]}
+";
+
+    fn reasons(plan: &Plan) -> Vec<(String, &'static str)> {
+        plan.refusals
+            .iter()
+            .map(|r| (r.location(), r.reason.as_str()))
+            .collect()
+    }
+
+    /// Tunnel conflicts go to the oldest object, whatever the names say.
+    #[test]
+    fn tunnel_host_conflicts_go_to_the_oldest() {
+        let tunnels = objects::<Tunnel>(
+            "
+metadata: {name: a-young, namespace: shop, creationTimestamp: '2026-01-02T00:00:00Z'}
+spec: {subdomain: web, upstream: {url: 'http://web:80'}}
+---
+metadata: {name: z-old, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec: {subdomain: web, upstream: {url: 'http://web:80'}}
+",
+        );
+        let inputs = Inputs {
+            tunnels: &tunnels,
+            ..Inputs::default()
+        };
+        let plan = plan(
+            &inputs,
+            &services(SERVICES),
+            &PlanOptions::cluster("tuna.test"),
+        );
+        let host = &plan.hosts["web.tuna.test"];
+        assert_eq!(
+            host.source,
+            HostSource::Tunnel(ObjectRef::new(Kind::Tunnel, "shop", "z-old"))
+        );
+        assert_eq!(
+            reasons(&plan),
+            vec![("Tunnel shop/a-young".to_owned(), "HostConflict")]
+        );
+        assert_eq!(
+            host.routes[0].backend.upstream.as_ref().unwrap().host,
+            "10.0.0.1"
+        );
+    }
+
+    /// The table of refusals for Ingresses: every cross-kind rule, each named
+    /// by the object, rule and path it comes from.
+    #[test]
+    fn ingress_rules_are_refused_with_their_origin() {
+        let ingresses = objects::<Ingress>(
+            "
+metadata: {name: shop, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: shop.tuna.test
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}},
+                   {path: /api, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}},
+                   {path: /gone, pathType: Prefix, backend: {service: {name: missing, port: {number: 80}}}}]}
+  - host: free.tuna.test
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+  - host: web.tuna.test
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+---
+metadata: {name: thief, namespace: blog, creationTimestamp: '2025-01-01T00:00:00Z'}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: shop.tuna.test
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+---
+metadata: {name: other, namespace: shop}
+spec:
+  ingressClassName: nginx
+",
+        );
+        let domains = objects::<Domain>(
+            "
+metadata: {name: shop, namespace: shop}
+spec: {subdomain: shop}
+---
+metadata: {name: web, namespace: shop}
+spec: {subdomain: web}
+",
+        );
+        let tunnels = objects::<Tunnel>(
+            "
+metadata: {name: web, namespace: shop}
+spec: {subdomain: web, upstream: {url: 'http://web:80'}}
+",
+        );
+        let inputs = Inputs {
+            ingresses: &ingresses,
+            tunnels: &tunnels,
+            domains: &domains,
+            ..Inputs::default()
+        };
+        let plan = plan(
+            &inputs,
+            &services(SERVICES),
+            &PlanOptions::cluster("tuna.test"),
+        );
+        let mut got = reasons(&plan);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "Ingress blog/thief rule 0 path 0".to_owned(),
+                    "HostOwnedByOtherNamespace"
+                ),
+                ("Ingress shop/other".to_owned(), "OtherIngressClass"),
+                (
+                    "Ingress shop/shop rule 0 path 2".to_owned(),
+                    "ServiceNotFound"
+                ),
+                (
+                    "Ingress shop/shop rule 1 path 0".to_owned(),
+                    "HostNotReserved"
+                ),
+                (
+                    "Ingress shop/shop rule 2 path 0".to_owned(),
+                    "HostUsedByTunnel"
+                ),
+            ]
+        );
+        let shop = &plan.hosts["shop.tuna.test"];
+        assert_eq!(shop.routes.len(), 2);
+        assert_eq!(shop.namespace, "shop");
+        assert_eq!(
+            plan.hosts_of(&ObjectRef::new(Kind::Ingress, "shop", "shop")),
+            vec!["shop.tuna.test".to_owned()]
+        );
+        let ingress_events: BTreeSet<&str> = plan
+            .refusals
+            .iter()
+            .map(|r| r.reason.ingress_event())
+            .collect();
+        assert_eq!(
+            ingress_events,
+            BTreeSet::from(["BackendSkipped", "RuleSkipped"])
+        );
+    }
+
+    /// Account hosts need no Domain; the default class takes class-less
+    /// Ingresses; unchecked backends keep the Service as named.
+    #[test]
+    fn account_hosts_default_class_and_unchecked_backends() {
+        let ingresses = objects::<Ingress>(
+            "
+metadata: {name: plain, namespace: shop}
+spec:
+  rules:
+  - host: app.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: nowhere, port: {number: 80}}}}]}
+",
+        );
+        let inputs = Inputs {
+            ingresses: &ingresses,
+            ..Inputs::default()
+        };
+        let mut options = PlanOptions::cluster("tuna.test");
+        options.account_hosts.insert("app.example.com".into());
+        let not_default = plan(&inputs, &services(""), &options);
+        assert!(not_default.hosts.is_empty());
+        options.ingress.is_default_class = true;
+        options.backends = Backends::Unchecked;
+        let unchecked = plan(&inputs, &services(""), &options);
+        let route = &unchecked.hosts["app.example.com"].routes[0];
+        assert_eq!(route.backend.to_string(), "shop/nowhere:80");
+        assert!(route.backend.upstream.is_none());
+        options.backends = Backends::Resolve;
+        let resolved = plan(&inputs, &services(""), &options);
+        assert_eq!(
+            reasons(&resolved),
+            vec![(
+                "Ingress shop/plain rule 0 path 0".to_owned(),
+                "ServiceNotFound"
+            )]
+        );
+    }
+
+    /// tcp Tunnels: own-namespace TCPEndpoints only, one Tunnel per endpoint
+    /// (oldest wins), undeclared aliases left to the edge unless required.
+    #[test]
+    fn tcp_tunnels_and_endpoints() {
+        let endpoints = objects::<TcpEndpoint>(
+            "
+metadata: {name: pg, namespace: shop}
+spec: {alias: postgres}
+---
+metadata: {name: other, namespace: blog}
+spec: {alias: redis}
+",
+        );
+        let tunnels = objects::<Tunnel>(
+            "
+metadata: {name: pg, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec: {protocol: tcp, portOrAlias: postgres, upstream: {url: 'tcp://api:8080'}}
+---
+metadata: {name: pg2, namespace: shop, creationTimestamp: '2026-01-02T00:00:00Z'}
+spec: {protocol: tcp, portOrAlias: postgres, upstream: {url: 'tcp://api:8080'}}
+---
+metadata: {name: steal, namespace: shop}
+spec: {protocol: tcp, portOrAlias: redis, upstream: {url: 'tcp://api:8080'}}
+---
+metadata: {name: account, namespace: shop}
+spec: {protocol: tcp, portOrAlias: mqtt, upstream: {url: 'tcp://api:8080'}}
+",
+        );
+        let inputs = Inputs {
+            tunnels: &tunnels,
+            tcp_endpoints: &endpoints,
+            ..Inputs::default()
+        };
+        let mut options = PlanOptions::cluster("tuna.test");
+        let cluster = plan(&inputs, &services(SERVICES), &options);
+        let mut got = reasons(&cluster);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("Tunnel shop/pg2".to_owned(), "TcpEndpointInUse"),
+                (
+                    "Tunnel shop/steal".to_owned(),
+                    "TcpEndpointOwnedByOtherNamespace"
+                ),
+            ]
+        );
+        assert_eq!(cluster.tcp.len(), 2);
+        options.require_tcp_endpoint_objects = true;
+        let standalone = plan(&inputs, &services(SERVICES), &options);
+        assert!(
+            reasons(&standalone)
+                .contains(&("Tunnel shop/account".to_owned(), "TcpEndpointNotFound"))
+        );
+    }
+}
