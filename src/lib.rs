@@ -7,8 +7,11 @@
 pub mod cluster;
 pub mod crdgen;
 pub mod desired;
+pub mod edge_api;
 pub mod explain;
 pub mod manifest;
+pub mod publisher;
 pub mod standalone;
 pub mod telemetry;
 pub mod translate;
+pub mod transport;

@@ -474,26 +474,36 @@ fn data_dir_keeps_tcp_ports() {
     std::fs::write(&file, r#"{"echo": 30005}"#).unwrap();
     let embedded = tuna_operator::standalone::edge::Embedded::open(
         tuna_tunnel::edge::MemoryAuthority::new(),
+        "localhost",
         30000..=30010,
         dir.path(),
     )
     .unwrap();
-    let control = tuna_operator::standalone::edge::EdgeControl::Embedded(embedded);
+    let edge: &dyn tuna_operator::edge_api::EdgeApi = &embedded;
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let (alias, port, existed) = rt
-        .block_on(control.reserve_tcp(Some("echo"), None))
-        .unwrap();
-    assert_eq!((alias.as_str(), port, existed), ("echo", 30005, true));
-    let (_, port, existed) = rt
-        .block_on(control.reserve_tcp(Some("other"), None))
-        .unwrap();
-    assert_eq!((port, existed), (30000, false));
-    let (_, port, _) = rt.block_on(control.reserve_tcp(None, Some(30009))).unwrap();
-    assert_eq!(port, 30009);
+    let reserve = |alias: &str, port: Option<u16>| {
+        rt.block_on(
+            edge.ensure_tcp_endpoint(&tuna_tunnel::api::CreateTcpEndpoint {
+                alias: alias.into(),
+                port,
+            }),
+        )
+    };
+    let r = reserve("echo", None).unwrap();
+    assert_eq!(
+        (r.object.alias.as_str(), r.object.port, r.adopted),
+        ("echo", 30005, true)
+    );
+    let r = reserve("other", None).unwrap();
+    assert_eq!((r.object.port, r.adopted), (30000, false));
+    assert_eq!(
+        reserve("port-30009", Some(30009)).unwrap().object.port,
+        30009
+    );
     assert!(
-        rt.block_on(control.reserve_tcp(None, Some(40000))).is_err(),
+        reserve("port-40000", Some(40000)).is_err(),
         "ports outside the range are refused"
     );
     let saved: BTreeMap<String, u16> =

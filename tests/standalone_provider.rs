@@ -336,24 +336,17 @@ fn diff_touches_only_what_changed() {
             Change::TcpRemoved { tunnel, previous } => {
                 format!("tcp remove {tunnel} {}", previous.endpoint)
             }
-            Change::TunnelAdded(t) => format!("tunnel add {}/{}", t.namespace, t.name),
-            Change::TunnelRemoved(t) => format!("tunnel remove {}/{}", t.namespace, t.name),
         })
         .collect();
     assert_eq!(
         summary,
         [
-            "tunnel remove default/echo",
             "tcp remove default/echo alias echo",
             "set shop.localhost /v2,/"
         ]
     );
     let back = diff(&after, &before);
     assert!(back.iter().any(|c| matches!(c, Change::TcpSet { tcp, previous: None, .. } if tcp.endpoint == PortOrAlias::Alias("echo".into()))));
-    assert!(
-        back.iter()
-            .any(|c| matches!(c, Change::TunnelAdded(t) if t.name == "echo"))
-    );
 }
 
 #[test]

@@ -5,7 +5,6 @@
 //! (DESIGN §3: route changes without reconnecting).
 
 use super::desired::{DesiredState, HttpRouteSpec, PublishedTcp};
-use crate::translate::tunnel::DesiredTunnel;
 
 /// One change to apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,10 +37,6 @@ pub enum Change {
         /// What was published.
         previous: PublishedTcp,
     },
-    /// A Tunnel appeared: it needs a token.
-    TunnelAdded(DesiredTunnel),
-    /// A Tunnel disappeared: its token must be revoked.
-    TunnelRemoved(DesiredTunnel),
 }
 
 /// Changes turning `old` into `new`: removals first (so a host or port moving
@@ -49,11 +44,6 @@ pub enum Change {
 /// additions, each in key order.
 pub fn diff(old: &DesiredState, new: &DesiredState) -> Vec<Change> {
     let mut changes = Vec::new();
-    for (key, tunnel) in &old.tunnels {
-        if !new.tunnels.contains_key(key) {
-            changes.push(Change::TunnelRemoved(tunnel.clone()));
-        }
-    }
     for (tunnel, previous) in &old.tcp {
         if !new.tcp.contains_key(tunnel) {
             changes.push(Change::TcpRemoved {
@@ -65,11 +55,6 @@ pub fn diff(old: &DesiredState, new: &DesiredState) -> Vec<Change> {
     for host in old.hosts.keys() {
         if !new.hosts.contains_key(host) {
             changes.push(Change::HostRemoved { host: host.clone() });
-        }
-    }
-    for (key, tunnel) in &new.tunnels {
-        if !old.tunnels.contains_key(key) {
-            changes.push(Change::TunnelAdded(tunnel.clone()));
         }
     }
     for (host, published) in &new.hosts {

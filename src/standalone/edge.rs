@@ -1,20 +1,22 @@
-//! The reservations and tunnel tokens a standalone process needs, from the
-//! embedded edge or from a remote one.
+//! The edge of a standalone process: embedded, or a remote one.
 //!
-//! - **Embedded** ([`EdgeControl::Embedded`]): this process is its own edge. The
-//!   files are the only source of reservations, so the edge's session authority
-//!   is the in-memory one of `tuna-tunnel`: every tunnel gets its own random
-//!   token, good for 24 hours and renewed hourly while the process runs, revoked
-//!   (sessions closed at once) when its resource leaves the files. TCP endpoint
-//!   ports are allocated from `--tcp-port-range` and remembered in
-//!   `<data-dir>/tcp-endpoints.json`, so an alias keeps its port across restarts.
-//!   A custom `domain:` is taken as verified (a plain host has no DNS to check).
-//!   The control plane with its REST API is not used here: its base domain must
-//!   have two labels, and standalone defaults to `localhost`.
-//! - **Remote** ([`EdgeControl::Remote`]): the Tuna REST API of another edge via
-//!   `TunaClient` — domains and TCP endpoints are reserved there (409 means the
-//!   account already holds them: adopted, never released), tokens are created
-//!   with owner labels and revoked through the API.
+//! - **Embedded** ([`Embedded`]): this process is its own edge. The files are
+//!   the only source of reservations, so the edge's session authority is the
+//!   in-memory one of `tuna-tunnel`: every tunnel gets its own random token,
+//!   renewed while the process runs, revoked (sessions closed at once) when its
+//!   resource leaves the files. TCP endpoint ports are allocated from
+//!   `--tcp-port-range` and remembered in `<data-dir>/tcp-endpoints.json`
+//!   (written atomically), so an alias keeps its port across restarts. A custom
+//!   `domain:` is taken as verified (a plain host has no DNS to check). The
+//!   control plane with its REST API is not used here: its base domain must have
+//!   two labels, and standalone defaults to `localhost`.
+//! - **Remote**: [`crate::edge_api::RemoteEdge`] over another edge's REST API —
+//!   domains and TCP endpoints are reserved there (409 means the account already
+//!   holds them: adopted, never released), tokens carry owner labels and this
+//!   instance's id ([`INSTANCE_LABEL`], from `<data-dir>/instance-id`), so that
+//!   [`revoke_orphans`] finds what an earlier run left.
+//!
+//! Both are an [`EdgeApi`]: the runtime does not know which one it talks to.
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
@@ -22,46 +24,51 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+use futures::future::BoxFuture;
 use rand::Rng;
-use tuna_tunnel::api::{Bindings, CreateDomain, CreateTcpEndpoint, CreateToken, RenewToken};
-use tuna_tunnel::api::{ClientError, TunaClient};
+use tuna_tunnel::api::{
+    Bindings, CreateDomain, CreateTcpEndpoint, Domain, DomainKind, DomainStatus, Reserved, Scope,
+    TcpEndpoint, Timestamp, Token, TokenInfo, WhoAmI,
+};
 use tuna_tunnel::edge::MemoryAuthority;
 use tuna_tunnel::wire::{Binding, TunnelToken};
 
 use super::Error;
+use crate::edge_api::{EdgeApi, EdgeError, EdgeResult, MintedToken, gone_is_ok};
 
-/// Lifetime of a tunnel token; renewed at [`TOKEN_RENEW_EVERY`].
-pub const TOKEN_TTL: Duration = Duration::from_secs(24 * 3600);
-/// How often live tokens are renewed.
-pub const TOKEN_RENEW_EVERY: Duration = Duration::from_secs(3600);
 /// Label naming the object a token was made for (finds orphans at the edge).
 pub const OWNER_LABEL: &str = "tuna.am/owner";
+/// Label naming the standalone instance that minted a token.
+pub const INSTANCE_LABEL: &str = "tuna.am/instance";
+/// File in the data dir holding the instance id.
+pub const INSTANCE_FILE: &str = "instance-id";
 /// Account name of the embedded edge.
 const EMBEDDED_ACCOUNT: &str = "standalone";
 /// File of the embedded edge's TCP endpoint allocations.
 pub const TCP_ENDPOINTS_FILE: &str = "tcp-endpoints.json";
 
-/// A token issued for one tunnel.
-#[derive(Debug, Clone)]
-pub struct IssuedToken {
-    /// Its id (what revocation names).
-    pub id: String,
-    /// The secret (masked in `Debug`).
-    pub token: TunnelToken,
+struct LiveToken {
+    token: TunnelToken,
+    bindings: Vec<Binding>,
+    labels: BTreeMap<String, String>,
+    expires_at: SystemTime,
 }
 
-/// The embedded edge's bookkeeping.
+/// The embedded edge's bookkeeping (see the module docs).
 pub struct Embedded {
     authority: MemoryAuthority,
+    base_domain: String,
+    public_host: String,
     ports: RangeInclusive<u16>,
     file: PathBuf,
     allocated: Mutex<BTreeMap<String, u16>>,
-    live: Mutex<BTreeMap<String, (TunnelToken, Vec<Binding>)>>,
+    live: Mutex<BTreeMap<String, LiveToken>>,
 }
 
 impl std::fmt::Debug for Embedded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Embedded")
+            .field("base_domain", &self.base_domain)
             .field("ports", &self.ports)
             .field("file", &self.file)
             .field("allocated", &self.allocated)
@@ -73,10 +80,23 @@ impl std::fmt::Debug for Embedded {
     }
 }
 
+fn embedded_error(
+    what: impl Into<String>,
+    message: impl Into<String>,
+    retryable: bool,
+) -> EdgeError {
+    EdgeError::Embedded {
+        what: what.into(),
+        message: message.into(),
+        retryable,
+    }
+}
+
 impl Embedded {
     /// Opens the allocations in `data_dir`; the authority is shared with the edge.
     pub fn open(
         authority: MemoryAuthority,
+        base_domain: &str,
         ports: RangeInclusive<u16>,
         data_dir: &Path,
     ) -> Result<Self, Error> {
@@ -96,6 +116,8 @@ impl Embedded {
         };
         let embedded = Self {
             authority,
+            base_domain: base_domain.to_ascii_lowercase(),
+            public_host: base_domain.to_ascii_lowercase(),
             ports,
             file,
             allocated: Mutex::new(BTreeMap::new()),
@@ -115,82 +137,89 @@ impl Embedded {
         Ok(embedded)
     }
 
-    fn save(&self, allocated: &BTreeMap<String, u16>) -> Result<(), Error> {
+    fn save(&self, allocated: &BTreeMap<String, u16>) -> EdgeResult<()> {
         let text =
             serde_json::to_string_pretty(allocated).expect("a map of strings to ports serializes");
-        std::fs::write(&self.file, text).map_err(|source| Error::Io {
-            path: self.file.clone(),
-            source,
+        tuna_tunnel::fsutil::write_atomically(&self.file, text.as_bytes()).map_err(|e| {
+            embedded_error(
+                format!("writing {}", self.file.display()),
+                e.to_string(),
+                true,
+            )
         })
     }
-}
 
-/// A remote edge's REST API.
-#[derive(Debug)]
-pub struct Remote {
-    client: TunaClient,
-    instance: String,
-}
-
-impl Remote {
-    /// Wraps a client. `instance` names this standalone process at the edge
-    /// (label [`INSTANCE_LABEL`] on its tokens), so that tokens left behind by a
-    /// crash can be found and revoked at the next start.
-    pub fn new(client: TunaClient, instance: impl Into<String>) -> Self {
-        Self {
-            client,
-            instance: instance.into(),
+    fn domain(&self, name: String, kind: DomainKind) -> Domain {
+        Domain {
+            name,
+            kind,
+            account: EMBEDDED_ACCOUNT.to_owned(),
+            status: DomainStatus::Verified,
+            dns_records: Vec::new(),
+            created_at: Timestamp::now(),
+            verified_at: Some(Timestamp::now()),
+            verification_message: None,
         }
     }
 
-    /// Revokes the tokens an earlier run of this instance left at the edge (it
-    /// was killed, or files changed while it was down): every run mints its own.
-    pub async fn revoke_orphans(&self) -> Result<usize, Error> {
-        let selector = format!("{INSTANCE_LABEL}={}", self.instance);
-        let tokens = self
-            .client
-            .list_tokens(&selector)
-            .await
-            .map_err(|e| remote("listing tunnel tokens", e))?;
-        let mut revoked = 0;
-        for t in tokens.into_iter().filter(|t| !t.expired) {
-            match self.client.revoke_token(&t.id).await {
-                Ok(()) | Err(ClientError::NotFound { .. }) => revoked += 1,
-                Err(e) => return Err(remote("revoking an orphaned tunnel token", e)),
+    fn endpoint(&self, alias: String, port: u16) -> TcpEndpoint {
+        TcpEndpoint {
+            address: format!("{}:{port}", self.public_host),
+            alias,
+            port,
+            account: EMBEDDED_ACCOUNT.to_owned(),
+            created_at: Timestamp::now(),
+        }
+    }
+
+    fn reserve_tcp(&self, request: &CreateTcpEndpoint) -> EdgeResult<Reserved<TcpEndpoint>> {
+        let what = format!("reserving TCP endpoint {}", request.alias);
+        let mut allocated = self.allocated.lock().expect("allocations lock");
+        if let Some(existing) = allocated.get(&request.alias) {
+            return Ok(Reserved {
+                object: self.endpoint(request.alias.clone(), *existing),
+                adopted: true,
+            });
+        }
+        let port = match request.port {
+            Some(p) if !self.ports.contains(&p) => {
+                return Err(embedded_error(
+                    what,
+                    format!(
+                        "port {p} is outside --tcp-port-range {}-{}",
+                        self.ports.start(),
+                        self.ports.end()
+                    ),
+                    false,
+                ));
             }
-        }
-        Ok(revoked)
+            Some(p) => p,
+            None => {
+                let used: std::collections::BTreeSet<u16> = allocated.values().copied().collect();
+                self.ports
+                    .clone()
+                    .find(|p| !used.contains(p))
+                    .ok_or_else(|| {
+                        embedded_error(
+                            what.clone(),
+                            format!(
+                                "no free port left in --tcp-port-range {}-{}",
+                                self.ports.start(),
+                                self.ports.end()
+                            ),
+                            true,
+                        )
+                    })?
+            }
+        };
+        allocated.insert(request.alias.clone(), port);
+        self.save(&allocated)?;
+        self.authority.add_tcp_alias(&request.alias, port);
+        Ok(Reserved {
+            object: self.endpoint(request.alias.clone(), port),
+            adopted: false,
+        })
     }
-}
-
-/// Label naming the standalone instance that minted a token.
-pub const INSTANCE_LABEL: &str = "tuna.am/instance";
-
-/// File in the data dir holding the instance id.
-pub const INSTANCE_FILE: &str = "instance-id";
-
-/// The id of the standalone instance using `data_dir`, created on first use
-/// (`standalone-<16 hex>`), so a restart recognises the tokens it minted before.
-pub fn instance_id(data_dir: &Path) -> Result<String, Error> {
-    let file = data_dir.join(INSTANCE_FILE);
-    match std::fs::read_to_string(&file) {
-        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => return Err(Error::Io { path: file, source }),
-    }
-    let id = format!("standalone-{}", random_hex(8));
-    std::fs::write(&file, &id).map_err(|source| Error::Io { path: file, source })?;
-    Ok(id)
-}
-
-/// Where reservations and tokens come from (see the module docs).
-#[derive(Debug)]
-pub enum EdgeControl {
-    /// This process's own edge.
-    Embedded(Embedded),
-    /// Another edge's REST API.
-    Remote(Remote),
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -200,239 +229,216 @@ fn random_hex(bytes: usize) -> String {
         .collect()
 }
 
-fn remote(what: &str, e: ClientError) -> Error {
-    Error::Edge(format!("{what}: {e}"))
+fn unix(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
-impl EdgeControl {
-    /// Reserves a host (remote only: the embedded edge trusts its files). Returns
-    /// whether the reservation already existed (adopted).
-    pub async fn reserve_host(
-        &self,
-        subdomain: Option<&str>,
-        domain: Option<&str>,
-    ) -> Result<bool, Error> {
-        match self {
-            Self::Embedded(_) => Ok(false),
-            Self::Remote(r) => {
-                let request = CreateDomain {
-                    subdomain: subdomain.map(str::to_owned),
-                    domain: domain.map(str::to_owned),
-                };
-                match r.client.create_domain(&request).await {
-                    Ok(_) => Ok(false),
-                    Err(ClientError::AlreadyExists { .. }) => Ok(true),
-                    Err(e) => Err(remote("reserving a domain", e)),
+fn bindings_of(bindings: &[Binding]) -> Bindings {
+    let mut out = Bindings::default();
+    for b in bindings {
+        match b {
+            Binding::Http { host } => out.hosts.push(host.clone()),
+            Binding::Tcp { endpoint } => out.tcp_endpoints.push(endpoint.clone()),
+        }
+    }
+    out
+}
+
+impl EdgeApi for Embedded {
+    fn whoami(&self) -> BoxFuture<'_, EdgeResult<WhoAmI>> {
+        Box::pin(async move {
+            Ok(WhoAmI {
+                account: EMBEDDED_ACCOUNT.to_owned(),
+                key_id: "embedded".to_owned(),
+                scopes: vec![Scope::Full],
+                base_domain: self.base_domain.clone(),
+                public_host: self.public_host.clone(),
+            })
+        })
+    }
+
+    fn ensure_domain<'a>(
+        &'a self,
+        request: &'a CreateDomain,
+    ) -> BoxFuture<'a, EdgeResult<Reserved<Domain>>> {
+        Box::pin(async move {
+            let domain = match (&request.subdomain, &request.domain) {
+                (Some(sub), None) => self.domain(
+                    format!("{}.{}", sub.to_ascii_lowercase(), self.base_domain),
+                    DomainKind::Subdomain,
+                ),
+                (None, Some(custom)) => {
+                    self.domain(custom.to_ascii_lowercase(), DomainKind::Custom)
                 }
+                _ => {
+                    return Err(embedded_error(
+                        "reserving a domain",
+                        "give exactly one of subdomain and domain",
+                        false,
+                    ));
+                }
+            };
+            Ok(Reserved {
+                object: domain,
+                adopted: false,
+            })
+        })
+    }
+
+    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<Domain>> {
+        Box::pin(async move { Ok(self.domain(name.to_owned(), DomainKind::Custom)) })
+    }
+
+    fn list_domains(&self) -> BoxFuture<'_, EdgeResult<Vec<Domain>>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn delete_domain<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn ensure_tcp_endpoint<'a>(
+        &'a self,
+        request: &'a CreateTcpEndpoint,
+    ) -> BoxFuture<'a, EdgeResult<Reserved<TcpEndpoint>>> {
+        Box::pin(async move { self.reserve_tcp(request) })
+    }
+
+    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+        Box::pin(async move {
+            let mut allocated = self.allocated.lock().expect("allocations lock");
+            if allocated.remove(alias).is_some() {
+                self.save(&allocated)?;
             }
-        }
+            Ok(())
+        })
     }
 
-    /// Releases a host reserved by [`EdgeControl::reserve_host`] (remote only).
-    pub async fn release_host(&self, fqdn: &str) -> Result<(), Error> {
-        match self {
-            Self::Embedded(_) => Ok(()),
-            Self::Remote(r) => match r.client.delete_domain(fqdn).await {
-                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
-                Err(e) => Err(remote("releasing a domain", e)),
-            },
-        }
+    fn create_token<'a>(
+        &'a self,
+        labels: &'a BTreeMap<String, String>,
+        bindings: &'a [Binding],
+        ttl: Duration,
+    ) -> BoxFuture<'a, EdgeResult<MintedToken>> {
+        Box::pin(async move {
+            let id = format!("tok_{}", random_hex(8));
+            let token = TunnelToken::new(format!("tt_{}", random_hex(24)));
+            let expires_at = SystemTime::now() + ttl;
+            self.authority
+                .add_token(&id, &token, EMBEDDED_ACCOUNT, expires_at, bindings.to_vec());
+            self.live.lock().expect("token lock").insert(
+                id.clone(),
+                LiveToken {
+                    token: token.clone(),
+                    bindings: bindings.to_vec(),
+                    labels: labels.clone(),
+                    expires_at,
+                },
+            );
+            Ok(MintedToken {
+                id,
+                token,
+                expires_at: unix(expires_at),
+            })
+        })
     }
 
-    /// Reserves a TCP endpoint by alias (a port is allocated) or by port (an
-    /// alias `port-<n>` is made up). Returns the alias, the public port and whether
-    /// it already existed.
-    pub async fn reserve_tcp(
-        &self,
-        alias: Option<&str>,
-        port: Option<u16>,
-    ) -> Result<(String, u16, bool), Error> {
-        let alias = match (alias, port) {
-            (Some(a), _) => a.to_owned(),
-            (None, Some(p)) => format!("port-{p}"),
-            (None, None) => {
-                return Err(Error::Edge(
-                    "a TCP endpoint needs an alias or a port".into(),
+    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, EdgeResult<i64>> {
+        Box::pin(async move {
+            let mut live = self.live.lock().expect("token lock");
+            let Some(entry) = live.get_mut(id) else {
+                return Err(embedded_error(
+                    format!("renewing tunnel token {id}"),
+                    "no such token",
+                    false,
                 ));
-            }
-        };
-        match self {
-            Self::Embedded(e) => {
-                let mut allocated = e.allocated.lock().expect("allocations lock");
-                if let Some(existing) = allocated.get(&alias) {
-                    return Ok((alias.clone(), *existing, true));
-                }
-                let port = match port {
-                    Some(p) if !e.ports.contains(&p) => {
-                        return Err(Error::Edge(format!(
-                            "port {p} is outside --tcp-port-range {}-{}",
-                            e.ports.start(),
-                            e.ports.end()
-                        )));
-                    }
-                    Some(p) => p,
-                    None => {
-                        let used: std::collections::BTreeSet<u16> =
-                            allocated.values().copied().collect();
-                        e.ports.clone().find(|p| !used.contains(p)).ok_or_else(|| {
-                            Error::Edge(format!(
-                                "no free port left in --tcp-port-range {}-{}",
-                                e.ports.start(),
-                                e.ports.end()
-                            ))
-                        })?
-                    }
-                };
-                allocated.insert(alias.clone(), port);
-                e.save(&allocated)?;
-                e.authority.add_tcp_alias(&alias, port);
-                Ok((alias, port, false))
-            }
-            Self::Remote(r) => {
-                let request = CreateTcpEndpoint {
-                    alias: alias.clone(),
-                    port,
-                };
-                match r.client.create_tcp_endpoint(&request).await {
-                    Ok(ep) => Ok((ep.alias, ep.port, false)),
-                    Err(e @ ClientError::AlreadyExists { .. }) => {
-                        let existing: Option<tuna_tunnel::api::TcpEndpoint> = e.existing();
-                        match existing {
-                            Some(ep) => Ok((ep.alias, ep.port, true)),
-                            None => {
-                                let ep = r
-                                    .client
-                                    .get_tcp_endpoint(&alias)
-                                    .await
-                                    .map_err(|e| remote("reading a TCP endpoint", e))?;
-                                Ok((ep.alias, ep.port, true))
-                            }
-                        }
-                    }
-                    Err(e) => Err(remote("reserving a TCP endpoint", e)),
-                }
-            }
-        }
+            };
+            entry.expires_at = SystemTime::now() + ttl;
+            self.authority.add_token(
+                id,
+                &entry.token,
+                EMBEDDED_ACCOUNT,
+                entry.expires_at,
+                entry.bindings.clone(),
+            );
+            Ok(unix(entry.expires_at))
+        })
     }
 
-    /// Releases a TCP endpoint (its port may be given to another alias later).
-    pub async fn release_tcp(&self, alias: &str) -> Result<(), Error> {
-        match self {
-            Self::Embedded(e) => {
-                let mut allocated = e.allocated.lock().expect("allocations lock");
-                if allocated.remove(alias).is_some() {
-                    e.save(&allocated)?;
-                }
-                Ok(())
-            }
-            Self::Remote(r) => match r.client.delete_tcp_endpoint(alias).await {
-                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
-                Err(e) => Err(remote("releasing a TCP endpoint", e)),
-            },
-        }
+    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+        Box::pin(async move {
+            self.live.lock().expect("token lock").remove(id);
+            self.authority.revoke(id);
+            Ok(())
+        })
     }
 
-    /// Issues a token for one tunnel, allowed exactly `bindings`.
-    pub async fn create_token(
-        &self,
-        owner: &str,
-        bindings: &[Binding],
-    ) -> Result<IssuedToken, Error> {
-        match self {
-            Self::Embedded(e) => {
-                let id = format!("tok_{}", random_hex(8));
-                let token = TunnelToken::new(format!("tt_{}", random_hex(24)));
-                e.authority.add_token(
-                    &id,
-                    &token,
-                    EMBEDDED_ACCOUNT,
-                    SystemTime::now() + TOKEN_TTL,
-                    bindings.to_vec(),
-                );
-                e.live
-                    .lock()
-                    .expect("token lock")
-                    .insert(id.clone(), (token.clone(), bindings.to_vec()));
-                Ok(IssuedToken { id, token })
-            }
-            Self::Remote(r) => {
-                let mut request = CreateToken::default();
-                request
-                    .labels
-                    .insert(OWNER_LABEL.to_owned(), owner_label(owner));
-                request
-                    .labels
-                    .insert(INSTANCE_LABEL.to_owned(), r.instance.clone());
-                for b in bindings {
-                    match b {
-                        Binding::Http { host } => request.bindings.hosts.push(host.clone()),
-                        Binding::Tcp { endpoint } => {
-                            request.bindings.tcp_endpoints.push(endpoint.clone())
-                        }
-                    }
-                }
-                request.ttl_seconds = Some(TOKEN_TTL.as_secs());
-                let created = r
-                    .client
-                    .create_token(&request)
-                    .await
-                    .map_err(|e| remote("creating a tunnel token", e))?;
-                Ok(IssuedToken {
-                    id: created.id,
-                    token: TunnelToken::new(created.token.expose()),
+    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, EdgeResult<Vec<Token>>> {
+        Box::pin(async move {
+            let terms: Vec<(&str, &str)> = selector
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .filter_map(|t| t.split_once('='))
+                .collect();
+            let now = SystemTime::now();
+            let live = self.live.lock().expect("token lock");
+            Ok(live
+                .iter()
+                .filter(|(_, t)| {
+                    terms
+                        .iter()
+                        .all(|(k, v)| t.labels.get(*k).is_some_and(|x| x == v))
                 })
-            }
-        }
+                .map(|(id, t)| Token {
+                    id: id.clone(),
+                    expires_at: Timestamp(unix(t.expires_at)),
+                    expired: t.expires_at <= now,
+                    info: TokenInfo {
+                        labels: t.labels.clone(),
+                        bindings: bindings_of(&t.bindings),
+                        account: EMBEDDED_ACCOUNT.to_owned(),
+                        created_at: Timestamp::now(),
+                    },
+                })
+                .collect())
+        })
     }
+}
 
-    /// Revokes a token: sessions opened with it close at once.
-    pub async fn revoke_token(&self, id: &str) -> Result<(), Error> {
-        match self {
-            Self::Embedded(e) => {
-                e.live.lock().expect("token lock").remove(id);
-                e.authority.revoke(id);
-                Ok(())
-            }
-            Self::Remote(r) => match r.client.revoke_token(id).await {
-                Ok(()) | Err(ClientError::NotFound { .. }) => Ok(()),
-                Err(e) => Err(remote("revoking a tunnel token", e)),
-            },
-        }
+/// The id of the standalone instance using `data_dir`, created on first use
+/// (`standalone-<16 hex>`, written atomically), so a restart recognises the
+/// tokens it minted before.
+pub fn instance_id(data_dir: &Path) -> Result<String, Error> {
+    let file = data_dir.join(INSTANCE_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(Error::Io { path: file, source }),
     }
+    let id = format!("standalone-{}", random_hex(8));
+    tuna_tunnel::fsutil::write_atomically(&file, id.as_bytes())
+        .map_err(|source| Error::Io { path: file, source })?;
+    Ok(id)
+}
 
-    /// Extends the life of live tokens by [`TOKEN_TTL`].
-    pub async fn renew_token(&self, id: &str) -> Result<(), Error> {
-        match self {
-            Self::Embedded(e) => {
-                let live = e.live.lock().expect("token lock").get(id).cloned();
-                if let Some((token, bindings)) = live {
-                    e.authority.add_token(
-                        id,
-                        &token,
-                        EMBEDDED_ACCOUNT,
-                        SystemTime::now() + TOKEN_TTL,
-                        bindings,
-                    );
-                }
-                Ok(())
-            }
-            Self::Remote(r) => {
-                let request = RenewToken {
-                    ttl_seconds: Some(TOKEN_TTL.as_secs()),
-                };
-                r.client
-                    .renew_token(id, &request)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| remote("renewing a tunnel token", e))
-            }
-        }
+/// Revokes the tokens an earlier run of `instance` left at the edge (it was
+/// killed, or files changed while it was down): every run mints its own.
+pub async fn revoke_orphans(edge: &dyn EdgeApi, instance: &str) -> EdgeResult<usize> {
+    let selector = format!("{INSTANCE_LABEL}={instance}");
+    let tokens = edge.list_tokens(&selector).await?;
+    let mut revoked = 0;
+    for t in tokens.into_iter().filter(|t| !t.expired) {
+        gone_is_ok(edge.revoke_token(&t.id).await)?;
+        revoked += 1;
     }
+    Ok(revoked)
 }
 
 /// Label values are at most 63 characters of `A-Za-z0-9-_.`: `Ingress
 /// default/shop` becomes `Ingress.default.shop`.
-fn owner_label(owner: &str) -> String {
+pub fn owner_label(owner: &str) -> String {
     let clean: String = owner
         .chars()
         .map(|c| {
@@ -445,18 +451,6 @@ fn owner_label(owner: &str) -> String {
         .take(63)
         .collect();
     clean.trim_matches('.').to_owned()
-}
-
-/// Bindings helper for tests and callers that build token requests.
-pub fn bindings_of(bindings: &[Binding]) -> Bindings {
-    let mut out = Bindings::default();
-    for b in bindings {
-        match b {
-            Binding::Http { host } => out.hosts.push(host.clone()),
-            Binding::Tcp { endpoint } => out.tcp_endpoints.push(endpoint.clone()),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,24 +1,25 @@
-//! The standalone process: embedded edge (or a remote one), one agent session per
-//! published host or TCP endpoint, the proxy core, and the file watcher that
-//! applies changes live.
+//! The standalone process: embedded edge (or a remote one), the publisher
+//! (proxy core + tunnels), and the file watcher that applies changes live.
 //!
 //! # Shape
 //!
 //! ```text
-//! client ─► edge (public HTTP / TCP listeners) ══ agent session per tunnel ══► proxy core ─► backend
-//!                     ▲ tokens, TCP ports                  ▲ set_host_routes / set_tcp_service
-//!                EdgeControl ◄──────────── Runtime::apply(changes) ◄── FileProvider::poll
+//! client ─► edge (public HTTP / TCP listeners) ══ tunnels ══► proxy core ─► backend
+//!              ▲ reservations, tokens                ▲ publish / unpublish
+//!           EdgeApi ◄──── Runtime::apply(changes) ───┘ ◄── FileProvider::poll
 //! ```
 //!
-//! - **One tunnel per host / TCP endpoint, one token per tunnel** (DESIGN §3): a
-//!   host published by Ingresses or by an http Tunnel gets an agent session bound
-//!   to that host alone, with a token allowed only that binding; a tcp Tunnel gets
+//! - **One tunnel per host / TCP endpoint, one token per tunnel** (DESIGN §3):
+//!   a host published by Ingresses or by an http Tunnel gets a tunnel bound to
+//!   that host alone, with a token allowed only that binding; a tcp Tunnel gets
 //!   one bound to its endpoint.
-//! - **Route changes never reconnect.** A changed path or upstream only swaps the
-//!   host's routes in the proxy core; the session keeps its id.
-//! - **Removal revokes.** When a host or TCP endpoint leaves the files, its agent
-//!   stops, its token is revoked at the edge (any session still using it is
-//!   closed by the edge), and the proxy forgets its routes.
+//! - **Route changes never reconnect.** A changed path or upstream only swaps
+//!   the host's routes in the proxy core.
+//! - **Removal revokes.** When a host or TCP endpoint leaves the files, its
+//!   tunnel stops, its token is revoked at the edge (any session still using it
+//!   is closed by the edge), and the proxy forgets its routes.
+//! - **No lock across an await.** One task owns the runtime and applies
+//!   changes; readers see snapshots published on a watch channel.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -27,29 +28,31 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Mutex, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tuna_proxy::{
-    ConnInfo, HttpBackend, HttpRoute, ProxyConfig, ProxyCore, Scheme, TcpLimits, TcpUpstream,
-    TlsUpstream, UpstreamProtocol,
-};
-use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle, Trust};
+use tuna_crds::ReclaimPolicy;
+use tuna_proxy::{ProxyConfig, ProxyCore};
+use tuna_tunnel::agent::{AgentConfig, Trust};
+use tuna_tunnel::api::{CreateDomain, CreateTcpEndpoint};
 use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
-use tuna_tunnel::mux::MuxStream;
-use tuna_tunnel::wire::{Binding, StreamKind, StreamMeta, TunnelToken};
+use tuna_tunnel::wire::TunnelToken;
 
 use super::Error;
 use super::desired::{DesiredOptions, DesiredState, HttpRouteSpec, PublishedTcp, SkippedItem};
 use super::diff::{Change, diff};
-use super::edge::{EdgeControl, Embedded, IssuedToken, Remote, TOKEN_RENEW_EVERY};
+use super::edge::{
+    Embedded, INSTANCE_LABEL, OWNER_LABEL, instance_id, owner_label, revoke_orphans,
+};
 use super::provider::FileProvider;
 use super::report::{PublicAddresses, render};
-use crate::translate::service::{ResolvedUpstream, UpstreamScheme};
+use crate::edge_api::{EdgeApi, RemoteEdge as RemoteEdgeApi, gone_is_ok};
+pub use crate::publisher::TunnelKey;
+use crate::publisher::{Publisher, Serving, TunnelSpec, TunnelState};
 use crate::translate::tunnel::PortOrAlias;
-use tuna_crds::ReclaimPolicy;
+use crate::transport::SessionPerTunnel;
 
-/// How long a new tunnel may take to connect before it is reported as not
-/// (yet) connected; it keeps retrying in the background.
+/// How long applying a change waits for new tunnels to connect before it
+/// reports them as not (yet) connected; they keep retrying in the background.
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// A remote edge to use instead of the embedded one.
@@ -107,33 +110,6 @@ impl StandaloneConfig {
     }
 }
 
-/// What a tunnel session serves.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum TunnelKey {
-    /// An HTTP host.
-    Host(String),
-    /// A tcp Tunnel, `namespace/name`.
-    Tcp(String),
-}
-
-impl std::fmt::Display for TunnelKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Host(h) => write!(f, "host {h}"),
-            Self::Tcp(t) => write!(f, "tcp Tunnel {t}"),
-        }
-    }
-}
-
-struct Session {
-    token: IssuedToken,
-    agent: AgentHandle,
-    /// For TCP: the endpoint key the proxy core knows the service by.
-    tcp_key: Option<String>,
-    /// For TCP: the public address.
-    tcp_addr: Option<SocketAddr>,
-}
-
 /// How a reservation came to be, deciding whether removal releases it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Reservation {
@@ -149,15 +125,21 @@ impl Reservation {
     }
 }
 
+/// What readers of a running process see.
+#[derive(Debug, Clone, Default)]
+struct Snapshot {
+    report: String,
+    state: DesiredState,
+    tcp: BTreeMap<String, SocketAddr>,
+}
+
 struct Runtime {
-    proxy: ProxyCore,
-    control: EdgeControl,
-    agent_addr: String,
-    trust: Trust,
-    server_name: Option<String>,
+    publisher: Publisher,
+    edge: Arc<dyn EdgeApi>,
+    /// Labels every token carries besides its owner (the remote instance id).
+    labels: BTreeMap<String, String>,
     public_http_port: Option<u16>,
     tcp_host: IpAddr,
-    sessions: BTreeMap<TunnelKey, Session>,
     provider: FileProvider,
     /// Problems found while applying (unresolvable upstream, edge refusal…).
     problems: Vec<SkippedItem>,
@@ -165,60 +147,29 @@ struct Runtime {
     hosts_reserved: BTreeMap<String, Reservation>,
     /// TCP endpoints reserved at the edge (alias → how).
     tcp_reserved: BTreeMap<String, Reservation>,
-    report: String,
+    /// tcp Tunnel → its public address.
+    tcp_addrs: BTreeMap<String, SocketAddr>,
 }
 
 /// A running standalone process (see the module docs). Dropping it stops
 /// everything without waiting; [`Standalone::shutdown`] revokes tokens and waits.
 pub struct Standalone {
-    runtime: Arc<Mutex<Runtime>>,
+    publisher: Publisher,
     edge: Option<EdgeHandle>,
     http_addr: Option<SocketAddr>,
     agent_addr: String,
     ca_file: Option<PathBuf>,
+    snapshot: watch::Receiver<Snapshot>,
     generation: watch::Receiver<u64>,
     stop: CancellationToken,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
-fn to_proxy_scheme(s: tuna_tunnel::wire::Scheme) -> Scheme {
-    match s {
-        tuna_tunnel::wire::Scheme::Http => Scheme::Http,
-        tuna_tunnel::wire::Scheme::Https => Scheme::Https,
+fn tcp_alias(endpoint: &PortOrAlias) -> String {
+    match endpoint {
+        PortOrAlias::Port(p) => format!("port-{p}"),
+        PortOrAlias::Alias(a) => a.clone(),
     }
-}
-
-async fn resolve(upstream: &ResolvedUpstream) -> Result<Vec<SocketAddr>, String> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((upstream.host.as_str(), upstream.port))
-        .await
-        .map_err(|e| format!("cannot resolve {}: {e}", upstream.authority()))?
-        .collect();
-    if addrs.is_empty() {
-        return Err(format!("{} resolves to no address", upstream.authority()));
-    }
-    Ok(addrs)
-}
-
-async fn http_route(spec: &HttpRouteSpec) -> Result<HttpRoute, String> {
-    let addrs = resolve(&spec.backend).await?;
-    let protocol = match spec.backend.scheme {
-        UpstreamScheme::Https => UpstreamProtocol::Tls(TlsUpstream {
-            sni: spec.backend.host.clone(),
-            // A Service stands for workloads that often use self-signed
-            // certificates; a literal external host is verified.
-            verify: spec.backend.service.is_none() && spec.backend.host.parse::<IpAddr>().is_err(),
-            h2: false,
-        }),
-        _ if spec.backend.is_h2c() => UpstreamProtocol::H2c,
-        _ => UpstreamProtocol::Http1,
-    };
-    Ok(HttpRoute {
-        path: spec.path.clone(),
-        path_type: spec.path_type,
-        backend: HttpBackend { addrs, protocol },
-        origin: spec.origin.clone(),
-        tie_break: spec.tie_break.clone(),
-    })
 }
 
 fn tcp_key(endpoint: &PortOrAlias) -> String {
@@ -239,88 +190,14 @@ impl Runtime {
         });
     }
 
-    fn start_agent(&self, token: &TunnelToken, binding: Binding) -> Result<AgentHandle, Error> {
-        let mut config =
-            AgentConfig::new(self.agent_addr.clone(), token.clone(), self.trust.clone());
-        config.server_name = self.server_name.clone();
-        config.bindings = vec![binding];
-        config.agent_name = format!("tuna-operator-standalone/{}", env!("CARGO_PKG_VERSION"));
-        let proxy = self.proxy.clone();
-        Agent::start(config, move |stream: MuxStream, meta: StreamMeta| {
-            let proxy = proxy.clone();
-            tokio::spawn(async move {
-                match meta.kind {
-                    StreamKind::Http { scheme, .. } => {
-                        let info = ConnInfo {
-                            client_addr: meta.client_addr,
-                            local_addr: None,
-                            scheme: to_proxy_scheme(scheme),
-                            trusted: true,
-                        };
-                        proxy.serve_stream(stream, info).await;
-                    }
-                    StreamKind::Tcp { endpoint, .. } => {
-                        let info = ConnInfo {
-                            client_addr: meta.client_addr,
-                            local_addr: None,
-                            scheme: Scheme::Http,
-                            trusted: true,
-                        };
-                        if let Err(e) = proxy.serve_tcp_stream(&endpoint, stream, info).await {
-                            tracing::debug!(%endpoint, error = %e, "tcp stream ended");
-                        }
-                    }
-                }
-            });
-        })
-        .map_err(|e| Error::Edge(format!("starting an agent: {e}")))
-    }
-
-    async fn open_session(
-        &mut self,
-        key: &TunnelKey,
-        binding: Binding,
-        owner: &str,
-    ) -> Result<(), Error> {
-        let token = self
-            .control
-            .create_token(owner, std::slice::from_ref(&binding))
-            .await?;
-        let agent = match self.start_agent(&token.token, binding) {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = self.control.revoke_token(&token.id).await;
-                return Err(e);
-            }
-        };
-        if tokio::time::timeout(CONNECT_WAIT, agent.connected())
-            .await
-            .is_err()
-        {
-            let status = agent.status().borrow().clone();
-            self.problem(key.to_string(), "TunnelNotConnected", format!("still connecting after {CONNECT_WAIT:?} ({status:?}); retrying in the background"));
-        }
-        self.sessions.insert(
-            key.clone(),
-            Session {
-                token,
-                agent,
-                tcp_key: None,
-                tcp_addr: None,
-            },
-        );
-        Ok(())
-    }
-
-    async fn close_session(&mut self, key: &TunnelKey) {
-        if let Some(session) = self.sessions.remove(key) {
-            session.agent.shutdown().await;
-            if let Err(e) = self.control.revoke_token(&session.token.id).await {
-                self.problem(key.to_string(), "TokenNotRevoked", e.to_string());
-            }
-            if let Some(k) = session.tcp_key {
-                self.proxy.remove_tcp_service(&k);
-            }
+    fn spec(&self, owner: &str, serving: Serving) -> TunnelSpec {
+        let mut labels = self.labels.clone();
+        labels.insert(OWNER_LABEL.to_owned(), owner_label(owner));
+        TunnelSpec {
+            serving,
+            labels,
+            edge: Arc::clone(&self.edge),
+            edge_identity: "standalone".to_owned(),
         }
     }
 
@@ -328,28 +205,63 @@ impl Runtime {
         self.problems.clear();
         let state = self.provider.state().clone();
         self.reserve_new(&state).await;
+        let mut touched = Vec::new();
         for change in changes {
             match change {
                 Change::HostRemoved { host } => {
-                    if let Err(e) = self.proxy.remove_host(&host) {
-                        self.problem(format!("host {host}"), "ProxyError", e.to_string());
+                    self.publisher.unpublish(&TunnelKey::Host(host)).await;
+                }
+                Change::HostSet { host, routes } => {
+                    if self.set_host(&state, &host, routes).await {
+                        touched.push(TunnelKey::Host(host));
                     }
-                    self.close_session(&TunnelKey::Host(host)).await;
                 }
-                Change::HostSet { host, routes } => self.set_host(&state, &host, &routes).await,
                 Change::TcpRemoved { tunnel, .. } => {
-                    self.close_session(&TunnelKey::Tcp(tunnel)).await
+                    self.tcp_addrs.remove(&tunnel);
+                    self.publisher.unpublish(&TunnelKey::Tcp(tunnel)).await;
                 }
-                Change::TcpSet {
-                    tunnel,
-                    tcp,
-                    previous,
-                } => self.set_tcp(&tunnel, &tcp, previous.as_ref()).await,
-                Change::TunnelAdded(_) | Change::TunnelRemoved(_) => {}
+                Change::TcpSet { tunnel, tcp, .. } => {
+                    if self.set_tcp(&tunnel, &tcp).await {
+                        touched.push(TunnelKey::Tcp(tunnel));
+                    }
+                }
             }
         }
         self.release_removed(&state).await;
-        self.report = self.render();
+        // Report tunnels that did not come up (they keep trying).
+        let states: Vec<(TunnelKey, watch::Receiver<TunnelState>)> = touched
+            .into_iter()
+            .filter_map(|k| Some((k.clone(), self.publisher.state(&k)?)))
+            .collect();
+        let _ = tokio::time::timeout(CONNECT_WAIT, async {
+            for (_, s) in &states {
+                let _ = s.clone().wait_for(TunnelState::is_settled).await;
+            }
+        })
+        .await;
+        for (key, s) in states {
+            let now = s.borrow().clone();
+            match now {
+                TunnelState::Serving { warnings, .. } => {
+                    for w in warnings {
+                        self.problem(key.to_string(), "UpstreamUnresolvable", w);
+                    }
+                }
+                TunnelState::Refused { code, message } => {
+                    self.problem(key.to_string(), "TunnelRefused", format!("{code}: {message}"))
+                }
+                TunnelState::Failed { message, .. } => {
+                    self.problem(key.to_string(), "TunnelFailed", message)
+                }
+                other => self.problem(
+                    key.to_string(),
+                    "TunnelNotConnected",
+                    format!(
+                        "still connecting after {CONNECT_WAIT:?} ({other:?}); retrying in the background"
+                    ),
+                ),
+            }
+        }
     }
 
     /// Reserves the Domains and TCPEndpoints of the files that are not reserved
@@ -359,18 +271,23 @@ impl Runtime {
             if self.hosts_reserved.contains_key(&d.fqdn) {
                 continue;
             }
-            let result = if d.custom {
-                self.control.reserve_host(None, Some(&d.fqdn)).await
+            let request = if d.custom {
+                CreateDomain {
+                    subdomain: None,
+                    domain: Some(d.fqdn.clone()),
+                }
             } else {
-                let label = d.fqdn.split('.').next().unwrap_or(&d.fqdn).to_owned();
-                self.control.reserve_host(Some(&label), None).await
+                CreateDomain {
+                    subdomain: Some(d.fqdn.split('.').next().unwrap_or(&d.fqdn).to_owned()),
+                    domain: None,
+                }
             };
-            match result {
-                Ok(adopted) => {
+            match self.edge.ensure_domain(&request).await {
+                Ok(r) => {
                     self.hosts_reserved.insert(
                         d.fqdn.clone(),
                         Reservation {
-                            adopted,
+                            adopted: r.adopted,
                             policy: d.reclaim_policy,
                         },
                     );
@@ -386,12 +303,16 @@ impl Runtime {
             if self.tcp_reserved.contains_key(&ep.alias) {
                 continue;
             }
-            match self.control.reserve_tcp(Some(&ep.alias), None).await {
-                Ok((_, _, adopted)) => {
+            let request = CreateTcpEndpoint {
+                alias: ep.alias.clone(),
+                port: None,
+            };
+            match self.edge.ensure_tcp_endpoint(&request).await {
+                Ok(r) => {
                     self.tcp_reserved.insert(
                         ep.alias.clone(),
                         Reservation {
-                            adopted,
+                            adopted: r.adopted,
                             policy: ep.reclaim_policy,
                         },
                     );
@@ -408,33 +329,25 @@ impl Runtime {
     /// Releases reservations whose resource left the files (and whose host or
     /// endpoint no tunnel still serves), honouring `reclaimPolicy` and adoption.
     async fn release_removed(&mut self, state: &DesiredState) {
+        let published = self.publisher.keys();
         let gone: Vec<(String, Reservation)> = self
             .hosts_reserved
             .iter()
             .filter(|(fqdn, _)| {
                 !state.domains.iter().any(|d| &d.fqdn == *fqdn)
-                    && !self
-                        .sessions
-                        .contains_key(&TunnelKey::Host((*fqdn).clone()))
+                    && !published.contains(&TunnelKey::Host((*fqdn).clone()))
             })
             .map(|(f, r)| (f.clone(), *r))
             .collect();
         for (fqdn, r) in gone {
             self.hosts_reserved.remove(&fqdn);
             if r.releasable()
-                && let Err(e) = self.control.release_host(&fqdn).await
+                && let Err(e) = gone_is_ok(self.edge.delete_domain(&fqdn).await)
             {
                 self.problem(format!("host {fqdn}"), "ReleaseFailed", e.to_string());
             }
         }
-        let in_use: Vec<String> = state
-            .tcp
-            .values()
-            .map(|t| match &t.endpoint {
-                PortOrAlias::Alias(a) => a.clone(),
-                PortOrAlias::Port(p) => format!("port-{p}"),
-            })
-            .collect();
+        let in_use: Vec<String> = state.tcp.values().map(|t| tcp_alias(&t.endpoint)).collect();
         let gone: Vec<(String, Reservation)> = self
             .tcp_reserved
             .iter()
@@ -446,7 +359,7 @@ impl Runtime {
         for (alias, r) in gone {
             self.tcp_reserved.remove(&alias);
             if r.releasable()
-                && let Err(e) = self.control.release_tcp(&alias).await
+                && let Err(e) = gone_is_ok(self.edge.delete_tcp_endpoint(&alias).await)
             {
                 self.problem(
                     format!("TCP endpoint {alias}"),
@@ -457,62 +370,33 @@ impl Runtime {
         }
     }
 
-    async fn set_host(&mut self, state: &DesiredState, host: &str, routes: &[HttpRouteSpec]) {
-        let mut proxy_routes = Vec::with_capacity(routes.len());
-        for spec in routes {
-            match http_route(spec).await {
-                Ok(r) => proxy_routes.push(r),
-                Err(message) => self.problem(
-                    format!(
-                        "route {host}{} of {}/{}",
-                        spec.path, spec.origin.namespace, spec.origin.name
-                    ),
-                    "UpstreamUnresolvable",
-                    message,
-                ),
-            }
-        }
-        if proxy_routes.is_empty() {
-            let _ = self.proxy.remove_host(host);
-            self.close_session(&TunnelKey::Host(host.to_owned())).await;
-            return;
-        }
-        match self.proxy.set_host_routes(host, proxy_routes) {
-            Ok(issues) => {
-                for issue in issues {
-                    self.problem(
-                        issue.origin().to_string(),
-                        issue.reason(),
-                        issue.to_string(),
-                    );
-                }
-            }
-            Err(e) => {
-                self.problem(format!("host {host}"), "ProxyError", e.to_string());
-                return;
-            }
-        }
-        let key = TunnelKey::Host(host.to_owned());
-        if self.sessions.contains_key(&key) {
-            return;
-        }
+    /// Publishes a host; false when it could not even be started.
+    async fn set_host(
+        &mut self,
+        state: &DesiredState,
+        host: &str,
+        routes: Vec<HttpRouteSpec>,
+    ) -> bool {
         // A host no Domain reserves is an http Tunnel's subdomain: reserve it
         // for the tunnel's lifetime.
         if !self.hosts_reserved.contains_key(host) {
-            let label = host.split('.').next().unwrap_or(host).to_owned();
-            match self.control.reserve_host(Some(&label), None).await {
-                Ok(adopted) => {
+            let request = CreateDomain {
+                subdomain: Some(host.split('.').next().unwrap_or(host).to_owned()),
+                domain: None,
+            };
+            match self.edge.ensure_domain(&request).await {
+                Ok(r) => {
                     self.hosts_reserved.insert(
                         host.to_owned(),
                         Reservation {
-                            adopted,
+                            adopted: r.adopted,
                             policy: ReclaimPolicy::Delete,
                         },
                     );
                 }
                 Err(e) => {
                     self.problem(format!("host {host}"), "ReservationFailed", e.to_string());
-                    return;
+                    return false;
                 }
             }
         }
@@ -522,88 +406,166 @@ impl Runtime {
             .and_then(|p| p.publishers.first())
             .map(ToString::to_string)
             .unwrap_or_else(|| host.to_owned());
-        if let Err(e) = self.open_session(&key, Binding::http(host), &owner).await {
-            self.problem(key.to_string(), "TunnelFailed", e.to_string());
-        }
+        let spec = self.spec(
+            &owner,
+            Serving::Http {
+                host: host.to_owned(),
+                routes,
+            },
+        );
+        self.publisher
+            .publish(TunnelKey::Host(host.to_owned()), spec);
+        true
     }
 
-    async fn set_tcp(&mut self, tunnel: &str, tcp: &PublishedTcp, previous: Option<&PublishedTcp>) {
-        let key = TunnelKey::Tcp(tunnel.to_owned());
-        if previous.is_some_and(|p| p.endpoint != tcp.endpoint) {
-            self.close_session(&key).await;
-        }
-        let addrs = match resolve(&tcp.upstream).await {
-            Ok(a) => a,
-            Err(message) => {
-                self.problem(format!("Tunnel {tunnel}"), "UpstreamUnresolvable", message);
-                self.close_session(&key).await;
-                return;
+    async fn set_tcp(&mut self, tunnel: &str, tcp: &PublishedTcp) -> bool {
+        let alias = tcp_alias(&tcp.endpoint);
+        let request = CreateTcpEndpoint {
+            alias: alias.clone(),
+            port: match tcp.endpoint {
+                PortOrAlias::Port(p) => Some(p),
+                PortOrAlias::Alias(_) => None,
+            },
+        };
+        let reserved = match self.edge.ensure_tcp_endpoint(&request).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.problem(
+                    format!("Tunnel {tunnel}"),
+                    "ReservationFailed",
+                    e.to_string(),
+                );
+                return false;
             }
         };
-        let endpoint_key = tcp_key(&tcp.endpoint);
-        if let Err(e) =
-            self.proxy
-                .set_tcp_service(&endpoint_key, TcpUpstream { addrs }, TcpLimits::default())
-        {
-            self.problem(format!("Tunnel {tunnel}"), "ProxyError", e.to_string());
-            return;
-        }
-        if self.sessions.contains_key(&key) {
-            return;
-        }
-        let (alias, port) = match &tcp.endpoint {
-            PortOrAlias::Alias(a) => (Some(a.as_str()), None),
-            PortOrAlias::Port(p) => (None, Some(*p)),
-        };
-        let (reserved_alias, public_port, adopted) =
-            match self.control.reserve_tcp(alias, port).await {
-                Ok(r) => r,
-                Err(e) => {
-                    self.problem(
-                        format!("Tunnel {tunnel}"),
-                        "ReservationFailed",
-                        e.to_string(),
-                    );
-                    return;
-                }
-            };
-        self.tcp_reserved
-            .entry(reserved_alias)
-            .or_insert(Reservation {
-                adopted,
-                policy: ReclaimPolicy::Delete,
-            });
-        if let Err(e) = self
-            .open_session(&key, Binding::tcp(endpoint_key.clone()), tunnel)
-            .await
-        {
-            self.problem(key.to_string(), "TunnelFailed", e.to_string());
-            return;
-        }
-        if let Some(s) = self.sessions.get_mut(&key) {
-            s.tcp_key = Some(endpoint_key);
-            s.tcp_addr = Some(SocketAddr::new(self.tcp_host, public_port));
-        }
+        self.tcp_reserved.entry(alias).or_insert(Reservation {
+            adopted: reserved.adopted,
+            policy: ReclaimPolicy::Delete,
+        });
+        self.tcp_addrs.insert(
+            tunnel.to_owned(),
+            SocketAddr::new(self.tcp_host, reserved.object.port),
+        );
+        let spec = self.spec(
+            tunnel,
+            Serving::Tcp {
+                endpoint: tcp_key(&tcp.endpoint),
+                upstream: tcp.upstream.clone(),
+            },
+        );
+        self.publisher
+            .publish(TunnelKey::Tcp(tunnel.to_owned()), spec);
+        true
     }
 
-    fn addresses(&self) -> PublicAddresses {
-        let mut a = PublicAddresses {
-            http_port: self.public_http_port,
-            ..Default::default()
-        };
-        for (key, s) in &self.sessions {
-            if let (TunnelKey::Tcp(t), Some(addr)) = (key, s.tcp_addr) {
-                a.tcp.insert(t.clone(), addr);
-            }
-        }
-        a
-    }
-
-    fn render(&self) -> String {
+    fn snapshot(&self) -> Snapshot {
         let mut state = self.provider.state().clone();
         state.skipped.extend(self.problems.iter().cloned());
-        render(&state, &self.addresses())
+        let addresses = PublicAddresses {
+            http_port: self.public_http_port,
+            tcp: self.tcp_addrs.clone(),
+        };
+        Snapshot {
+            report: render(&state, &addresses),
+            state: self.provider.state().clone(),
+            tcp: self.tcp_addrs.clone(),
+        }
     }
+}
+
+/// What `start` builds for the embedded or the remote edge.
+struct EdgeParts {
+    api: Arc<dyn EdgeApi>,
+    labels: BTreeMap<String, String>,
+    handle: Option<EdgeHandle>,
+    agent_addr: String,
+    trust: Trust,
+    server_name: Option<String>,
+    ca_file: Option<PathBuf>,
+    public_http_port: Option<u16>,
+    tcp_host: IpAddr,
+}
+
+async fn embedded_edge(config: &StandaloneConfig) -> Result<EdgeParts, Error> {
+    let names = vec![
+        config.base_domain.clone(),
+        format!("*.{}", config.base_domain),
+    ];
+    let identity = tuna_tunnel::tls::self_signed_identity(&config.data_dir, &names)
+        .map_err(|e| Error::Edge(format!("edge TLS: {e}")))?;
+    let ca_file = identity
+        .ca_file
+        .clone()
+        .ok_or_else(|| Error::Edge("the edge generated no CA file".into()))?;
+    let agent_tls = tuna_tunnel::tls::server_config(&identity, &[])
+        .map_err(|e| Error::Edge(format!("edge TLS: {e}")))?;
+    let mut edge_config = EdgeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), agent_tls);
+    edge_config.http_addr = Some(config.http_listen);
+    edge_config.tcp_bind_ip = config.tcp_bind;
+    edge_config.tcp_ports = config.tcp_port_range.clone();
+    let authority = MemoryAuthority::new();
+    let embedded = Embedded::open(
+        authority.clone(),
+        &config.base_domain,
+        config.tcp_port_range.clone(),
+        &config.data_dir,
+    )?;
+    let edge = EdgeServer::start(edge_config, Arc::new(authority), None)
+        .await
+        .map_err(|e| Error::Edge(format!("starting the embedded edge: {e}")))?;
+    Ok(EdgeParts {
+        api: Arc::new(embedded),
+        labels: BTreeMap::new(),
+        agent_addr: edge.agent_addr.to_string(),
+        public_http_port: edge.http_addr.map(|a| a.port()),
+        handle: Some(edge),
+        trust: Trust::CaFile(ca_file.clone()),
+        server_name: Some("localhost".to_owned()),
+        ca_file: Some(ca_file),
+        tcp_host: config.tcp_bind,
+    })
+}
+
+async fn remote_edge(config: &StandaloneConfig, remote: &RemoteEdge) -> Result<EdgeParts, Error> {
+    let mut options =
+        tuna_tunnel::api::ClientOptions::new(remote.api_url.clone(), remote.api_key.clone());
+    if let Some(ca) = &remote.ca_file {
+        options = options.with_ca_file(ca.clone());
+    }
+    let client = tuna_tunnel::api::TunaClient::new(options)
+        .map_err(|e| Error::Edge(format!("edge API client: {e}")))?;
+    let api = RemoteEdgeApi::new(client);
+    let who = api
+        .whoami()
+        .await
+        .map_err(|e| Error::Edge(format!("edge API {}: {e}", remote.api_url)))?;
+    tracing::info!(account = %who.account, base_domain = %who.base_domain, "connected to the edge API");
+    // One instance id per data dir: a restart finds its own orphans.
+    let instance = instance_id(&config.data_dir)?;
+    match revoke_orphans(&api, &instance).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(revoked = n, "revoked tunnel tokens left by an earlier run"),
+        Err(e) => tracing::warn!(error = %e, "could not revoke tokens left by an earlier run"),
+    }
+    let tcp_host = tokio::net::lookup_host(remote.agent_addr.as_str())
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
+    Ok(EdgeParts {
+        api: Arc::new(api),
+        labels: BTreeMap::from([(INSTANCE_LABEL.to_owned(), instance)]),
+        handle: None,
+        agent_addr: remote.agent_addr.clone(),
+        trust: match &remote.ca_file {
+            Some(ca) => Trust::CaFile(ca.clone()),
+            None => Trust::SystemRoots,
+        },
+        server_name: None,
+        ca_file: remote.ca_file.clone(),
+        public_http_port: None,
+        tcp_host,
+    })
 }
 
 impl Standalone {
@@ -619,132 +581,42 @@ impl Standalone {
             ..DesiredOptions::default()
         };
         let provider = FileProvider::new(config.paths.clone(), options);
-
-        let (control, edge, agent_addr, trust, server_name, ca_file, public_http_port, tcp_host) =
-            match &config.remote {
-                None => {
-                    let names = vec![
-                        config.base_domain.clone(),
-                        format!("*.{}", config.base_domain),
-                    ];
-                    let identity = tuna_tunnel::tls::self_signed_identity(&config.data_dir, &names)
-                        .map_err(|e| Error::Edge(format!("edge TLS: {e}")))?;
-                    let ca_file = identity
-                        .ca_file
-                        .clone()
-                        .ok_or_else(|| Error::Edge("the edge generated no CA file".into()))?;
-                    let agent_tls = tuna_tunnel::tls::server_config(&identity, &[])
-                        .map_err(|e| Error::Edge(format!("edge TLS: {e}")))?;
-                    let mut edge_config =
-                        EdgeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), agent_tls);
-                    edge_config.http_addr = Some(config.http_listen);
-                    edge_config.tcp_bind_ip = config.tcp_bind;
-                    edge_config.tcp_ports = config.tcp_port_range.clone();
-                    let authority = MemoryAuthority::new();
-                    let embedded = Embedded::open(
-                        authority.clone(),
-                        config.tcp_port_range.clone(),
-                        &config.data_dir,
-                    )?;
-                    let edge = EdgeServer::start(edge_config, Arc::new(authority), None)
-                        .await
-                        .map_err(|e| Error::Edge(format!("starting the embedded edge: {e}")))?;
-                    let agent_addr = edge.agent_addr.to_string();
-                    let http_port = edge.http_addr.map(|a| a.port());
-                    (
-                        EdgeControl::Embedded(embedded),
-                        Some(edge),
-                        agent_addr,
-                        Trust::CaFile(ca_file.clone()),
-                        Some("localhost".to_owned()),
-                        Some(ca_file),
-                        http_port,
-                        config.tcp_bind,
-                    )
-                }
-                Some(remote) => {
-                    let mut options = tuna_tunnel::api::ClientOptions::new(
-                        remote.api_url.clone(),
-                        remote.api_key.clone(),
-                    );
-                    if let Some(ca) = &remote.ca_file {
-                        options = options.with_ca_file(ca.clone());
-                    }
-                    let client = tuna_tunnel::api::TunaClient::new(options)
-                        .map_err(|e| Error::Edge(format!("edge API client: {e}")))?;
-                    let who = client
-                        .whoami()
-                        .await
-                        .map_err(|e| Error::Edge(format!("edge API {}: {e}", remote.api_url)))?;
-                    tracing::info!(account = %who.account, base_domain = %who.base_domain, "connected to the edge API");
-                    // One instance id per data dir: a restart finds its own orphans.
-                    let instance = super::edge::instance_id(&config.data_dir)?;
-                    let remote_control = Remote::new(client, instance);
-                    match remote_control.revoke_orphans().await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(
-                            revoked = n,
-                            "revoked tunnel tokens left by an earlier run"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "could not revoke tokens left by an earlier run")
-                        }
-                    }
-                    let trust = match &remote.ca_file {
-                        Some(ca) => Trust::CaFile(ca.clone()),
-                        None => Trust::SystemRoots,
-                    };
-                    let tcp_host = tokio::net::lookup_host(remote.agent_addr.as_str())
-                        .await
-                        .ok()
-                        .and_then(|mut a| a.next())
-                        .map_or(IpAddr::V4(Ipv4Addr::LOCALHOST), |a| a.ip());
-                    (
-                        EdgeControl::Remote(remote_control),
-                        None,
-                        remote.agent_addr.clone(),
-                        trust,
-                        None,
-                        remote.ca_file.clone(),
-                        None,
-                        tcp_host,
-                    )
-                }
-            };
-        let http_addr = edge.as_ref().and_then(|e| e.http_addr);
+        let parts = match &config.remote {
+            None => embedded_edge(&config).await?,
+            Some(remote) => remote_edge(&config, remote).await?,
+        };
+        let http_addr = parts.handle.as_ref().and_then(|e| e.http_addr);
 
         let proxy = ProxyCore::new(ProxyConfig::default());
-        let runtime = Runtime {
-            proxy,
-            control,
-            agent_addr: agent_addr.clone(),
-            trust,
-            server_name,
-            public_http_port,
-            tcp_host,
-            sessions: BTreeMap::new(),
+        let mut template =
+            AgentConfig::new(parts.agent_addr.clone(), TunnelToken::new(""), parts.trust);
+        template.server_name = parts.server_name;
+        template.agent_name = format!("tuna-operator-standalone/{}", env!("CARGO_PKG_VERSION"));
+        let transport = Arc::new(SessionPerTunnel::new(template, proxy.clone()));
+        let publisher = Publisher::new(proxy, transport);
+        let mut runtime = Runtime {
+            publisher: publisher.clone(),
+            edge: parts.api,
+            labels: parts.labels,
+            public_http_port: parts.public_http_port,
+            tcp_host: parts.tcp_host,
             provider,
             problems: Vec::new(),
             hosts_reserved: BTreeMap::new(),
             tcp_reserved: BTreeMap::new(),
-            report: String::new(),
+            tcp_addrs: BTreeMap::new(),
         };
-        let runtime = Arc::new(Mutex::new(runtime));
-        {
-            let mut rt = runtime.lock().await;
-            let initial = diff(&DesiredState::default(), rt.provider.state());
-            rt.apply(initial).await;
-        }
+        let initial = diff(&DesiredState::default(), runtime.provider.state());
+        runtime.apply(initial).await;
+        let (snapshot_tx, snapshot) = watch::channel(runtime.snapshot());
         let (generation_tx, generation) = watch::channel(0u64);
         let stop = CancellationToken::new();
-        let mut tasks = Vec::new();
-        // The watcher: poll, apply, reprint.
-        {
-            let runtime = runtime.clone();
+        // The watcher owns the runtime: poll, apply, publish a snapshot.
+        let task = {
             let stop = stop.clone();
             let interval = config.poll_interval;
             let print = config.print_reports;
-            tasks.push(tokio::spawn(async move {
+            tokio::spawn(async move {
                 let mut tick = tokio::time::interval(interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
@@ -752,50 +624,30 @@ impl Standalone {
                         _ = stop.cancelled() => return,
                         _ = tick.tick() => {}
                     }
-                    let mut rt = runtime.lock().await;
-                    let Some(changes) = rt.provider.poll() else {
+                    let Some(changes) = runtime.provider.poll() else {
                         continue;
                     };
                     tracing::info!(changes = changes.len(), "manifests changed");
-                    rt.apply(changes).await;
+                    runtime.apply(changes).await;
+                    let snap = runtime.snapshot();
                     if print {
-                        println!("{}", rt.report);
+                        println!("{}", snap.report);
                     }
-                    drop(rt);
+                    snapshot_tx.send_replace(snap);
                     generation_tx.send_modify(|g| *g += 1);
                 }
-            }));
-        }
-        // Token renewal.
-        {
-            let runtime = runtime.clone();
-            let stop = stop.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(TOKEN_RENEW_EVERY);
-                tick.tick().await;
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tick.tick() => {}
-                    }
-                    let rt = runtime.lock().await;
-                    for (key, s) in &rt.sessions {
-                        if let Err(e) = rt.control.renew_token(&s.token.id).await {
-                            tracing::warn!(tunnel = %key, error = %e, "token renewal failed");
-                        }
-                    }
-                }
-            }));
-        }
+            })
+        };
         Ok(Self {
-            runtime,
-            edge,
+            publisher,
+            edge: parts.handle,
             http_addr,
-            agent_addr,
-            ca_file,
+            agent_addr: parts.agent_addr,
+            ca_file: parts.ca_file,
+            snapshot,
             generation,
             stop,
-            tasks,
+            task: Some(task),
         })
     }
 
@@ -816,12 +668,12 @@ impl Standalone {
 
     /// The latest report (also printed on every change).
     pub async fn report(&self) -> String {
-        self.runtime.lock().await.report.clone()
+        self.snapshot.borrow().report.clone()
     }
 
     /// The current desired state.
     pub async fn state(&self) -> DesiredState {
-        self.runtime.lock().await.provider.state().clone()
+        self.snapshot.borrow().state.clone()
     }
 
     /// Counts applied file changes; wait on it to see a change go live.
@@ -831,49 +683,37 @@ impl Standalone {
 
     /// Public TCP address of a tcp Tunnel (`namespace/name`).
     pub async fn tcp_address(&self, tunnel: &str) -> Option<SocketAddr> {
-        self.runtime
-            .lock()
-            .await
-            .sessions
-            .get(&TunnelKey::Tcp(tunnel.to_owned()))
-            .and_then(|s| s.tcp_addr)
+        self.snapshot.borrow().tcp.get(tunnel).copied()
     }
 
-    /// Session id of each tunnel currently connected.
+    /// Session id of each published tunnel (`None` while not connected).
     pub async fn session_ids(&self) -> BTreeMap<TunnelKey, Option<String>> {
-        self.runtime
-            .lock()
-            .await
-            .sessions
-            .iter()
-            .map(|(k, s)| (k.clone(), s.agent.session_id()))
+        self.publisher
+            .keys()
+            .into_iter()
+            .map(|k| {
+                let id = self.publisher.state(&k).and_then(|s| match &*s.borrow() {
+                    TunnelState::Serving { session_id, .. } => Some(session_id.clone()),
+                    _ => None,
+                });
+                (k, id)
+            })
             .collect()
     }
 
     /// The token of a tunnel, for diagnostics and tests (never logged).
     pub async fn token(&self, key: &TunnelKey) -> Option<TunnelToken> {
-        self.runtime
-            .lock()
-            .await
-            .sessions
-            .get(key)
-            .map(|s| s.token.token.clone())
+        self.publisher.token(key)
     }
 
     /// Stops watching, closes every tunnel and revokes its token, drains the
     /// proxy and stops the embedded edge.
     pub async fn shutdown(mut self) {
         self.stop.cancel();
-        for t in self.tasks.drain(..) {
-            let _ = t.await;
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
         }
-        let mut rt = self.runtime.lock().await;
-        let keys: Vec<TunnelKey> = rt.sessions.keys().cloned().collect();
-        for key in keys {
-            rt.close_session(&key).await;
-        }
-        rt.proxy.shutdown().await;
-        drop(rt);
+        self.publisher.shutdown().await;
         if let Some(edge) = self.edge.take() {
             edge.shutdown().await;
         }

@@ -9,6 +9,7 @@ pub mod agent;
 pub mod api;
 pub mod control;
 pub mod edge;
+pub mod fsutil;
 pub mod mux;
 pub mod tls;
 pub mod wire;

@@ -230,7 +230,7 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
             "api": edge.api_addr.map(|a| a.to_string()),
             "caFile": agent_identity.ca_file.as_ref().map(|p| p.display().to_string()),
         });
-        write_atomically(path, addresses.to_string().as_bytes())
+        crate::fsutil::write_atomically(path, addresses.to_string().as_bytes())
             .with_context(|| format!("writing {}", path.display()))?;
     }
     tracing::info!(
@@ -244,20 +244,6 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     edge.shutdown().await;
     Ok(())
-}
-
-/// Writes `bytes` to a temporary file beside `path`, syncs it and renames it
-/// over `path`, so a reader never sees a partial file.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
 }
 
 async fn shutdown_signal() {

@@ -1,0 +1,398 @@
+//! The edge's REST API as the operator uses it: reservations (the controller's
+//! job) and tunnel tokens (the agent's job), behind one object-safe trait with
+//! two implementations — [`RemoteEdge`] over [`TunaClient`] (any edge that
+//! speaks `docs/tuna-api.md`) and the embedded edge of standalone mode
+//! (`crate::standalone::edge::Embedded`).
+//!
+//! Errors keep the client's classification ([`EdgeError::class`]): a caller
+//! backs off on [`ErrorClass::Retryable`], waits `Retry-After` on
+//! [`ErrorClass::RateLimited`], and stops retrying on
+//! [`ErrorClass::NeedsChange`] until a person changes something (the spec, the
+//! API key); [`ErrorClass::Gone`] is a 404, which release paths count as done.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tuna_tunnel::api::{
+    ClientError, CreateDomain, CreateTcpEndpoint, CreateToken, Domain, RenewToken, Reserved,
+    TcpEndpoint, Token, TunaClient, WhoAmI,
+};
+use tuna_tunnel::wire::{Binding, TunnelToken};
+
+/// What a caller should do about a failed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Network failure, timeout, 5xx: retry with backoff.
+    Retryable,
+    /// 429: wait this long (at least), then retry.
+    RateLimited(Duration),
+    /// 4xx that only a change can fix (invalid name, held by another account,
+    /// missing scope, bad key): report it and wait for a change.
+    NeedsChange,
+    /// 404: the object is not (or no longer) there.
+    Gone,
+}
+
+/// A failed call to the edge.
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    /// The REST API answered with an error or could not be reached.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done, e.g. `reserving domain shop.example.com`.
+        what: String,
+        /// The client's classified error.
+        #[source]
+        source: ClientError,
+    },
+    /// The embedded edge refused (e.g. no free port in its range).
+    #[error("{what}: {message}")]
+    Embedded {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        message: String,
+        /// Whether retrying may help.
+        retryable: bool,
+    },
+}
+
+impl EdgeError {
+    /// Wraps a client error with what was being done.
+    pub fn api(what: impl Into<String>, source: ClientError) -> Self {
+        Self::Api {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// How to react (see [`ErrorClass`]).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::Api { source, .. } => match source {
+                ClientError::Transient { .. } | ClientError::Unexpected { .. } => {
+                    ErrorClass::Retryable
+                }
+                ClientError::RateLimited { retry_after, .. } => {
+                    ErrorClass::RateLimited(retry_after.unwrap_or(Duration::from_secs(1)))
+                }
+                ClientError::NotFound { .. } => ErrorClass::Gone,
+                ClientError::AlreadyExists { .. }
+                | ClientError::Unauthorized { .. }
+                | ClientError::Forbidden { .. }
+                | ClientError::Invalid { .. }
+                | ClientError::Config(_) => ErrorClass::NeedsChange,
+            },
+            Self::Embedded { retryable, .. } => {
+                if *retryable {
+                    ErrorClass::Retryable
+                } else {
+                    ErrorClass::NeedsChange
+                }
+            }
+        }
+    }
+
+    /// The edge's machine-readable code (`invalid_name`, `held_by_other_account`, …).
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Api { source, .. } => source.code(),
+            Self::Embedded { .. } => None,
+        }
+    }
+
+    /// The edge's own message, without what the operator was doing: what a
+    /// person reads in a condition or event.
+    pub fn edge_message(&self) -> String {
+        match self {
+            Self::Api { source, .. } => match source {
+                ClientError::AlreadyExists { message, .. }
+                | ClientError::Unauthorized { message }
+                | ClientError::Forbidden { message, .. }
+                | ClientError::NotFound { message }
+                | ClientError::Invalid { message, .. }
+                | ClientError::RateLimited { message, .. }
+                | ClientError::Transient { message, .. }
+                | ClientError::Unexpected { message, .. } => message.clone(),
+                ClientError::Config(message) => message.clone(),
+            },
+            Self::Embedded { message, .. } => message.clone(),
+        }
+    }
+}
+
+/// A result of the edge API.
+pub type EdgeResult<T> = Result<T, EdgeError>;
+
+/// A tunnel token just minted: its id (what renewal and revocation name) and
+/// the secret (masked in `Debug`).
+#[derive(Debug, Clone)]
+pub struct MintedToken {
+    /// Token id.
+    pub id: String,
+    /// The secret.
+    pub token: TunnelToken,
+    /// When it expires unless renewed (unix seconds).
+    pub expires_at: i64,
+}
+
+/// The edge's REST API as the operator needs it (see the module docs).
+pub trait EdgeApi: Send + Sync + 'static {
+    /// Who the key is: account, scopes, base domain, public host.
+    fn whoami(&self) -> BoxFuture<'_, EdgeResult<WhoAmI>>;
+    /// Reserves a domain, or adopts the account's existing one.
+    fn ensure_domain<'a>(
+        &'a self,
+        request: &'a CreateDomain,
+    ) -> BoxFuture<'a, EdgeResult<Reserved<Domain>>>;
+    /// Asks the edge to check a custom domain's DNS records now.
+    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<Domain>>;
+    /// The account's domains.
+    fn list_domains(&self) -> BoxFuture<'_, EdgeResult<Vec<Domain>>>;
+    /// Releases a domain (`Gone` when it is not there).
+    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<()>>;
+    /// Reserves a TCP endpoint, or adopts the account's existing one of that alias.
+    fn ensure_tcp_endpoint<'a>(
+        &'a self,
+        request: &'a CreateTcpEndpoint,
+    ) -> BoxFuture<'a, EdgeResult<Reserved<TcpEndpoint>>>;
+    /// Releases a TCP endpoint (`Gone` when it is not there).
+    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, EdgeResult<()>>;
+    /// Mints a tunnel token allowed exactly `bindings`, with owner labels.
+    fn create_token<'a>(
+        &'a self,
+        labels: &'a BTreeMap<String, String>,
+        bindings: &'a [Binding],
+        ttl: Duration,
+    ) -> BoxFuture<'a, EdgeResult<MintedToken>>;
+    /// Extends a live token by `ttl`; returns the new expiry (unix seconds).
+    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, EdgeResult<i64>>;
+    /// Revokes a token: sessions using it close (`Gone` when it is not there).
+    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, EdgeResult<()>>;
+    /// Tokens matching an equality label selector (`k=v,k2=v2`).
+    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, EdgeResult<Vec<Token>>>;
+}
+
+/// An edge reached through its REST API.
+#[derive(Debug, Clone)]
+pub struct RemoteEdge {
+    client: TunaClient,
+}
+
+impl RemoteEdge {
+    /// Wraps a client.
+    pub fn new(client: TunaClient) -> Self {
+        Self { client }
+    }
+
+    /// The client.
+    pub fn client(&self) -> &TunaClient {
+        &self.client
+    }
+}
+
+fn bindings_of(bindings: &[Binding]) -> tuna_tunnel::api::Bindings {
+    let mut out = tuna_tunnel::api::Bindings::default();
+    for b in bindings {
+        match b {
+            Binding::Http { host } => out.hosts.push(host.clone()),
+            Binding::Tcp { endpoint } => out.tcp_endpoints.push(endpoint.clone()),
+        }
+    }
+    out
+}
+
+impl EdgeApi for RemoteEdge {
+    fn whoami(&self) -> BoxFuture<'_, EdgeResult<WhoAmI>> {
+        Box::pin(async move {
+            self.client
+                .whoami()
+                .await
+                .map_err(|e| EdgeError::api("asking the edge who the API key is", e))
+        })
+    }
+
+    fn ensure_domain<'a>(
+        &'a self,
+        request: &'a CreateDomain,
+    ) -> BoxFuture<'a, EdgeResult<Reserved<Domain>>> {
+        Box::pin(async move {
+            let name = request
+                .domain
+                .as_deref()
+                .or(request.subdomain.as_deref())
+                .unwrap_or("?");
+            self.client
+                .ensure_domain(request)
+                .await
+                .map_err(|e| EdgeError::api(format!("reserving domain {name}"), e))
+        })
+    }
+
+    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<Domain>> {
+        Box::pin(async move {
+            self.client
+                .verify_domain(name)
+                .await
+                .map_err(|e| EdgeError::api(format!("verifying domain {name}"), e))
+        })
+    }
+
+    fn list_domains(&self) -> BoxFuture<'_, EdgeResult<Vec<Domain>>> {
+        Box::pin(async move {
+            self.client
+                .list_domains()
+                .await
+                .map_err(|e| EdgeError::api("listing the account's domains", e))
+        })
+    }
+
+    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+        Box::pin(async move {
+            self.client
+                .delete_domain(name)
+                .await
+                .map_err(|e| EdgeError::api(format!("releasing domain {name}"), e))
+        })
+    }
+
+    fn ensure_tcp_endpoint<'a>(
+        &'a self,
+        request: &'a CreateTcpEndpoint,
+    ) -> BoxFuture<'a, EdgeResult<Reserved<TcpEndpoint>>> {
+        Box::pin(async move {
+            self.client
+                .ensure_tcp_endpoint(request)
+                .await
+                .map_err(|e| EdgeError::api(format!("reserving TCP endpoint {}", request.alias), e))
+        })
+    }
+
+    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+        Box::pin(async move {
+            self.client
+                .delete_tcp_endpoint(alias)
+                .await
+                .map_err(|e| EdgeError::api(format!("releasing TCP endpoint {alias}"), e))
+        })
+    }
+
+    fn create_token<'a>(
+        &'a self,
+        labels: &'a BTreeMap<String, String>,
+        bindings: &'a [Binding],
+        ttl: Duration,
+    ) -> BoxFuture<'a, EdgeResult<MintedToken>> {
+        Box::pin(async move {
+            let request = CreateToken {
+                labels: labels.clone(),
+                bindings: bindings_of(bindings),
+                ttl_seconds: Some(ttl.as_secs().max(1)),
+            };
+            let created = self
+                .client
+                .create_token(&request)
+                .await
+                .map_err(|e| EdgeError::api("minting a tunnel token", e))?;
+            Ok(MintedToken {
+                id: created.id,
+                token: TunnelToken::new(created.token.expose()),
+                expires_at: created.expires_at.unix_seconds(),
+            })
+        })
+    }
+
+    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, EdgeResult<i64>> {
+        Box::pin(async move {
+            let request = RenewToken {
+                ttl_seconds: Some(ttl.as_secs().max(1)),
+            };
+            self.client
+                .renew_token(id, &request)
+                .await
+                .map(|t| t.expires_at.unix_seconds())
+                .map_err(|e| EdgeError::api(format!("renewing tunnel token {id}"), e))
+        })
+    }
+
+    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+        Box::pin(async move {
+            self.client
+                .revoke_token(id)
+                .await
+                .map_err(|e| EdgeError::api(format!("revoking tunnel token {id}"), e))
+        })
+    }
+
+    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, EdgeResult<Vec<Token>>> {
+        Box::pin(async move {
+            self.client
+                .list_tokens(selector)
+                .await
+                .map_err(|e| EdgeError::api("listing tunnel tokens", e))
+        })
+    }
+}
+
+/// Treats a 404 as done: what release and revocation paths want.
+pub fn gone_is_ok(result: EdgeResult<()>) -> EdgeResult<()> {
+    match result {
+        Err(e) if e.class() == ErrorClass::Gone => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_follows_the_client() {
+        let api = |e| EdgeError::api("x", e);
+        let cases = [
+            (
+                api(ClientError::Transient {
+                    message: "down".into(),
+                    status: Some(503),
+                }),
+                ErrorClass::Retryable,
+            ),
+            (
+                api(ClientError::RateLimited {
+                    retry_after: Some(Duration::from_secs(7)),
+                    message: "slow".into(),
+                }),
+                ErrorClass::RateLimited(Duration::from_secs(7)),
+            ),
+            (
+                api(ClientError::Invalid {
+                    code: "invalid_name".into(),
+                    message: "bad".into(),
+                }),
+                ErrorClass::NeedsChange,
+            ),
+            (
+                api(ClientError::Unauthorized {
+                    message: "key".into(),
+                }),
+                ErrorClass::NeedsChange,
+            ),
+            (
+                api(ClientError::NotFound {
+                    message: "no".into(),
+                }),
+                ErrorClass::Gone,
+            ),
+        ];
+        for (error, class) in cases {
+            assert_eq!(error.class(), class, "{error}");
+        }
+        assert!(
+            gone_is_ok(Err(api(ClientError::NotFound {
+                message: "no".into()
+            })))
+            .is_ok()
+        );
+    }
+}

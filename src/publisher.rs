@@ -1,0 +1,794 @@
+//! The publisher — the agent's job: it owns the proxy core and the tunnels.
+//!
+//! Callers (standalone's runtime, the Tunnel and Ingress reconcilers) say what
+//! one tunnel should serve with [`Publisher::publish`] and stop it with
+//! [`Publisher::unpublish`]; both are synchronous and never wait for the
+//! network. Each tunnel is a task of its own that mints the tunnel's token
+//! with the tunnel's [`EdgeApi`] (the operator's key, or the key of a Tunnel's
+//! `apiKeySecretRef`), attaches it to the [`Transport`] (the agent's connection
+//! to the edge), installs the routes in the proxy core **only once the edge
+//! accepted the binding**, swaps them live when they change (never a
+//! reconnect), renews the token at a third of its lifetime (minting a new one
+//! when renewal is refused, e.g. at the edge's lifetime cap), and on stop
+//! removes the routes, detaches and revokes the token. Its progress is a
+//! [`TunnelState`] on a watch channel, which reconcilers turn into conditions
+//! and events. No lock is held across an `.await`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tuna_proxy::{
+    HttpBackend, HttpRoute, ProxyCore, TcpLimits, TcpUpstream, TlsUpstream, UpstreamProtocol,
+};
+use tuna_routing::RouteSpec;
+use tuna_tunnel::wire::{Binding, BindingOutcome, BoundTarget, Rejection, TunnelToken};
+
+use crate::edge_api::{EdgeApi, EdgeError, ErrorClass, MintedToken, gone_is_ok};
+use crate::translate::service::{ResolvedUpstream, UpstreamScheme};
+
+/// Lifetime asked for each tunnel token; renewed at a third of it.
+pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
+
+/// What one tunnel serves: an HTTP host, or the TCP endpoint of a tcp Tunnel.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TunnelKey {
+    /// An HTTP host (lower case).
+    Host(String),
+    /// A tcp Tunnel, `namespace/name`.
+    Tcp(String),
+}
+
+impl TunnelKey {
+    /// The id the tunnel has on the agent's connection.
+    pub fn id(&self) -> String {
+        match self {
+            Self::Host(h) => format!("host/{h}"),
+            Self::Tcp(t) => format!("tcp/{t}"),
+        }
+    }
+}
+
+impl fmt::Display for TunnelKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Host(h) => write!(f, "host {h}"),
+            Self::Tcp(t) => write!(f, "tcp Tunnel {t}"),
+        }
+    }
+}
+
+/// What a tunnel forwards to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serving {
+    /// HTTP: the host's routes (resolved upstreams; names are looked up here).
+    Http {
+        /// The host.
+        host: String,
+        /// Its routes.
+        routes: Vec<RouteSpec<ResolvedUpstream>>,
+    },
+    /// TCP: the endpoint as declared (alias or port text) and where bytes go.
+    Tcp {
+        /// Alias or port number, as the binding names it.
+        endpoint: String,
+        /// The upstream.
+        upstream: ResolvedUpstream,
+    },
+}
+
+impl Serving {
+    fn binding(&self) -> Binding {
+        match self {
+            Self::Http { host, .. } => Binding::http(host.clone()),
+            Self::Tcp { endpoint, .. } => Binding::tcp(endpoint.clone()),
+        }
+    }
+}
+
+/// Everything a tunnel needs.
+#[derive(Clone)]
+pub struct TunnelSpec {
+    /// What it forwards to.
+    pub serving: Serving,
+    /// Owner labels of its token (finds orphans at the edge).
+    pub labels: BTreeMap<String, String>,
+    /// Who mints its token: the operator's key or the Tunnel's own.
+    pub edge: Arc<dyn EdgeApi>,
+    /// Identifies `edge` for change detection (e.g. `operator` or `secret ns/name#key@rv`).
+    pub edge_identity: String,
+}
+
+impl fmt::Debug for TunnelSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TunnelSpec")
+            .field("serving", &self.serving)
+            .field("labels", &self.labels)
+            .field("edge_identity", &self.edge_identity)
+            .finish()
+    }
+}
+
+/// Where a tunnel stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunnelState {
+    /// Minting the token or waiting for the edge's answer.
+    Pending {
+        /// What is happening.
+        step: &'static str,
+    },
+    /// The edge accepted the binding; traffic flows; routes are installed.
+    Serving {
+        /// The edge's session id (changes only on a reconnect).
+        session_id: String,
+        /// The public TCP port, for TCP tunnels.
+        port: Option<u16>,
+        /// Routes that could not be installed (unresolvable upstream names).
+        warnings: Vec<String>,
+    },
+    /// The edge refused the binding or closed the tunnel (bad key, binding not
+    /// allowed, revoked); `code` is the edge's error code.
+    Refused {
+        /// Machine-readable code, e.g. `binding_not_allowed`.
+        code: String,
+        /// The edge's message.
+        message: String,
+    },
+    /// The edge API failed (token minting); retried by itself when `retrying`.
+    Failed {
+        /// What failed.
+        message: String,
+        /// Whether the task retries by itself (else it waits for a change).
+        retrying: bool,
+    },
+    /// The connection to the edge is down; the agent reconnects by itself.
+    Disconnected {
+        /// Why.
+        reason: String,
+    },
+    /// Unpublished: routes removed, token revoked.
+    Stopped,
+}
+
+impl TunnelState {
+    /// Serving traffic.
+    pub fn is_serving(&self) -> bool {
+        matches!(self, Self::Serving { .. })
+    }
+
+    /// A state a caller may stop waiting at: serving, refused, or failed without retry.
+    pub fn is_settled(&self) -> bool {
+        matches!(
+            self,
+            Self::Serving { .. }
+                | Self::Refused { .. }
+                | Self::Failed {
+                    retrying: false,
+                    ..
+                }
+                | Self::Stopped
+        )
+    }
+}
+
+/// The state of one tunnel on the agent's connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportState {
+    /// Sent (or to be sent once connected); no answer yet.
+    Pending,
+    /// The edge serves it through this session.
+    Serving {
+        /// The session id.
+        session_id: String,
+        /// The edge's resolution of each binding.
+        bound: Vec<BindingOutcome>,
+    },
+    /// The edge refused it (bad token, binding not allowed …).
+    Refused(Rejection),
+    /// The edge closed it (revoked, expired, taken over).
+    Closed(Rejection),
+    /// The connection is down; reconnecting.
+    Disconnected {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The agent's connection(s) to the edge, carrying tunnels by id.
+pub trait Transport: Send + Sync + 'static {
+    /// Starts (or restarts, with a new token) the tunnel `id`.
+    fn attach<'a>(
+        &'a self,
+        id: &'a str,
+        token: TunnelToken,
+        bindings: Vec<Binding>,
+    ) -> BoxFuture<'a, Result<watch::Receiver<TransportState>, String>>;
+    /// Replaces the token of a live tunnel (renewal by re-minting).
+    fn set_token<'a>(
+        &'a self,
+        id: &'a str,
+        token: TunnelToken,
+    ) -> BoxFuture<'a, Result<(), String>>;
+    /// Stops the tunnel `id`.
+    fn detach<'a>(&'a self, id: &'a str) -> BoxFuture<'a, ()>;
+}
+
+struct Entry {
+    desired: watch::Sender<TunnelSpec>,
+    state: watch::Receiver<TunnelState>,
+    token: Arc<Mutex<Option<TunnelToken>>>,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Owns the proxy core and the tunnels (see the module docs).
+#[derive(Clone)]
+pub struct Publisher {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    proxy: ProxyCore,
+    transport: Arc<dyn Transport>,
+    entries: Mutex<HashMap<TunnelKey, Entry>>,
+    retry: RetryPolicy,
+}
+
+/// Backoff of a tunnel task's edge API calls.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// First delay.
+    pub initial: Duration,
+    /// Largest delay.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Full jitter over a capped exponential: uniform in [d/2, d].
+    pub fn delay(&self, attempt: u32) -> Duration {
+        use rand::Rng;
+        let exp = self.initial.saturating_mul(1u32 << attempt.min(16));
+        let capped = exp.min(self.max);
+        let half = capped / 2;
+        half + Duration::from_millis(rand::rng().random_range(0..=half.as_millis() as u64))
+    }
+}
+
+impl Publisher {
+    /// A publisher over `proxy` and `transport`.
+    pub fn new(proxy: ProxyCore, transport: Arc<dyn Transport>) -> Self {
+        Self::with_retry(proxy, transport, RetryPolicy::default())
+    }
+
+    /// Same, with an explicit retry policy.
+    pub fn with_retry(proxy: ProxyCore, transport: Arc<dyn Transport>, retry: RetryPolicy) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                proxy,
+                transport,
+                entries: Mutex::new(HashMap::new()),
+                retry,
+            }),
+        }
+    }
+
+    /// The proxy core.
+    pub fn proxy(&self) -> &ProxyCore {
+        &self.inner.proxy
+    }
+
+    /// Publishes (or updates) one tunnel and returns a watch of its state.
+    /// Route or upstream changes are swapped live; a changed binding or key
+    /// re-mints the token on the same connection.
+    pub fn publish(&self, key: TunnelKey, spec: TunnelSpec) -> watch::Receiver<TunnelState> {
+        let mut entries = self.inner.entries.lock().expect("publisher lock");
+        if let Some(entry) = entries.get(&key)
+            && !entry.task.is_finished()
+        {
+            entry.desired.send_if_modified(|current| {
+                let changed = current.serving != spec.serving
+                    || current.labels != spec.labels
+                    || current.edge_identity != spec.edge_identity;
+                if changed {
+                    *current = spec.clone();
+                }
+                changed
+            });
+            return entry.state.clone();
+        }
+        let (desired_tx, desired_rx) = watch::channel(spec);
+        let (state_tx, state_rx) = watch::channel(TunnelState::Pending {
+            step: "minting a token",
+        });
+        let stop = CancellationToken::new();
+        let token = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(run_tunnel(
+            Arc::clone(&self.inner),
+            key.clone(),
+            desired_rx,
+            state_tx,
+            stop.clone(),
+            Arc::clone(&token),
+        ));
+        entries.insert(
+            key,
+            Entry {
+                desired: desired_tx,
+                state: state_rx.clone(),
+                token,
+                stop,
+                task,
+            },
+        );
+        state_rx
+    }
+
+    /// Stops one tunnel: routes removed, detached, token revoked. Returns a
+    /// future that resolves once that is done (callers may drop it).
+    pub fn unpublish(&self, key: &TunnelKey) -> impl Future<Output = ()> + Send + 'static {
+        let entry = self
+            .inner
+            .entries
+            .lock()
+            .expect("publisher lock")
+            .remove(key);
+        async move {
+            if let Some(entry) = entry {
+                entry.stop.cancel();
+                let _ = entry.task.await;
+            }
+        }
+    }
+
+    /// The state of a tunnel, if published.
+    pub fn state(&self, key: &TunnelKey) -> Option<watch::Receiver<TunnelState>> {
+        self.inner
+            .entries
+            .lock()
+            .expect("publisher lock")
+            .get(key)
+            .map(|e| e.state.clone())
+    }
+
+    /// Every published tunnel.
+    pub fn keys(&self) -> Vec<TunnelKey> {
+        let mut keys: Vec<TunnelKey> = self
+            .inner
+            .entries
+            .lock()
+            .expect("publisher lock")
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// The current token of a tunnel (diagnostics and tests; never logged).
+    pub fn token(&self, key: &TunnelKey) -> Option<TunnelToken> {
+        let slot = Arc::clone(
+            &self
+                .inner
+                .entries
+                .lock()
+                .expect("publisher lock")
+                .get(key)?
+                .token,
+        );
+        slot.lock().expect("token lock").clone()
+    }
+
+    /// Waits until every published tunnel is settled (see
+    /// [`TunnelState::is_settled`]) or `limit` passed.
+    pub async fn settled(&self, limit: Duration) {
+        let states: Vec<watch::Receiver<TunnelState>> = self
+            .inner
+            .entries
+            .lock()
+            .expect("publisher lock")
+            .values()
+            .map(|e| e.state.clone())
+            .collect();
+        let all = async {
+            for mut s in states {
+                let _ = s.wait_for(TunnelState::is_settled).await;
+            }
+        };
+        let _ = tokio::time::timeout(limit, all).await;
+    }
+
+    /// Stops every tunnel (revoking tokens), then drains the proxy.
+    pub async fn shutdown(&self) {
+        let keys = self.keys();
+        let stops: Vec<_> = keys.iter().map(|k| self.unpublish(k)).collect();
+        futures::future::join_all(stops).await;
+        self.inner.proxy.shutdown().await;
+    }
+}
+
+/// Resolves an upstream to socket addresses: headless endpoints, an IP
+/// literal (a cluster IP), or a name (standalone).
+async fn addresses(upstream: &ResolvedUpstream) -> Result<Vec<SocketAddr>, String> {
+    if !upstream.endpoints.is_empty() {
+        return Ok(upstream
+            .endpoints
+            .iter()
+            .map(|ip| SocketAddr::new(*ip, upstream.port))
+            .collect());
+    }
+    if let Ok(ip) = upstream.host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, upstream.port)]);
+    }
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((upstream.host.as_str(), upstream.port))
+        .await
+        .map_err(|e| format!("cannot resolve {}: {e}", upstream.authority()))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("{} resolves to no address", upstream.authority()));
+    }
+    Ok(addrs)
+}
+
+async fn http_route(spec: &RouteSpec<ResolvedUpstream>) -> Result<HttpRoute, String> {
+    let addrs = addresses(&spec.backend).await?;
+    let protocol = match spec.backend.scheme {
+        UpstreamScheme::Https => UpstreamProtocol::Tls(TlsUpstream {
+            sni: spec.backend.host.clone(),
+            // A Service stands for workloads that often use self-signed
+            // certificates; a literal external host is verified.
+            verify: spec.backend.service.is_none() && spec.backend.host.parse::<IpAddr>().is_err(),
+            h2: false,
+        }),
+        _ if spec.backend.is_h2c() => UpstreamProtocol::H2c,
+        _ => UpstreamProtocol::Http1,
+    };
+    Ok(HttpRoute {
+        path: spec.path.clone(),
+        path_type: spec.path_type,
+        backend: HttpBackend { addrs, protocol },
+        origin: spec.origin.clone(),
+        tie_break: spec.tie_break.clone(),
+    })
+}
+
+/// Installs what `serving` forwards to; returns warnings (routes left out).
+async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, String> {
+    match serving {
+        Serving::Http { host, routes } => {
+            let mut warnings = Vec::new();
+            let mut proxy_routes = Vec::with_capacity(routes.len());
+            for spec in routes {
+                match http_route(spec).await {
+                    Ok(r) => proxy_routes.push(r),
+                    Err(message) => warnings.push(format!(
+                        "route {host}{} of {}/{}: {message}",
+                        spec.path, spec.origin.namespace, spec.origin.name
+                    )),
+                }
+            }
+            if proxy_routes.is_empty() {
+                let _ = proxy.remove_host(host);
+                return Err(warnings.join("; "));
+            }
+            let issues = proxy
+                .set_host_routes(host, proxy_routes)
+                .map_err(|e| e.to_string())?;
+            warnings.extend(issues.iter().map(|i| i.to_string()));
+            Ok(warnings)
+        }
+        Serving::Tcp { endpoint, upstream } => {
+            let addrs = addresses(upstream).await?;
+            proxy
+                .set_tcp_service(endpoint, TcpUpstream { addrs }, TcpLimits::default())
+                .map_err(|e| e.to_string())?;
+            Ok(Vec::new())
+        }
+    }
+}
+
+fn uninstall(proxy: &ProxyCore, serving: &Serving) {
+    match serving {
+        Serving::Http { host, .. } => {
+            let _ = proxy.remove_host(host);
+        }
+        Serving::Tcp { endpoint, .. } => {
+            proxy.remove_tcp_service(endpoint);
+        }
+    }
+}
+
+fn public_port(state: &TransportState) -> Option<u16> {
+    match state {
+        TransportState::Serving { bound, .. } => bound.iter().find_map(|o| match &o.bound {
+            Some(BoundTarget::Tcp { port }) => Some(*port),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
+/// Why a tunnel task's inner loop ended.
+enum Restart {
+    /// Stop for good.
+    Stop,
+    /// The spec changed its binding or key: mint anew.
+    Respec,
+    /// Mint a new token (the edge closed the tunnel: expired, revoked …).
+    Remint,
+}
+
+async fn run_tunnel(
+    inner: Arc<Inner>,
+    key: TunnelKey,
+    mut desired: watch::Receiver<TunnelSpec>,
+    state: watch::Sender<TunnelState>,
+    stop: CancellationToken,
+    token_slot: Arc<Mutex<Option<TunnelToken>>>,
+) {
+    let id = key.id();
+    let mut attempt: u32 = 0;
+    let mut held: Option<(Arc<dyn EdgeApi>, MintedToken)> = None;
+    let mut installed: Option<Serving> = None;
+    loop {
+        let spec = desired.borrow_and_update().clone();
+        // Mint a token for exactly this tunnel's binding.
+        let binding = spec.serving.binding();
+        state.send_replace(TunnelState::Pending {
+            step: "minting a token",
+        });
+        let minted = tokio::select! {
+            _ = stop.cancelled() => break,
+            m = spec.edge.create_token(&spec.labels, std::slice::from_ref(&binding), TOKEN_TTL) => m,
+        };
+        let minted = match minted {
+            Ok(m) => m,
+            Err(e) => {
+                let retrying = e.class() != ErrorClass::NeedsChange;
+                tracing::warn!(tunnel = %key, error = %e, retrying, "could not mint a tunnel token");
+                state.send_replace(TunnelState::Failed {
+                    message: e.to_string(),
+                    retrying,
+                });
+                let wait = match e.class() {
+                    ErrorClass::RateLimited(after) => Some(after),
+                    ErrorClass::NeedsChange => None,
+                    _ => Some(inner.retry.delay(attempt)),
+                };
+                attempt = attempt.saturating_add(1);
+                if wait_or_change(&stop, &mut desired, wait).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        attempt = 0;
+        // A previous token (re-minting after a refusal or a spec change) goes.
+        if let Some((edge, old)) = held.take() {
+            revoke(&key, edge.as_ref(), &old.id).await;
+        }
+        *token_slot.lock().expect("token lock") = Some(minted.token.clone());
+        let attached = inner
+            .transport
+            .attach(&id, minted.token.clone(), vec![binding.clone()])
+            .await;
+        held = Some((Arc::clone(&spec.edge), minted));
+        let mut transport = match attached {
+            Ok(rx) => rx,
+            Err(message) => {
+                state.send_replace(TunnelState::Failed {
+                    message,
+                    retrying: true,
+                });
+                if wait_or_change(&stop, &mut desired, Some(inner.retry.delay(attempt))).await {
+                    break;
+                }
+                attempt = attempt.saturating_add(1);
+                continue;
+            }
+        };
+        let restart = serve(
+            &inner,
+            &key,
+            &spec,
+            &mut desired,
+            &state,
+            &stop,
+            &mut transport,
+            &mut installed,
+            &mut held,
+        )
+        .await;
+        match restart {
+            Restart::Stop => break,
+            Restart::Respec => {}
+            Restart::Remint => {
+                if wait_or_change(&stop, &mut desired, Some(inner.retry.delay(attempt))).await {
+                    break;
+                }
+                attempt = attempt.saturating_add(1);
+            }
+        }
+    }
+    if let Some(serving) = installed.take() {
+        uninstall(&inner.proxy, &serving);
+    }
+    inner.transport.detach(&id).await;
+    if let Some((edge, token)) = held.take() {
+        revoke(&key, edge.as_ref(), &token.id).await;
+    }
+    *token_slot.lock().expect("token lock") = None;
+    state.send_replace(TunnelState::Stopped);
+}
+
+async fn revoke(key: &TunnelKey, edge: &dyn EdgeApi, id: &str) {
+    if let Err(e) = gone_is_ok(edge.revoke_token(id).await) {
+        // The token expires by itself within its TTL; the orphan sweep at the
+        // next start revokes it too.
+        tracing::warn!(tunnel = %key, error = %e, "could not revoke a tunnel token");
+    }
+}
+
+/// Waits `wait` (or forever with `None`) unless the spec changes; true when stopped.
+async fn wait_or_change(
+    stop: &CancellationToken,
+    desired: &mut watch::Receiver<TunnelSpec>,
+    wait: Option<Duration>,
+) -> bool {
+    let sleep = async {
+        match wait {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = stop.cancelled() => true,
+        _ = sleep => false,
+        changed = desired.changed() => changed.is_err(),
+    }
+}
+
+/// Serves with an attached token until something needs a new token or a stop.
+#[allow(clippy::too_many_arguments)]
+async fn serve(
+    inner: &Arc<Inner>,
+    key: &TunnelKey,
+    spec: &TunnelSpec,
+    desired: &mut watch::Receiver<TunnelSpec>,
+    state: &watch::Sender<TunnelState>,
+    stop: &CancellationToken,
+    transport: &mut watch::Receiver<TransportState>,
+    installed: &mut Option<Serving>,
+    held: &mut Option<(Arc<dyn EdgeApi>, MintedToken)>,
+) -> Restart {
+    let mut current = spec.clone();
+    let renew_every = TOKEN_TTL / 3;
+    let mut renew =
+        tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let now = transport.borrow_and_update().clone();
+        match &now {
+            TransportState::Serving { session_id, .. } => {
+                let warnings = match install(&inner.proxy, &current.serving).await {
+                    Ok(w) => w,
+                    Err(message) => vec![message],
+                };
+                *installed = Some(current.serving.clone());
+                state.send_replace(TunnelState::Serving {
+                    session_id: session_id.clone(),
+                    port: public_port(&now),
+                    warnings,
+                });
+            }
+            TransportState::Pending => {
+                state.send_replace(TunnelState::Pending {
+                    step: "waiting for the edge",
+                });
+            }
+            TransportState::Disconnected { reason } => {
+                // Routes stay: streams only arrive through the edge, which
+                // routes again once the agent is back.
+                state.send_replace(TunnelState::Disconnected {
+                    reason: reason.clone(),
+                });
+            }
+            TransportState::Refused(r) | TransportState::Closed(r) => {
+                if let Some(serving) = installed.take() {
+                    uninstall(&inner.proxy, &serving);
+                }
+                tracing::warn!(tunnel = %key, code = %r.code, message = %r.message, "the edge refused the tunnel");
+                state.send_replace(TunnelState::Refused {
+                    code: r.code.to_string(),
+                    message: r.message.clone(),
+                });
+                // A revoked or expired token is replaced; a refused binding
+                // waits for a change (or a retry with backoff: a Domain may be
+                // verified, a TCPEndpoint reserved in the meantime).
+                return Restart::Remint;
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Restart::Stop,
+            changed = transport.changed() => {
+                if changed.is_err() {
+                    return Restart::Remint;
+                }
+            }
+            changed = desired.changed() => {
+                if changed.is_err() {
+                    return Restart::Stop;
+                }
+                let next = desired.borrow_and_update().clone();
+                let rebind = next.serving.binding() != current.serving.binding()
+                    || next.edge_identity != current.edge_identity
+                    || next.labels != current.labels;
+                if rebind {
+                    if let Some(serving) = installed.take() {
+                        uninstall(&inner.proxy, &serving);
+                    }
+                    return Restart::Respec;
+                }
+                current = next;
+                // Same binding: routes swap on the next pass, no reconnect.
+                transport.mark_changed();
+            }
+            _ = renew.tick() => {
+                let Some((edge, token)) = held.as_mut() else { continue };
+                match edge.renew_token(&token.id, TOKEN_TTL).await {
+                    Ok(expires_at) => token.expires_at = expires_at,
+                    Err(e) => match e.class() {
+                        ErrorClass::Retryable | ErrorClass::RateLimited(_) => {
+                            tracing::warn!(tunnel = %key, error = %e, "token renewal failed; retrying at the next tick");
+                        }
+                        _ => {
+                            // Expired, revoked or at the lifetime cap: a new
+                            // token replaces it without detaching.
+                            match remint_in_place(inner, key, &current, held).await {
+                                Ok(()) => {}
+                                Err(e) => tracing::warn!(tunnel = %key, error = %e, "could not replace the tunnel token"),
+                            }
+                        }
+                    },
+                }
+            }
+        }
+    }
+}
+
+async fn remint_in_place(
+    inner: &Arc<Inner>,
+    key: &TunnelKey,
+    spec: &TunnelSpec,
+    held: &mut Option<(Arc<dyn EdgeApi>, MintedToken)>,
+) -> Result<(), EdgeError> {
+    let binding = spec.serving.binding();
+    let minted = spec
+        .edge
+        .create_token(&spec.labels, std::slice::from_ref(&binding), TOKEN_TTL)
+        .await?;
+    if let Err(message) = inner
+        .transport
+        .set_token(&key.id(), minted.token.clone())
+        .await
+    {
+        tracing::warn!(tunnel = %key, %message, "could not hand the new token to the agent");
+    }
+    if let Some((edge, old)) = held.replace((Arc::clone(&spec.edge), minted)) {
+        revoke(key, edge.as_ref(), &old.id).await;
+    }
+    Ok(())
+}
