@@ -5,12 +5,16 @@
 //! `explain` is the `route explain` command.
 
 pub mod cluster;
+pub mod controllers;
 pub mod crdgen;
 pub mod desired;
 pub mod edge_api;
 pub mod explain;
+pub mod health;
 pub mod manifest;
+pub mod metrics;
 pub mod publisher;
+pub mod roles;
 pub mod standalone;
 pub mod telemetry;
 pub mod translate;

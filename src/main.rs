@@ -12,12 +12,17 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Publish Kubernetes Services to the internet through outbound tunnels"
 )]
 struct Cli {
+    /// Log format (the level comes from RUST_LOG, default `info`).
+    #[arg(long, global = true, value_enum, default_value_t = tuna_operator::telemetry::LogFormat::Text)]
+    log_format: tuna_operator::telemetry::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Reconcile Domains and TCPEndpoints into reservations at the edge (leader-elected).
+    Controller(Box<tuna_operator::roles::controller::ControllerArgs>),
     /// Inspect how routes are built and matched.
     #[command(subcommand)]
     Route(tuna_operator::explain::RouteCommand),
@@ -30,9 +35,12 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    tuna_operator::telemetry::init();
     let cli = Cli::parse();
+    tuna_operator::telemetry::init_with(cli.log_format);
     match cli.command {
+        Command::Controller(args) => {
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::roles::controller::run(*args))
+        }
         Command::Route(cmd) => tuna_operator::explain::run(cmd),
         Command::Crdgen(args) => tuna_operator::crdgen::run(args),
         Command::Standalone(args) => tuna_operator::standalone::cli::run_blocking(*args),

@@ -1,0 +1,384 @@
+//! The reconcilers: one file per kind, every kind the same shape.
+//!
+//! ```text
+//! observe (the object, reflector stores, Services by `get`)
+//!   → desired state (pure functions, table-tested: `desired_*` in each file)
+//!   → apply (edge API calls, proxy registrations, status by server-side
+//!     apply, events)
+//! ```
+//!
+//! - **Controller role** ([`domain`], [`tcpendpoint`]): reservations at the
+//!   edge, with finalizers that release them (unless adopted or `Retain`).
+//! - **Agent role** ([`tunnel`], [`ingress`]): tunnels and routes through the
+//!   [`crate::publisher::Publisher`].
+//!
+//! Shared conventions (this module):
+//! - **Status** is written by server-side apply on the status subresource
+//!   ([`apply_status`]), with a `Ready` condition in the `metav1.Condition`
+//!   shape (`observedGeneration`, a CamelCase reason, a message a person can act
+//!   on) and `status.observedGeneration`; an unchanged status is not written.
+//! - **Events** go through kube's `Recorder` (`events.k8s.io/v1`: it creates,
+//!   then patches repeats), shown by `kubectl describe`.
+//! - **Errors**: [`Backoff`] gives each object its own exponential backoff
+//!   with jitter, reset by a success; a 429 waits its `Retry-After`; a 4xx only
+//!   a change can fix sets `Ready=False` with the edge's message and waits for
+//!   a change of the object; 5xx and network errors back off. Every success
+//!   requeues after the resync interval, so every object is re-checked.
+
+pub mod domain;
+// pub mod ingress;
+pub mod tcpendpoint;
+// pub mod tunnel;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tuna_crds::{ConditionStatus, READY, set_condition};
+
+use crate::edge_api::{EdgeApi, EdgeError, ErrorClass};
+use crate::metrics::Metrics;
+
+/// Field manager of every status the operator writes.
+pub const FIELD_MANAGER: &str = "tuna-operator";
+/// `reportingController` of events (the `From` column of `kubectl describe`).
+pub const REPORTER: &str = "tuna-operator";
+
+/// Why a reconcile failed; [`error_policy`] turns it into a requeue.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The edge API failed; its class decides the retry.
+    #[error(transparent)]
+    Edge(#[from] EdgeError),
+    /// The Kubernetes API failed (retried with backoff).
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Adding or removing a finalizer failed, or the cleanup did.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The operator is not ready to reconcile yet (e.g. the edge's base domain is unknown).
+    #[error("{0}")]
+    NotReady(String),
+}
+
+impl Error {
+    /// How long to wait before the next attempt, if the class says so.
+    fn class(&self) -> ErrorClass {
+        match self {
+            Self::Edge(e) => e.class(),
+            Self::Finalizer(inner) => match inner.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.class(),
+                _ => ErrorClass::Retryable,
+            },
+            Self::Kube(_) | Self::NotReady(_) => ErrorClass::Retryable,
+        }
+    }
+}
+
+/// Per-object exponential backoff with full jitter; kube-runtime has none built in.
+#[derive(Debug)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Backoff {
+    /// Delays start at `initial` and double up to `max`.
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Counts a failure of `key` and returns how long to wait: uniform in
+    /// [d/2, d] with d = min(initial·2^failures, max).
+    pub fn fail(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().expect("backoff lock");
+        let n = failures.entry(key.to_owned()).or_insert(0);
+        let exp = self.initial.saturating_mul(1u32 << (*n).min(16));
+        *n = n.saturating_add(1);
+        jitter(exp.min(self.max))
+    }
+
+    /// Forgets the failures of `key` (it succeeded).
+    pub fn reset(&self, key: &str) {
+        self.failures.lock().expect("backoff lock").remove(key);
+    }
+
+    /// Consecutive failures of `key`.
+    pub fn failures(&self, key: &str) -> u32 {
+        self.failures
+            .lock()
+            .expect("backoff lock")
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Uniform in [d/2, d].
+pub fn jitter(d: Duration) -> Duration {
+    use rand::Rng;
+    let half = d / 2;
+    half + Duration::from_millis(rand::rng().random_range(0..=half.as_millis() as u64))
+}
+
+/// The resync requeue: the interval with up to 10 % jitter, so that objects
+/// created together do not all come back at the same moment.
+pub fn resync(interval: Duration) -> Action {
+    use rand::Rng;
+    let spread = interval.as_millis() as u64 / 10;
+    Action::requeue(interval + Duration::from_millis(rand::rng().random_range(0..=spread)))
+}
+
+/// What every reconciler shares.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// Publishes events as [`REPORTER`].
+    pub recorder: Recorder,
+    /// The edge's REST API (with the operator's key).
+    pub edge: Arc<dyn EdgeApi>,
+    /// Metrics of this process.
+    pub metrics: Arc<Metrics>,
+    /// Per-object backoff.
+    pub backoff: Backoff,
+    /// The edge's base domain (`subdomain: web` → `web.<base domain>`).
+    pub base_domain: String,
+    /// The edge's public host (TCP endpoints are `<public host>:<port>`).
+    pub public_host: String,
+    /// Every object is re-checked this often.
+    pub resync_interval: Duration,
+    /// Unverified custom domains are re-checked this often.
+    pub dns_recheck_interval: Duration,
+}
+
+impl Context {
+    /// A context; `instance` names this process in events (the pod name).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        instance: Option<String>,
+        edge: Arc<dyn EdgeApi>,
+        metrics: Arc<Metrics>,
+        base_domain: String,
+        public_host: String,
+        resync_interval: Duration,
+        dns_recheck_interval: Duration,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: REPORTER.to_owned(),
+                instance,
+            },
+        );
+        Self {
+            client,
+            recorder,
+            edge,
+            metrics,
+            backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
+            base_domain,
+            public_host,
+            resync_interval,
+            dns_recheck_interval,
+        }
+    }
+
+    /// Publishes an event about `obj`; a failure is logged, never fatal.
+    pub async fn event<K>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) where
+        K: Resource<DynamicType = ()>,
+    {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1024)),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(object = %obj.name_any(), reason, error = %e, "could not publish an event");
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// The object's key for backoff and logs: `namespace/name`.
+pub fn key_of<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or(""),
+        obj.meta().name.as_deref().unwrap_or("")
+    )
+}
+
+/// The kube-runtime error policy of every kind: see the module docs. (A
+/// needs-change error has already set `Ready=False`; it waits for a change of
+/// the object, with the resync as a safety net.)
+pub fn error_policy<K: Resource>(obj: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = key_of(obj.as_ref());
+    let kind = std::any::type_name::<K>()
+        .rsplit("::")
+        .next()
+        .unwrap_or("?");
+    ctx.metrics.reconcile_error(kind);
+    match error.class() {
+        ErrorClass::RateLimited(after) => {
+            tracing::info!(object = %key, ?after, "edge rate limit: waiting Retry-After");
+            Action::requeue(after)
+        }
+        ErrorClass::NeedsChange => {
+            tracing::info!(object = %key, %error, "waiting for a change");
+            resync(ctx.resync_interval)
+        }
+        ErrorClass::Retryable | ErrorClass::Gone => {
+            let delay = ctx.backoff.fail(&key);
+            tracing::warn!(object = %key, %error, ?delay, "reconcile failed; backing off");
+            Action::requeue(delay)
+        }
+    }
+}
+
+/// A `Ready` condition list with one condition set (transition time kept
+/// unless the status flips).
+pub fn ready(
+    previous: &[Condition],
+    status: ConditionStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    let mut conditions = previous.to_vec();
+    set_condition(
+        &mut conditions,
+        READY,
+        status,
+        reason,
+        message,
+        generation,
+        Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    conditions
+}
+
+/// The `Ready` condition of a list, if any.
+pub fn ready_of(conditions: &[Condition]) -> Option<&Condition> {
+    conditions.iter().find(|c| c.type_ == READY)
+}
+
+/// Writes `status` by server-side apply on the status subresource, unless it
+/// equals `current` (no write, no watch event).
+pub async fn apply_status<K, S>(
+    api: &Api<K>,
+    obj: &K,
+    current: Option<&S>,
+    status: &S,
+) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    S: Serialize + PartialEq,
+{
+    if current == Some(status) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &obj.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A CamelCase reason from an edge error code (`held_by_other_account` →
+/// `HeldByOtherAccount`), or `fallback`.
+pub fn reason_of(error: &EdgeError, fallback: &str) -> String {
+    match error.code() {
+        Some(code) => code
+            .split('_')
+            .map(|w| {
+                let mut c = w.chars();
+                match c.next() {
+                    Some(first) => first.to_ascii_uppercase().to_string() + c.as_str(),
+                    None => String::new(),
+                }
+            })
+            .collect(),
+        None => fallback.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_per_object_and_resets() {
+        let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let first = b.fail("a");
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+        for _ in 0..10 {
+            b.fail("a");
+        }
+        let capped = b.fail("a");
+        assert!(capped >= Duration::from_millis(500) && capped <= Duration::from_secs(1));
+        assert_eq!(b.failures("b"), 0, "other objects are not affected");
+        b.reset("a");
+        assert_eq!(b.failures("a"), 0);
+    }
+
+    #[test]
+    fn reasons_from_edge_codes() {
+        let e = EdgeError::api(
+            "x",
+            tuna_tunnel::api::ClientError::Forbidden {
+                code: "held_by_other_account".into(),
+                message: "m".into(),
+            },
+        );
+        assert_eq!(reason_of(&e, "EdgeError"), "HeldByOtherAccount");
+        let t = EdgeError::api(
+            "x",
+            tuna_tunnel::api::ClientError::Transient {
+                message: "down".into(),
+                status: None,
+            },
+        );
+        assert_eq!(reason_of(&t, "EdgeUnavailable"), "EdgeUnavailable");
+    }
+}

@@ -1,0 +1,184 @@
+//! `tuna-operator controller`: the Domain and TCPEndpoint reconcilers
+//! (reservations at the edge), leader-elected with a `coordination.k8s.io/v1`
+//! Lease so that several replicas can run and only one reconciles. It never
+//! reads Secrets.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    EdgeArgs, ServeArgs, edge_api, instance_name, parse_duration, shutdown_signal, whoami_until_ok,
+};
+use crate::controllers::{Context, domain, tcpendpoint};
+use crate::health::{self, Readiness};
+use crate::metrics::Metrics;
+
+/// Name of the controller's leader-election Lease.
+pub const LEASE_NAME: &str = "tuna-operator-controller";
+
+/// Flags of `tuna-operator controller`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// Unverified custom domains are checked again this often.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub dns_recheck_interval: Duration,
+    /// Namespace of the leader-election Lease (default: the environment
+    /// variable POD_NAMESPACE, else the kubeconfig's namespace).
+    #[arg(long, value_name = "NS")]
+    pub leader_election_namespace: Option<String>,
+    /// How long the leader's Lease lasts unrenewed: when the leader dies, a
+    /// standby takes over within this time.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+    /// Reconcile without leader election (run exactly one replica then).
+    #[arg(long)]
+    pub no_leader_election: bool,
+}
+
+/// The shared part of the controller: context set up, then reconcile while leader.
+pub(crate) async fn context(
+    edge: &EdgeArgs,
+    serve: &ServeArgs,
+    dns_recheck_interval: Duration,
+    metrics: &Arc<Metrics>,
+    client: kube::Client,
+) -> anyhow::Result<Option<Arc<Context>>> {
+    let api = edge_api(edge, metrics)?;
+    let who = tokio::select! {
+        who = whoami_until_ok(api.as_ref(), &edge.edge_api) => who,
+        _ = shutdown_signal() => return Ok(None),
+    };
+    Ok(Some(Arc::new(Context::new(
+        client,
+        Some(instance_name()),
+        api,
+        Arc::clone(metrics),
+        who.base_domain,
+        who.public_host,
+        serve.resync_interval,
+        dns_recheck_interval,
+    ))))
+}
+
+/// Runs the Domain and TCPEndpoint controllers until `stop` is cancelled.
+pub async fn reconcile_until(ctx: Arc<Context>, stop: CancellationToken) {
+    futures::future::join(
+        domain::run(Arc::clone(&ctx), stop.clone().cancelled_owned()),
+        tcpendpoint::run(ctx, stop.cancelled_owned()),
+    )
+    .await;
+}
+
+/// Runs the controller role until SIGTERM/SIGINT.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    crate::cluster::install_crypto_provider();
+    let metrics = Arc::new(Metrics::new());
+    let (ready_tx, ready_rx) = watch::channel(Readiness::NotReady("starting".into()));
+    let render = {
+        let metrics = Arc::clone(&metrics);
+        Arc::new(move || metrics.render())
+    };
+    let (probe, metrics_addr) = health::start(
+        args.serve.probe_listen,
+        args.serve.metrics_listen,
+        ready_rx,
+        render,
+    )
+    .await?;
+    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
+    let client = crate::cluster::client()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    let namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    ready_tx.send_replace(Readiness::NotReady("reaching the edge API".into()));
+    let Some(ctx) = context(
+        &args.edge,
+        &args.serve,
+        args.dns_recheck_interval,
+        &metrics,
+        client.clone(),
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    ready_tx.send_replace(Readiness::Ready);
+
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        });
+    }
+    if args.no_leader_election {
+        metrics.set_leader(true);
+        reconcile_until(ctx, shutdown).await;
+        return Ok(());
+    }
+    let lease_seconds = args.leader_election_lease_duration.as_secs().max(2);
+    let grace = (lease_seconds / 3).max(1);
+    let identity = instance_name();
+    let manager = LeaseManagerBuilder::new(client, LEASE_NAME)
+        .with_namespace(&namespace)
+        .with_identity(&identity)
+        .with_duration(lease_seconds)
+        .with_grace(grace)
+        .with_field_manager("tuna-operator-controller")
+        .build()
+        .await
+        .with_context(|| format!("leader election in namespace {namespace}"))?;
+    let (mut leader, lease_task) = manager.watch().await;
+    tracing::info!(lease = %format!("{namespace}/{LEASE_NAME}"), %identity, "waiting to become the leader");
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            became = leader.wait_for(|l| *l) => if became.is_err() { break },
+        }
+        tracing::info!(%identity, "became the leader: reconciling");
+        metrics.set_leader(true);
+        let stop = shutdown.child_token();
+        let running = tokio::spawn(reconcile_until(Arc::clone(&ctx), stop.clone()));
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            lost = leader.wait_for(|l| !*l) => {
+                if lost.is_ok() {
+                    tracing::warn!(%identity, "lost the leadership: stopping the reconcilers");
+                }
+            }
+        }
+        stop.cancel();
+        let _ = running.await;
+        metrics.set_leader(false);
+        if shutdown.is_cancelled() {
+            break;
+        }
+    }
+    // Closing the channel releases the Lease, so a standby takes over at once.
+    drop(leader);
+    match lease_task.await {
+        Ok(Ok(_)) => tracing::info!("released the leader Lease"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not release the leader Lease"),
+        Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+    }
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! The roles a `tuna-operator` process runs in a cluster: `controller`
+//! (reservations, leader-elected), `agent` (tunnels and the proxy core), and
+//! both in one process for small installs and tests (`all`).
+//!
+//! Every role takes the edge to use (`--edge-api`, `--edge-ca-file`, the API
+//! key from `--api-key-file` or `TUNA_API_KEY`), `--resync-interval`, and
+//! serves `/healthz` + `/readyz` on `--probe-listen` and `/metrics` on
+//! `--metrics-listen`. The Kubernetes client follows the standard kubeconfig
+//! resolution (`KUBECONFIG`, else in-cluster).
+
+// pub mod agent;
+pub mod controller;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tuna_tunnel::api::{ClientOptions, Secret, TunaClient, WhoAmI};
+
+use crate::edge_api::{EdgeApi, RemoteEdge};
+use crate::metrics::{MeteredEdge, Metrics};
+
+/// The environment variable holding the API key (when `--api-key-file` is not given).
+pub const API_KEY_ENV: &str = "TUNA_API_KEY";
+
+/// Parses `2s`, `5m`, `1h30m` (humantime).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration like 30s, 5m or 1h: {e}"))
+}
+
+/// Which edge to use and how to authenticate.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EdgeArgs {
+    /// Base URL of the edge's REST API, e.g. `https://edge.example.com:7444`.
+    #[arg(long, value_name = "URL")]
+    pub edge_api: String,
+    /// PEM file of the CA to trust for the edge (a self-hosted edge's
+    /// `<data-dir>/tls/ca.pem`). Default: the system's roots.
+    #[arg(long, value_name = "PEM")]
+    pub edge_ca_file: Option<PathBuf>,
+    /// File holding the API key (trailing whitespace is ignored). Default: the
+    /// environment variable TUNA_API_KEY.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+}
+
+impl EdgeArgs {
+    /// The API key, from `--api-key-file` or `TUNA_API_KEY`.
+    pub fn api_key(&self) -> anyhow::Result<Secret> {
+        use anyhow::Context as _;
+        let key = match &self.api_key_file {
+            Some(path) => std::fs::read_to_string(path)
+                .with_context(|| format!("reading the API key from {}", path.display()))?,
+            None => std::env::var(API_KEY_ENV).map_err(|_| {
+                anyhow::anyhow!(
+                    "no API key: give --api-key-file FILE or set the environment variable {API_KEY_ENV}"
+                )
+            })?,
+        };
+        let key = key.trim_end();
+        if key.is_empty() {
+            anyhow::bail!("the API key is empty (check --api-key-file or {API_KEY_ENV})");
+        }
+        Ok(Secret::new(key))
+    }
+
+    /// A client of the edge's REST API with the operator's key.
+    pub fn client(&self) -> anyhow::Result<TunaClient> {
+        self.client_with(self.api_key()?)
+    }
+
+    /// A client of the edge's REST API with `key` (e.g. a Tunnel's own).
+    pub fn client_with(&self, key: Secret) -> anyhow::Result<TunaClient> {
+        let mut options = ClientOptions::new(self.edge_api.clone(), key);
+        if let Some(ca) = &self.edge_ca_file {
+            options = options.with_ca_file(ca.clone());
+        }
+        TunaClient::new(options).map_err(|e| anyhow::anyhow!("edge API client: {e}"))
+    }
+}
+
+/// Listeners and timing every role shares.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Listener of `/metrics` (Prometheus).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:8080")]
+    pub metrics_listen: SocketAddr,
+    /// Listener of `/healthz` and `/readyz`.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:8081")]
+    pub probe_listen: SocketAddr,
+    /// Every object is re-checked this often (e.g. `30s`, `5m`).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+}
+
+/// The edge API with the operator's key, metered.
+pub fn edge_api(args: &EdgeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<dyn EdgeApi>> {
+    let remote: Arc<dyn EdgeApi> = Arc::new(RemoteEdge::new(args.client()?));
+    Ok(Arc::new(MeteredEdge::new(remote, Arc::clone(metrics))))
+}
+
+/// Asks the edge who the key is, retrying with backoff while the edge is
+/// unreachable or refuses (the key may be fixed meanwhile); logs each failure.
+pub async fn whoami_until_ok(edge: &dyn EdgeApi, api_url: &str) -> WhoAmI {
+    let backoff =
+        crate::controllers::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    loop {
+        match edge.whoami().await {
+            Ok(who) => {
+                tracing::info!(account = %who.account, base_domain = %who.base_domain, public_host = %who.public_host, "connected to the edge API");
+                return who;
+            }
+            Err(e) => {
+                let delay = backoff.fail("whoami");
+                tracing::warn!(edge = %api_url, error = %e, ?delay, "cannot reach the edge API yet");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// This process's name in events and leases: `POD_NAME`, else the host name
+/// with a random suffix (chosen once per process).
+pub fn instance_name() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(pick_instance_name).clone()
+}
+
+fn pick_instance_name() -> String {
+    if let Ok(pod) = std::env::var("POD_NAME")
+        && !pod.is_empty()
+    {
+        return pod;
+    }
+    use rand::Rng;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "tuna-operator".into());
+    format!("{host}-{:06x}", rand::rng().random::<u32>() & 0xff_ffff)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
