@@ -215,7 +215,11 @@ async fn apply(domain: Arc<Domain>, ctx: &Context, store: &Store<Domain>) -> Res
         ctx.client.clone(),
         domain.namespace().as_deref().unwrap_or("default"),
     );
-    let (_, request) = match desired(&domain, &store.state(), &ctx.base_domain) {
+    let base_domain = match ctx.edge_info().await {
+        Ok(who) => who.base_domain.clone(),
+        Err(e) => return edge_failure(&api, &domain, e, ctx).await,
+    };
+    let (_, request) = match desired(&domain, &store.state(), &base_domain) {
         Ok(d) => d,
         Err(refusal) => {
             not_ready(

@@ -44,6 +44,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tuna_crds::{ConditionStatus, READY, set_condition};
 
+use tuna_tunnel::api::WhoAmI;
+
 use crate::edge_api::{EdgeApi, EdgeError, ErrorClass};
 use crate::metrics::Metrics;
 
@@ -155,10 +157,9 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Per-object backoff.
     pub backoff: Backoff,
-    /// The edge's base domain (`subdomain: web` → `web.<base domain>`).
-    pub base_domain: String,
-    /// The edge's public host (TCP endpoints are `<public host>:<port>`).
-    pub public_host: String,
+    /// Who the key is at the edge (base domain, public host), asked once it
+    /// answers: an edge that is down at start is reported on each object.
+    edge_info: tokio::sync::OnceCell<WhoAmI>,
     /// Every object is re-checked this often.
     pub resync_interval: Duration,
     /// Unverified custom domains are re-checked this often.
@@ -173,8 +174,6 @@ impl Context {
         instance: Option<String>,
         edge: Arc<dyn EdgeApi>,
         metrics: Arc<Metrics>,
-        base_domain: String,
-        public_host: String,
         resync_interval: Duration,
         dns_recheck_interval: Duration,
     ) -> Self {
@@ -191,11 +190,21 @@ impl Context {
             edge,
             metrics,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
-            base_domain,
-            public_host,
+            edge_info: tokio::sync::OnceCell::new(),
             resync_interval,
             dns_recheck_interval,
         }
+    }
+
+    /// The edge's account, base domain and public host (asked until it answers).
+    pub async fn edge_info(&self) -> Result<&WhoAmI, EdgeError> {
+        self.edge_info
+            .get_or_try_init(|| async {
+                let who = self.edge.whoami().await?;
+                tracing::info!(account = %who.account, base_domain = %who.base_domain, public_host = %who.public_host, "connected to the edge API");
+                Ok(who)
+            })
+            .await
     }
 
     /// Publishes an event about `obj`; a failure is logged, never fatal.

@@ -11,9 +11,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    EdgeArgs, ServeArgs, edge_api, instance_name, parse_duration, shutdown_signal, whoami_until_ok,
-};
+use super::{EdgeArgs, ServeArgs, edge_api, instance_name, parse_duration, shutdown_signal};
 use crate::controllers::{Context, domain, tcpendpoint};
 use crate::health::{self, Readiness};
 use crate::metrics::Metrics;
@@ -44,29 +42,23 @@ pub struct ControllerArgs {
     pub no_leader_election: bool,
 }
 
-/// The shared part of the controller: context set up, then reconcile while leader.
-pub(crate) async fn context(
+/// The reconcilers' context. The edge is not awaited here: an edge that is
+/// down is reported on every object (`EdgeUnavailable`) until it answers.
+pub(crate) fn context(
     edge: &EdgeArgs,
     serve: &ServeArgs,
     dns_recheck_interval: Duration,
     metrics: &Arc<Metrics>,
     client: kube::Client,
-) -> anyhow::Result<Option<Arc<Context>>> {
-    let api = edge_api(edge, metrics)?;
-    let who = tokio::select! {
-        who = whoami_until_ok(api.as_ref(), &edge.edge_api) => who,
-        _ = shutdown_signal() => return Ok(None),
-    };
-    Ok(Some(Arc::new(Context::new(
+) -> anyhow::Result<Arc<Context>> {
+    Ok(Arc::new(Context::new(
         client,
         Some(instance_name()),
-        api,
+        edge_api(edge, metrics)?,
         Arc::clone(metrics),
-        who.base_domain,
-        who.public_host,
         serve.resync_interval,
         dns_recheck_interval,
-    ))))
+    )))
 }
 
 /// Runs the Domain and TCPEndpoint controllers until `stop` is cancelled.
@@ -107,18 +99,16 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
                 .filter(|n| !n.is_empty())
         })
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    ready_tx.send_replace(Readiness::NotReady("reaching the edge API".into()));
-    let Some(ctx) = context(
+    let ctx = context(
         &args.edge,
         &args.serve,
         args.dns_recheck_interval,
         &metrics,
         client.clone(),
-    )
-    .await?
-    else {
-        return Ok(());
-    };
+    )?;
+    if let Err(e) = ctx.edge_info().await {
+        tracing::warn!(edge = %args.edge.edge_api, error = %e, "cannot reach the edge API yet; objects will say so until it answers");
+    }
     ready_tx.send_replace(Readiness::Ready);
 
     let shutdown = CancellationToken::new();
