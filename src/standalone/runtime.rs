@@ -1,6 +1,6 @@
-//! The standalone process: embedded edge (or a remote one), one agent session per
-//! published host or TCP endpoint, the proxy core, and the file watcher that
-//! applies changes live.
+//! The standalone process: embedded edge (or a remote one), one agent
+//! connection carrying a tunnel per published host or TCP endpoint, the proxy
+//! core, and the file watcher that applies changes live.
 //!
 //! # Shape
 //!
@@ -33,10 +33,18 @@ use tuna_proxy::{
     ConnInfo, HttpBackend, HttpRoute, ProxyConfig, ProxyCore, Scheme, TcpLimits, TcpUpstream,
     TlsUpstream, UpstreamProtocol,
 };
-use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle, Trust};
+use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle, Trust, TunnelStatus};
 use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
 use tuna_tunnel::mux::MuxStream;
 use tuna_tunnel::wire::{Binding, StreamKind, StreamMeta, TunnelToken};
+
+/// The id of a key's tunnel on the shared agent (no spaces: it travels in a header).
+fn tunnel_id(key: &TunnelKey) -> String {
+    match key {
+        TunnelKey::Host(h) => format!("host:{h}"),
+        TunnelKey::Tcp(t) => format!("tcp:{t}"),
+    }
+}
 
 use super::Error;
 use super::desired::{DesiredOptions, DesiredState, HttpRouteSpec, PublishedTcp, SkippedItem};
@@ -127,7 +135,6 @@ impl std::fmt::Display for TunnelKey {
 
 struct Session {
     token: IssuedToken,
-    agent: AgentHandle,
     /// For TCP: the endpoint key the proxy core knows the service by.
     tcp_key: Option<String>,
     /// For TCP: the public address.
@@ -152,9 +159,8 @@ impl Reservation {
 struct Runtime {
     proxy: ProxyCore,
     control: EdgeControl,
-    agent_addr: String,
-    trust: Trust,
-    server_name: Option<String>,
+    /// One connection to the edge carrying every tunnel.
+    agent: AgentHandle,
     public_http_port: Option<u16>,
     tcp_host: IpAddr,
     sessions: BTreeMap<TunnelKey, Session>,
@@ -239,13 +245,16 @@ impl Runtime {
         });
     }
 
-    fn start_agent(&self, token: &TunnelToken, binding: Binding) -> Result<AgentHandle, Error> {
-        let mut config =
-            AgentConfig::new(self.agent_addr.clone(), token.clone(), self.trust.clone());
-        config.server_name = self.server_name.clone();
-        config.bindings = vec![binding];
+    fn start_agent(
+        proxy: &ProxyCore,
+        agent_addr: &str,
+        trust: Trust,
+        server_name: Option<String>,
+    ) -> Result<AgentHandle, Error> {
+        let mut config = AgentConfig::new(agent_addr, trust);
+        config.server_name = server_name;
         config.agent_name = format!("tuna-operator-standalone/{}", env!("CARGO_PKG_VERSION"));
-        let proxy = self.proxy.clone();
+        let proxy = proxy.clone();
         Agent::start(config, move |stream: MuxStream, meta: StreamMeta| {
             let proxy = proxy.clone();
             tokio::spawn(async move {
@@ -286,25 +295,30 @@ impl Runtime {
             .control
             .create_token(owner, std::slice::from_ref(&binding))
             .await?;
-        let agent = match self.start_agent(&token.token, binding) {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = self.control.revoke_token(&token.id).await;
-                return Err(e);
-            }
-        };
-        if tokio::time::timeout(CONNECT_WAIT, agent.connected())
+        let id = tunnel_id(key);
+        if let Err(e) = self
+            .agent
+            .attach(id.clone(), token.token.clone(), vec![binding])
             .await
-            .is_err()
         {
-            let status = agent.status().borrow().clone();
-            self.problem(key.to_string(), "TunnelNotConnected", format!("still connecting after {CONNECT_WAIT:?} ({status:?}); retrying in the background"));
+            let _ = self.control.revoke_token(&token.id).await;
+            return Err(Error::Edge(format!("attaching a tunnel: {e}")));
+        }
+        if !matches!(
+            tokio::time::timeout(CONNECT_WAIT, self.agent.serving(&id)).await,
+            Ok(Ok(_))
+        ) {
+            let status = self.agent.tunnel_status(&id).map(|s| s.borrow().clone());
+            self.problem(
+                key.to_string(),
+                "TunnelNotConnected",
+                format!("not serving after {CONNECT_WAIT:?} ({status:?})"),
+            );
         }
         self.sessions.insert(
             key.clone(),
             Session {
                 token,
-                agent,
                 tcp_key: None,
                 tcp_addr: None,
             },
@@ -314,7 +328,7 @@ impl Runtime {
 
     async fn close_session(&mut self, key: &TunnelKey) {
         if let Some(session) = self.sessions.remove(key) {
-            session.agent.shutdown().await;
+            let _ = self.agent.detach(&tunnel_id(key)).await;
             if let Err(e) = self.control.revoke_token(&session.token.id).await {
                 self.problem(key.to_string(), "TokenNotRevoked", e.to_string());
             }
@@ -714,12 +728,11 @@ impl Standalone {
         let http_addr = edge.as_ref().and_then(|e| e.http_addr);
 
         let proxy = ProxyCore::new(ProxyConfig::default());
+        let agent = Runtime::start_agent(&proxy, &agent_addr, trust, server_name)?;
         let runtime = Runtime {
             proxy,
             control,
-            agent_addr: agent_addr.clone(),
-            trust,
-            server_name,
+            agent,
             public_http_port,
             tcp_host,
             sessions: BTreeMap::new(),
@@ -841,12 +854,19 @@ impl Standalone {
 
     /// Session id of each tunnel currently connected.
     pub async fn session_ids(&self) -> BTreeMap<TunnelKey, Option<String>> {
-        self.runtime
-            .lock()
-            .await
-            .sessions
-            .iter()
-            .map(|(k, s)| (k.clone(), s.agent.session_id()))
+        let rt = self.runtime.lock().await;
+        rt.sessions
+            .keys()
+            .map(|k| {
+                let serving =
+                    rt.agent.tunnel_status(&tunnel_id(k)).and_then(|status| {
+                        match &*status.borrow() {
+                            TunnelStatus::Serving { session_id, .. } => Some(session_id.clone()),
+                            _ => None,
+                        }
+                    });
+                (k.clone(), serving)
+            })
             .collect()
     }
 
