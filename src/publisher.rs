@@ -5,8 +5,9 @@
 //! [`Publisher::unpublish`]; both are synchronous and never wait for the
 //! network. Each tunnel is a task of its own that mints the tunnel's token
 //! with the tunnel's [`EdgeApi`] (the operator's key, or the key of a Tunnel's
-//! `apiKeySecretRef`), attaches it to the [`Transport`] (the agent's connection
-//! to the edge), installs the routes in the proxy core **only once the edge
+//! `apiKeySecretRef`), attaches it to the agent's one connection to the edge
+//! (tunnel protocol v2: many tunnels per connection, each with its own
+//! token), installs the routes in the proxy core **only once the edge
 //! accepted the binding**, swaps them live when they change (never a
 //! reconnect), renews the token at a third of its lifetime (minting a new one
 //! when renewal is refused, e.g. at the edge's lifetime cap), and on stop
@@ -20,14 +21,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tuna_proxy::{
     HttpBackend, HttpRoute, ProxyCore, TcpLimits, TcpUpstream, TlsUpstream, UpstreamProtocol,
 };
 use tuna_routing::RouteSpec;
-use tuna_tunnel::wire::{Binding, BindingOutcome, BoundTarget, Rejection, TunnelToken};
+use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle};
+use tuna_tunnel::wire::{Binding, BoundTarget, TunnelToken};
 
 use crate::edge_api::{EdgeApi, EdgeError, ErrorClass, MintedToken, gone_is_ok};
 use crate::translate::service::{ResolvedUpstream, UpstreamScheme};
@@ -124,6 +125,8 @@ pub enum TunnelState {
     },
     /// The edge accepted the binding; traffic flows; routes are installed.
     Serving {
+        /// The revision of the spec now installed (see [`Publisher::publish`]).
+        revision: u64,
         /// The edge's session id (changes only on a reconnect).
         session_id: String,
         /// The public TCP port, for TCP tunnels.
@@ -156,6 +159,14 @@ pub enum TunnelState {
 }
 
 impl TunnelState {
+    /// Settled at `revision` or later: serving that spec, or refused/failed.
+    pub fn reached(&self, revision: u64) -> bool {
+        match self {
+            Self::Serving { revision: r, .. } => *r >= revision,
+            other => other.is_settled(),
+        }
+    }
+
     /// Serving traffic.
     pub fn is_serving(&self) -> bool {
         matches!(self, Self::Serving { .. })
@@ -176,50 +187,11 @@ impl TunnelState {
     }
 }
 
-/// The state of one tunnel on the agent's connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TransportState {
-    /// Sent (or to be sent once connected); no answer yet.
-    Pending,
-    /// The edge serves it through this session.
-    Serving {
-        /// The session id.
-        session_id: String,
-        /// The edge's resolution of each binding.
-        bound: Vec<BindingOutcome>,
-    },
-    /// The edge refused it (bad token, binding not allowed …).
-    Refused(Rejection),
-    /// The edge closed it (revoked, expired, taken over).
-    Closed(Rejection),
-    /// The connection is down; reconnecting.
-    Disconnected {
-        /// Why.
-        reason: String,
-    },
-}
-
-/// The agent's connection(s) to the edge, carrying tunnels by id.
-pub trait Transport: Send + Sync + 'static {
-    /// Starts (or restarts, with a new token) the tunnel `id`.
-    fn attach<'a>(
-        &'a self,
-        id: &'a str,
-        token: TunnelToken,
-        bindings: Vec<Binding>,
-    ) -> BoxFuture<'a, Result<watch::Receiver<TransportState>, String>>;
-    /// Replaces the token of a live tunnel (renewal by re-minting).
-    fn set_token<'a>(
-        &'a self,
-        id: &'a str,
-        token: TunnelToken,
-    ) -> BoxFuture<'a, Result<(), String>>;
-    /// Stops the tunnel `id`.
-    fn detach<'a>(&'a self, id: &'a str) -> BoxFuture<'a, ()>;
-}
+/// The state of one tunnel on the agent's connection (the agent's own type).
+pub use tuna_tunnel::agent::TunnelStatus as TransportState;
 
 struct Entry {
-    desired: watch::Sender<TunnelSpec>,
+    desired: watch::Sender<(u64, TunnelSpec)>,
     state: watch::Receiver<TunnelState>,
     token: Arc<Mutex<Option<TunnelToken>>>,
     stop: CancellationToken,
@@ -234,7 +206,7 @@ pub struct Publisher {
 
 struct Inner {
     proxy: ProxyCore,
-    transport: Arc<dyn Transport>,
+    agent: AgentHandle,
     entries: Mutex<HashMap<TunnelKey, Entry>>,
     retry: RetryPolicy,
 }
@@ -269,21 +241,35 @@ impl RetryPolicy {
 }
 
 impl Publisher {
-    /// A publisher over `proxy` and `transport`.
-    pub fn new(proxy: ProxyCore, transport: Arc<dyn Transport>) -> Self {
-        Self::with_retry(proxy, transport, RetryPolicy::default())
+    /// Starts the agent's connection to the edge (`config`: address, trust,
+    /// name) with its streams going into `proxy`, and a publisher over both.
+    pub fn start(proxy: ProxyCore, config: AgentConfig) -> Result<Self, tuna_tunnel::wire::Error> {
+        Self::start_with_retry(proxy, config, RetryPolicy::default())
     }
 
-    /// Same, with an explicit retry policy.
-    pub fn with_retry(proxy: ProxyCore, transport: Arc<dyn Transport>, retry: RetryPolicy) -> Self {
-        Self {
+    /// Same, with an explicit retry policy for edge API calls.
+    pub fn start_with_retry(
+        proxy: ProxyCore,
+        config: AgentConfig,
+        retry: RetryPolicy,
+    ) -> Result<Self, tuna_tunnel::wire::Error> {
+        let streams = proxy.clone();
+        let agent = Agent::start(config, move |stream, meta| {
+            crate::transport::serve_stream(&streams, stream, meta)
+        })?;
+        Ok(Self {
             inner: Arc::new(Inner {
                 proxy,
-                transport,
+                agent,
                 entries: Mutex::new(HashMap::new()),
                 retry,
             }),
-        }
+        })
+    }
+
+    /// The agent's connection to the edge.
+    pub fn agent(&self) -> &AgentHandle {
+        &self.inner.agent
     }
 
     /// The proxy core.
@@ -291,26 +277,30 @@ impl Publisher {
         &self.inner.proxy
     }
 
-    /// Publishes (or updates) one tunnel and returns a watch of its state.
-    /// Route or upstream changes are swapped live; a changed binding or key
-    /// re-mints the token on the same connection.
-    pub fn publish(&self, key: TunnelKey, spec: TunnelSpec) -> watch::Receiver<TunnelState> {
+    /// Publishes (or updates) one tunnel and returns a watch of its state and
+    /// the revision of this spec: the state says `Serving { revision }` once
+    /// it is installed ([`TunnelState::reached`]). Route or upstream changes are
+    /// swapped live; a changed binding or key re-mints the token on the same
+    /// connection.
+    pub fn publish(&self, key: TunnelKey, spec: TunnelSpec) -> (watch::Receiver<TunnelState>, u64) {
         let mut entries = self.inner.entries.lock().expect("publisher lock");
         if let Some(entry) = entries.get(&key)
             && !entry.task.is_finished()
         {
-            entry.desired.send_if_modified(|current| {
+            entry.desired.send_if_modified(|(revision, current)| {
                 let changed = current.serving != spec.serving
                     || current.labels != spec.labels
                     || current.edge_identity != spec.edge_identity;
                 if changed {
+                    *revision += 1;
                     *current = spec.clone();
                 }
                 changed
             });
-            return entry.state.clone();
+            let revision = entry.desired.borrow().0;
+            return (entry.state.clone(), revision);
         }
-        let (desired_tx, desired_rx) = watch::channel(spec);
+        let (desired_tx, desired_rx) = watch::channel((1, spec));
         let (state_tx, state_rx) = watch::channel(TunnelState::Pending {
             step: "minting a token",
         });
@@ -334,7 +324,7 @@ impl Publisher {
                 task,
             },
         );
-        state_rx
+        (state_rx, 1)
     }
 
     /// Stops one tunnel: routes removed, detached, token revoked. Returns a
@@ -534,7 +524,7 @@ enum Restart {
 async fn run_tunnel(
     inner: Arc<Inner>,
     key: TunnelKey,
-    mut desired: watch::Receiver<TunnelSpec>,
+    mut desired: watch::Receiver<(u64, TunnelSpec)>,
     state: watch::Sender<TunnelState>,
     stop: CancellationToken,
     token_slot: Arc<Mutex<Option<TunnelToken>>>,
@@ -544,7 +534,7 @@ async fn run_tunnel(
     let mut held: Option<(Arc<dyn EdgeApi>, MintedToken)> = None;
     let mut installed: Option<Serving> = None;
     loop {
-        let spec = desired.borrow_and_update().clone();
+        let (revision, spec) = desired.borrow_and_update().clone();
         // Mint a token for exactly this tunnel's binding.
         let binding = spec.serving.binding();
         state.send_replace(TunnelState::Pending {
@@ -581,10 +571,17 @@ async fn run_tunnel(
             revoke(&key, edge.as_ref(), &old.id).await;
         }
         *token_slot.lock().expect("token lock") = Some(minted.token.clone());
-        let attached = inner
-            .transport
-            .attach(&id, minted.token.clone(), vec![binding.clone()])
-            .await;
+        let attached = match inner
+            .agent
+            .attach(id.clone(), minted.token.clone(), vec![binding.clone()])
+            .await
+        {
+            Ok(()) => inner
+                .agent
+                .tunnel_status(&id)
+                .ok_or_else(|| "the agent forgot the tunnel".to_owned()),
+            Err(e) => Err(e.to_string()),
+        };
         held = Some((Arc::clone(&spec.edge), minted));
         let mut transport = match attached {
             Ok(rx) => rx,
@@ -603,6 +600,7 @@ async fn run_tunnel(
         let restart = serve(
             &inner,
             &key,
+            revision,
             &spec,
             &mut desired,
             &state,
@@ -626,7 +624,7 @@ async fn run_tunnel(
     if let Some(serving) = installed.take() {
         uninstall(&inner.proxy, &serving);
     }
-    inner.transport.detach(&id).await;
+    let _ = inner.agent.detach(&id).await;
     if let Some((edge, token)) = held.take() {
         revoke(&key, edge.as_ref(), &token.id).await;
     }
@@ -645,7 +643,7 @@ async fn revoke(key: &TunnelKey, edge: &dyn EdgeApi, id: &str) {
 /// Waits `wait` (or forever with `None`) unless the spec changes; true when stopped.
 async fn wait_or_change(
     stop: &CancellationToken,
-    desired: &mut watch::Receiver<TunnelSpec>,
+    desired: &mut watch::Receiver<(u64, TunnelSpec)>,
     wait: Option<Duration>,
 ) -> bool {
     let sleep = async {
@@ -666,8 +664,9 @@ async fn wait_or_change(
 async fn serve(
     inner: &Arc<Inner>,
     key: &TunnelKey,
+    mut revision: u64,
     spec: &TunnelSpec,
-    desired: &mut watch::Receiver<TunnelSpec>,
+    desired: &mut watch::Receiver<(u64, TunnelSpec)>,
     state: &watch::Sender<TunnelState>,
     stop: &CancellationToken,
     transport: &mut watch::Receiver<TransportState>,
@@ -689,6 +688,7 @@ async fn serve(
                 };
                 *installed = Some(current.serving.clone());
                 state.send_replace(TunnelState::Serving {
+                    revision,
                     session_id: session_id.clone(),
                     port: public_port(&now),
                     warnings,
@@ -732,7 +732,7 @@ async fn serve(
                 if changed.is_err() {
                     return Restart::Stop;
                 }
-                let next = desired.borrow_and_update().clone();
+                let (next_revision, next) = desired.borrow_and_update().clone();
                 let rebind = next.serving.binding() != current.serving.binding()
                     || next.edge_identity != current.edge_identity
                     || next.labels != current.labels;
@@ -743,6 +743,7 @@ async fn serve(
                     return Restart::Respec;
                 }
                 current = next;
+                revision = next_revision;
                 // Same binding: routes swap on the next pass, no reconnect.
                 transport.mark_changed();
             }
@@ -780,12 +781,8 @@ async fn remint_in_place(
         .edge
         .create_token(&spec.labels, std::slice::from_ref(&binding), TOKEN_TTL)
         .await?;
-    if let Err(message) = inner
-        .transport
-        .set_token(&key.id(), minted.token.clone())
-        .await
-    {
-        tracing::warn!(tunnel = %key, %message, "could not hand the new token to the agent");
+    if let Err(e) = inner.agent.set_token(&key.id(), minted.token.clone()).await {
+        tracing::warn!(tunnel = %key, error = %e, "could not hand the new token to the agent");
     }
     if let Some((edge, old)) = held.replace((Arc::clone(&spec.edge), minted)) {
         revoke(key, edge.as_ref(), &old.id).await;

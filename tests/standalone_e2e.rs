@@ -368,29 +368,23 @@ async fn a_removed_tunnel_stops_serving_and_its_token_is_revoked() {
     // The old token no longer opens a session at the edge.
     let mut config = tuna_tunnel::agent::AgentConfig::new(
         env.standalone.agent_addr(),
-        token,
         tuna_tunnel::agent::Trust::CaFile(env.standalone.ca_file().unwrap().clone()),
     );
     config.server_name = Some("localhost".into());
-    config.bindings = vec![tuna_tunnel::wire::Binding::http("app.localhost")];
     let agent = tuna_tunnel::agent::Agent::start(config, |_s, _m| {}).unwrap();
-    let mut status = agent.status();
-    let outcome = tokio::time::timeout(
-        WAIT,
-        status.wait_for(|s| {
-            matches!(
-                s,
-                tuna_tunnel::agent::AgentStatus::Rejected(_)
-                    | tuna_tunnel::agent::AgentStatus::Connected { .. }
-            )
-        }),
-    )
-    .await
-    .expect("the edge answers in time")
-    .unwrap()
-    .clone();
+    agent
+        .attach(
+            "app",
+            token,
+            vec![tuna_tunnel::wire::Binding::http("app.localhost")],
+        )
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(WAIT, agent.serving("app"))
+        .await
+        .expect("the edge answers in time");
     assert!(
-        matches!(outcome, tuna_tunnel::agent::AgentStatus::Rejected(_)),
+        matches!(outcome, Err(tuna_tunnel::wire::Error::Rejected(_))),
         "revoked token was accepted: {outcome:?}"
     );
     agent.shutdown().await;

@@ -49,7 +49,6 @@ use crate::edge_api::{EdgeApi, RemoteEdge as RemoteEdgeApi, gone_is_ok};
 pub use crate::publisher::TunnelKey;
 use crate::publisher::{Publisher, Serving, TunnelSpec, TunnelState};
 use crate::translate::tunnel::PortOrAlias;
-use crate::transport::SessionPerTunnel;
 
 /// How long applying a change waits for new tunnels to connect before it
 /// reports them as not (yet) connected; they keep retrying in the background.
@@ -205,15 +204,15 @@ impl Runtime {
         self.problems.clear();
         let state = self.provider.state().clone();
         self.reserve_new(&state).await;
-        let mut touched = Vec::new();
+        let mut touched: Vec<(TunnelKey, u64)> = Vec::new();
         for change in changes {
             match change {
                 Change::HostRemoved { host } => {
                     self.publisher.unpublish(&TunnelKey::Host(host)).await;
                 }
                 Change::HostSet { host, routes } => {
-                    if self.set_host(&state, &host, routes).await {
-                        touched.push(TunnelKey::Host(host));
+                    if let Some(revision) = self.set_host(&state, &host, routes).await {
+                        touched.push((TunnelKey::Host(host), revision));
                     }
                 }
                 Change::TcpRemoved { tunnel, .. } => {
@@ -221,25 +220,25 @@ impl Runtime {
                     self.publisher.unpublish(&TunnelKey::Tcp(tunnel)).await;
                 }
                 Change::TcpSet { tunnel, tcp, .. } => {
-                    if self.set_tcp(&tunnel, &tcp).await {
-                        touched.push(TunnelKey::Tcp(tunnel));
+                    if let Some(revision) = self.set_tcp(&tunnel, &tcp).await {
+                        touched.push((TunnelKey::Tcp(tunnel), revision));
                     }
                 }
             }
         }
         self.release_removed(&state).await;
         // Report tunnels that did not come up (they keep trying).
-        let states: Vec<(TunnelKey, watch::Receiver<TunnelState>)> = touched
+        let states: Vec<(TunnelKey, u64, watch::Receiver<TunnelState>)> = touched
             .into_iter()
-            .filter_map(|k| Some((k.clone(), self.publisher.state(&k)?)))
+            .filter_map(|(k, r)| Some((k.clone(), r, self.publisher.state(&k)?)))
             .collect();
         let _ = tokio::time::timeout(CONNECT_WAIT, async {
-            for (_, s) in &states {
-                let _ = s.clone().wait_for(TunnelState::is_settled).await;
+            for (_, revision, s) in &states {
+                let _ = s.clone().wait_for(|s| s.reached(*revision)).await;
             }
         })
         .await;
-        for (key, s) in states {
+        for (key, _, s) in states {
             let now = s.borrow().clone();
             match now {
                 TunnelState::Serving { warnings, .. } => {
@@ -376,7 +375,7 @@ impl Runtime {
         state: &DesiredState,
         host: &str,
         routes: Vec<HttpRouteSpec>,
-    ) -> bool {
+    ) -> Option<u64> {
         // A host no Domain reserves is an http Tunnel's subdomain: reserve it
         // for the tunnel's lifetime.
         if !self.hosts_reserved.contains_key(host) {
@@ -396,7 +395,7 @@ impl Runtime {
                 }
                 Err(e) => {
                     self.problem(format!("host {host}"), "ReservationFailed", e.to_string());
-                    return false;
+                    return None;
                 }
             }
         }
@@ -413,12 +412,14 @@ impl Runtime {
                 routes,
             },
         );
-        self.publisher
-            .publish(TunnelKey::Host(host.to_owned()), spec);
-        true
+        Some(
+            self.publisher
+                .publish(TunnelKey::Host(host.to_owned()), spec)
+                .1,
+        )
     }
 
-    async fn set_tcp(&mut self, tunnel: &str, tcp: &PublishedTcp) -> bool {
+    async fn set_tcp(&mut self, tunnel: &str, tcp: &PublishedTcp) -> Option<u64> {
         let alias = tcp_alias(&tcp.endpoint);
         let request = CreateTcpEndpoint {
             alias: alias.clone(),
@@ -435,7 +436,7 @@ impl Runtime {
                     "ReservationFailed",
                     e.to_string(),
                 );
-                return false;
+                return None;
             }
         };
         self.tcp_reserved.entry(alias).or_insert(Reservation {
@@ -453,9 +454,11 @@ impl Runtime {
                 upstream: tcp.upstream.clone(),
             },
         );
-        self.publisher
-            .publish(TunnelKey::Tcp(tunnel.to_owned()), spec);
-        true
+        Some(
+            self.publisher
+                .publish(TunnelKey::Tcp(tunnel.to_owned()), spec)
+                .1,
+        )
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -588,12 +591,11 @@ impl Standalone {
         let http_addr = parts.handle.as_ref().and_then(|e| e.http_addr);
 
         let proxy = ProxyCore::new(ProxyConfig::default());
-        let mut template =
-            AgentConfig::new(parts.agent_addr.clone(), TunnelToken::new(""), parts.trust);
-        template.server_name = parts.server_name;
-        template.agent_name = format!("tuna-operator-standalone/{}", env!("CARGO_PKG_VERSION"));
-        let transport = Arc::new(SessionPerTunnel::new(template, proxy.clone()));
-        let publisher = Publisher::new(proxy, transport);
+        let mut agent = AgentConfig::new(parts.agent_addr.clone(), parts.trust);
+        agent.server_name = parts.server_name;
+        agent.agent_name = format!("tuna-operator-standalone/{}", env!("CARGO_PKG_VERSION"));
+        let publisher = Publisher::start(proxy, agent)
+            .map_err(|e| Error::Edge(format!("starting the tunnel agent: {e}")))?;
         let mut runtime = Runtime {
             publisher: publisher.clone(),
             edge: parts.api,

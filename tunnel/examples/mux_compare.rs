@@ -45,8 +45,9 @@ impl Opener {
                         endpoint: "bench".into(),
                         port: 1,
                     },
+                    tunnel: "bench".into(),
                 };
-                Box::new(mux::open_stream(s, &meta).await.unwrap())
+                Box::new(mux::open_stream(s, &meta, mux::Gate::new()).await.unwrap())
             }
             Opener::Yamux(c) => Box::new(c.clone().open_stream().await.unwrap()),
         }

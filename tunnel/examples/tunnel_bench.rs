@@ -5,6 +5,11 @@
 //!
 //! The agent hands each stream to its upstream as raw bytes (what the proxy
 //! core does for TCP; for HTTP the benchmark measures the tunnel, not a proxy).
+//!
+//! `--tunnels N` (both sides) adds N more tunnels on the agent's one
+//! connection, each with its own token (`T-<i>`) and host (`<i>.bench.test`),
+//! to measure what a tunnel costs: the agent prints its RSS once every tunnel
+//! is served, the edge whenever the number of tunnels it serves settles.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +44,8 @@ enum Role {
         token: String,
         #[arg(long)]
         host: String,
+        #[arg(long, default_value_t = 0)]
+        tunnels: usize,
     },
     Agent {
         #[arg(long)]
@@ -55,7 +62,26 @@ enum Role {
         http_upstream: SocketAddr,
         #[arg(long)]
         tcp_upstream: SocketAddr,
+        #[arg(long, default_value_t = 0)]
+        tunnels: usize,
     },
+}
+
+/// Resident set size of this process, from `/proc/self/status`.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Open file descriptors of this process.
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
 #[tokio::main]
@@ -78,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
             ca_out,
             token,
             host,
+            tunnels,
         } => {
             let ck =
                 rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])?;
@@ -95,17 +122,42 @@ async fn main() -> anyhow::Result<()> {
             let authority = MemoryAuthority::new();
             authority.add_token(
                 "bench",
-                &TunnelToken::new(token),
+                &TunnelToken::new(&token),
                 "bench",
                 SystemTime::now() + Duration::from_secs(86_400),
-                vec![Binding::http(host), Binding::tcp(tcp_port.to_string())],
+                vec![Binding::http(&host), Binding::tcp(tcp_port.to_string())],
             );
+            for i in 0..tunnels {
+                authority.add_token(
+                    &format!("bench-{i}"),
+                    &TunnelToken::new(format!("{token}-{i}")),
+                    "bench",
+                    SystemTime::now() + Duration::from_secs(86_400),
+                    vec![Binding::http(format!("{i}.{host}"))],
+                );
+            }
             let mut config = EdgeConfig::new(agent, Arc::new(tls));
             config.http_addr = Some(http);
             config.tcp_bind_ip = "127.0.0.1".parse()?;
             config.tcp_ports = tcp_port..=tcp_port;
-            let _edge = EdgeServer::start(config, Arc::new(authority), None).await?;
+            let edge = EdgeServer::start(config, Arc::new(authority), None).await?;
+            if tunnels > 0 {
+                let mut sessions = edge.sessions();
+                tokio::spawn(async move {
+                    while sessions.changed().await.is_ok() {
+                        // Give the attaches a moment to land before measuring.
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                        eprintln!(
+                            "edge: {} session(s), rss {} KiB, {} fds",
+                            *sessions.borrow(),
+                            rss_kib(),
+                            fds()
+                        );
+                    }
+                });
+            }
             tokio::signal::ctrl_c().await?;
+            drop(edge);
         }
         Role::Agent {
             edge,
@@ -115,10 +167,11 @@ async fn main() -> anyhow::Result<()> {
             tcp_port,
             http_upstream,
             tcp_upstream,
+            tunnels,
         } => {
-            let mut config = AgentConfig::new(edge, TunnelToken::new(token), Trust::CaFile(ca));
+            let mut config = AgentConfig::new(edge, Trust::CaFile(ca));
             config.server_name = Some("localhost".into());
-            config.bindings = vec![Binding::http(host), Binding::tcp(tcp_port.to_string())];
+            let before = rss_kib();
             let agent = Agent::start(config, move |mut stream: MuxStream, meta: StreamMeta| {
                 let upstream = match meta.kind {
                     StreamKind::Http { .. } => http_upstream,
@@ -138,8 +191,40 @@ async fn main() -> anyhow::Result<()> {
                     .await;
                 });
             })?;
+            agent
+                .attach(
+                    "bench",
+                    TunnelToken::new(&token),
+                    vec![Binding::http(&host), Binding::tcp(tcp_port.to_string())],
+                )
+                .await?;
             let session = agent.connected().await?;
+            agent.serving("bench").await?;
             eprintln!("agent connected: {session}");
+            if tunnels > 0 {
+                let started = std::time::Instant::now();
+                for i in 0..tunnels {
+                    agent
+                        .attach(
+                            format!("bench-{i}"),
+                            TunnelToken::new(format!("{token}-{i}")),
+                            vec![Binding::http(format!("{i}.{host}"))],
+                        )
+                        .await?;
+                }
+                for i in 0..tunnels {
+                    agent.serving(&format!("bench-{i}")).await?;
+                }
+                eprintln!(
+                    "agent: {} tunnels served in {:?} on session {:?}; rss {} KiB (before start {} KiB), {} fds",
+                    tunnels + 1,
+                    started.elapsed(),
+                    agent.session_id(),
+                    rss_kib(),
+                    before,
+                    fds()
+                );
+            }
             tokio::signal::ctrl_c().await?;
         }
     }

@@ -19,6 +19,8 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes};
@@ -176,6 +178,32 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Coalesced<T> {
     }
 }
 
+/// Closes every stream of one tunnel at once: a stream opened under a gate
+/// fails its next read or write once the gate is closed (and resets the h2
+/// stream, so the peer learns too). A revoked tunnel thus stops moving bytes
+/// even on streams that were open before, without tearing down the session.
+#[derive(Debug, Default)]
+pub struct Gate {
+    closed: AtomicBool,
+}
+
+impl Gate {
+    /// An open gate.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Closes the gate for good.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Gate::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
 /// The h2 client configuration the edge uses on an agent connection.
 pub fn client_builder() -> h2::client::Builder {
     let mut b = h2::client::Builder::new();
@@ -213,13 +241,16 @@ fn stream_request(
     Ok(req)
 }
 
-/// Opens a data stream carrying `meta` (edge side).
+/// Opens a data stream carrying `meta` (edge side), under `gate`.
 pub async fn open_stream(
     sender: &h2::client::SendRequest<Bytes>,
     meta: &StreamMeta,
+    gate: Arc<Gate>,
 ) -> Result<MuxStream> {
     let req = stream_request(|h| meta.write_headers(h))?;
-    open(sender, req).await
+    let mut stream = open(sender, req).await?;
+    stream.gate = Some(gate);
+    Ok(stream)
 }
 
 /// Opens the control stream (edge side, first stream of a session).
@@ -239,6 +270,7 @@ async fn open(sender: &h2::client::SendRequest<Bytes>, req: Request<()>) -> Resu
         recv: RecvState::Pending(response),
         buf: Bytes::new(),
         shut: false,
+        gate: None,
     })
 }
 
@@ -261,6 +293,7 @@ pub fn accept_stream(
             recv: RecvState::Streaming(recv),
             buf: Bytes::new(),
             shut: false,
+            gate: None,
         },
     ))
 }
@@ -279,6 +312,33 @@ pub struct MuxStream {
     recv: RecvState,
     buf: Bytes,
     shut: bool,
+    /// The tunnel's gate; closed: the stream is cut.
+    gate: Option<Arc<Gate>>,
+}
+
+impl MuxStream {
+    /// Puts the stream under `gate` (agent side: the gate of the stream's tunnel).
+    pub fn set_gate(&mut self, gate: Arc<Gate>) {
+        self.gate = Some(gate);
+    }
+
+    /// `Err` once the stream's gate is closed; resets the h2 stream then.
+    fn check_gate(&mut self) -> io::Result<()> {
+        match &self.gate {
+            Some(gate) if gate.is_closed() => {
+                if !matches!(self.recv, RecvState::Done) || !self.shut {
+                    self.send.send_reset(h2::Reason::CANCEL);
+                    self.recv = RecvState::Done;
+                    self.shut = true;
+                }
+                Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "the stream's tunnel was closed",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 impl std::fmt::Debug for MuxStream {
@@ -305,6 +365,7 @@ impl AsyncRead for MuxStream {
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        this.check_gate()?;
         loop {
             if !this.buf.is_empty() {
                 let n = this.buf.len().min(out.remaining());
@@ -357,6 +418,7 @@ impl AsyncWrite for MuxStream {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
+        self.check_gate()?;
         if self.shut {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,

@@ -1,33 +1,43 @@
-//! The tunnel wire protocol, version 1: everything an agent and an edge say
+//! The tunnel wire protocol, version 2: everything an agent and an edge say
 //! to each other, in one module. `docs/tunnel-protocol.md` is the prose spec.
+//!
+//! One agent connection carries many *tunnels*; each is attached with its own
+//! tunnel token and bindings, and revoking one token closes only its tunnel.
 //!
 //! # Connection life cycle
 //!
 //! 1. The agent dials the edge's agent listener over TLS (ALPN [`ALPN`]).
 //! 2. The agent writes the 8-byte [`Preamble`] (`TUNA`, protocol version as
-//!    big-endian `u16`, two zero bytes) and a [`Frame::Hello`] carrying its
-//!    tunnel token and declared bindings.
-//! 3. The edge answers with [`Frame::Welcome`] (session id, heartbeat
-//!    interval, resolved bindings) or [`Frame::Reject`] (an [`ErrorCode`] and a
-//!    message) and closes. Both sides give up after [`HANDSHAKE_TIMEOUT`].
-//!    `Reject` is frozen across protocol versions so that a version mismatch
-//!    is always reported legibly.
+//!    big-endian `u16`, two zero bytes) and a [`Frame::Hello`] carrying up to
+//!    [`MAX_HELLO_TUNNELS`] [`Attach`]es (tunnel id, token, bindings), at most
+//!    [`MAX_HELLO_LEN`] bytes.
+//! 3. The edge judges each: if at least one tunnel's token is valid (and, if
+//!    it names bindings, one of them is allowed), it answers
+//!    [`Frame::Welcome`]; otherwise it sends a [`Frame::Refused`] per tunnel,
+//!    then [`Frame::Reject`] and closes. `Reject` is frozen across protocol
+//!    versions so that a version mismatch is always reported legibly.
 //! 4. The same TLS stream then carries HTTP/2 with reversed roles: the edge is
 //!    the h2 *client*, the agent the h2 *server*. Only the framed handshake is
 //!    read with exact-length reads, so no h2 byte is swallowed by a buffer.
 //! 5. The edge's first h2 stream is the control stream (header
-//!    `tuna-kind: control`); it carries [`Frame`]s both ways:
-//!    [`Frame::UpdateBindings`] / [`Frame::BindingsUpdated`] (live binding
-//!    changes: never a reconnect), [`Frame::Heartbeat`] and [`Frame::GoAway`].
-//! 6. Every other h2 stream is one public connection: the request headers
-//!    carry its [`StreamMeta`] (see [`StreamMeta::write_headers`]), the request
-//!    body is client→agent bytes, the response body agent→client bytes.
+//!    `tuna-kind: control`). The edge first answers each tunnel of the hello
+//!    ([`Frame::Attached`] or [`Frame::Refused`]); from then on both sides
+//!    send frames on it: [`Frame::Attach`] / [`Frame::Detach`] /
+//!    [`Frame::UpdateBindings`] (agent → edge, answered by `Attached`,
+//!    `Refused`, [`Frame::BindingsUpdated`]), [`Frame::TunnelClosed`] (edge →
+//!    agent: one tunnel ends, the session goes on), [`Frame::Heartbeat`] and
+//!    [`Frame::GoAway`].
+//! 6. Every other h2 stream is one public connection for one tunnel: the
+//!    request headers carry its [`StreamMeta`] (see
+//!    [`StreamMeta::write_headers`]), the request body is client→agent bytes,
+//!    the response body agent→client bytes.
 //!
 //! # Frames
 //!
 //! A frame is a big-endian `u32` length followed by that many bytes of JSON
-//! (an object tagged by `"type"`). Lengths above [`MAX_FRAME_LEN`] are refused
-//! before anything is allocated.
+//! (an object tagged by `"type"`). Lengths above [`MAX_FRAME_LEN`] (or
+//! [`MAX_HELLO_LEN`] before authentication) are refused before anything is
+//! allocated, and the buffer grows with the bytes that actually arrive.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -38,27 +48,46 @@ use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// The protocol version this build speaks (the edge accepts only this one).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// First bytes of every agent connection.
 pub const MAGIC: [u8; 4] = *b"TUNA";
-/// TLS ALPN protocol id of the agent listener.
+/// TLS ALPN protocol id of the agent listener. It names the framing family,
+/// not the version (the preamble carries that): an agent of another version
+/// still completes TLS and gets a legible `version_mismatch`.
 pub const ALPN: &[u8] = b"tuna-tunnel/1";
 /// Largest frame payload accepted (bytes of JSON after the length prefix).
 pub const MAX_FRAME_LEN: usize = 256 * 1024;
-/// Time allowed from TCP accept (edge) or dial (agent) to `Welcome`.
+/// Largest `Hello` payload: what an unauthenticated peer may make the edge
+/// read. The buffer grows with the bytes that arrive, never to the claimed
+/// length at once.
+pub const MAX_HELLO_LEN: usize = 64 * 1024;
+/// Most tunnels one `Hello` may attach; the rest follow as `Attach` frames.
+pub const MAX_HELLO_TUNNELS: usize = 16;
+/// Largest encoded `Attach` frame of one tunnel (token and bindings), so that
+/// any tunnel fits into a `Hello`.
+pub const MAX_ATTACH_LEN: usize = 48 * 1024;
+/// Time allowed from dial to `Welcome` and the h2 preface (agent side) and
+/// from `Welcome` to the control stream (edge side).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time an unauthenticated connection gets on the edge, from TCP accept to a
+/// judged `Hello` (TLS handshake, preamble, hello frame).
+pub const PRE_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default heartbeat interval the edge announces in `Welcome`.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 /// Missed heartbeat intervals after which a peer is declared dead.
 pub const HEARTBEAT_MISSES: u32 = 3;
 /// Longest accepted host name (RFC 1035) and endpoint alias.
 pub const MAX_HOST_LEN: usize = 253;
-/// Most bindings one `Hello` or `UpdateBindings` may carry.
+/// Most bindings one tunnel may have (and one frame may add or remove).
 pub const MAX_BINDINGS: usize = 1024;
+/// Longest tunnel id (printable ASCII without spaces).
+pub const MAX_TUNNEL_ID_LEN: usize = 128;
 
 /// Request header naming what an h2 stream carries: `control`, `http` or `tcp`.
 pub const HEADER_KIND: &str = "tuna-kind";
+/// Request header: the id the agent gave the tunnel this stream belongs to.
+pub const HEADER_TUNNEL: &str = "tuna-tunnel";
 /// Request header: the public client's `ip:port`.
 pub const HEADER_CLIENT: &str = "tuna-client-addr";
 /// Request header: `http` or `https`, as the client reached the edge.
@@ -77,7 +106,9 @@ pub enum Error {
     #[error("protocol violation: {0}")]
     Protocol(String),
     /// A frame longer than [`MAX_FRAME_LEN`].
-    #[error("frame of {0} bytes exceeds the {MAX_FRAME_LEN}-byte limit")]
+    #[error(
+        "frame of {0} bytes exceeds the size limit ({MAX_FRAME_LEN} bytes, {MAX_HELLO_LEN} for hello)"
+    )]
     FrameTooLarge(usize),
     /// The peer refused us, with its reason.
     #[error("rejected by the peer: {0}")]
@@ -91,6 +122,9 @@ pub enum Error {
     /// A configuration value is unusable; the message says which.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// No tunnel with this id is attached to the agent.
+    #[error("no tunnel {0:?} is attached to this agent")]
+    UnknownTunnel(String),
     /// TLS setup failed (certificate, key, trust anchors).
     #[error("TLS: {0}")]
     Tls(String),
@@ -210,7 +244,7 @@ pub enum BoundTarget {
     },
 }
 
-/// Why a handshake, binding or session was refused.
+/// Why a handshake, tunnel, binding or session was refused or ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
@@ -220,12 +254,22 @@ pub enum ErrorCode {
     BadToken,
     /// The token's lifetime is over; renew it.
     TokenExpired,
-    /// The token was revoked while the session was open.
+    /// The token was revoked while the tunnel was open.
     TokenRevoked,
     /// The token (its account) may not serve this binding.
     BindingNotAllowed,
     /// The binding is allowed but cannot be served now (e.g. port in use).
     BindingUnavailable,
+    /// Another tunnel (newer, of this or another session) took a binding over.
+    BindingTakenOver,
+    /// The domain or TCP endpoint was released (deleted) at the edge.
+    BindingReleased,
+    /// A quota of the account or token is spent (tunnels, sessions).
+    QuotaExceeded,
+    /// Too many failed attempts from this address; wait and retry.
+    RateLimited,
+    /// The session carries no tunnel any more.
+    NoTunnels,
     /// A frame that is well-formed but makes no sense.
     BadRequest,
     /// The peer took too long to complete the handshake.
@@ -286,34 +330,74 @@ pub struct BindingOutcome {
     pub error: Option<Rejection>,
 }
 
+/// One tunnel an agent asks to open: in `Hello`, or later as
+/// [`Frame::Attach`]. Attaching an id that is already attached replaces its
+/// token and bindings (a renewed or re-minted token, a retry after a refusal).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attach {
+    /// The agent's id of the tunnel; every stream of it carries this id.
+    pub tunnel: String,
+    /// The agent's request number, echoed in the answer.
+    pub seq: u64,
+    /// The tunnel token (or an API key with `tunnels:connect`).
+    pub token: TunnelToken,
+    /// What the tunnel serves from the start.
+    pub bindings: Vec<Binding>,
+}
+
 /// Every message of the protocol. See the module docs for who sends what when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Frame {
-    /// Agent → edge, right after the preamble.
+    /// Agent → edge, right after the preamble: the first tunnels.
     Hello {
-        /// The tunnel token.
-        token: TunnelToken,
-        /// Everything the agent wants to serve from the start.
-        bindings: Vec<Binding>,
         /// Free-form agent identity for logs (e.g. `tuna-operator/0.1.0`).
         agent: String,
+        /// Up to [`MAX_HELLO_TUNNELS`] tunnels; at least one must be accepted.
+        tunnels: Vec<Attach>,
     },
-    /// Edge → agent: the session is open; h2 starts after this frame.
+    /// Edge → agent: the session is open; h2 starts after this frame. The
+    /// hello's tunnels are answered on the control stream.
     Welcome {
         /// Identifies the session in logs and status; stable until it ends.
         session_id: String,
         /// Interval at which both sides send [`Frame::Heartbeat`].
         heartbeat_ms: u64,
-        /// The resolved bindings, in the order of `Hello`.
-        bound: Vec<BindingOutcome>,
     },
     /// Edge → agent: handshake refused; the edge closes the connection.
     Reject(Rejection),
-    /// Agent → edge over the control stream: change bindings live.
+    /// Agent → edge (control): open a tunnel, or replace an open one's token
+    /// and bindings.
+    Attach(Attach),
+    /// Edge → agent: the tunnel is open; one outcome per binding.
+    Attached {
+        /// The tunnel id.
+        tunnel: String,
+        /// The `seq` of the attach answered.
+        seq: u64,
+        /// Per binding: accepted (with target) or refused (with reason).
+        bound: Vec<BindingOutcome>,
+    },
+    /// Edge → agent: the attach was refused; the tunnel is not open.
+    Refused {
+        /// The tunnel id.
+        tunnel: String,
+        /// The `seq` of the attach answered.
+        seq: u64,
+        /// Why.
+        reason: Rejection,
+    },
+    /// Agent → edge (control): close a tunnel. Not answered.
+    Detach {
+        /// The tunnel id.
+        tunnel: String,
+    },
+    /// Agent → edge (control): change one tunnel's bindings live.
     UpdateBindings {
+        /// The tunnel id.
+        tunnel: String,
         /// Echoed in the answer.
-        id: u64,
+        seq: u64,
         /// Bindings to start serving.
         add: Vec<Binding>,
         /// Bindings to stop serving.
@@ -321,18 +405,64 @@ pub enum Frame {
     },
     /// Edge → agent: the outcome of an `UpdateBindings` (one entry per `add`).
     BindingsUpdated {
-        /// The request's id.
-        id: u64,
+        /// The tunnel id.
+        tunnel: String,
+        /// The request's `seq`.
+        seq: u64,
         /// Per added binding: accepted (with target) or refused (with reason).
         results: Vec<BindingOutcome>,
+    },
+    /// Edge → agent: the edge closed one tunnel (token revoked or expired,
+    /// binding taken over or released); the session and its other tunnels go on.
+    TunnelClosed {
+        /// The tunnel id.
+        tunnel: String,
+        /// Why.
+        reason: Rejection,
     },
     /// Either way, every heartbeat interval: proof of life.
     Heartbeat {
         /// Sender's counter, for logs.
         seq: u64,
     },
-    /// Edge → agent: the session ends now, and why (e.g. token revoked).
+    /// Edge → agent: the session ends now, and why (e.g. the edge stops).
     GoAway(Rejection),
+}
+
+impl Frame {
+    /// The frame's `type`, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frame::Hello { .. } => "hello",
+            Frame::Welcome { .. } => "welcome",
+            Frame::Reject(_) => "reject",
+            Frame::Attach(_) => "attach",
+            Frame::Attached { .. } => "attached",
+            Frame::Refused { .. } => "refused",
+            Frame::Detach { .. } => "detach",
+            Frame::UpdateBindings { .. } => "update_bindings",
+            Frame::BindingsUpdated { .. } => "bindings_updated",
+            Frame::TunnelClosed { .. } => "tunnel_closed",
+            Frame::Heartbeat { .. } => "heartbeat",
+            Frame::GoAway(_) => "go_away",
+        }
+    }
+}
+
+/// Refuses tunnel ids that could not travel in a header or name nothing.
+pub fn validate_tunnel_id(id: &str) -> Result<(), Rejection> {
+    let ok =
+        !id.is_empty() && id.len() <= MAX_TUNNEL_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(Rejection::new(
+            ErrorCode::BadRequest,
+            format!(
+                "tunnel id {id:?} is not 1-{MAX_TUNNEL_ID_LEN} printable ASCII characters without spaces"
+            ),
+        ))
+    }
 }
 
 /// The fixed first bytes an agent sends: magic, version, two reserved zeros.
@@ -409,15 +539,27 @@ impl Frame {
     fn check_bounds(&self) -> Result<()> {
         let too_many = |n: usize| n > MAX_BINDINGS;
         let bad = match self {
-            Frame::Hello { bindings, .. } => too_many(bindings.len()),
-            Frame::Welcome { bound, .. } => too_many(bound.len()),
-            Frame::UpdateBindings { add, remove, .. } => too_many(add.len() + remove.len()),
+            Frame::Hello { tunnels, .. } => {
+                tunnels.len() > MAX_HELLO_TUNNELS
+                    || tunnels.iter().any(|t| too_many(t.bindings.len()))
+            }
+            Frame::Attach(a) => too_many(a.bindings.len()),
+            Frame::Attached { bound, .. } => too_many(bound.len()),
+            Frame::UpdateBindings { add, remove, .. } => {
+                too_many(add.len()) || too_many(remove.len())
+            }
             Frame::BindingsUpdated { results, .. } => too_many(results.len()),
-            Frame::Reject(_) | Frame::Heartbeat { .. } | Frame::GoAway(_) => false,
+            Frame::Welcome { .. }
+            | Frame::Reject(_)
+            | Frame::Refused { .. }
+            | Frame::Detach { .. }
+            | Frame::TunnelClosed { .. }
+            | Frame::Heartbeat { .. }
+            | Frame::GoAway(_) => false,
         };
         if bad {
             return Err(Error::Protocol(format!(
-                "more than {MAX_BINDINGS} bindings in one frame"
+                "more than {MAX_BINDINGS} bindings (or {MAX_HELLO_TUNNELS} hello tunnels) in one frame"
             )));
         }
         Ok(())
@@ -426,17 +568,28 @@ impl Frame {
     /// Reads exactly one frame, never more bytes than it spans (so a protocol
     /// switch after it loses nothing).
     pub async fn read_from<R: AsyncRead + Unpin>(reader: &mut R) -> Result<Frame> {
+        Self::read_limited(reader, MAX_FRAME_LEN).await
+    }
+
+    /// Like [`Frame::read_from`] with a tighter length limit (`Hello`:
+    /// [`MAX_HELLO_LEN`]). The buffer grows with the bytes that arrive, so a
+    /// peer that announces a large frame and sends it slowly holds only what
+    /// it sent.
+    pub async fn read_limited<R: AsyncRead + Unpin>(reader: &mut R, max: usize) -> Result<Frame> {
         let mut len = [0u8; 4];
         reader.read_exact(&mut len).await.map_err(eof_as_closed)?;
         let len = u32::from_be_bytes(len) as usize;
-        if len > MAX_FRAME_LEN {
+        if len > max.min(MAX_FRAME_LEN) {
             return Err(Error::FrameTooLarge(len));
         }
-        let mut payload = vec![0u8; len];
-        reader
-            .read_exact(&mut payload)
-            .await
-            .map_err(eof_as_closed)?;
+        let mut payload = Vec::with_capacity(len.min(4096));
+        (&mut *reader)
+            .take(len as u64)
+            .read_to_end(&mut payload)
+            .await?;
+        if payload.len() < len {
+            return Err(Error::Closed("peer closed the connection mid-frame".into()));
+        }
         Self::decode_payload(&payload)
     }
 
@@ -503,6 +656,9 @@ pub struct StreamMeta {
     pub client_addr: SocketAddr,
     /// HTTP or TCP, with its key.
     pub kind: StreamKind,
+    /// The tunnel the stream belongs to: the id the agent attached it with.
+    /// The agent serves on the stream only what that tunnel declared.
+    pub tunnel: String,
 }
 
 impl StreamMeta {
@@ -512,6 +668,7 @@ impl StreamMeta {
             HeaderValue::from_str(s).map_err(|_| Error::Protocol(format!("bad header value {s:?}")))
         };
         headers.insert(HEADER_CLIENT, value(&self.client_addr.to_string())?);
+        headers.insert(HEADER_TUNNEL, value(&self.tunnel)?);
         match &self.kind {
             StreamKind::Http { host, scheme } => {
                 headers.insert(HEADER_KIND, HeaderValue::from_static("http"));
@@ -555,7 +712,12 @@ impl StreamMeta {
             },
             other => return Err(Error::Protocol(format!("unknown stream kind {other:?}"))),
         };
-        Ok(Self { client_addr, kind })
+        let tunnel = get(HEADER_TUNNEL)?.to_owned();
+        Ok(Self {
+            client_addr,
+            kind,
+            tunnel,
+        })
     }
 }
 
@@ -590,6 +752,11 @@ mod tests {
             Just(ErrorCode::TokenRevoked),
             Just(ErrorCode::BindingNotAllowed),
             Just(ErrorCode::BindingUnavailable),
+            Just(ErrorCode::BindingTakenOver),
+            Just(ErrorCode::BindingReleased),
+            Just(ErrorCode::QuotaExceeded),
+            Just(ErrorCode::RateLimited),
+            Just(ErrorCode::NoTunnels),
             Just(ErrorCode::BadRequest),
             Just(ErrorCode::HandshakeTimeout),
             Just(ErrorCode::HeartbeatTimeout),
@@ -615,43 +782,71 @@ mod tests {
             })
     }
 
+    fn attach() -> impl Strategy<Value = Attach> {
+        (
+            "[!-~]{1,20}",
+            any::<u64>(),
+            ".{0,80}",
+            proptest::collection::vec(binding(), 0..8),
+        )
+            .prop_map(|(tunnel, seq, token, bindings)| Attach {
+                tunnel,
+                seq,
+                token: TunnelToken::new(token),
+                bindings,
+            })
+    }
+
     fn frame() -> impl Strategy<Value = Frame> {
+        let id = || "[!-~]{1,20}";
         prop_oneof![
+            (".{0,20}", proptest::collection::vec(attach(), 0..4))
+                .prop_map(|(agent, tunnels)| Frame::Hello { agent, tunnels }),
+            (".{0,40}", any::<u64>()).prop_map(|(session_id, heartbeat_ms)| Frame::Welcome {
+                session_id,
+                heartbeat_ms
+            }),
+            rejection().prop_map(Frame::Reject),
+            attach().prop_map(Frame::Attach),
             (
-                ".{0,80}",
-                proptest::collection::vec(binding(), 0..8),
-                ".{0,20}"
-            )
-                .prop_map(|(t, bindings, agent)| {
-                    Frame::Hello {
-                        token: TunnelToken::new(t),
-                        bindings,
-                        agent,
-                    }
-                }),
-            (
-                ".{0,40}",
+                id(),
                 any::<u64>(),
                 proptest::collection::vec(outcome(), 0..8)
             )
-                .prop_map(|(session_id, heartbeat_ms, bound)| Frame::Welcome {
-                    session_id,
-                    heartbeat_ms,
+                .prop_map(|(tunnel, seq, bound)| Frame::Attached {
+                    tunnel,
+                    seq,
                     bound
                 }),
-            rejection().prop_map(Frame::Reject),
+            (id(), any::<u64>(), rejection()).prop_map(|(tunnel, seq, reason)| Frame::Refused {
+                tunnel,
+                seq,
+                reason
+            }),
+            id().prop_map(|tunnel| Frame::Detach { tunnel }),
             (
+                id(),
                 any::<u64>(),
                 proptest::collection::vec(binding(), 0..8),
                 proptest::collection::vec(binding(), 0..8)
             )
-                .prop_map(|(id, add, remove)| Frame::UpdateBindings {
-                    id,
+                .prop_map(|(tunnel, seq, add, remove)| Frame::UpdateBindings {
+                    tunnel,
+                    seq,
                     add,
                     remove
                 }),
-            (any::<u64>(), proptest::collection::vec(outcome(), 0..8))
-                .prop_map(|(id, results)| Frame::BindingsUpdated { id, results }),
+            (
+                id(),
+                any::<u64>(),
+                proptest::collection::vec(outcome(), 0..8)
+            )
+                .prop_map(|(tunnel, seq, results)| Frame::BindingsUpdated {
+                    tunnel,
+                    seq,
+                    results
+                }),
+            (id(), rejection()).prop_map(|(tunnel, reason)| Frame::TunnelClosed { tunnel, reason }),
             any::<u64>().prop_map(|seq| Frame::Heartbeat { seq }),
             rejection().prop_map(Frame::GoAway),
         ]
@@ -681,14 +876,14 @@ mod tests {
         #[test]
         fn stream_meta_round_trips(
             ip in any::<[u8; 4]>(), cport in any::<u16>(), host in name(), https in any::<bool>(),
-            tcp in any::<bool>(), port in any::<u16>()
+            tcp in any::<bool>(), port in any::<u16>(), tunnel in "[!-~]{1,40}"
         ) {
             let kind = if tcp {
                 StreamKind::Tcp { endpoint: host, port }
             } else {
                 StreamKind::Http { host, scheme: if https { Scheme::Https } else { Scheme::Http } }
             };
-            let meta = StreamMeta { client_addr: SocketAddr::from((ip, cport)), kind };
+            let meta = StreamMeta { client_addr: SocketAddr::from((ip, cport)), kind, tunnel };
             let mut headers = HeaderMap::new();
             meta.write_headers(&mut headers).unwrap();
             prop_assert_eq!(StreamMeta::from_headers(&headers).unwrap(), meta);
@@ -721,23 +916,75 @@ mod tests {
             br#"{"type":"reject","code":"version_mismatch","message":"edge speaks 1"}"#
         );
         let h = Frame::Hello {
-            token: TunnelToken::new("s3cret"),
-            bindings: vec![Binding::http("a.example")],
             agent: "t".into(),
+            tunnels: vec![Attach {
+                tunnel: "web".into(),
+                seq: 1,
+                token: TunnelToken::new("s3cret"),
+                bindings: vec![Binding::http("a.example")],
+            }],
         };
         assert_eq!(
             &h.encode().unwrap()[4..],
-            br#"{"type":"hello","token":"s3cret","bindings":[{"kind":"http","host":"a.example"}],"agent":"t"}"#
+            br#"{"type":"hello","agent":"t","tunnels":[{"tunnel":"web","seq":1,"token":"s3cret","bindings":[{"kind":"http","host":"a.example"}]}]}"#
         );
         assert!(!format!("{h:?}").contains("s3cret"));
+        let closed = Frame::TunnelClosed {
+            tunnel: "web".into(),
+            reason: Rejection::new(ErrorCode::TokenRevoked, "m"),
+        };
+        assert_eq!(
+            &closed.encode().unwrap()[4..],
+            br#"{"type":"tunnel_closed","tunnel":"web","reason":{"code":"token_revoked","message":"m"}}"#
+        );
     }
 
     #[test]
     fn unknown_error_codes_from_newer_peers_still_decode() {
-        let raw = br#"{"type":"go_away","code":"quota_exceeded","message":"m"}"#;
+        let raw = br#"{"type":"go_away","code":"moon_phase","message":"m"}"#;
         let mut bytes = (raw.len() as u32).to_be_bytes().to_vec();
         bytes.extend_from_slice(raw);
         let (f, _) = Frame::decode(&bytes).unwrap().unwrap();
         assert_eq!(f, Frame::GoAway(Rejection::new(ErrorCode::Unknown, "m")));
+    }
+
+    #[test]
+    fn tunnel_ids_must_fit_a_header() {
+        for (id, ok) in [
+            ("web", true),
+            ("shop/web", true),
+            ("host:app.example.com", true),
+            ("", false),
+            ("a b", false),
+            ("tab\t", false),
+            ("é", false),
+        ] {
+            assert_eq!(validate_tunnel_id(id).is_ok(), ok, "{id:?}");
+        }
+        assert!(validate_tunnel_id(&"x".repeat(MAX_TUNNEL_ID_LEN)).is_ok());
+        assert!(validate_tunnel_id(&"x".repeat(MAX_TUNNEL_ID_LEN + 1)).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_slow_large_frame_holds_only_what_arrived() {
+        // The length prefix promises the maximum; only a few bytes follow.
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        let mut bytes = (MAX_HELLO_LEN as u32).to_be_bytes().to_vec();
+        bytes.extend_from_slice(b"{\"type\"");
+        client.write_all(&bytes).await.unwrap();
+        drop(client);
+        let err = Frame::read_limited(&mut server, MAX_HELLO_LEN)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Closed(_)), "{err}");
+        let (mut client, mut server) = tokio::io::duplex(1024);
+        client
+            .write_all(&((MAX_HELLO_LEN + 1) as u32).to_be_bytes())
+            .await
+            .unwrap();
+        assert!(matches!(
+            Frame::read_limited(&mut server, MAX_HELLO_LEN).await,
+            Err(Error::FrameTooLarge(_))
+        ));
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use data_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tuna_tunnel::agent::AgentStatus;
+use tuna_tunnel::agent::{AgentStatus, TunnelStatus};
 use tuna_tunnel::api::{
     Bindings, ClientOptions, CreateDomain, CreateTcpEndpoint, CreateToken, Secret, TunaClient,
 };
@@ -45,10 +45,13 @@ async fn start(
     cert: &TestCert,
     plane: &ControlPlane,
     agent_addr: std::net::SocketAddr,
-    tcp_port: u16,
+    tcp: &Arc<std::net::TcpListener>,
 ) -> EdgeHandle {
+    let tcp_port = tcp.local_addr().unwrap().port();
     let mut config: EdgeConfig = edge_config(cert, agent_addr);
     config.tcp_ports = tcp_port..=tcp_port;
+    // The test holds the endpoint's socket across the restart: no port race.
+    config.tcp_listeners = vec![Arc::clone(tcp)];
     config.api_addr = Some("127.0.0.1:0".parse().unwrap());
     EdgeServer::start(config, Arc::new(plane.clone()), Some(plane.router()))
         .await
@@ -81,11 +84,11 @@ async fn reservations_and_tokens_from_the_api_open_tunnels_across_an_edge_restar
     init();
     let cert = TestCert::new();
     let dir = tempfile::tempdir().unwrap();
-    let tcp_port = free_port();
+    let (tcp, tcp_port) = endpoint_listener();
     let key = full_access_key(dir.path());
 
     let plane = open_plane(dir.path(), tcp_port);
-    let edge = start(&cert, &plane, "127.0.0.1:0".parse().unwrap(), tcp_port).await;
+    let edge = start(&cert, &plane, "127.0.0.1:0".parse().unwrap(), &tcp).await;
     let api = TunaClient::new(ClientOptions::new(
         format!("http://{}", edge.api_addr.unwrap()),
         Secret::new(key.clone()),
@@ -118,7 +121,7 @@ async fn reservations_and_tokens_from_the_api_open_tunnels_across_an_edge_restar
         .unwrap();
 
     let bindings = vec![Binding::http("app.tuna.test"), Binding::tcp("db")];
-    let agent = start_agent(agent_config(&cert, &edge, created.token.expose(), bindings));
+    let agent = start_agent(&cert, &edge, created.token.expose(), bindings).await;
     let first = agent.connected().await.unwrap();
     assert_traffic(&cert, &edge, tcp_port, "/before").await;
 
@@ -127,7 +130,7 @@ async fn reservations_and_tokens_from_the_api_open_tunnels_across_an_edge_restar
     edge.shutdown().await;
     drop(plane);
     let plane = open_plane(dir.path(), tcp_port);
-    let edge = start(&cert, &plane, agent_addr, tcp_port).await;
+    let edge = start(&cert, &plane, agent_addr, &tcp).await;
     wait_status(
         &agent,
         |s| matches!(s, AgentStatus::Connected { session_id } if *session_id != first),
@@ -143,9 +146,10 @@ async fn reservations_and_tokens_from_the_api_open_tunnels_across_an_edge_restar
     .unwrap();
     assert_eq!(api.get_tcp_endpoint("db").await.unwrap().port, tcp_port);
     api.revoke_token(&created.id).await.unwrap();
-    let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
+    let tunnel = tunnel_id(created.token.expose());
+    let status = wait_tunnel(&agent, &tunnel, |s| matches!(s, TunnelStatus::Closed(_))).await;
     assert!(
-        matches!(&status, AgentStatus::Rejected(r) if matches!(r.code, ErrorCode::TokenRevoked | ErrorCode::BadToken)),
+        matches!(&status, TunnelStatus::Closed(r) if r.code == ErrorCode::TokenRevoked),
         "{status:?}"
     );
     let resp = http_client(&cert, &edge, &["app.tuna.test"])

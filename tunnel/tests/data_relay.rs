@@ -17,7 +17,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tuna_tunnel::agent::{Agent, AgentHandle};
+use tuna_tunnel::agent::AgentHandle;
 use tuna_tunnel::edge::{EdgeHandle, MemoryAuthority};
 use tuna_tunnel::mux::MuxStream;
 use tuna_tunnel::wire::{Binding, StreamKind, StreamMeta, TunnelToken};
@@ -59,14 +59,17 @@ where
         let count = Arc::new(AtomicUsize::new(0));
         let seen = Arc::clone(&count);
         let handler = handler.clone();
-        let agent = Agent::start(
-            agent_config(&cert, &edge, &format!("t{i}"), vec![Binding::http(*host)]),
+        let agent = start_tunnel(
+            &cert,
+            &edge,
+            &format!("t{i}"),
+            vec![Binding::http(*host)],
             move |stream: MuxStream, meta: StreamMeta| {
                 seen.fetch_add(1, Ordering::SeqCst);
                 handler(stream, meta);
             },
         )
-        .unwrap();
+        .await;
         agent.connected().await.unwrap();
         agents.push(agent);
         streams.push(count);
@@ -628,14 +631,17 @@ async fn a_keep_alive_connection_follows_its_host_to_a_newer_session() {
     let newer = {
         let count = Arc::new(AtomicUsize::new(0));
         let seen = Arc::clone(&count);
-        let agent = Agent::start(
-            agent_config(&s.cert, &s.edge, "t0", vec![Binding::http(APP)]),
+        let agent = start_tunnel(
+            &s.cert,
+            &s.edge,
+            "t0",
+            vec![Binding::http(APP)],
             move |stream: MuxStream, meta: StreamMeta| {
                 seen.fetch_add(1, Ordering::SeqCst);
                 hyper_backend(stream, meta);
             },
         )
-        .unwrap();
+        .await;
         agent.connected().await.unwrap();
         (agent, count)
     };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use data_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tuna_tunnel::agent::AgentStatus;
+use tuna_tunnel::agent::{AgentStatus, TunnelStatus};
 use tuna_tunnel::edge::{EdgeServer, MemoryAuthority};
 use tuna_tunnel::wire::{Binding, BoundTarget, ErrorCode};
 
@@ -32,7 +32,7 @@ async fn http_request_reaches_the_backend_with_its_metadata() {
     let cert = TestCert::new();
     let authority = authority_with("t1", vec![Binding::http(HOST)]);
     let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     agent.connected().await.unwrap();
     let client = http_client(&cert, &edge, &[HOST, "nobody.tuna.test"]);
 
@@ -56,7 +56,7 @@ async fn http_request_reaches_the_backend_with_its_metadata() {
             )),
             "{text}"
         );
-        assert!(text.ends_with("path=/hello body=1000"), "{text}");
+        assert!(text.ends_with("path=/hello body=1000 tunnel=t1"), "{text}");
     }
 
     let resp = client
@@ -79,7 +79,7 @@ async fn https_with_h2_is_routed_by_host() {
     let cert = TestCert::new();
     let authority = authority_with("t1", vec![Binding::http(HOST)]);
     let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     agent.connected().await.unwrap();
     let client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(cert.cert_pem.as_bytes()).unwrap())
@@ -110,7 +110,7 @@ async fn websocket_style_upgrades_pass_through() {
     let cert = TestCert::new();
     let authority = authority_with("t1", vec![Binding::http(HOST)]);
     let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     agent.connected().await.unwrap();
 
     let mut tcp = TcpStream::connect(edge.http_addr.unwrap()).await.unwrap();
@@ -139,11 +139,11 @@ async fn websocket_style_upgrades_pass_through() {
 async fn tcp_endpoint_echoes_and_carries_large_transfers() {
     init();
     let cert = TestCert::new();
-    let port = free_port();
+    let (listener, port) = endpoint_listener();
     let authority = authority_with("t1", vec![Binding::tcp("db")]);
     authority.add_tcp_alias("db", port);
-    let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::tcp("db")]));
+    let edge = start_edge_with(&cert, &authority, &[listener]).await;
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::tcp("db")]).await;
     agent.connected().await.unwrap();
 
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -191,18 +191,19 @@ async fn tcp_endpoint_echoes_and_carries_large_transfers() {
 async fn two_hundred_concurrent_streams() {
     init();
     let cert = TestCert::new();
-    let port = free_port();
+    let (listener, port) = endpoint_listener();
     let authority = authority_with(
         "t1",
         vec![Binding::tcp(port.to_string()), Binding::http(HOST)],
     );
-    let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(
+    let edge = start_edge_with(&cert, &authority, &[listener]).await;
+    let agent = start_agent(
         &cert,
         &edge,
         "t1",
         vec![Binding::tcp(port.to_string()), Binding::http(HOST)],
-    ));
+    )
+    .await;
     agent.connected().await.unwrap();
 
     let tcp_clients = (0..200u32).map(|i| async move {
@@ -237,7 +238,7 @@ async fn binding_changes_travel_live_without_reconnecting() {
     let other = "other.tuna.test";
     let authority = authority_with("t1", vec![Binding::http(HOST), Binding::http(other)]);
     let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     let session = agent.connected().await.unwrap();
     let client = http_client(&cert, &edge, &[HOST, other]);
     assert_eq!(
@@ -250,14 +251,24 @@ async fn binding_changes_travel_live_without_reconnecting() {
         404
     );
 
-    let outcomes = agent
-        .set_bindings(vec![Binding::http(HOST), Binding::http(other)])
+    agent
+        .set_bindings("t1", vec![Binding::http(HOST), Binding::http(other)])
         .await
         .unwrap();
-    assert_eq!(outcomes.len(), 1);
-    assert_eq!(
-        outcomes[0].bound,
-        Some(BoundTarget::Http { host: other.into() })
+    let status = wait_tunnel(
+        &agent,
+        "t1",
+        |s| matches!(s, TunnelStatus::Serving { bound, .. } if bound.len() == 2),
+    )
+    .await;
+    let TunnelStatus::Serving { bound, .. } = status else {
+        unreachable!()
+    };
+    assert!(
+        bound
+            .iter()
+            .any(|o| o.bound == Some(BoundTarget::Http { host: other.into() })),
+        "{bound:?}"
     );
     let text = client
         .get(http_url(&edge, other, "/"))
@@ -269,7 +280,17 @@ async fn binding_changes_travel_live_without_reconnecting() {
         .unwrap();
     assert!(text.starts_with("host=other.tuna.test"), "{text}");
 
-    agent.remove_binding(Binding::http(HOST)).await.unwrap();
+    agent
+        .set_bindings("t1", vec![Binding::http(other)])
+        .await
+        .unwrap();
+    wait_tunnel(
+        &agent,
+        "t1",
+        |s| matches!(s, TunnelStatus::Serving { bound, .. } if bound.len() == 1),
+    )
+    .await;
+    // The removal travelled before the outcome list shrank; the edge unrouted it.
     let resp = client.get(http_url(&edge, HOST, "/")).send().await.unwrap();
     assert_eq!(resp.status(), 503, "a host whose tunnel left answers 503");
     assert_eq!(resp.headers()["retry-after"], "5");
@@ -280,7 +301,11 @@ async fn binding_changes_travel_live_without_reconnecting() {
         "the same session carried every change"
     );
     assert_eq!(
-        agent.current_bindings().into_iter().collect::<Vec<_>>(),
+        agent
+            .bindings("t1")
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
         vec![Binding::http(other)]
     );
 }
@@ -292,7 +317,7 @@ async fn a_restarted_edge_is_rejoined_and_traffic_resumes() {
     let authority = authority_with("t1", vec![Binding::http(HOST)]);
     let edge = start_edge(&cert, &authority).await;
     let agent_addr = edge.agent_addr;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     let first = agent.connected().await.unwrap();
     let client = http_client(&cert, &edge, &[HOST]);
     assert_eq!(
@@ -344,22 +369,23 @@ async fn a_restarted_edge_is_rejoined_and_traffic_resumes() {
 }
 
 #[tokio::test]
-async fn revoking_the_token_closes_the_session() {
+async fn revoking_the_token_closes_its_tunnel_and_it_stays_closed() {
     init();
     let cert = TestCert::new();
     let authority = authority_with("t1", vec![Binding::http(HOST)]);
     let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     agent.connected().await.unwrap();
 
     authority.revoke("tok-1");
     // The edge acts on the revocation event (no polling); the agent learns why.
-    let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
-    let AgentStatus::Rejected(reason) = status else {
+    let status = wait_tunnel(&agent, "t1", |s| matches!(s, TunnelStatus::Closed(_))).await;
+    let TunnelStatus::Closed(reason) = status else {
         unreachable!()
     };
-    assert!(
-        matches!(reason.code, ErrorCode::TokenRevoked | ErrorCode::BadToken),
+    assert_eq!(
+        reason.code,
+        ErrorCode::TokenRevoked,
         "closed with {reason:?}"
     );
     let client = http_client(&cert, &edge, &[HOST]);
@@ -372,13 +398,17 @@ async fn revoking_the_token_closes_the_session() {
             .status(),
         503
     );
-    // Reconnects keep failing: the token is gone.
-    let status = wait_status(
-        &agent,
-        |s| matches!(s, AgentStatus::Rejected(r) if r.code == ErrorCode::BadToken),
-    )
-    .await;
-    assert!(matches!(status, AgentStatus::Rejected(_)));
+    // A closed tunnel waits for the caller; the token is gone, so a retry
+    // with it is refused.
+    agent
+        .set_token("t1", tuna_tunnel::wire::TunnelToken::new("t1"))
+        .await
+        .unwrap();
+    let status = wait_tunnel(&agent, "t1", |s| matches!(s, TunnelStatus::Refused(_))).await;
+    assert!(
+        matches!(&status, TunnelStatus::Refused(r) if r.code == ErrorCode::BadToken),
+        "{status:?}"
+    );
 }
 
 #[tokio::test]
@@ -400,56 +430,68 @@ async fn expired_and_unknown_tokens_are_refused() {
         ("t-old", ErrorCode::TokenExpired),
         ("nope", ErrorCode::BadToken),
     ] {
-        let agent = start_agent(agent_config(&cert, &edge, token, vec![Binding::http(HOST)]));
-        let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
+        let agent = start_agent(&cert, &edge, token, vec![Binding::http(HOST)]).await;
+        let status = wait_tunnel(&agent, token, |s| matches!(s, TunnelStatus::Refused(_))).await;
         assert!(
-            matches!(&status, AgentStatus::Rejected(r) if r.code == code),
+            matches!(&status, TunnelStatus::Refused(r) if r.code == code),
             "{token}: {status:?}"
         );
+        // Its only tunnel refused, the agent does not keep dialling.
+        wait_status(&agent, |s| matches!(s, AgentStatus::Idle)).await;
     }
 }
 
 #[tokio::test]
-async fn foreign_bindings_are_refused_at_handshake_and_live() {
+async fn foreign_bindings_are_refused_at_attach_and_live() {
     init();
     let cert = TestCert::new();
     let authority = authority_with("t1", vec![Binding::http(HOST)]);
     let edge = start_edge(&cert, &authority).await;
 
-    let agent = start_agent(agent_config(
-        &cert,
-        &edge,
-        "t1",
-        vec![Binding::http("victim.tuna.test")],
-    ));
-    let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http("victim.tuna.test")]).await;
+    let status = wait_tunnel(&agent, "t1", |s| matches!(s, TunnelStatus::Refused(_))).await;
     assert!(
-        matches!(&status, AgentStatus::Rejected(r) if r.code == ErrorCode::BindingNotAllowed),
+        matches!(&status, TunnelStatus::Refused(r) if r.code == ErrorCode::BindingNotAllowed),
         "{status:?}"
     );
     drop(agent);
 
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     let session = agent.connected().await.unwrap();
-    let outcomes = agent
-        .add_binding(Binding::http("victim.tuna.test"))
+    agent
+        .set_bindings(
+            "t1",
+            vec![
+                Binding::http(HOST),
+                Binding::http("victim.tuna.test"),
+                Binding::tcp("1"),
+            ],
+        )
         .await
         .unwrap();
-    assert_eq!(
-        outcomes[0].error.as_ref().map(|e| e.code),
-        Some(ErrorCode::BindingNotAllowed)
-    );
-    let outcomes = agent.add_binding(Binding::tcp("1")).await.unwrap();
-    assert_eq!(
-        outcomes[0].error.as_ref().map(|e| e.code),
-        Some(ErrorCode::BindingNotAllowed)
-    );
+    let status = wait_tunnel(
+        &agent,
+        "t1",
+        |s| matches!(s, TunnelStatus::Serving { bound, .. } if bound.len() == 3),
+    )
+    .await;
+    let TunnelStatus::Serving { bound, .. } = status else {
+        unreachable!()
+    };
+    for foreign in [Binding::http("victim.tuna.test"), Binding::tcp("1")] {
+        let outcome = bound.iter().find(|o| o.binding == foreign).unwrap();
+        assert_eq!(
+            outcome.error.as_ref().map(|e| e.code),
+            Some(ErrorCode::BindingNotAllowed),
+            "{outcome:?}"
+        );
+    }
     assert_eq!(
         agent.session_id(),
         Some(session),
         "a refused binding does not end the session"
     );
-    let client = http_client(&cert, &edge, &["victim.tuna.test"]);
+    let client = http_client(&cert, &edge, &["victim.tuna.test", HOST]);
     assert_eq!(
         client
             .get(http_url(&edge, "victim.tuna.test", "/"))
@@ -459,6 +501,15 @@ async fn foreign_bindings_are_refused_at_handshake_and_live() {
             .status(),
         404
     );
+    assert_eq!(
+        client
+            .get(http_url(&edge, HOST, "/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
 }
 
 #[tokio::test]
@@ -467,7 +518,7 @@ async fn a_gone_agent_turns_its_host_into_503() {
     let cert = TestCert::new();
     let authority = authority_with("t1", vec![Binding::http(HOST)]);
     let edge = start_edge(&cert, &authority).await;
-    let agent = start_agent(agent_config(&cert, &edge, "t1", vec![Binding::http(HOST)]));
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
     agent.connected().await.unwrap();
     let client = http_client(&cert, &edge, &[HOST]);
     assert_eq!(
@@ -535,7 +586,7 @@ async fn a_version_mismatch_is_answered_legibly() {
     };
     assert_eq!(reason.code, ErrorCode::VersionMismatch);
     assert!(
-        reason.message.contains("version 1") && reason.message.contains("99"),
+        reason.message.contains("version 2") && reason.message.contains("99"),
         "{}",
         reason.message
     );
@@ -573,15 +624,19 @@ async fn streams_can_be_taken_from_a_channel_with_their_metadata() {
     use tuna_tunnel::wire::StreamKind;
     init();
     let cert = TestCert::new();
-    let port = free_port();
+    let (listener, port) = endpoint_listener();
     let authority = authority_with("t1", vec![Binding::tcp("db")]);
     authority.add_tcp_alias("db", port);
-    let edge = start_edge(&cert, &authority).await;
-    let (agent, mut streams) = Agent::start_with_channel(
-        agent_config(&cert, &edge, "t1", vec![Binding::tcp("db")]),
-        16,
-    )
-    .unwrap();
+    let edge = start_edge_with(&cert, &authority, &[listener]).await;
+    let (agent, mut streams) = Agent::start_with_channel(agent_config(&cert, &edge), 16).unwrap();
+    agent
+        .attach(
+            "db-tunnel",
+            tuna_tunnel::wire::TunnelToken::new("t1"),
+            vec![Binding::tcp("db")],
+        )
+        .await
+        .unwrap();
     agent.connected().await.unwrap();
 
     let mut client = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
@@ -601,6 +656,7 @@ async fn streams_can_be_taken_from_a_channel_with_their_metadata() {
             port
         }
     );
+    assert_eq!(meta.tunnel, "db-tunnel", "the stream names its tunnel");
     client.write_all(b"ping").await.unwrap();
     let mut buf = [0u8; 4];
     stream.read_exact(&mut buf).await.unwrap();

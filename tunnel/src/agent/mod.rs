@@ -1,39 +1,63 @@
-//! The agent: dials the edge, authenticates, declares bindings and yields
-//! the public connections the edge forwards, as [`MuxStream`]s with their
-//! [`StreamMeta`].
+//! The agent: one outbound connection to the edge carrying many tunnels,
+//! each attached with its own tunnel token and bindings. Public connections
+//! arrive as [`MuxStream`]s with their [`StreamMeta`], which names the tunnel.
 //!
 //! ```no_run
 //! # async fn demo() -> tuna_tunnel::wire::Result<()> {
 //! use tuna_tunnel::agent::{Agent, AgentConfig, Trust};
 //! use tuna_tunnel::wire::{Binding, TunnelToken};
-//! let mut config = AgentConfig::new("edge.example:7443", TunnelToken::new("…"), Trust::SystemRoots);
-//! config.bindings = vec![Binding::http("app.example")];
+//! let config = AgentConfig::new("edge.example:7443", Trust::SystemRoots);
 //! let (handle, mut streams) = Agent::start_with_channel(config, 1024)?;
+//! handle
+//!     .attach("shop/web", TunnelToken::new("tunat_…"), vec![Binding::http("app.example")])
+//!     .await?;
 //! while let Some((stream, meta)) = streams.recv().await {
-//!     // hand `stream` to the proxy core, e.g. serve_stream(stream, meta)
+//!     // serve only what tunnel `meta.tunnel` publishes, e.g. serve_stream(stream, meta)
 //!     # drop((stream, meta));
 //! }
 //! # drop(handle); Ok(()) }
 //! ```
 //!
-//! The agent reconnects by itself with jittered, capped exponential backoff.
-//! Binding changes ([`AgentHandle::set_bindings`]) travel as control messages
-//! on the open session, never as a reconnect. Dropping the [`AgentHandle`]
-//! stops the agent.
+//! * The agent connects once it has a tunnel, and reconnects by itself with
+//!   jittered, capped exponential backoff; every reconnect re-attaches every
+//!   tunnel (the first [`crate::wire::MAX_HELLO_TUNNELS`] in the hello, the
+//!   rest right after it).
+//! * [`AgentHandle::attach`], [`AgentHandle::detach`],
+//!   [`AgentHandle::set_bindings`] and [`AgentHandle::set_token`] record the
+//!   change (kept across reconnects) and send it at once when connected, as a
+//!   control message, never as a reconnect. They do not wait for the edge;
+//!   watch [`AgentHandle::tunnel_status`] for the outcome.
+//! * A tunnel the edge refuses ([`TunnelStatus::Refused`]: bad token, no
+//!   binding allowed, quota) or closes ([`TunnelStatus::Closed`]: token
+//!   revoked or expired, binding taken over or released) is **not** retried
+//!   by the agent, on this connection or after a reconnect, until the caller
+//!   calls `attach` or `set_token` for it again — a fixed Secret or a
+//!   re-minted token recovers it; retrying a token the edge refused would
+//!   only be refused again.
+//! * A data stream is handed to the [`StreamHandler`] only if its tunnel is
+//!   attached and the stream's host (or TCP endpoint) is one of the bindings
+//!   that tunnel declared; other streams are refused. When a tunnel closes,
+//!   its open streams fail on their next read or write.
+//!
+//! Dropping the [`AgentHandle`] stops the agent.
 
 mod session;
 mod tls;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::mux::MuxStream;
-use crate::wire::{Binding, BindingOutcome, Error, Rejection, Result, StreamMeta, TunnelToken};
+use crate::wire::{
+    Attach, Binding, BindingOutcome, Error, Frame, MAX_ATTACH_LEN, MAX_BINDINGS, Rejection, Result,
+    StreamMeta, TunnelToken, validate_tunnel_id,
+};
 
 /// Which certificates the agent accepts from the edge.
 #[derive(Debug, Clone)]
@@ -46,7 +70,8 @@ pub enum Trust {
     SystemRoots,
 }
 
-/// How to reach and authenticate to the edge.
+/// How to reach the edge. Tunnels (and their tokens) are attached on the
+/// handle ([`AgentHandle::attach`]).
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// `host:port` of the edge's agent listener.
@@ -55,10 +80,6 @@ pub struct AgentConfig {
     pub server_name: Option<String>,
     /// Trust anchors for the edge's certificate.
     pub trust: Trust,
-    /// The tunnel token (masked in `Debug`).
-    pub token: TunnelToken,
-    /// Bindings declared in every handshake (kept up to date by `set_bindings`).
-    pub bindings: Vec<Binding>,
     /// First reconnect delay.
     pub backoff_initial: Duration,
     /// Reconnect delays never exceed this.
@@ -68,14 +89,12 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// A config with default backoff (0.5 s doubling to 30 s) and no bindings.
-    pub fn new(edge_addr: impl Into<String>, token: TunnelToken, trust: Trust) -> Self {
+    /// A config with default backoff (0.5 s doubling to 30 s).
+    pub fn new(edge_addr: impl Into<String>, trust: Trust) -> Self {
         Self {
             edge_addr: edge_addr.into(),
             server_name: None,
             trust,
-            token,
-            bindings: Vec::new(),
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             agent_name: concat!("tuna-tunnel/", env!("CARGO_PKG_VERSION")).to_owned(),
@@ -83,21 +102,23 @@ impl AgentConfig {
     }
 }
 
-/// Where the agent stands; watch it with [`AgentHandle::status`].
+/// Where the connection to the edge stands; watch it with [`AgentHandle::status`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentStatus {
+    /// No tunnel to serve (none attached, or all refused/closed): not connected.
+    Idle,
     /// Dialling or handshaking; `attempt` counts failures since the last session.
     Connecting {
         /// Consecutive failed attempts.
         attempt: u32,
     },
-    /// A session is open.
+    /// A session is open and the edge has answered the tunnels of its hello.
     Connected {
         /// The edge's id of the session.
         session_id: String,
     },
-    /// The edge refused the agent (bad token, binding not allowed, …) or ended
-    /// the session (token revoked). The agent keeps retrying with backoff.
+    /// The edge refused the connection itself (e.g. a protocol version it
+    /// does not speak). The agent keeps retrying with backoff.
     Rejected(Rejection),
     /// The session or an attempt failed for another reason; retrying.
     Disconnected {
@@ -108,10 +129,38 @@ pub enum AgentStatus {
     Stopped,
 }
 
+/// Where one tunnel stands; watch it with [`AgentHandle::tunnel_status`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunnelStatus {
+    /// Attached by the caller; waiting for a connection or the edge's answer.
+    Pending,
+    /// The edge serves the tunnel on this session.
+    Serving {
+        /// The session carrying it.
+        session_id: String,
+        /// Each binding and what the edge made of it (a target, or why not).
+        bound: Vec<BindingOutcome>,
+    },
+    /// The edge refused the attach (bad or expired token, no binding
+    /// allowed, quota). Retried only when the caller calls `attach` or
+    /// `set_token` again.
+    Refused(Rejection),
+    /// The edge closed the tunnel (token revoked or expired, binding taken
+    /// over or released). Retried only when the caller calls `attach` or
+    /// `set_token` again.
+    Closed(Rejection),
+    /// The connection is lost; the tunnel is re-attached when it is back.
+    Disconnected {
+        /// Human-readable cause.
+        reason: String,
+    },
+}
+
 /// Receives the streams of public connections. Called on the agent's task:
 /// spawn, don't block.
 pub trait StreamHandler: Send + Sync + 'static {
-    /// One public connection (HTTP/1.1 bytes or raw TCP, see `meta.kind`).
+    /// One public connection of tunnel `meta.tunnel` (HTTP/1.1 bytes or raw
+    /// TCP, see `meta.kind`).
     fn handle(&self, stream: MuxStream, meta: StreamMeta);
 }
 
@@ -124,47 +173,76 @@ where
     }
 }
 
-pub(crate) enum Command {
-    Update {
-        add: Vec<Binding>,
-        remove: Vec<Binding>,
-        reply: oneshot::Sender<Result<Vec<BindingOutcome>>>,
-    },
+/// A tunnel as the caller wants it.
+pub(crate) struct DesiredTunnel {
+    pub(crate) token: TunnelToken,
+    pub(crate) bindings: BTreeSet<Binding>,
+    /// Bumped by `attach` and `set_token`: a new attach goes to the edge.
+    pub(crate) generation: u64,
+    /// The generation the edge refused or closed: not attached again until
+    /// the caller bumps the generation.
+    pub(crate) parked: Option<u64>,
+    /// The edge accepted it once (preferred in a hello: likely valid).
+    pub(crate) served: bool,
+    pub(crate) status: watch::Sender<TunnelStatus>,
+}
+
+impl DesiredTunnel {
+    pub(crate) fn attachable(&self) -> bool {
+        self.parked != Some(self.generation)
+    }
+}
+
+/// What the caller asked for, and which tunnels changed since the agent's
+/// task last looked.
+#[derive(Default)]
+pub(crate) struct Desired {
+    pub(crate) tunnels: HashMap<String, DesiredTunnel>,
+    pub(crate) dirty: HashSet<String>,
+    next_generation: u64,
 }
 
 /// State shared by the handle and the agent task.
 pub(crate) struct Shared {
-    pub(crate) desired: Mutex<BTreeSet<Binding>>,
+    pub(crate) desired: Mutex<Desired>,
+    /// Wakes the task: a tunnel changed.
+    pub(crate) wake: Notify,
     pub(crate) status: watch::Sender<AgentStatus>,
+}
+
+impl Shared {
+    fn changed(&self, desired: &mut Desired, id: &str) {
+        desired.dirty.insert(id.to_owned());
+        self.wake.notify_one();
+    }
 }
 
 /// Entry point; see the module docs.
 pub struct Agent;
 
 impl Agent {
-    /// Starts the agent task; public connections go to `handler`.
-    /// Fails only on unusable configuration (e.g. unreadable CA file).
+    /// Starts the agent task; public connections go to `handler`. It
+    /// connects once a tunnel is attached. Fails only on unusable
+    /// configuration (e.g. unreadable CA file).
     pub fn start(config: AgentConfig, handler: impl StreamHandler) -> Result<AgentHandle> {
         let connector = tls::connector(&config.trust)?;
         let server_name = tls::server_name(&config)?;
-        let (status, status_rx) = watch::channel(AgentStatus::Connecting { attempt: 0 });
+        let (status, status_rx) = watch::channel(AgentStatus::Idle);
         let shared = Arc::new(Shared {
-            desired: Mutex::new(config.bindings.iter().cloned().collect()),
+            desired: Mutex::new(Desired::default()),
+            wake: Notify::new(),
             status,
         });
-        let (commands_tx, commands_rx) = mpsc::channel(64);
         let cancel = CancellationToken::new();
         let task = tokio::spawn(session::run(
             config,
             connector,
             server_name,
             Arc::clone(&shared),
-            commands_rx,
             Arc::new(handler),
             cancel.clone(),
         ));
         Ok(AgentHandle {
-            commands: commands_tx,
             status: status_rx,
             shared,
             _guard: cancel.drop_guard(),
@@ -190,15 +268,40 @@ impl Agent {
 
 /// Controls a running agent. Dropping it stops the agent and closes its session.
 pub struct AgentHandle {
-    commands: mpsc::Sender<Command>,
     status: watch::Receiver<AgentStatus>,
     shared: Arc<Shared>,
     _guard: DropGuard,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
+fn check_tunnel(id: &str, token: &TunnelToken, bindings: &BTreeSet<Binding>) -> Result<()> {
+    validate_tunnel_id(id).map_err(|r| Error::Config(r.message))?;
+    if bindings.len() > MAX_BINDINGS {
+        return Err(Error::Config(format!(
+            "tunnel {id:?} has {} bindings; at most {MAX_BINDINGS}",
+            bindings.len()
+        )));
+    }
+    for b in bindings {
+        b.validate().map_err(|r| Error::Config(r.message))?;
+    }
+    let frame = Frame::Attach(Attach {
+        tunnel: id.to_owned(),
+        seq: u64::MAX,
+        token: token.clone(),
+        bindings: bindings.iter().cloned().collect(),
+    });
+    let len = frame.encode().map(|b| b.len()).unwrap_or(usize::MAX);
+    if len > MAX_ATTACH_LEN {
+        return Err(Error::Config(format!(
+            "tunnel {id:?} with its token and bindings takes {len} bytes; at most {MAX_ATTACH_LEN} (split it into several tunnels)"
+        )));
+    }
+    Ok(())
+}
+
 impl AgentHandle {
-    /// A watch of the agent's status (wait with `wait_for`).
+    /// A watch of the connection's status (wait with `wait_for`).
     pub fn status(&self) -> watch::Receiver<AgentStatus> {
         self.status.clone()
     }
@@ -224,52 +327,169 @@ impl AgentHandle {
         }
     }
 
-    /// Replaces the declared bindings with `bindings`, sending only the
-    /// difference over the open session. Returns the outcome of each added
-    /// binding; refused ones are dropped from the declared set. With no
-    /// session open the set is just stored (declared at the next connect)
-    /// and the result is empty.
-    pub async fn set_bindings(&self, bindings: Vec<Binding>) -> Result<Vec<BindingOutcome>> {
-        let wanted: BTreeSet<Binding> = bindings.into_iter().collect();
-        let (add, remove) = {
-            let current = self.current_bindings();
-            let add = wanted.difference(&current).cloned().collect::<Vec<_>>();
-            let remove = current.difference(&wanted).cloned().collect::<Vec<_>>();
-            (add, remove)
-        };
-        self.update(add, remove).await
+    /// Attaches tunnel `id` with `token` and `bindings`, or replaces the
+    /// token and bindings of an attached one (and retries it if the edge had
+    /// refused or closed it). Recorded at once and kept across reconnects;
+    /// sent now if connected. Does not wait for the edge: see
+    /// [`AgentHandle::tunnel_status`] or [`AgentHandle::serving`].
+    /// Fails on an unusable id or bindings, or when the agent stopped.
+    pub async fn attach(
+        &self,
+        id: impl Into<String>,
+        token: TunnelToken,
+        bindings: Vec<Binding>,
+    ) -> Result<()> {
+        let id = id.into();
+        let bindings: BTreeSet<Binding> = bindings.into_iter().collect();
+        check_tunnel(&id, &token, &bindings)?;
+        self.alive()?;
+        let mut desired = self.shared.desired.lock();
+        desired.next_generation += 1;
+        let generation = desired.next_generation;
+        match desired.tunnels.get_mut(&id) {
+            Some(t) => {
+                let was_parked = !t.attachable();
+                t.token = token;
+                t.bindings = bindings;
+                t.generation = generation;
+                if was_parked {
+                    t.status.send_replace(TunnelStatus::Pending);
+                }
+            }
+            None => {
+                let (status, _) = watch::channel(TunnelStatus::Pending);
+                desired.tunnels.insert(
+                    id.clone(),
+                    DesiredTunnel {
+                        token,
+                        bindings,
+                        generation,
+                        parked: None,
+                        served: false,
+                        status,
+                    },
+                );
+            }
+        }
+        self.shared.changed(&mut desired, &id);
+        Ok(())
     }
 
-    /// Adds one binding; see [`AgentHandle::set_bindings`].
-    pub async fn add_binding(&self, binding: Binding) -> Result<Vec<BindingOutcome>> {
-        self.update(vec![binding], Vec::new()).await
+    /// Detaches tunnel `id`: the edge stops serving it and its open streams
+    /// end. Watches of its status see their sender go away. Detaching an
+    /// unknown id does nothing.
+    pub async fn detach(&self, id: &str) -> Result<()> {
+        self.alive()?;
+        let mut desired = self.shared.desired.lock();
+        if desired.tunnels.remove(id).is_some() {
+            self.shared.changed(&mut desired, id);
+        }
+        Ok(())
     }
 
-    /// Removes one binding; see [`AgentHandle::set_bindings`].
-    pub async fn remove_binding(&self, binding: Binding) -> Result<()> {
-        self.update(Vec::new(), vec![binding]).await.map(|_| ())
+    /// Replaces the bindings of tunnel `id`; only the difference travels, as
+    /// one control message on the open session. A refused binding shows in
+    /// the tunnel's status (`Serving { bound }` with an error) and stays
+    /// declared: it is judged again at the next attach.
+    pub async fn set_bindings(&self, id: &str, bindings: Vec<Binding>) -> Result<()> {
+        let bindings: BTreeSet<Binding> = bindings.into_iter().collect();
+        self.alive()?;
+        let mut desired = self.shared.desired.lock();
+        let tunnel = desired
+            .tunnels
+            .get_mut(id)
+            .ok_or_else(|| Error::UnknownTunnel(id.to_owned()))?;
+        check_tunnel(id, &tunnel.token, &bindings)?;
+        if tunnel.bindings != bindings {
+            tunnel.bindings = bindings;
+            self.shared.changed(&mut desired, id);
+        }
+        Ok(())
     }
 
-    /// The bindings the agent currently declares.
-    pub fn current_bindings(&self) -> BTreeSet<Binding> {
+    /// Replaces the token of tunnel `id` (a renewed or re-minted token) for
+    /// that tunnel only: the edge re-attaches it with the new token without
+    /// interrupting it; a refused or closed tunnel is retried.
+    pub async fn set_token(&self, id: &str, token: TunnelToken) -> Result<()> {
+        self.alive()?;
+        let mut desired = self.shared.desired.lock();
+        desired.next_generation += 1;
+        let generation = desired.next_generation;
+        let tunnel = desired
+            .tunnels
+            .get_mut(id)
+            .ok_or_else(|| Error::UnknownTunnel(id.to_owned()))?;
+        check_tunnel(id, &token, &tunnel.bindings)?;
+        let was_parked = !tunnel.attachable();
+        tunnel.token = token;
+        tunnel.generation = generation;
+        if was_parked {
+            tunnel.status.send_replace(TunnelStatus::Pending);
+        }
+        self.shared.changed(&mut desired, id);
+        Ok(())
+    }
+
+    /// A watch of tunnel `id`'s status; `None` if it is not attached.
+    pub fn tunnel_status(&self, id: &str) -> Option<watch::Receiver<TunnelStatus>> {
         self.shared
             .desired
             .lock()
-            .expect("bindings lock poisoned")
-            .clone()
+            .tunnels
+            .get(id)
+            .map(|t| t.status.subscribe())
     }
 
-    async fn update(&self, add: Vec<Binding>, remove: Vec<Binding>) -> Result<Vec<BindingOutcome>> {
-        if add.is_empty() && remove.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Update { add, remove, reply })
+    /// Waits until tunnel `id` is served and returns its binding outcomes;
+    /// `Err(Rejected)` if the edge refuses or closes it, `Err(UnknownTunnel)`
+    /// if it is (or gets) detached.
+    pub async fn serving(&self, id: &str) -> Result<Vec<BindingOutcome>> {
+        let mut rx = self
+            .tunnel_status(id)
+            .ok_or_else(|| Error::UnknownTunnel(id.to_owned()))?;
+        let status = rx
+            .wait_for(|s| {
+                matches!(
+                    s,
+                    TunnelStatus::Serving { .. }
+                        | TunnelStatus::Refused(_)
+                        | TunnelStatus::Closed(_)
+                )
+            })
             .await
-            .map_err(|_| Error::Closed("agent stopped".into()))?;
-        rx.await
-            .map_err(|_| Error::Closed("agent stopped".into()))?
+            .map_err(|_| Error::UnknownTunnel(id.to_owned()))?
+            .clone();
+        match status {
+            TunnelStatus::Serving { bound, .. } => Ok(bound),
+            TunnelStatus::Refused(r) | TunnelStatus::Closed(r) => Err(Error::Rejected(r)),
+            TunnelStatus::Pending | TunnelStatus::Disconnected { .. } => {
+                unreachable!("wait_for returned a status it does not wait for")
+            }
+        }
+    }
+
+    /// The ids of the attached tunnels, sorted.
+    pub fn tunnels(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.shared.desired.lock().tunnels.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// The bindings tunnel `id` declares.
+    pub fn bindings(&self, id: &str) -> Option<BTreeSet<Binding>> {
+        self.shared
+            .desired
+            .lock()
+            .tunnels
+            .get(id)
+            .map(|t| t.bindings.clone())
+    }
+
+    fn alive(&self) -> Result<()> {
+        if matches!(*self.status.borrow(), AgentStatus::Stopped) {
+            return Err(Error::Closed("agent stopped".into()));
+        }
+        Ok(())
     }
 
     /// Stops the agent and waits until its session is closed.

@@ -207,6 +207,7 @@ impl PublicConnection {
                 host: host.to_owned(),
                 scheme: self.scheme,
             },
+            tunnel: session.tunnel.clone(),
         };
         let stream = match session.open(&meta).await {
             Ok(s) => s,

@@ -1,9 +1,11 @@
-//! Who serves what: public host → session, public TCP port → session.
+//! Who serves what: public host → tunnel, public TCP port → tunnel.
 //!
-//! A binding belongs to one session at a time. A newer session of the same
-//! grant takes a binding over (an agent that reconnected before the edge
-//! noticed its old connection died); the authority has already checked that
-//! the new session may serve it.
+//! A binding belongs to one tunnel (of one agent session) at a time. A tunnel
+//! that claims a binding another tunnel holds takes it over — an agent that
+//! reconnected before the edge noticed its old connection died, or a binding
+//! moved from one tunnel to another; the authority has already checked that
+//! the claimant's token may serve it. The displaced tunnel's session is told
+//! ([`SessionEvent::Displaced`]) and closes that tunnel.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -12,11 +14,14 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use bytes::Bytes;
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::tasks::TaskGuard;
-use crate::mux::{self, MuxStream};
-use crate::wire::{Binding, BoundTarget, ErrorCode, Rejection, Result, StreamKind, StreamMeta};
+use crate::mux::{self, Gate, MuxStream};
+use crate::wire::{
+    Binding, BoundTarget, Error, ErrorCode, Rejection, Result, StreamKind, StreamMeta,
+};
 
 /// Most host names remembered as "served before" (for 503 instead of 404).
 const MAX_OFFLINE_HOSTS: usize = 65_536;
@@ -24,47 +29,116 @@ const MAX_OFFLINE_HOSTS: usize = 65_536;
 pub(crate) const TCP_COPY_BUFFER: usize = 64 * 1024;
 
 /// One agent connection on the edge.
-pub(crate) struct Session {
+pub(crate) struct AgentSession {
     pub(crate) id: String,
     sender: h2::client::SendRequest<Bytes>,
-    /// Cancelled when the session ends; public connections watch it.
+    /// Cancelled when the session ends; every tunnel's token is a child.
     pub(crate) closed: CancellationToken,
-    /// What the session serves: target → binding as the agent declared it.
-    pub(crate) bound: Mutex<HashMap<BoundTarget, Binding>>,
+    /// What the registry tells the session's task (bindings taken away).
+    events: mpsc::UnboundedSender<SessionEvent>,
 }
 
-impl Session {
-    pub(crate) fn new(id: String, sender: h2::client::SendRequest<Bytes>) -> Self {
-        Self {
+impl AgentSession {
+    pub(crate) fn new(
+        id: String,
+        sender: h2::client::SendRequest<Bytes>,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<SessionEvent>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        let session = Arc::new(Self {
             id,
             sender,
             closed: CancellationToken::new(),
+            events,
+        });
+        (session, rx)
+    }
+}
+
+/// Something that happened to a session's tunnels outside its own task.
+pub(crate) enum SessionEvent {
+    /// Another tunnel took `target` over from `route`.
+    Displaced {
+        route: Arc<TunnelRoute>,
+        target: BoundTarget,
+    },
+}
+
+/// One tunnel of an agent session: what a public host or TCP port routes to.
+pub(crate) struct TunnelRoute {
+    pub(crate) session: Arc<AgentSession>,
+    /// The agent's id of the tunnel; every stream carries it.
+    pub(crate) tunnel: String,
+    /// Cancelled when the tunnel closes (a child of the session's token):
+    /// public connections watch it.
+    pub(crate) closed: CancellationToken,
+    /// Cuts the tunnel's open streams when it closes.
+    gate: Arc<Gate>,
+    /// What the tunnel serves: target → binding as the agent declared it.
+    pub(crate) bound: Mutex<HashMap<BoundTarget, Binding>>,
+}
+
+/// The name the public HTTP path knows a route by.
+pub(crate) type Session = TunnelRoute;
+
+impl TunnelRoute {
+    pub(crate) fn new(session: &Arc<AgentSession>, tunnel: String) -> Arc<Self> {
+        Arc::new(Self {
+            closed: session.closed.child_token(),
+            session: Arc::clone(session),
+            tunnel,
+            gate: Gate::new(),
             bound: Mutex::new(HashMap::new()),
-        }
+        })
     }
 
-    /// Opens a data stream to the agent.
+    /// Opens a data stream to the agent for this tunnel. `meta.tunnel` must
+    /// name this tunnel (the agent checks the stream against it).
     pub(crate) async fn open(&self, meta: &StreamMeta) -> Result<MuxStream> {
         if self.closed.is_cancelled() {
-            return Err(crate::wire::Error::Closed("session ended".into()));
+            return Err(Error::Closed("tunnel closed".into()));
         }
-        mux::open_stream(&self.sender, meta).await
+        if meta.tunnel != self.tunnel {
+            return Err(Error::Protocol(format!(
+                "stream metadata names tunnel {:?}, the route is tunnel {:?}",
+                meta.tunnel, self.tunnel
+            )));
+        }
+        mux::open_stream(&self.session.sender, meta, Arc::clone(&self.gate)).await
+    }
+
+    /// Ends the tunnel's streams and tells public connections it is gone.
+    pub(crate) fn close(&self) {
+        self.gate.close();
+        self.closed.cancel();
+    }
+
+    /// The targets the tunnel serves now.
+    pub(crate) fn targets(&self) -> Vec<BoundTarget> {
+        self.bound
+            .lock()
+            .expect("bindings poisoned")
+            .keys()
+            .cloned()
+            .collect()
     }
 }
 
 struct PortEntry {
-    session: Arc<Session>,
+    route: Arc<TunnelRoute>,
     endpoint: String,
     listener: CancellationToken,
 }
 
 /// The routing table of the data plane.
 pub(crate) struct Registry {
-    hosts: RwLock<HashMap<String, Arc<Session>>>,
+    hosts: RwLock<HashMap<String, Arc<TunnelRoute>>>,
     ports: RwLock<HashMap<u16, PortEntry>>,
     offline: Mutex<HashSet<String>>,
     tcp_ip: IpAddr,
     tcp_ports: RangeInclusive<u16>,
+    /// Ports whose listeners the caller opened: always accepting, routed
+    /// while a tunnel binds them.
+    prebound: HashSet<u16>,
     tasks: TaskGuard,
     me: Weak<Registry>,
     /// Number of open agent sessions (for health and for tests).
@@ -72,25 +146,40 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
+    /// A registry whose TCP endpoints bind `tcp_ip` on ports of `tcp_ports`,
+    /// except the ports of `prebound`, listeners opened by the caller.
     pub(crate) fn new(
         tcp_ip: IpAddr,
         tcp_ports: RangeInclusive<u16>,
+        prebound: &[Arc<std::net::TcpListener>],
         tasks: TaskGuard,
-    ) -> Arc<Self> {
-        Arc::new_cyclic(|me| Self {
+    ) -> Result<Arc<Self>> {
+        let mut listeners = Vec::with_capacity(prebound.len());
+        for l in prebound {
+            let port = l.local_addr()?.port();
+            let l = l.try_clone()?;
+            l.set_nonblocking(true)?;
+            listeners.push((port, TcpListener::from_std(l)?));
+        }
+        let registry = Arc::new_cyclic(|me| Self {
             hosts: RwLock::new(HashMap::new()),
             ports: RwLock::new(HashMap::new()),
             offline: Mutex::new(HashSet::new()),
             tcp_ip,
             tcp_ports,
+            prebound: listeners.iter().map(|(port, _)| *port).collect(),
             tasks,
             me: me.clone(),
             sessions: tokio::sync::watch::Sender::new(0),
-        })
+        });
+        for (port, listener) in listeners {
+            registry.accept_loop(port, listener, registry.tasks.cancel.clone());
+        }
+        Ok(registry)
     }
 
-    /// The session serving `host` (lower case, no port).
-    pub(crate) fn session_for_host(&self, host: &str) -> Option<Arc<Session>> {
+    /// The tunnel serving `host` (lower case, no port).
+    pub(crate) fn session_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>> {
         self.hosts
             .read()
             .expect("host table poisoned")
@@ -98,7 +187,7 @@ impl Registry {
             .cloned()
     }
 
-    /// Whether a session served `host` before and is gone now.
+    /// Whether a tunnel served `host` before and is gone now.
     pub(crate) fn host_went_offline(&self, host: &str) -> bool {
         self.offline
             .lock()
@@ -106,40 +195,34 @@ impl Registry {
             .contains(host)
     }
 
-    fn session_for_port(&self, port: u16) -> Option<(Arc<Session>, String)> {
+    fn route_for_port(&self, port: u16) -> Option<(Arc<TunnelRoute>, String)> {
         self.ports
             .read()
             .expect("port table poisoned")
             .get(&port)
-            .map(|e| (Arc::clone(&e.session), e.endpoint.clone()))
+            .map(|e| (Arc::clone(&e.route), e.endpoint.clone()))
     }
 
-    /// Starts serving `target` through `session`.
+    /// Starts serving `target` through `route`, taking it over from any
+    /// other tunnel.
     pub(crate) fn bind(
         &self,
-        session: &Arc<Session>,
+        route: &Arc<TunnelRoute>,
         binding: &Binding,
         target: &BoundTarget,
     ) -> Result<(), Rejection> {
-        match target {
+        let displaced = match target {
             BoundTarget::Http { host } => {
                 let previous = self
                     .hosts
                     .write()
                     .expect("host table poisoned")
-                    .insert(host.clone(), Arc::clone(session));
-                if let Some(previous) = previous.filter(|p| !Arc::ptr_eq(p, session)) {
-                    tracing::info!(host, from = %previous.id, to = %session.id, "host moved to a newer session");
-                    previous
-                        .bound
-                        .lock()
-                        .expect("bindings poisoned")
-                        .remove(target);
-                }
+                    .insert(host.clone(), Arc::clone(route));
                 self.offline
                     .lock()
                     .expect("offline set poisoned")
                     .remove(host);
+                previous.filter(|p| !Arc::ptr_eq(p, route))
             }
             BoundTarget::Tcp { port } => {
                 let endpoint = match binding {
@@ -148,19 +231,11 @@ impl Registry {
                 };
                 let mut ports = self.ports.write().expect("port table poisoned");
                 if let Some(entry) = ports.get_mut(port) {
-                    if !Arc::ptr_eq(&entry.session, session) {
-                        tracing::info!(port, from = %entry.session.id, to = %session.id, "TCP endpoint moved to a newer session");
-                        entry
-                            .session
-                            .bound
-                            .lock()
-                            .expect("bindings poisoned")
-                            .remove(target);
-                    }
-                    entry.session = Arc::clone(session);
+                    let previous = std::mem::replace(&mut entry.route, Arc::clone(route));
                     entry.endpoint = endpoint;
+                    Some(previous).filter(|p| !Arc::ptr_eq(p, route))
                 } else {
-                    if !self.tcp_ports.contains(port) {
+                    if !self.tcp_ports.contains(port) && !self.prebound.contains(port) {
                         return Err(Rejection::new(
                             ErrorCode::BindingUnavailable,
                             format!(
@@ -174,25 +249,46 @@ impl Registry {
                     ports.insert(
                         *port,
                         PortEntry {
-                            session: Arc::clone(session),
+                            route: Arc::clone(route),
                             endpoint,
                             listener,
                         },
                     );
+                    None
                 }
             }
-        }
-        session
+        };
+        route
             .bound
             .lock()
             .expect("bindings poisoned")
             .insert(target.clone(), binding.clone());
+        if let Some(previous) = displaced {
+            tracing::info!(
+                ?target,
+                from_session = %previous.session.id,
+                from_tunnel = %previous.tunnel,
+                to_session = %route.session.id,
+                to_tunnel = %route.tunnel,
+                "binding moved to another tunnel"
+            );
+            previous
+                .bound
+                .lock()
+                .expect("bindings poisoned")
+                .remove(target);
+            // The session may be gone already; then nobody needs telling.
+            let _ = previous.session.events.send(SessionEvent::Displaced {
+                route: Arc::clone(&previous),
+                target: target.clone(),
+            });
+        }
         Ok(())
     }
 
-    /// Stops serving `target` through `session` (no-op if another session holds it).
-    pub(crate) fn unbind(&self, session: &Arc<Session>, target: &BoundTarget) {
-        session
+    /// Stops serving `target` through `route` (no-op if another tunnel holds it).
+    pub(crate) fn unbind(&self, route: &Arc<TunnelRoute>, target: &BoundTarget) {
+        route
             .bound
             .lock()
             .expect("bindings poisoned")
@@ -200,7 +296,7 @@ impl Registry {
         match target {
             BoundTarget::Http { host } => {
                 let mut hosts = self.hosts.write().expect("host table poisoned");
-                if hosts.get(host).is_some_and(|s| Arc::ptr_eq(s, session)) {
+                if hosts.get(host).is_some_and(|r| Arc::ptr_eq(r, route)) {
                     hosts.remove(host);
                     let mut offline = self.offline.lock().expect("offline set poisoned");
                     if offline.len() >= MAX_OFFLINE_HOSTS {
@@ -213,7 +309,7 @@ impl Registry {
                 let mut ports = self.ports.write().expect("port table poisoned");
                 if ports
                     .get(port)
-                    .is_some_and(|e| Arc::ptr_eq(&e.session, session))
+                    .is_some_and(|e| Arc::ptr_eq(&e.route, route))
                     && let Some(entry) = ports.remove(port)
                 {
                     entry.listener.cancel();
@@ -222,23 +318,19 @@ impl Registry {
         }
     }
 
-    /// Forgets everything `session` served.
-    pub(crate) fn remove_session(&self, session: &Arc<Session>) {
-        let targets: Vec<BoundTarget> = session
-            .bound
-            .lock()
-            .expect("bindings poisoned")
-            .keys()
-            .cloned()
-            .collect();
-        for target in targets {
-            self.unbind(session, &target);
+    /// Forgets everything `route` served.
+    pub(crate) fn remove_route(&self, route: &Arc<TunnelRoute>) {
+        for target in route.targets() {
+            self.unbind(route, &target);
         }
     }
 
     /// Binds the public TCP port now (so a busy port is reported to the
-    /// agent) and serves it until cancelled.
+    /// agent) and serves it until cancelled. A prebound port is served already.
     fn listen(&self, port: u16) -> Result<CancellationToken, Rejection> {
+        if self.prebound.contains(&port) {
+            return Ok(CancellationToken::new());
+        }
         let unavailable = |e: std::io::Error| {
             Rejection::new(
                 ErrorCode::BindingUnavailable,
@@ -250,9 +342,15 @@ impl Registry {
         std_listener.set_nonblocking(true).map_err(unavailable)?;
         let listener = TcpListener::from_std(std_listener).map_err(unavailable)?;
         let cancel = self.tasks.cancel.child_token();
+        self.accept_loop(port, listener, cancel.clone());
+        Ok(cancel)
+    }
+
+    /// Accepts public TCP connections on `port` and forwards each to the
+    /// tunnel bound to the port at that moment (none: the connection closes).
+    fn accept_loop(&self, port: u16, listener: TcpListener, stop: CancellationToken) {
         let registry = self.me.clone();
         let guard = self.tasks.clone();
-        let stop = cancel.clone();
         tokio::spawn(async move {
             let _guard = guard;
             loop {
@@ -270,13 +368,12 @@ impl Registry {
                 let Some(registry) = registry.upgrade() else {
                     return;
                 };
-                let Some((session, endpoint)) = registry.session_for_port(port) else {
+                let Some((route, endpoint)) = registry.route_for_port(port) else {
                     continue;
                 };
-                tokio::spawn(forward_tcp(tcp, client_addr, port, endpoint, session));
+                tokio::spawn(forward_tcp(tcp, client_addr, port, endpoint, route));
             }
         });
-        Ok(cancel)
     }
 }
 
@@ -285,21 +382,22 @@ async fn forward_tcp(
     client_addr: SocketAddr,
     port: u16,
     endpoint: String,
-    session: Arc<Session>,
+    route: Arc<TunnelRoute>,
 ) {
     let _ = tcp.set_nodelay(true);
     let meta = StreamMeta {
         client_addr,
         kind: StreamKind::Tcp { endpoint, port },
+        tunnel: route.tunnel.clone(),
     };
-    let mut stream = match session.open(&meta).await {
+    let mut stream = match route.open(&meta).await {
         Ok(s) => s,
         Err(e) => {
             tracing::debug!(port, error = %e, "could not open a stream for a TCP client");
             return;
         }
     };
-    let closed = session.closed.clone();
+    let closed = route.closed.clone();
     tokio::select! {
         _ = closed.cancelled() => {}
         r = tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut stream, TCP_COPY_BUFFER, TCP_COPY_BUFFER) => {

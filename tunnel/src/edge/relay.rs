@@ -403,6 +403,7 @@ where
                 host: host.to_owned(),
                 scheme: self.scheme,
             },
+            tunnel: session.tunnel.clone(),
         };
         match session.open(&meta).await {
             Ok(stream) => Some(stream),

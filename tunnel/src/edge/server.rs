@@ -41,6 +41,10 @@ pub struct EdgeConfig {
     pub tcp_bind_ip: IpAddr,
     /// Ports TCP endpoints may use.
     pub tcp_ports: RangeInclusive<u16>,
+    /// Listeners of TCP endpoint ports opened by the caller (socket
+    /// activation, tests that bind port 0): served whenever a tunnel binds
+    /// their port, never bound or closed by the edge.
+    pub tcp_listeners: Vec<Arc<std::net::TcpListener>>,
     /// Heartbeat interval announced to agents.
     pub heartbeat: Duration,
 }
@@ -58,6 +62,7 @@ impl EdgeConfig {
             api_tls: None,
             tcp_bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             tcp_ports: 20000..=29999,
+            tcp_listeners: Vec::new(),
             heartbeat: DEFAULT_HEARTBEAT,
         }
     }
@@ -126,7 +131,12 @@ impl EdgeServer {
             )));
         }
         let (guard, set) = task_set();
-        let registry = Registry::new(config.tcp_bind_ip, config.tcp_ports.clone(), guard.clone());
+        let registry = Registry::new(
+            config.tcp_bind_ip,
+            config.tcp_ports.clone(),
+            &config.tcp_listeners,
+            guard.clone(),
+        )?;
 
         let agent_listener = bind(config.agent_addr, "agent").await?;
         let agent_addr = agent_listener.local_addr()?;

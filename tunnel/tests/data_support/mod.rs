@@ -14,7 +14,9 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle, AgentStatus, Trust};
+use tuna_tunnel::agent::{
+    Agent, AgentConfig, AgentHandle, AgentStatus, StreamHandler, Trust, TunnelStatus,
+};
 use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
 use tuna_tunnel::mux::MuxStream;
 use tuna_tunnel::wire::{Binding, StreamKind, StreamMeta, TunnelToken};
@@ -93,39 +95,88 @@ pub async fn start_edge(cert: &TestCert, authority: &MemoryAuthority) -> EdgeHan
     .unwrap()
 }
 
-/// A free TCP port on 127.0.0.1 (for TCP endpoints, which the edge binds itself).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A listener on 127.0.0.1:0 for a TCP endpoint, to hand to the edge
+/// (`EdgeConfig::tcp_listeners`), and its port: no bind-drop-reuse race.
+pub fn endpoint_listener() -> (Arc<std::net::TcpListener>, u16) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    (Arc::new(listener), port)
 }
 
-pub fn agent_config(
+/// An edge serving `listeners` as TCP endpoints.
+pub async fn start_edge_with(
     cert: &TestCert,
-    edge: &EdgeHandle,
-    token: &str,
-    bindings: Vec<Binding>,
-) -> AgentConfig {
+    authority: &MemoryAuthority,
+    listeners: &[Arc<std::net::TcpListener>],
+) -> EdgeHandle {
+    let mut config = edge_config(cert, "127.0.0.1:0".parse().unwrap());
+    config.tcp_listeners = listeners.to_vec();
+    EdgeServer::start(config, Arc::new(authority.clone()), None)
+        .await
+        .unwrap()
+}
+
+pub fn agent_config(cert: &TestCert, edge: &EdgeHandle) -> AgentConfig {
     let mut config = AgentConfig::new(
         format!("127.0.0.1:{}", edge.agent_addr.port()),
-        TunnelToken::new(token),
         Trust::CaPem(cert.cert_pem.clone().into_bytes()),
     );
     config.server_name = Some("localhost".into());
-    config.bindings = bindings;
     config.backoff_initial = Duration::from_millis(50);
     config.backoff_max = Duration::from_millis(500);
     config
 }
 
-/// Starts an agent whose streams go to [`serve_backend`].
-pub fn start_agent(config: AgentConfig) -> AgentHandle {
-    Agent::start(config, |stream: MuxStream, meta: StreamMeta| {
-        tokio::spawn(serve_backend(stream, meta));
-    })
-    .unwrap()
+/// The tunnel id the helpers give a token's tunnel: its public part
+/// (`tunat_<id>` of a real token, short test tokens whole), never the secret.
+pub fn tunnel_id(token: &str) -> String {
+    token.chars().take(22).collect()
+}
+
+/// Starts an agent whose streams go to `handler` and attaches one tunnel
+/// ([`tunnel_id`] of its token) with `bindings`.
+pub async fn start_tunnel(
+    cert: &TestCert,
+    edge: &EdgeHandle,
+    token: &str,
+    bindings: Vec<Binding>,
+    handler: impl StreamHandler,
+) -> AgentHandle {
+    let agent = Agent::start(agent_config(cert, edge), handler).unwrap();
+    agent
+        .attach(tunnel_id(token), TunnelToken::new(token), bindings)
+        .await
+        .unwrap();
+    agent
+}
+
+/// Like [`start_tunnel`], with streams served by [`serve_backend`].
+pub async fn start_agent(
+    cert: &TestCert,
+    edge: &EdgeHandle,
+    token: &str,
+    bindings: Vec<Binding>,
+) -> AgentHandle {
+    start_tunnel(cert, edge, token, bindings, backend_handler).await
+}
+
+/// A stream handler that serves every stream with [`serve_backend`].
+pub fn backend_handler(stream: MuxStream, meta: StreamMeta) {
+    tokio::spawn(serve_backend(stream, meta));
+}
+
+/// Waits until tunnel `id` of `agent` matches `pred`.
+pub async fn wait_tunnel(
+    agent: &AgentHandle,
+    id: &str,
+    pred: impl FnMut(&TunnelStatus) -> bool,
+) -> TunnelStatus {
+    let mut rx = agent.tunnel_status(id).expect("tunnel attached");
+    tokio::time::timeout(HANG_GUARD, rx.wait_for(pred))
+        .await
+        .expect("tunnel status never matched")
+        .unwrap()
+        .clone()
 }
 
 pub async fn wait_status(
@@ -201,9 +252,10 @@ async fn backend(
         StreamKind::Tcp { .. } => unreachable!(),
     };
     let text = format!(
-        "host={host} scheme={scheme} client_ip={} host_header={host_header} path={path} body={}",
+        "host={host} scheme={scheme} client_ip={} host_header={host_header} path={path} body={} tunnel={}",
         meta.client_addr.ip(),
-        body.len()
+        body.len(),
+        meta.tunnel
     );
     Ok(Response::new(Full::new(Bytes::from(text))))
 }
