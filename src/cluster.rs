@@ -131,17 +131,35 @@ pub fn referenced_services(
     wanted
 }
 
-/// Whether the IngressClass `class` is ours and the cluster's default.
-pub fn is_default_class(classes: &[IngressClass], class: &str) -> bool {
-    classes.iter().any(|c| {
-        c.metadata.name.as_deref() == Some(class)
-            && c.spec.as_ref().and_then(|s| s.controller.as_deref()) == Some(INGRESS_CONTROLLER)
-            && c.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
-                .is_some_and(|v| v == "true")
-    })
+/// The Ingress options of a cluster: every IngressClass whose controller is
+/// ours (`k8s.tuna.am/ingress-controller`) is served, and class-less Ingresses
+/// too when one of them is the default. `class` (the `--ingress-class` flag)
+/// is always served, so that the legacy annotation works without an
+/// IngressClass object.
+pub fn ingress_options<'a>(
+    classes: impl IntoIterator<Item = &'a IngressClass>,
+    class: &str,
+) -> TranslateOptions {
+    let mut options = TranslateOptions::for_class(class);
+    for c in classes {
+        let ours =
+            c.spec.as_ref().and_then(|s| s.controller.as_deref()) == Some(INGRESS_CONTROLLER);
+        let Some(name) = c.metadata.name.as_deref().filter(|_| ours) else {
+            continue;
+        };
+        if name != class {
+            options.also.push(name.to_owned());
+        }
+        let default = c
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v == "true");
+        options.is_default_class |= default;
+    }
+    options.also.sort();
+    options
 }
 
 /// The base domain the cluster's Domains show: `status.fqdn` minus `spec.subdomain`.
@@ -178,11 +196,7 @@ pub async fn explain_snapshot(class: &str) -> anyhow::Result<Snapshot> {
         .list(&lp)
         .await
         .context("listing Domains (are the CRDs installed?)")?;
-    let is_default_class = is_default_class(&classes.items, class);
-    let options = TranslateOptions {
-        class: class.to_owned(),
-        is_default_class,
-    };
+    let options = ingress_options(&classes.items, class);
     let ingresses: Vec<Arc<Ingress>> = ingresses.items.into_iter().map(Arc::new).collect();
     let tunnels: Vec<Arc<Tunnel>> = tunnels.items.into_iter().map(Arc::new).collect();
     let domains: Vec<Arc<Domain>> = domains.items.into_iter().map(Arc::new).collect();
@@ -201,6 +215,7 @@ pub async fn explain_snapshot(class: &str) -> anyhow::Result<Snapshot> {
         tunnels,
         domains,
         services: Some(ServiceIndex::new(services)),
-        is_default_class,
+        classes: options.also,
+        is_default_class: options.is_default_class,
     })
 }

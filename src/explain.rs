@@ -202,7 +202,9 @@ pub struct Snapshot {
     pub domains: Vec<Arc<Domain>>,
     /// Services, when they are known (a cluster); files leave backends unchecked.
     pub services: Option<ServiceIndex>,
-    /// The IngressClass of `--ingress-class` is the cluster's default.
+    /// The names of the cluster's IngressClasses whose controller is ours.
+    pub classes: Vec<String>,
+    /// One of them is the cluster's default.
     pub is_default_class: bool,
     /// The edge's base domain as the cluster's Domains show it (`status.fqdn`).
     pub base_domain: Option<String>,
@@ -273,6 +275,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Resu
     let mut options = PlanOptions::cluster(&base_domain);
     options.ingress = TranslateOptions {
         class: args.ingress_class.clone(),
+        also: snapshot.classes.clone(),
         is_default_class: snapshot.is_default_class,
     };
     options.account_hosts = args

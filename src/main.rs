@@ -23,6 +23,10 @@ struct Cli {
 enum Command {
     /// Reconcile Domains and TCPEndpoints into reservations at the edge (leader-elected).
     Controller(Box<tuna_operator::roles::controller::ControllerArgs>),
+    /// Run the tunnels and the proxy core: reconcile Tunnels and Ingresses (one replica).
+    Agent(Box<tuna_operator::roles::agent::AgentArgs>),
+    /// Run the controller and the agent in one process (small installs, tests).
+    All(Box<tuna_operator::roles::all::AllArgs>),
     /// Inspect how routes are built and matched.
     #[command(subcommand)]
     Route(tuna_operator::explain::RouteCommand),
@@ -40,6 +44,12 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Controller(args) => {
             tokio::runtime::Runtime::new()?.block_on(tuna_operator::roles::controller::run(*args))
+        }
+        Command::Agent(args) => {
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::roles::agent::run(*args))
+        }
+        Command::All(args) => {
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::roles::all::run(*args))
         }
         Command::Route(cmd) => tuna_operator::explain::run(cmd),
         Command::Crdgen(args) => tuna_operator::crdgen::run(args),

@@ -207,6 +207,8 @@ pub struct Publisher {
 struct Inner {
     proxy: ProxyCore,
     agent: AgentHandle,
+    /// Every state change, by key: reconcilers turn them into status and events.
+    changes: tokio::sync::broadcast::Sender<TunnelKey>,
     entries: Mutex<HashMap<TunnelKey, Entry>>,
     retry: RetryPolicy,
 }
@@ -261,6 +263,7 @@ impl Publisher {
             inner: Arc::new(Inner {
                 proxy,
                 agent,
+                changes: tokio::sync::broadcast::channel(4096).0,
                 entries: Mutex::new(HashMap::new()),
                 retry,
             }),
@@ -270,6 +273,12 @@ impl Publisher {
     /// The agent's connection to the edge.
     pub fn agent(&self) -> &AgentHandle {
         &self.inner.agent
+    }
+
+    /// The keys of tunnels whose state changed, as they change. A lagged
+    /// receiver should treat every tunnel as changed.
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<TunnelKey> {
+        self.inner.changes.subscribe()
     }
 
     /// The proxy core.
@@ -537,9 +546,14 @@ async fn run_tunnel(
         let (revision, spec) = desired.borrow_and_update().clone();
         // Mint a token for exactly this tunnel's binding.
         let binding = spec.serving.binding();
-        state.send_replace(TunnelState::Pending {
-            step: "minting a token",
-        });
+        report(
+            &inner,
+            &key,
+            &state,
+            TunnelState::Pending {
+                step: "minting a token",
+            },
+        );
         let minted = tokio::select! {
             _ = stop.cancelled() => break,
             m = spec.edge.create_token(&spec.labels, std::slice::from_ref(&binding), TOKEN_TTL) => m,
@@ -549,10 +563,15 @@ async fn run_tunnel(
             Err(e) => {
                 let retrying = e.class() != ErrorClass::NeedsChange;
                 tracing::warn!(tunnel = %key, error = %e, retrying, "could not mint a tunnel token");
-                state.send_replace(TunnelState::Failed {
-                    message: e.to_string(),
-                    retrying,
-                });
+                report(
+                    &inner,
+                    &key,
+                    &state,
+                    TunnelState::Failed {
+                        message: e.to_string(),
+                        retrying,
+                    },
+                );
                 let wait = match e.class() {
                     ErrorClass::RateLimited(after) => Some(after),
                     ErrorClass::NeedsChange => None,
@@ -586,10 +605,15 @@ async fn run_tunnel(
         let mut transport = match attached {
             Ok(rx) => rx,
             Err(message) => {
-                state.send_replace(TunnelState::Failed {
-                    message,
-                    retrying: true,
-                });
+                report(
+                    &inner,
+                    &key,
+                    &state,
+                    TunnelState::Failed {
+                        message,
+                        retrying: true,
+                    },
+                );
                 if wait_or_change(&stop, &mut desired, Some(inner.retry.delay(attempt))).await {
                     break;
                 }
@@ -629,7 +653,23 @@ async fn run_tunnel(
         revoke(&key, edge.as_ref(), &token.id).await;
     }
     *token_slot.lock().expect("token lock") = None;
-    state.send_replace(TunnelState::Stopped);
+    report(&inner, &key, &state, TunnelState::Stopped);
+}
+
+/// Publishes a tunnel's new state and announces the change.
+fn report(inner: &Inner, key: &TunnelKey, state: &watch::Sender<TunnelState>, value: TunnelState) {
+    let changed = state.send_if_modified(|current| {
+        if *current == value {
+            false
+        } else {
+            *current = value;
+            true
+        }
+    });
+    if changed {
+        // No receiver is fine: nobody is reporting status (standalone).
+        let _ = inner.changes.send(key.clone());
+    }
 }
 
 async fn revoke(key: &TunnelKey, edge: &dyn EdgeApi, id: &str) {
@@ -687,34 +727,54 @@ async fn serve(
                     Err(message) => vec![message],
                 };
                 *installed = Some(current.serving.clone());
-                state.send_replace(TunnelState::Serving {
-                    revision,
-                    session_id: session_id.clone(),
-                    port: public_port(&now),
-                    warnings,
-                });
+                report(
+                    inner,
+                    key,
+                    state,
+                    TunnelState::Serving {
+                        revision,
+                        session_id: session_id.clone(),
+                        port: public_port(&now),
+                        warnings,
+                    },
+                );
             }
             TransportState::Pending => {
-                state.send_replace(TunnelState::Pending {
-                    step: "waiting for the edge",
-                });
+                report(
+                    inner,
+                    key,
+                    state,
+                    TunnelState::Pending {
+                        step: "waiting for the edge",
+                    },
+                );
             }
             TransportState::Disconnected { reason } => {
                 // Routes stay: streams only arrive through the edge, which
                 // routes again once the agent is back.
-                state.send_replace(TunnelState::Disconnected {
-                    reason: reason.clone(),
-                });
+                report(
+                    inner,
+                    key,
+                    state,
+                    TunnelState::Disconnected {
+                        reason: reason.clone(),
+                    },
+                );
             }
             TransportState::Refused(r) | TransportState::Closed(r) => {
                 if let Some(serving) = installed.take() {
                     uninstall(&inner.proxy, &serving);
                 }
                 tracing::warn!(tunnel = %key, code = %r.code, message = %r.message, "the edge refused the tunnel");
-                state.send_replace(TunnelState::Refused {
-                    code: r.code.to_string(),
-                    message: r.message.clone(),
-                });
+                report(
+                    inner,
+                    key,
+                    state,
+                    TunnelState::Refused {
+                        code: r.code.to_string(),
+                        message: r.message.clone(),
+                    },
+                );
                 // A revoked or expired token is replaced; a refused binding
                 // waits for a change (or a retry with backoff: a Domain may be
                 // verified, a TCPEndpoint reserved in the meantime).

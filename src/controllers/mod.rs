@@ -25,10 +25,11 @@
 //!   a change of the object; 5xx and network errors back off. Every success
 //!   requeues after the resync interval, so every object is re-checked.
 
+pub mod agent_state;
 pub mod domain;
-// pub mod ingress;
+pub mod ingress;
 pub mod tcpendpoint;
-// pub mod tunnel;
+pub mod tunnel;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -205,6 +206,11 @@ impl Context {
                 Ok(who)
             })
             .await
+    }
+
+    /// The edge's account, base domain and public host if it answered already.
+    pub fn edge_info_now(&self) -> Option<&WhoAmI> {
+        self.edge_info.get()
     }
 
     /// Publishes an event about `obj`; a failure is logged, never fatal.

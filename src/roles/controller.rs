@@ -25,7 +25,14 @@ pub struct ControllerArgs {
     #[command(flatten)]
     pub edge: EdgeArgs,
     #[command(flatten)]
+    pub controller: ControllerFlags,
+    #[command(flatten)]
     pub serve: ServeArgs,
+}
+
+/// The controller's own flags (also part of `all`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerFlags {
     /// Unverified custom domains are checked again this often.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub dns_recheck_interval: Duration,
@@ -70,27 +77,18 @@ pub async fn reconcile_until(ctx: Arc<Context>, stop: CancellationToken) {
     .await;
 }
 
-/// Runs the controller role until SIGTERM/SIGINT.
-pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
-    crate::cluster::install_crypto_provider();
-    let metrics = Arc::new(Metrics::new());
-    let (ready_tx, ready_rx) = watch::channel(Readiness::NotReady("starting".into()));
-    let render = {
-        let metrics = Arc::clone(&metrics);
-        Arc::new(move || metrics.render())
-    };
-    let (probe, metrics_addr) = health::start(
-        args.serve.probe_listen,
-        args.serve.metrics_listen,
-        ready_rx,
-        render,
-    )
-    .await?;
-    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
-    let client = crate::cluster::client()
-        .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let namespace = args
+/// Runs the controller role until `shutdown`: reconciles while it holds the
+/// Lease (or always, with `--no-leader-election`).
+pub async fn serve(
+    edge: EdgeArgs,
+    flags: ControllerFlags,
+    serve: ServeArgs,
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    ready: watch::Sender<Readiness>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let namespace = flags
         .leader_election_namespace
         .clone()
         .or_else(|| {
@@ -100,32 +98,22 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         })
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let ctx = context(
-        &args.edge,
-        &args.serve,
-        args.dns_recheck_interval,
+        &edge,
+        &serve,
+        flags.dns_recheck_interval,
         &metrics,
         client.clone(),
     )?;
     if let Err(e) = ctx.edge_info().await {
-        tracing::warn!(edge = %args.edge.edge_api, error = %e, "cannot reach the edge API yet; objects will say so until it answers");
+        tracing::warn!(edge = %edge.edge_api, error = %e, "cannot reach the edge API yet; objects will say so until it answers");
     }
-    ready_tx.send_replace(Readiness::Ready);
-
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        });
-    }
-    if args.no_leader_election {
+    ready.send_replace(Readiness::Ready);
+    if flags.no_leader_election {
         metrics.set_leader(true);
         reconcile_until(ctx, shutdown).await;
         return Ok(());
     }
-    let lease_seconds = args.leader_election_lease_duration.as_secs().max(2);
+    let lease_seconds = flags.leader_election_lease_duration.as_secs().max(2);
     let grace = (lease_seconds / 3).max(1);
     let identity = instance_name();
     let manager = LeaseManagerBuilder::new(client, LEASE_NAME)
@@ -171,4 +159,45 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         Err(e) => tracing::warn!(error = %e, "leader election task failed"),
     }
     Ok(())
+}
+
+/// Runs the controller role until SIGTERM/SIGINT.
+pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    crate::cluster::install_crypto_provider();
+    let metrics = Arc::new(Metrics::new());
+    let (ready_tx, ready_rx) = watch::channel(Readiness::NotReady("starting".into()));
+    let render = {
+        let metrics = Arc::clone(&metrics);
+        Arc::new(move || metrics.render())
+    };
+    let (probe, metrics_addr) = health::start(
+        args.serve.probe_listen,
+        args.serve.metrics_listen,
+        ready_rx,
+        render,
+    )
+    .await?;
+    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
+    let client = crate::cluster::client()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        });
+    }
+    serve(
+        args.edge,
+        args.controller,
+        args.serve,
+        client,
+        metrics,
+        ready_tx,
+        shutdown,
+    )
+    .await
 }

@@ -8,7 +8,8 @@
 //! `--metrics-listen`. The Kubernetes client follows the standard kubeconfig
 //! resolution (`KUBECONFIG`, else in-cluster).
 
-// pub mod agent;
+pub mod agent;
+pub mod all;
 pub mod controller;
 
 use std::net::SocketAddr;

@@ -222,6 +222,9 @@ impl fmt::Display for Skipped {
 pub struct TranslateOptions {
     /// The IngressClass name this controller answers to.
     pub class: String,
+    /// Other IngressClass names that are ours too (every IngressClass whose
+    /// `spec.controller` is `k8s.tuna.am/ingress-controller`).
+    pub also: Vec<String>,
     /// That IngressClass is the cluster's default
     /// (`ingressclass.kubernetes.io/is-default-class: "true"`): an Ingress with
     /// neither `ingressClassName` nor the legacy annotation is ours too. The
@@ -234,6 +237,7 @@ impl Default for TranslateOptions {
     fn default() -> Self {
         Self {
             class: DEFAULT_INGRESS_CLASS.to_owned(),
+            also: Vec::new(),
             is_default_class: false,
         }
     }
@@ -244,13 +248,15 @@ impl TranslateOptions {
     pub fn for_class(class: impl Into<String>) -> Self {
         Self {
             class: class.into(),
+            also: Vec::new(),
             is_default_class: false,
         }
     }
 
     /// Whether these options make `ingress` ours (see [`is_our_class`]).
     pub fn serves(&self, ingress: &Ingress) -> bool {
-        if is_our_class(ingress, &self.class) {
+        if is_our_class(ingress, &self.class) || self.also.iter().any(|c| is_our_class(ingress, c))
+        {
             return true;
         }
         let unclassed = ingress

@@ -1,0 +1,445 @@
+//! What the agent's reconcilers (Tunnel, Ingress) share: the publisher, the
+//! reflector stores, the Services read with `get`, the edge clients of
+//! `apiKeySecretRef` keys, and what each object published.
+//!
+//! The agent is the only component that reads Secrets and Services, and only
+//! with `get` (no list, no watch): a Service is read again on every reconcile
+//! of an object that references it, and every object is reconciled at least
+//! every `--resync-interval`, so a Service change is picked up within that
+//! interval (or at once when the referencing object changes). A headless
+//! Service's EndpointSlices are listed by their service-name label.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use tokio::sync::mpsc;
+use tuna_crds::{Domain, TcpEndpoint, Tunnel};
+use tuna_tunnel::api::{Scope, Secret as ApiKey};
+
+use super::Context;
+use crate::desired::ObjectRef;
+use crate::edge_api::{EdgeApi, EdgeError, RemoteEdge};
+use crate::metrics::MeteredEdge;
+use crate::publisher::{Publisher, TunnelKey};
+use crate::roles::EdgeArgs;
+use crate::translate::ingress::TranslateOptions;
+use crate::translate::service::{ServiceIndex, ServiceInfo, UpstreamPolicy};
+
+/// Label keys of every tunnel token the agent mints: they let the start-up
+/// sweep find tokens whose owner is gone.
+pub mod labels {
+    /// The cluster's identity (`--cluster-id`, default the kube-system namespace's uid).
+    pub const CLUSTER: &str = "k8s.tuna.am/cluster";
+    /// `Tunnel` or `Ingress`.
+    pub const KIND: &str = "k8s.tuna.am/kind";
+    /// The owner's namespace.
+    pub const NAMESPACE: &str = "k8s.tuna.am/namespace";
+    /// The owner's name (a Tunnel; for Ingress hosts the host's first Ingress).
+    pub const NAME: &str = "k8s.tuna.am/name";
+    /// The owner's uid (Tunnels).
+    pub const UID: &str = "k8s.tuna.am/uid";
+    /// The public host (Ingress hosts), as a label value.
+    pub const HOST: &str = "k8s.tuna.am/host";
+    /// The agent process that minted it.
+    pub const AGENT: &str = "k8s.tuna.am/agent";
+    /// `true` when the agent reserved the Tunnel's subdomain for it (released with it).
+    pub const RESERVED: &str = "k8s.tuna.am/reserved-host";
+}
+
+/// A label value for any string: kept when it is a valid value of at most 63
+/// characters, else shortened with a hash suffix (stable).
+pub fn label_value(s: &str) -> String {
+    let valid = |v: &str| {
+        v.len() <= 63
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+            && v.bytes().next().is_none_or(|b| b.is_ascii_alphanumeric())
+            && v.bytes().last().is_none_or(|b| b.is_ascii_alphanumeric())
+    };
+    if valid(s) {
+        return s.to_owned();
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    let clean: String = s
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .take(46)
+        .collect();
+    let clean = clean.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{clean}-{:016x}", h.finish())
+}
+
+/// Settings of the agent role.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The cluster's identity on tokens.
+    pub cluster_id: String,
+    /// This agent process (on tokens).
+    pub instance: String,
+    /// The IngressClass name of `--ingress-class`.
+    pub ingress_class: String,
+    /// What upstreams may point at (`--allow-external-upstreams`).
+    pub policy: UpstreamPolicy,
+    /// How to build clients for `apiKeySecretRef` keys.
+    pub edge_args: EdgeArgs,
+}
+
+/// The reflector stores the agent reads.
+#[derive(Clone)]
+pub struct Stores {
+    /// Tunnels.
+    pub tunnels: Store<Tunnel>,
+    /// Ingresses.
+    pub ingresses: Store<Ingress>,
+    /// IngressClasses.
+    pub classes: Store<IngressClass>,
+    /// Domains.
+    pub domains: Store<Domain>,
+    /// TCPEndpoints.
+    pub tcp_endpoints: Store<TcpEndpoint>,
+}
+
+/// Services read with `get`, by namespace and name (`None`: not found).
+pub struct ServiceCache {
+    client: kube::Client,
+    services: Mutex<HashMap<(String, String), Option<ServiceInfo>>>,
+}
+
+impl ServiceCache {
+    /// An empty cache.
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            services: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reads `namespace/name` again (`get`).
+    pub async fn refresh(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+        let info = crate::cluster::read_service(&self.client, namespace, name).await?;
+        self.services
+            .lock()
+            .expect("service cache")
+            .insert((namespace.to_owned(), name.to_owned()), info);
+        Ok(())
+    }
+
+    /// Reads `namespace/name` unless it was read before.
+    pub async fn ensure(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+        let known = self
+            .services
+            .lock()
+            .expect("service cache")
+            .contains_key(&(namespace.to_owned(), name.to_owned()));
+        if known {
+            return Ok(());
+        }
+        self.refresh(namespace, name).await
+    }
+
+    /// The known Services, as an index for the plan.
+    pub fn snapshot(&self) -> ServiceIndex {
+        ServiceIndex::new(
+            self.services
+                .lock()
+                .expect("service cache")
+                .values()
+                .flatten()
+                .cloned(),
+        )
+    }
+}
+
+/// An edge client with a Tunnel's own API key.
+#[derive(Clone)]
+pub struct KeyClient {
+    /// The client (metered).
+    pub edge: Arc<dyn EdgeApi>,
+    /// `secret ns/name#key@resourceVersion`: changes when the Secret does.
+    pub identity: String,
+}
+
+/// Why a Tunnel's `apiKeySecretRef` cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyProblem {
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// What to do.
+    pub message: String,
+}
+
+/// What an object published, to undo on change or deletion.
+#[derive(Debug, Clone, Default)]
+pub struct Claim {
+    /// Tunnels: the key of its tunnel.
+    pub tunnel: Option<TunnelKey>,
+    /// Tunnels: the host the agent reserved for it (not adopted), released with it.
+    pub reserved_host: Option<String>,
+    /// Ingresses: the hosts it had rules for.
+    pub hosts: BTreeSet<String>,
+}
+
+/// The agent's shared state (see the module docs).
+pub struct AgentState {
+    /// Client, events, the operator's edge API, metrics, backoff, resync.
+    pub ctx: Arc<Context>,
+    /// The proxy core and the tunnels.
+    pub publisher: Publisher,
+    /// Services read with `get`.
+    pub services: ServiceCache,
+    /// The stores.
+    pub stores: Stores,
+    /// Settings.
+    pub options: AgentOptions,
+    /// Claims by object.
+    pub claims: Mutex<HashMap<ObjectRef, Claim>>,
+    /// The host plans last published, by host (for `RoutesUpdated` and to
+    /// re-reconcile the other Ingresses of a host only when it changed).
+    pub host_plans: Mutex<HashMap<String, String>>,
+    /// Last reported events per object: reason → messages (to emit only changes).
+    pub reported: Mutex<HashMap<ObjectRef, BTreeMap<String, BTreeSet<String>>>>,
+    /// Clients of `apiKeySecretRef` keys, by identity.
+    key_clients: Mutex<HashMap<String, KeyClient>>,
+    /// The account's domains (hosts reserved outside Kubernetes), refreshed
+    /// at most every resync interval.
+    account_hosts: Mutex<Option<(Instant, BTreeSet<String>)>>,
+    /// Re-reconcile a Tunnel / an Ingress.
+    pub tunnel_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Tunnel>>,
+    /// Re-reconcile an Ingress.
+    pub ingress_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Ingress>>,
+}
+
+impl AgentState {
+    /// New state.
+    pub fn new(
+        ctx: Arc<Context>,
+        publisher: Publisher,
+        stores: Stores,
+        options: AgentOptions,
+        tunnel_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Tunnel>>,
+        ingress_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Ingress>>,
+    ) -> Self {
+        Self {
+            services: ServiceCache::new(ctx.client.clone()),
+            ctx,
+            publisher,
+            stores,
+            options,
+            claims: Mutex::new(HashMap::new()),
+            host_plans: Mutex::new(HashMap::new()),
+            reported: Mutex::new(HashMap::new()),
+            key_clients: Mutex::new(HashMap::new()),
+            account_hosts: Mutex::new(None),
+            tunnel_triggers,
+            ingress_triggers,
+        }
+    }
+
+    /// The Ingress options the IngressClasses of the cluster give.
+    pub fn ingress_options(&self) -> TranslateOptions {
+        let classes = self.stores.classes.state();
+        crate::cluster::ingress_options(
+            classes.iter().map(|c| c.as_ref()),
+            &self.options.ingress_class,
+        )
+    }
+
+    /// The account's domains, listed at the edge at most every resync interval.
+    pub async fn account_hosts(&self) -> BTreeSet<String> {
+        let fresh = self
+            .account_hosts
+            .lock()
+            .expect("account hosts")
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < self.ctx.resync_interval)
+            .map(|(_, hosts)| hosts.clone());
+        if let Some(hosts) = fresh {
+            return hosts;
+        }
+        match self.ctx.edge.list_domains().await {
+            Ok(domains) => {
+                let hosts: BTreeSet<String> = domains
+                    .into_iter()
+                    .filter(|d| d.status == tuna_tunnel::api::DomainStatus::Verified)
+                    .map(|d| d.name)
+                    .collect();
+                *self.account_hosts.lock().expect("account hosts") =
+                    Some((Instant::now(), hosts.clone()));
+                hosts
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the account's domains");
+                self.account_hosts
+                    .lock()
+                    .expect("account hosts")
+                    .as_ref()
+                    .map(|(_, h)| h.clone())
+                    .unwrap_or_default()
+            }
+        }
+    }
+
+    /// Token labels of an owner.
+    pub fn token_labels(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (
+                labels::CLUSTER.to_owned(),
+                label_value(&self.options.cluster_id),
+            ),
+            (
+                labels::AGENT.to_owned(),
+                label_value(&self.options.instance),
+            ),
+            (labels::KIND.to_owned(), kind.to_owned()),
+            (labels::NAMESPACE.to_owned(), label_value(namespace)),
+            (labels::NAME.to_owned(), label_value(name)),
+        ])
+    }
+
+    /// The edge client of a Tunnel's `apiKeySecretRef`: the Secret is read
+    /// with `get` every time (a fixed Secret is picked up at the next
+    /// reconcile); the key must be able to open tunnels (`tunnels:connect`).
+    pub async fn key_client(
+        &self,
+        namespace: &str,
+        secret: &str,
+        key: &str,
+    ) -> Result<KeyClient, KeyProblem> {
+        let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), namespace);
+        let object = api.get_opt(secret).await.map_err(|e| KeyProblem {
+            reason: "SecretUnreadable",
+            message: format!("cannot read Secret {namespace}/{secret}: {e}"),
+        })?;
+        let Some(object) = object else {
+            return Err(KeyProblem {
+                reason: "SecretNotFound",
+                message: format!(
+                    "Secret {namespace}/{secret} (spec.apiKeySecretRef) does not exist; create it with the key {key:?}"
+                ),
+            });
+        };
+        let value = object
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).trim().to_owned())
+            .or_else(|| {
+                object
+                    .string_data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .map(|v| v.trim().to_owned())
+            })
+            .filter(|v| !v.is_empty());
+        let Some(value) = value else {
+            let keys: Vec<String> = object
+                .data
+                .as_ref()
+                .map(|d| d.keys().cloned().collect())
+                .unwrap_or_default();
+            return Err(KeyProblem {
+                reason: "SecretKeyNotFound",
+                message: format!(
+                    "Secret {namespace}/{secret} has no key {key:?} (it has: {}); put the API key there",
+                    if keys.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        keys.join(", ")
+                    }
+                ),
+            });
+        };
+        let identity = format!(
+            "secret {namespace}/{secret}#{key}@{}",
+            object.metadata.resource_version.as_deref().unwrap_or("")
+        );
+        if let Some(known) = self.key_clients.lock().expect("key clients").get(&identity) {
+            return Ok(known.clone());
+        }
+        let client = self
+            .options
+            .edge_args
+            .client_with(ApiKey::new(value))
+            .map_err(|e| KeyProblem {
+                reason: "EdgeClientFailed",
+                message: e.to_string(),
+            })?;
+        let edge: Arc<dyn EdgeApi> = Arc::new(MeteredEdge::new(
+            Arc::new(RemoteEdge::new(client)),
+            Arc::clone(&self.ctx.metrics),
+        ));
+        let who = edge.whoami().await.map_err(|e: EdgeError| KeyProblem {
+            reason: if e.code() == Some("unauthorized") {
+                "ApiKeyRejected"
+            } else {
+                "EdgeUnavailable"
+            },
+            message: format!(
+                "the API key of Secret {namespace}/{secret} ({key}): {}",
+                e.edge_message()
+            ),
+        })?;
+        if !who
+            .scopes
+            .iter()
+            .any(|s| matches!(s, Scope::TunnelsConnect | Scope::Full))
+        {
+            let scopes: Vec<&str> = who.scopes.iter().map(|s| s.as_str()).collect();
+            return Err(KeyProblem {
+                reason: "MissingConnectScope",
+                message: format!(
+                    "the API key of Secret {namespace}/{secret} has scopes [{}]; a Tunnel's key needs tunnels:connect",
+                    scopes.join(", ")
+                ),
+            });
+        }
+        let client = KeyClient {
+            edge,
+            identity: identity.clone(),
+        };
+        let mut clients = self.key_clients.lock().expect("key clients");
+        // Older versions of this Secret's key are not needed any more.
+        let prefix = format!("secret {namespace}/{secret}#{key}@");
+        clients.retain(|k, _| !k.starts_with(&prefix));
+        clients.insert(identity, client.clone());
+        Ok(client)
+    }
+
+    /// Records `message` as what `object` last reported about `topic`; true
+    /// when it differs from what was reported before (then report it).
+    pub fn first_report_exclusive(&self, object: &ObjectRef, topic: &str, message: &str) -> bool {
+        let mut reported = self.reported.lock().expect("reported");
+        let topics = reported.entry(object.clone()).or_default();
+        let next = BTreeSet::from([message.to_owned()]);
+        if topics.get(topic) == Some(&next) {
+            return false;
+        }
+        topics.insert(topic.to_owned(), next);
+        true
+    }
+
+    /// Forgets what `object` reported about `topic`; true when there was something.
+    pub fn clear_and_was(&self, object: &ObjectRef, topic: &str) -> bool {
+        self.reported
+            .lock()
+            .expect("reported")
+            .get_mut(object)
+            .is_some_and(|topics| topics.remove(topic).is_some())
+    }
+}
+
+/// How long a reconcile waits for a new tunnel to be accepted or refused
+/// before it writes the status it has (later changes trigger a reconcile).
+pub const SETTLE_WAIT: Duration = Duration::from_secs(10);

@@ -1,0 +1,601 @@
+//! Ingress (class tuna): one tunnel per host, its routes merged from the
+//! Ingresses of the host's namespace.
+//!
+//! - observe: the Ingress; the Ingresses, Domains and Tunnels that share its
+//!   hosts, the IngressClasses (reflector stores); the Services its backends
+//!   name (`get`); the account's domains at the edge;
+//! - desired: [`crate::desired::plan`] over those objects — host ownership by
+//!   namespace, reserved hosts only, segment-aware Prefix/Exact, skipped rules
+//!   and backends with reasons;
+//! - apply: per host, publish the route table (a change swaps routes in the
+//!   proxy core: no reconnect) or stop the host's tunnel when no rule is left
+//!   (its token is revoked); `status.loadBalancer.ingress[].hostname` lists
+//!   the hosts served; events `TunnelConnected`, `TunnelStopped`,
+//!   `RoutesUpdated`, `RuleSkipped`, `BackendSkipped`, each naming the host,
+//!   rule, path or backend concerned.
+//!
+//! Which Ingresses are ours: `spec.ingressClassName` naming an IngressClass
+//! whose `spec.controller` is `k8s.tuna.am/ingress-controller` (or the
+//! `--ingress-class` name), no class when one of those is the default, and the
+//! legacy annotation `kubernetes.io/ingress.class` with such a name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use k8s_openapi::api::networking::v1::{
+    Ingress, IngressLoadBalancerIngress, IngressLoadBalancerStatus, IngressStatus,
+};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use tuna_crds::{Domain, Tunnel};
+
+use super::agent_state::{AgentState, SETTLE_WAIT, label_value, labels};
+use super::{Error, FIELD_MANAGER, resync};
+use crate::desired::{
+    HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan,
+};
+use crate::metrics::ReconcileTimer;
+use crate::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::translate::ingress::{SkipReason, TranslateOptions, translate_one};
+
+/// The hosts an Ingress has rules for (lower case; no wildcards).
+pub fn rule_hosts(ingress: &Ingress) -> BTreeSet<String> {
+    ingress
+        .spec
+        .iter()
+        .flat_map(|s| s.rules.iter().flatten())
+        .filter_map(|r| r.host.as_deref())
+        .filter(|h| !h.is_empty() && !h.starts_with('*'))
+        .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+        .collect()
+}
+
+/// The host a Domain reserves, given the base domain.
+fn domain_host(d: &Domain, base_domain: &str) -> Option<String> {
+    d.spec.fqdn(base_domain).map(|h| h.to_ascii_lowercase())
+}
+
+/// The host of an http Tunnel.
+fn tunnel_host(t: &Tunnel, base_domain: &str) -> Option<String> {
+    (t.spec.protocol == tuna_crds::TunnelProtocol::Http)
+        .then(|| {
+            t.spec
+                .subdomain
+                .as_ref()
+                .map(|s| format!("{s}.{base_domain}"))
+        })
+        .flatten()
+}
+
+/// Plans `hosts` over the objects that touch them (pure).
+pub fn plan_hosts(
+    hosts: &BTreeSet<String>,
+    ingresses: &[Arc<Ingress>],
+    tunnels: &[Arc<Tunnel>],
+    domains: &[Arc<Domain>],
+    services: &crate::translate::service::ServiceIndex,
+    options: &PlanOptions,
+) -> Plan {
+    let touches = |i: &Ingress| rule_hosts(i).iter().any(|h| hosts.contains(h));
+    let ingresses: Vec<Arc<Ingress>> = ingresses.iter().filter(|i| touches(i)).cloned().collect();
+    let tunnels: Vec<Arc<Tunnel>> = tunnels
+        .iter()
+        .filter(|t| tunnel_host(t, &options.base_domain).is_some_and(|h| hosts.contains(&h)))
+        .cloned()
+        .collect();
+    let domains: Vec<Arc<Domain>> = domains
+        .iter()
+        .filter(|d| domain_host(d, &options.base_domain).is_some_and(|h| hosts.contains(&h)))
+        .cloned()
+        .collect();
+    let inputs = Inputs {
+        ingresses: &ingresses,
+        tunnels: &tunnels,
+        domains: &domains,
+        tcp_endpoints: &[],
+    };
+    plan(&inputs, services, options)
+}
+
+/// A stable summary of a host's routes (what `RoutesUpdated` says).
+pub fn routes_summary(host: &HostPlan) -> String {
+    let mut routes: Vec<String> = host
+        .routes
+        .iter()
+        .map(|r| {
+            let backend = r
+                .backend
+                .service
+                .as_ref()
+                .map(|s| format!("{}:{}", s.name, s.port))
+                .unwrap_or_default();
+            format!("{} {} -> {backend}", r.path_type, r.path)
+        })
+        .collect();
+    routes.sort();
+    routes.join(", ")
+}
+
+fn options_for(
+    state: &AgentState,
+    ingress: TranslateOptions,
+    base_domain: &str,
+    account: BTreeSet<String>,
+) -> PlanOptions {
+    let mut options = PlanOptions::cluster(base_domain);
+    options.ingress = ingress;
+    options.policy = state.options.policy;
+    options.account_hosts = account;
+    options
+}
+
+/// Plans and applies `hosts`: publish each host's routes, or stop its tunnel.
+/// Returns the plan. Other Ingresses of a host whose routes changed are
+/// re-reconciled (for their events and status), except `me`.
+async fn apply_hosts(
+    state: &AgentState,
+    hosts: &BTreeSet<String>,
+    me: Option<&ObjectRef>,
+    options: &PlanOptions,
+) -> Result<Plan, Error> {
+    let ingresses = state.stores.ingresses.state();
+    // The Services every touching Ingress names (read once; a reconcile of
+    // the Ingress itself re-reads its own).
+    for i in ingresses
+        .iter()
+        .filter(|i| rule_hosts(i).iter().any(|h| hosts.contains(h)))
+    {
+        for spec in translate_one(i, &options.ingress).specs {
+            state
+                .services
+                .ensure(&spec.backend.namespace, &spec.backend.name)
+                .await?;
+        }
+    }
+    let plan = plan_hosts(
+        hosts,
+        &ingresses,
+        &state.stores.tunnels.state(),
+        &state.stores.domains.state(),
+        &state.services.snapshot(),
+        options,
+    );
+    for host in hosts {
+        let key = TunnelKey::Host(host.clone());
+        let tunnel_owned = super::tunnel::owners_of(state, &key);
+        match plan.hosts.get(host) {
+            Some(h) if matches!(h.source, HostSource::Tunnel(_)) => {}
+            Some(h) => {
+                let routes = h
+                    .routes
+                    .iter()
+                    .filter_map(|r| {
+                        Some(tuna_routing::RouteSpec {
+                            host: r.host.clone(),
+                            path: r.path.clone(),
+                            path_type: r.path_type,
+                            backend: r.backend.upstream.clone()?,
+                            origin: r.origin.clone(),
+                            tie_break: r.tie_break.clone(),
+                        })
+                    })
+                    .collect();
+                let mut token_labels = state.token_labels("Ingress", &h.namespace, host);
+                token_labels.insert(labels::HOST.to_owned(), label_value(host));
+                state.publisher.publish(
+                    key,
+                    TunnelSpec {
+                        serving: Serving::Http {
+                            host: host.clone(),
+                            routes,
+                        },
+                        labels: token_labels,
+                        edge: Arc::clone(&state.ctx.edge),
+                        edge_identity: "operator".into(),
+                    },
+                );
+                let summary = routes_summary(h);
+                let changed = state
+                    .host_plans
+                    .lock()
+                    .expect("host plans")
+                    .insert(host.clone(), summary.clone())
+                    .is_none_or(|old| old != summary);
+                if changed {
+                    for other in h.publishers() {
+                        if Some(&other) != me {
+                            let _ = state.ingress_triggers.send(
+                                kube::runtime::reflector::ObjectRef::new(&other.name)
+                                    .within(&other.namespace),
+                            );
+                        }
+                    }
+                }
+            }
+            None if tunnel_owned.is_empty() => {
+                if state.publisher.state(&key).is_some() {
+                    state.publisher.unpublish(&key).await;
+                    tracing::info!(%host, "no Ingress rule left: tunnel stopped, token revoked");
+                }
+                state.host_plans.lock().expect("host plans").remove(host);
+            }
+            None => {}
+        }
+    }
+    Ok(plan)
+}
+
+/// A deleted Ingress: its hosts are planned again without it.
+pub async fn cleanup(state: &AgentState, namespace: &str, name: &str) -> Result<(), Error> {
+    let object = ObjectRef::new(Kind::Ingress, namespace, name);
+    let hosts = state
+        .claims
+        .lock()
+        .expect("claims")
+        .remove(&object)
+        .map(|c| c.hosts)
+        .unwrap_or_default();
+    state.reported.lock().expect("reported").remove(&object);
+    if hosts.is_empty() {
+        return Ok(());
+    }
+    let who = state.ctx.edge_info().await?.clone();
+    let options = options_for(
+        state,
+        state.ingress_options(),
+        &who.base_domain,
+        state.account_hosts().await,
+    );
+    apply_hosts(state, &hosts, Some(&object), &options).await?;
+    Ok(())
+}
+
+/// One reconcile of an Ingress (see the module docs).
+pub async fn reconcile(ingress: Arc<Ingress>, state: Arc<AgentState>) -> Result<Action, Error> {
+    let timer = ReconcileTimer::start(&state.ctx.metrics, "Ingress");
+    let result = apply(&ingress, &state).await;
+    timer.finish(result.is_ok());
+    result
+}
+
+async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Error> {
+    let ctx = &state.ctx;
+    let me = ObjectRef::of(Kind::Ingress, &ingress.metadata);
+    let translate = state.ingress_options();
+    let ours = translate.serves(ingress);
+    let before = state
+        .claims
+        .lock()
+        .expect("claims")
+        .get(&me)
+        .map(|c| c.hosts.clone())
+        .unwrap_or_default();
+    let now = if ours {
+        rule_hosts(ingress)
+    } else {
+        BTreeSet::new()
+    };
+    let who = ctx.edge_info().await?.clone();
+    // Re-read the Services this Ingress names (get).
+    for spec in translate_one(ingress, &translate).specs {
+        state
+            .services
+            .refresh(&spec.backend.namespace, &spec.backend.name)
+            .await?;
+    }
+    let affected: BTreeSet<String> = before.union(&now).cloned().collect();
+    let options = options_for(
+        state,
+        translate,
+        &who.base_domain,
+        state.account_hosts().await,
+    );
+    let plan = apply_hosts(state, &affected, Some(&me), &options).await?;
+    state
+        .claims
+        .lock()
+        .expect("claims")
+        .entry(me.clone())
+        .or_default()
+        .hosts = now.clone();
+    if !ours {
+        // Another controller's Ingress: nothing to report.
+        return Ok(Action::await_change());
+    }
+    report(state, ingress, &me, &plan, &now).await?;
+    ctx.backoff.reset(&super::key_of(ingress.as_ref()));
+    Ok(resync(ctx.resync_interval))
+}
+
+/// Events and `status.loadBalancer` of one Ingress.
+async fn report(
+    state: &AgentState,
+    ingress: &Ingress,
+    me: &ObjectRef,
+    plan: &Plan,
+    hosts: &BTreeSet<String>,
+) -> Result<(), Error> {
+    let ctx = &state.ctx;
+    // Skipped rules and backends, each once.
+    let mut skipped: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+    for r in plan.refusals_of(me) {
+        if r.reason == Reason::Ingress(SkipReason::OtherIngressClass) {
+            continue;
+        }
+        let mut note = String::new();
+        if let Some(rule) = r.rule {
+            let _ = write!(note, "rule {rule}");
+            if let Some(path) = r.path {
+                let _ = write!(note, " path {path}");
+            }
+            if let Some(detail) = rule_detail(ingress, r.rule, r.path) {
+                let _ = write!(note, " ({detail})");
+            }
+            note.push_str(": ");
+        }
+        let _ = write!(note, "{}: {}", r.reason, r.message);
+        skipped
+            .entry(r.reason.ingress_event())
+            .or_default()
+            .insert(note);
+    }
+    for event in ["RuleSkipped", "BackendSkipped"] {
+        let notes = skipped.remove(event).unwrap_or_default();
+        let known = state
+            .reported
+            .lock()
+            .expect("reported")
+            .get(me)
+            .and_then(|r| r.get(event).cloned())
+            .unwrap_or_default();
+        for note in notes.difference(&known) {
+            ctx.event(ingress, EventType::Warning, event, "Route", note.clone())
+                .await;
+        }
+        let mut reported = state.reported.lock().expect("reported");
+        reported
+            .entry(me.clone())
+            .or_default()
+            .insert(event.to_owned(), notes);
+    }
+    // Per host: routes and the tunnel's state.
+    let mut serving = Vec::new();
+    for host in hosts {
+        let key = TunnelKey::Host(host.clone());
+        let Some(h) = plan.hosts.get(host).filter(|h| h.publishers().contains(me)) else {
+            if state.clear_and_was(me, &format!("tunnel {host}")) {
+                ctx.event(
+                    ingress,
+                    EventType::Warning,
+                    "TunnelStopped",
+                    "Publish",
+                    format!("host {host} is no longer published by this Ingress"),
+                )
+                .await;
+            }
+            continue;
+        };
+        let summary = routes_summary(h);
+        if state.first_report_exclusive(me, &format!("routes {host}"), &summary) {
+            ctx.event(
+                ingress,
+                EventType::Normal,
+                "RoutesUpdated",
+                "Route",
+                format!("host {host}: {summary}"),
+            )
+            .await;
+        }
+        let Some(mut watch) = state.publisher.state(&key) else {
+            continue;
+        };
+        let _ = tokio::time::timeout(SETTLE_WAIT, watch.wait_for(TunnelState::is_settled)).await;
+        let now = watch.borrow().clone();
+        match &now {
+            TunnelState::Serving { .. } => {
+                serving.push(host.clone());
+                if state.first_report_exclusive(me, &format!("tunnel {host}"), "connected") {
+                    ctx.event(
+                        ingress,
+                        EventType::Normal,
+                        "TunnelConnected",
+                        "Publish",
+                        format!("host {host} is served at https://{host}"),
+                    )
+                    .await;
+                }
+            }
+            TunnelState::Refused { code, message } => {
+                let note = format!("host {host}: the edge refused the tunnel ({code}): {message}");
+                if state.first_report_exclusive(me, &format!("tunnel {host}"), &note) {
+                    ctx.event(
+                        ingress,
+                        EventType::Warning,
+                        "TunnelStopped",
+                        "Publish",
+                        note,
+                    )
+                    .await;
+                }
+            }
+            TunnelState::Failed { message, .. } => {
+                let note = format!("host {host}: {message}");
+                if state.first_report_exclusive(me, &format!("tunnel {host}"), &note) {
+                    ctx.event(
+                        ingress,
+                        EventType::Warning,
+                        "TunnelStopped",
+                        "Publish",
+                        note,
+                    )
+                    .await;
+                }
+            }
+            _ => {}
+        }
+    }
+    // status.loadBalancer.ingress[].hostname: the public hosts served.
+    serving.sort();
+    let status = IngressStatus {
+        load_balancer: Some(IngressLoadBalancerStatus {
+            ingress: Some(
+                serving
+                    .iter()
+                    .map(|h| IngressLoadBalancerIngress {
+                        hostname: Some(h.clone()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+        }),
+    };
+    let current: Vec<String> = ingress
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .map(|l| l.iter().filter_map(|i| i.hostname.clone()).collect())
+        .unwrap_or_default();
+    if current != serving {
+        let api: Api<Ingress> = Api::namespaced(
+            ctx.client.clone(),
+            ingress.namespace().as_deref().unwrap_or("default"),
+        );
+        let patch = serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "status": status,
+        });
+        api.patch_status(
+            &ingress.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// `host h path /api -> api:8080` of a rule/path, for event messages.
+fn rule_detail(ingress: &Ingress, rule: Option<usize>, path: Option<usize>) -> Option<String> {
+    let rule = ingress.spec.as_ref()?.rules.as_ref()?.get(rule?)?;
+    let host = rule.host.as_deref().unwrap_or("(no host)");
+    let Some(p) = path.and_then(|i| rule.http.as_ref()?.paths.get(i)) else {
+        return Some(match &rule.host {
+            Some(h) => format!("host {h}"),
+            None => "no host".to_owned(),
+        });
+    };
+    let backend = match (&p.backend.service, &p.backend.resource) {
+        (Some(s), _) => {
+            let port = s
+                .port
+                .as_ref()
+                .map(|p| match (&p.name, p.number) {
+                    (Some(n), _) => n.clone(),
+                    (None, Some(n)) => n.to_string(),
+                    _ => "?".into(),
+                })
+                .unwrap_or_else(|| "?".into());
+            format!("Service {}:{port}", s.name)
+        }
+        (None, Some(r)) => format!("{} {}", r.kind, r.name),
+        (None, None) => "no backend".into(),
+    };
+    Some(format!(
+        "host {host} path {} -> {backend}",
+        p.path.as_deref().unwrap_or("/")
+    ))
+}
+
+/// Ingresses with rules for `host` (to re-reconcile on a tunnel state change).
+pub fn claimants_of(state: &AgentState, host: &str) -> Vec<ObjectRef> {
+    state
+        .claims
+        .lock()
+        .expect("claims")
+        .iter()
+        .filter(|(o, c)| o.kind == Kind::Ingress && c.hosts.contains(host))
+        .map(|(o, _)| o.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::service::{ServiceIndex, ServiceInfo};
+
+    fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
+        yaml.split("\n---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| Arc::new(serde_saphyr::from_str::<K>(d).expect("test manifest")))
+            .collect()
+    }
+
+    /// The documentation's Domain + Ingress: /api → api, / → web (named port).
+    #[test]
+    fn the_documentation_example_plans_two_routes() {
+        let ingresses = objects::<Ingress>(
+            "metadata: {name: my-app, namespace: default}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: my-app.a.2na.am
+    http:
+      paths:
+      - {path: /api, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}}
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}",
+        );
+        let domains = objects::<Domain>(
+            "metadata: {name: my-app, namespace: default}\nspec: {subdomain: my-app}",
+        );
+        let services = ServiceIndex::new(
+            objects::<k8s_openapi::api::core::v1::Service>(
+                "metadata: {name: api, namespace: default}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 8080}]}\n---\nmetadata: {name: web, namespace: default}\nspec: {clusterIP: 10.0.0.2, ports: [{name: http, port: 80}]}",
+            )
+            .iter()
+            .map(|s| ServiceInfo::from_service(s)),
+        );
+        let hosts = rule_hosts(&ingresses[0]);
+        assert_eq!(hosts, BTreeSet::from(["my-app.a.2na.am".to_owned()]));
+        let plan = plan_hosts(
+            &hosts,
+            &ingresses,
+            &[],
+            &domains,
+            &services,
+            &PlanOptions::cluster("a.2na.am"),
+        );
+        let host = &plan.hosts["my-app.a.2na.am"];
+        assert_eq!(
+            routes_summary(host),
+            "Prefix / -> web:http, Prefix /api -> api:8080"
+        );
+        assert!(plan.refusals.is_empty(), "{:?}", plan.refusals);
+        // Without the Domain the host is not reserved.
+        let unreserved = plan_hosts(
+            &hosts,
+            &ingresses,
+            &[],
+            &[],
+            &services,
+            &PlanOptions::cluster("a.2na.am"),
+        );
+        assert!(unreserved.hosts.is_empty());
+        assert_eq!(unreserved.refusals[0].reason.as_str(), "HostNotReserved");
+    }
+
+    #[test]
+    fn rule_details_name_host_path_and_backend() {
+        let i = objects::<Ingress>(
+            "metadata: {name: a}\nspec:\n  rules:\n  - host: x.example.com\n    http: {paths: [{path: /files, pathType: Prefix, backend: {resource: {kind: Bucket, name: files}}}]}",
+        );
+        assert_eq!(
+            rule_detail(&i[0], Some(0), Some(0)).unwrap(),
+            "host x.example.com path /files -> Bucket files"
+        );
+    }
+}

@@ -1,0 +1,518 @@
+//! `tuna-operator agent`: the Tunnel and Ingress reconcilers, the tunnels and
+//! the proxy core, in one process (exactly one replica per cluster: the chart
+//! uses the `Recreate` strategy). It is the only component that reads Secrets
+//! and Services, and only with `get`.
+//!
+//! At start-up, once its watches are synced, it revokes the tokens of this
+//! cluster (label `k8s.tuna.am/cluster`) that it did not mint itself: those
+//! of resources deleted while no agent ran, and those of the previous agent
+//! process (replaced by fresh ones).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::controller::{Controller, Error as ControllerError};
+use kube::runtime::reflector::{self, ObjectRef as KubeRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tuna_crds::{Domain, TcpEndpoint, Tunnel};
+use tuna_proxy::{ProxyConfig, ProxyCore};
+use tuna_tunnel::agent::{AgentConfig, Trust};
+
+use super::{EdgeArgs, ServeArgs, edge_api, instance_name, shutdown_signal};
+use crate::controllers::agent_state::{AgentOptions, AgentState, Stores, labels};
+use crate::controllers::{self, Context, error_policy, ingress, tunnel};
+use crate::edge_api::{ErrorClass, gone_is_ok};
+use crate::health::{self, Readiness};
+use crate::metrics::Metrics;
+use crate::publisher::{Publisher, TunnelKey};
+use crate::translate::service::UpstreamPolicy;
+
+/// Flags of `tuna-operator agent` (also part of `all`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentFlags {
+    /// `host:port` of the edge's agent listener (the tunnel connection).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub edge_agent: String,
+    /// Name checked against the agent listener's certificate (default: the
+    /// host of --edge-agent).
+    #[arg(long, value_name = "NAME")]
+    pub edge_agent_server_name: Option<String>,
+    /// Let Tunnels and Ingresses publish IP addresses, external hosts,
+    /// Services of other namespaces and ExternalName Services. Then the right
+    /// to create a Tunnel or Ingress in any namespace is the right to publish
+    /// any address the operator's pod can reach.
+    #[arg(long)]
+    pub allow_external_upstreams: bool,
+    /// The IngressClass name served besides every IngressClass whose
+    /// controller is k8s.tuna.am/ingress-controller (and the value of the
+    /// legacy kubernetes.io/ingress.class annotation).
+    #[arg(long, value_name = "NAME", default_value = "tuna")]
+    pub ingress_class: String,
+    /// This cluster's identity on tunnel tokens (tokens of other clusters of
+    /// the same account are never touched). Default: the uid of the
+    /// kube-system namespace.
+    #[arg(long, value_name = "ID")]
+    pub cluster_id: Option<String>,
+}
+
+/// Flags of `tuna-operator agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+    #[command(flatten)]
+    pub agent: AgentFlags,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+fn triggers<K>(
+    rx: mpsc::UnboundedReceiver<KubeRef<K>>,
+) -> impl Stream<Item = KubeRef<K>> + Send + 'static
+where
+    K: kube::Resource + Send + Sync + 'static,
+    K::DynamicType: Clone + Send + Sync,
+{
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) })
+}
+
+/// The cluster identity: `--cluster-id`, else the kube-system namespace's uid.
+async fn cluster_id(client: &Client, flag: &Option<String>) -> anyhow::Result<String> {
+    if let Some(id) = flag {
+        return Ok(id.clone());
+    }
+    let ns: Api<Namespace> = Api::all(client.clone());
+    let kube_system = ns.get("kube-system").await.context(
+        "reading the kube-system namespace for the cluster's identity (give --cluster-id instead)",
+    )?;
+    kube_system
+        .metadata
+        .uid
+        .context("the kube-system namespace has no uid; give --cluster-id")
+}
+
+/// Runs the agent role until `shutdown`; flips `ready` once synced.
+#[allow(clippy::too_many_arguments)] // the pieces `run` and `all::run` share
+pub async fn serve(
+    edge_args: EdgeArgs,
+    flags: AgentFlags,
+    serve: ServeArgs,
+    client: Client,
+    metrics: Arc<Metrics>,
+    publisher: Publisher,
+    ready: watch::Sender<Readiness>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let cluster_id = cluster_id(&client, &flags.cluster_id).await?;
+    let instance = format!("{}-{}", instance_name(), std::process::id());
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        Some(instance_name()),
+        edge_api(&edge_args, &metrics)?,
+        Arc::clone(&metrics),
+        serve.resync_interval,
+        serve.resync_interval,
+    ));
+    if let Err(e) = ctx.edge_info().await {
+        tracing::warn!(edge = %edge_args.edge_api, error = %e, "cannot reach the edge API yet; objects will say so until it answers");
+    }
+    let config = watcher::Config::default();
+    let (tunnels, tunnel_writer) = reflector::store::<Tunnel>();
+    let (ingresses, ingress_writer) = reflector::store::<Ingress>();
+    let (classes, class_writer) = reflector::store::<IngressClass>();
+    let (domains, domain_writer) = reflector::store::<Domain>();
+    let (tcp_endpoints, tcp_writer) = reflector::store::<TcpEndpoint>();
+    let stores = Stores {
+        tunnels: tunnels.clone(),
+        ingresses: ingresses.clone(),
+        classes: classes.clone(),
+        domains: domains.clone(),
+        tcp_endpoints: tcp_endpoints.clone(),
+    };
+    let (tunnel_tx, tunnel_rx) = mpsc::unbounded_channel();
+    let (ingress_tx, ingress_rx) = mpsc::unbounded_channel();
+    let state = Arc::new(AgentState::new(
+        Arc::clone(&ctx),
+        publisher.clone(),
+        stores,
+        AgentOptions {
+            cluster_id: cluster_id.clone(),
+            instance: instance.clone(),
+            ingress_class: flags.ingress_class.clone(),
+            policy: if flags.allow_external_upstreams {
+                UpstreamPolicy::cluster_allow_external()
+            } else {
+                UpstreamPolicy::cluster()
+            },
+            edge_args,
+        },
+        tunnel_tx.clone(),
+        ingress_tx.clone(),
+    ));
+    tracing::info!(%cluster_id, %instance, allow_external_upstreams = flags.allow_external_upstreams, "agent starting");
+
+    // Stores of the kinds that only trigger Ingresses (and feed the plans).
+    let base_domain = |state: &AgentState| {
+        state
+            .ctx
+            .edge_info_now()
+            .map(|w| w.base_domain.clone())
+            .unwrap_or_default()
+    };
+    let mut side_tasks = Vec::new();
+    {
+        let state = Arc::clone(&state);
+        let stream = watcher(Api::<IngressClass>::all(client.clone()), config.clone())
+            .default_backoff()
+            .reflect(class_writer)
+            .touched_objects();
+        side_tasks.push(tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(changed) = stream.next().await {
+                if changed.is_ok() {
+                    // The set of our classes (or the default) may have changed.
+                    for i in state.stores.ingresses.state() {
+                        let _ = state.ingress_triggers.send(KubeRef::from_obj(i.as_ref()));
+                    }
+                }
+            }
+        }));
+    }
+    {
+        let state = Arc::clone(&state);
+        let stream = watcher(Api::<Domain>::all(client.clone()), config.clone())
+            .default_backoff()
+            .reflect(domain_writer)
+            .touched_objects();
+        side_tasks.push(tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(changed) = stream.next().await {
+                if let Ok(d) = changed
+                    && let Some(host) = d.spec.fqdn(&base_domain(&state))
+                {
+                    trigger_host(&state, &host.to_ascii_lowercase());
+                }
+            }
+        }));
+    }
+    {
+        let stream = watcher(Api::<TcpEndpoint>::all(client.clone()), config.clone())
+            .default_backoff()
+            .reflect(tcp_writer)
+            .touched_objects();
+        side_tasks.push(tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while stream.next().await.is_some() {}
+        }));
+    }
+    // Tunnel state changes → status and events of their objects.
+    {
+        let state = Arc::clone(&state);
+        let mut changes = publisher.changes();
+        side_tasks.push(tokio::spawn(async move {
+            loop {
+                match changes.recv().await {
+                    Ok(key) => trigger_key(&state, &key),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        for key in state.publisher.keys() {
+                            trigger_key(&state, &key);
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        }));
+    }
+
+    let tunnel_stream = watcher(Api::<Tunnel>::all(client.clone()), config.clone())
+        .default_backoff()
+        .reflect(tunnel_writer)
+        .touched_objects()
+        .map({
+            // A Tunnel's host also decides Ingress rules (HostUsedByTunnel).
+            let state = Arc::clone(&state);
+            move |t| {
+                if let Ok(t) = &t
+                    && let Some(sub) = &t.spec.subdomain
+                {
+                    trigger_host(&state, &format!("{sub}.{}", base_domain(&state)));
+                }
+                t
+            }
+        });
+    let tunnel_controller = Controller::for_stream(tunnel_stream, tunnels.clone())
+        .reconcile_on(triggers(tunnel_rx))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            tunnel::reconcile,
+            error_policy_for::<Tunnel>,
+            Arc::clone(&state),
+        )
+        .for_each({
+            let state = Arc::clone(&state);
+            move |result| {
+                let state = Arc::clone(&state);
+                async move {
+                    if let Err(ControllerError::ObjectNotFound(obj)) = result {
+                        tunnel::cleanup(
+                            &state,
+                            obj.namespace.as_deref().unwrap_or("default"),
+                            &obj.name,
+                        )
+                        .await;
+                    }
+                }
+            }
+        });
+    let ingress_stream = watcher(Api::<Ingress>::all(client.clone()), config)
+        .default_backoff()
+        .reflect(ingress_writer)
+        .touched_objects();
+    let ingress_controller = Controller::for_stream(ingress_stream, ingresses.clone())
+        .reconcile_on(triggers(ingress_rx))
+        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
+        .run(
+            ingress::reconcile,
+            error_policy_for::<Ingress>,
+            Arc::clone(&state),
+        )
+        .for_each({
+            let state = Arc::clone(&state);
+            move |result| {
+                let state = Arc::clone(&state);
+                async move {
+                    if let Err(ControllerError::ObjectNotFound(obj)) = result
+                        && let Err(e) = ingress::cleanup(
+                            &state,
+                            obj.namespace.as_deref().unwrap_or("default"),
+                            &obj.name,
+                        )
+                        .await
+                    {
+                        tracing::warn!(error = %e, "cleaning up a deleted Ingress");
+                    }
+                }
+            }
+        });
+    // Ready once every store is synced; then sweep the orphaned tokens.
+    let sweeper = {
+        let state = Arc::clone(&state);
+        let ready = ready.clone();
+        async move {
+            let synced = futures::future::try_join5(
+                tunnels.wait_until_ready(),
+                ingresses.wait_until_ready(),
+                classes.wait_until_ready(),
+                domains.wait_until_ready(),
+                tcp_endpoints.wait_until_ready(),
+            )
+            .await;
+            if synced.is_err() {
+                return;
+            }
+            ready.send_replace(Readiness::Ready);
+            sweep_orphans(&state).await;
+        }
+    };
+    tokio::select! {
+        _ = futures::future::join3(tunnel_controller, ingress_controller, sweeper) => {}
+        _ = shutdown.cancelled() => {}
+    }
+    for t in side_tasks {
+        t.abort();
+    }
+    Ok(())
+}
+
+/// The error policy, adapted to the agent's state.
+fn error_policy_for<K: kube::Resource>(
+    obj: Arc<K>,
+    error: &controllers::Error,
+    state: Arc<AgentState>,
+) -> kube::runtime::controller::Action {
+    error_policy(obj, error, Arc::clone(&state.ctx))
+}
+
+/// Re-reconciles whoever publishes or claims `key`.
+fn trigger_key(state: &AgentState, key: &TunnelKey) {
+    for owner in tunnel::owners_of(state, key) {
+        let _ = state
+            .tunnel_triggers
+            .send(KubeRef::new(&owner.name).within(&owner.namespace));
+    }
+    if let TunnelKey::Host(host) = key {
+        for claimant in ingress::claimants_of(state, host) {
+            let _ = state
+                .ingress_triggers
+                .send(KubeRef::new(&claimant.name).within(&claimant.namespace));
+        }
+    }
+}
+
+/// Re-reconciles the Ingresses with rules for `host`.
+fn trigger_host(state: &AgentState, host: &str) {
+    let mut seen = BTreeSet::new();
+    for i in state.stores.ingresses.state() {
+        if ingress::rule_hosts(&i).contains(host) {
+            let r = KubeRef::from_obj(i.as_ref());
+            if seen.insert((r.namespace.clone(), r.name.clone())) {
+                let _ = state.ingress_triggers.send(r);
+            }
+        }
+    }
+    for claimant in ingress::claimants_of(state, host) {
+        let _ = state
+            .ingress_triggers
+            .send(KubeRef::new(&claimant.name).within(&claimant.namespace));
+    }
+}
+
+/// Revokes this cluster's tokens that this agent process did not mint.
+async fn sweep_orphans(state: &AgentState) {
+    let selector = format!(
+        "{}={}",
+        labels::CLUSTER,
+        crate::controllers::agent_state::label_value(&state.options.cluster_id)
+    );
+    let tokens = match state.ctx.edge.list_tokens(&selector).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list this cluster's tunnel tokens; orphans stay until they expire");
+            return;
+        }
+    };
+    let me = crate::controllers::agent_state::label_value(&state.options.instance);
+    let tunnel_uids: BTreeSet<String> = state
+        .stores
+        .tunnels
+        .state()
+        .iter()
+        .filter_map(|t| t.metadata.uid.clone())
+        .collect();
+    let (mut gone, mut previous) = (0usize, 0usize);
+    for token in tokens.into_iter().filter(|t| !t.expired) {
+        let labels_of = &token.info.labels;
+        if labels_of.get(labels::AGENT).is_some_and(|a| *a == me) {
+            continue;
+        }
+        let owner_exists = match labels_of.get(labels::KIND).map(String::as_str) {
+            Some("Tunnel") => labels_of
+                .get(labels::UID)
+                .is_some_and(|u| tunnel_uids.contains(u)),
+            Some("Ingress") => token
+                .info
+                .bindings
+                .hosts
+                .iter()
+                .any(|h| !ingress::claimants_of(state, h).is_empty()),
+            _ => false,
+        };
+        match gone_is_ok(state.ctx.edge.revoke_token(&token.id).await) {
+            Ok(()) => {
+                if owner_exists {
+                    previous += 1;
+                } else {
+                    gone += 1;
+                }
+                // A subdomain reserved for a Tunnel deleted while no agent ran goes too.
+                if !owner_exists && labels_of.get(labels::RESERVED).is_some_and(|v| v == "true") {
+                    for host in &token.info.bindings.hosts {
+                        if let Err(e) = gone_is_ok(state.ctx.edge.delete_domain(host).await) {
+                            tracing::warn!(%host, error = %e, "could not release the subdomain of a deleted Tunnel");
+                        }
+                    }
+                }
+            }
+            Err(e) if e.class() == ErrorClass::Retryable => {
+                tracing::warn!(error = %e, "could not revoke an orphaned token; it expires by itself");
+            }
+            Err(e) => tracing::warn!(error = %e, "could not revoke an orphaned token"),
+        }
+    }
+    tracing::info!(
+        owner_deleted = gone,
+        previous_agent = previous,
+        "revoked tunnel tokens this agent did not mint"
+    );
+}
+
+/// The trust and address of the edge's agent listener.
+pub fn agent_config(edge: &EdgeArgs, flags: &AgentFlags) -> AgentConfig {
+    let trust = match &edge.edge_ca_file {
+        Some(ca) => Trust::CaFile(PathBuf::from(ca)),
+        None => Trust::SystemRoots,
+    };
+    let mut config = AgentConfig::new(flags.edge_agent.clone(), trust);
+    config.server_name = flags.edge_agent_server_name.clone();
+    config.agent_name = format!("tuna-operator-agent/{}", env!("CARGO_PKG_VERSION"));
+    config
+}
+
+/// The publisher (proxy core + the agent's connection) of the agent role.
+pub fn publisher(edge: &EdgeArgs, flags: &AgentFlags) -> anyhow::Result<Publisher> {
+    let proxy = ProxyCore::new(ProxyConfig::default());
+    Publisher::start(proxy, agent_config(edge, flags))
+        .map_err(|e| anyhow::anyhow!("starting the tunnel agent: {e}"))
+}
+
+/// The `/metrics` body of the agent: its own metrics and the proxy core's.
+pub fn render_metrics(metrics: &Arc<Metrics>, publisher: &Publisher) -> String {
+    let mut out = metrics.render();
+    out.push_str(&publisher.proxy().render_metrics());
+    out
+}
+
+/// Runs the agent role until SIGTERM/SIGINT.
+pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+    crate::cluster::install_crypto_provider();
+    let metrics = Arc::new(Metrics::new());
+    let publisher = publisher(&args.edge, &args.agent)?;
+    let (ready_tx, ready_rx) = watch::channel(Readiness::NotReady("syncing watches".into()));
+    let render = {
+        let (metrics, publisher) = (Arc::clone(&metrics), publisher.clone());
+        Arc::new(move || render_metrics(&metrics, &publisher))
+    };
+    let (probe, metrics_addr) = health::start(
+        args.serve.probe_listen,
+        args.serve.metrics_listen,
+        ready_rx,
+        render,
+    )
+    .await?;
+    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
+    let client = crate::cluster::client()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        });
+    }
+    let result = serve(
+        args.edge,
+        args.agent,
+        args.serve,
+        client,
+        metrics,
+        publisher.clone(),
+        ready_tx,
+        shutdown,
+    )
+    .await;
+    // Tunnels stop and their tokens are revoked; the proxy drains.
+    publisher.shutdown().await;
+    result
+}

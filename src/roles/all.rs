@@ -1,0 +1,102 @@
+//! `tuna-operator all`: the controller and the agent in one process, with one
+//! pair of probe and metrics listeners (small installs, tests and demos).
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::agent::{self, AgentFlags};
+use super::controller::{self, ControllerFlags};
+use super::{EdgeArgs, ServeArgs, shutdown_signal};
+use crate::health::{self, Readiness};
+use crate::metrics::Metrics;
+
+/// Flags of `tuna-operator all`: those of both roles.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AllArgs {
+    #[command(flatten)]
+    pub edge: EdgeArgs,
+    #[command(flatten)]
+    pub agent: AgentFlags,
+    #[command(flatten)]
+    pub controller: ControllerFlags,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Runs both roles until SIGTERM/SIGINT; ready when both are.
+pub async fn run(args: AllArgs) -> anyhow::Result<()> {
+    crate::cluster::install_crypto_provider();
+    let metrics = Arc::new(Metrics::new());
+    let publisher = agent::publisher(&args.edge, &args.agent)?;
+    let (ready_tx, ready_rx) = watch::channel(Readiness::NotReady("starting".into()));
+    let render = {
+        let (metrics, publisher) = (Arc::clone(&metrics), publisher.clone());
+        Arc::new(move || agent::render_metrics(&metrics, &publisher))
+    };
+    let (probe, metrics_addr) = health::start(
+        args.serve.probe_listen,
+        args.serve.metrics_listen,
+        ready_rx,
+        render,
+    )
+    .await?;
+    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
+    let client = crate::cluster::client()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        });
+    }
+    let (controller_ready, mut controller_rx) =
+        watch::channel(Readiness::NotReady("controller starting".into()));
+    let (agent_ready, mut agent_rx) =
+        watch::channel(Readiness::NotReady("agent syncing watches".into()));
+    tokio::spawn(async move {
+        loop {
+            let both = match (&*controller_rx.borrow(), &*agent_rx.borrow()) {
+                (Readiness::Ready, Readiness::Ready) => Readiness::Ready,
+                (Readiness::NotReady(why), _) | (_, Readiness::NotReady(why)) => {
+                    Readiness::NotReady(why.clone())
+                }
+            };
+            ready_tx.send_replace(both);
+            tokio::select! {
+                r = controller_rx.changed() => if r.is_err() { return },
+                r = agent_rx.changed() => if r.is_err() { return },
+            }
+        }
+    });
+    let (a, c) = futures::future::join(
+        agent::serve(
+            args.edge.clone(),
+            args.agent,
+            args.serve.clone(),
+            client.clone(),
+            Arc::clone(&metrics),
+            publisher.clone(),
+            agent_ready,
+            shutdown.clone(),
+        ),
+        controller::serve(
+            args.edge,
+            args.controller,
+            args.serve,
+            client,
+            metrics,
+            controller_ready,
+            shutdown,
+        ),
+    )
+    .await;
+    publisher.shutdown().await;
+    a.and(c)
+}
