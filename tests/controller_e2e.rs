@@ -7,31 +7,9 @@ mod support;
 use std::time::Duration;
 
 use support::{
-    Cluster, DnsServer, Edge, EdgeOptions, Process, events_of, operator, ready_of, role_args,
-    wait_for, wait_gone,
+    Cluster, DnsServer, Edge, EdgeOptions, controller, events_of, ready_of, wait_for, wait_gone,
 };
 use tuna_crds::{Domain, TcpEndpoint};
-
-fn controller(cluster: &Cluster, edge: &Edge, name: &str, extra: &[&str]) -> Process {
-    let mut args = vec![
-        "--resync-interval",
-        "2s",
-        "--dns-recheck-interval",
-        "1s",
-        "--leader-election-lease-duration",
-        "3s",
-    ];
-    args.extend_from_slice(extra);
-    operator(
-        cluster,
-        name,
-        &role_args("controller", edge, &args),
-        &[
-            ("POD_NAME", name.to_owned()),
-            ("POD_NAMESPACE", "default".to_owned()),
-        ],
-    )
-}
 
 fn is_ready<S>(
     status: &Option<S>,

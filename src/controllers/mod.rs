@@ -224,11 +224,22 @@ impl Context {
     ) where
         K: Resource<DynamicType = ()>,
     {
+        // kube's Recorder (like client-go's) folds events of one (type,
+        // reason, action) into a series that keeps the first note; the action
+        // carries a digest of the note so that a different message is a new
+        // event and only true repeats count up.
+        let note = truncate(note, 1024);
+        let digest = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            note.hash(&mut h);
+            h.finish() as u32
+        };
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(truncate(note, 1024)),
-            action: action.to_owned(),
+            note: Some(note),
+            action: format!("{action}-{digest:08x}"),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {

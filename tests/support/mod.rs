@@ -678,3 +678,191 @@ impl DnsServer {
         let _ = self.server.shutdown_gracefully().await;
     }
 }
+
+/// A random loopback address other than 127.0.0.1, so that tests in parallel
+/// can each bind the documentation's ports (8080, 5432) as Services' cluster IPs.
+pub fn loopback_ip() -> std::net::Ipv4Addr {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    std::net::Ipv4Addr::new(
+        127,
+        rng.random_range(1..=254),
+        rng.random_range(0..=255),
+        rng.random_range(1..=254),
+    )
+}
+
+/// Binds `port` on a fresh loopback address (retrying other addresses if busy).
+pub async fn bind_loopback(port: u16) -> tokio::net::TcpListener {
+    for _ in 0..32 {
+        if let Ok(l) = tokio::net::TcpListener::bind((loopback_ip(), port)).await {
+            return l;
+        }
+    }
+    panic!("no loopback address with port {port} free");
+}
+
+/// An HTTP/1.1 backend answering every request with JSON naming `name`, the
+/// path and the request headers (keep-alive honoured).
+pub async fn http_backend(name: &'static str, listener: tokio::net::TcpListener) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match conn.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                buf.extend_from_slice(&chunk[..n]);
+                                continue;
+                            }
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    buf.drain(..end + 4);
+                    let mut lines = head.split("\r\n");
+                    let request = lines.next().unwrap_or("").to_owned();
+                    let path = request.split(' ').nth(1).unwrap_or("").to_owned();
+                    let mut headers = serde_json::Map::new();
+                    for line in lines {
+                        if let Some((k, v)) = line.split_once(':') {
+                            headers.insert(
+                                k.trim().to_ascii_lowercase(),
+                                Value::String(v.trim().to_owned()),
+                            );
+                        }
+                    }
+                    let body =
+                        serde_json::json!({"backend": name, "path": path, "headers": headers})
+                            .to_string();
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if conn.write_all(response.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A TCP backend echoing every byte.
+pub async fn echo_backend(listener: tokio::net::TcpListener) -> SocketAddr {
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = conn.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// One HTTP/1.1 request on `conn` (keep-alive), returning status and body.
+pub async fn http_request(
+    conn: &mut tokio::net::TcpStream,
+    host: &str,
+    path: &str,
+    extra_headers: &str,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra_headers}\r\n");
+    conn.write_all(request.as_bytes())
+        .await
+        .expect("send request");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let (status, header_end, length) = loop {
+        let n = conn.read(&mut chunk).await.expect("read response");
+        assert!(
+            n > 0,
+            "connection closed before the response: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let status: u16 = head
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            break (status, end + 4, length);
+        }
+    };
+    while buf.len() < header_end + length {
+        let n = conn.read(&mut chunk).await.expect("read body");
+        assert!(n > 0, "connection closed in the body");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    (
+        status,
+        String::from_utf8_lossy(&buf[header_end..header_end + length]).to_string(),
+    )
+}
+
+/// A fresh connection to `addr` and one request.
+pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> (u16, String) {
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the edge");
+    http_request(&mut conn, host, path, "").await
+}
+
+/// `tuna-operator agent` against the cluster and the edge.
+pub fn agent(cluster: &Cluster, edge: &Edge, name: &str, extra: &[&str]) -> Process {
+    let agent_addr = edge.addrs.agent.to_string();
+    let mut args = vec!["--edge-agent", &agent_addr, "--resync-interval", "2s"];
+    args.extend_from_slice(extra);
+    operator(
+        cluster,
+        name,
+        &role_args("agent", edge, &args),
+        &[("POD_NAME", name.to_owned())],
+    )
+}
+
+/// `tuna-operator controller` against the cluster and the edge.
+pub fn controller(cluster: &Cluster, edge: &Edge, name: &str, extra: &[&str]) -> Process {
+    let mut args = vec![
+        "--resync-interval",
+        "2s",
+        "--dns-recheck-interval",
+        "1s",
+        "--leader-election-lease-duration",
+        "3s",
+    ];
+    args.extend_from_slice(extra);
+    operator(
+        cluster,
+        name,
+        &role_args("controller", edge, &args),
+        &[
+            ("POD_NAME", name.to_owned()),
+            ("POD_NAMESPACE", "default".to_owned()),
+        ],
+    )
+}
+
+/// The IngressClass the chart creates.
+pub const INGRESS_CLASS: &str = "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: tuna}\nspec: {controller: k8s.tuna.am/ingress-controller}\n";
