@@ -640,3 +640,94 @@ async fn orphaned_tokens_are_revoked_at_start_up() {
         .collect();
     assert_eq!(verbs, BTreeSet::from(["get".to_owned()]));
 }
+
+/// `route explain URL` without `-f` reads the cluster of the current
+/// kubeconfig (read-only) and explains what the agent serves, with the same
+/// JSON as from files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_explain_reads_the_cluster_and_matches_what_is_served() {
+    let env = Env::start(&[]).await;
+    let api = http_backend("api", bind_loopback(8080).await).await;
+    let web = http_backend("web", bind_loopback(80).await).await;
+    env.cluster.apply(&service("api", api, None));
+    env.cluster.apply(&service("web", web, Some("http")));
+    let manifests = "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: my-app}\nspec: {subdomain: my-app}\n---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: my-app}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: my-app.tuna.test\n    http:\n      paths:\n      - {path: /api, pathType: Prefix, backend: {service: {name: api, port: {number: 8080}}}}\n      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}\n      - {path: /gone, pathType: Prefix, backend: {service: {name: missing, port: {number: 80}}}}\n";
+    env.cluster.apply(manifests);
+    // The Domain's status gives route explain the base domain.
+    wait_for(
+        &env.client,
+        "default",
+        "my-app",
+        "Ready",
+        &env.procs(),
+        |d: &tuna_crds::Domain| d.status.as_ref().is_some_and(|s| s.fqdn.is_some()),
+    )
+    .await;
+    let explain = |args: &[&str]| {
+        let out = std::process::Command::new(support::operator_bin())
+            .args(["route", "explain"])
+            .args(args)
+            .env("KUBECONFIG", &env.cluster.kubeconfig)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for (path, backend) in [("/api/users", "api"), ("/apix", "web")] {
+        let url = format!("https://my-app.tuna.test{path}");
+        let json: Value = serde_json::from_str(&explain(&["-o", "json", &url])).unwrap();
+        assert_eq!(json["service"], backend, "{json}");
+        assert_eq!(json["ingress"], "my-app");
+        // The cluster resolves Services: the missing one is skipped, as the agent does.
+        let skipped: Vec<&str> = json["skipped"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["reason"].as_str().unwrap())
+            .collect();
+        assert_eq!(skipped, ["ServiceNotFound"], "{json}");
+        let (_, served) = http_get(env.http(), "my-app.tuna.test", path).await;
+        assert_eq!(
+            serde_json::from_str::<Value>(&served).unwrap()["backend"],
+            backend
+        );
+    }
+    let text = explain(&["https://my-app.tuna.test/api/users"]);
+    assert!(text.contains("served by Ingress default/my-app rule 0 path 0 (Prefix /api) -> Service default/api:8080"), "{text}");
+    let dir = env.cluster.dir.path().join("files");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("all.yaml"), manifests).unwrap();
+    let from_files: Value = serde_json::from_str(&explain(&[
+        "-f",
+        dir.to_str().unwrap(),
+        "--base-domain",
+        "tuna.test",
+        "-o",
+        "json",
+        "https://my-app.tuna.test/api/users",
+    ]))
+    .unwrap();
+    let from_cluster: Value = serde_json::from_str(&explain(&[
+        "-o",
+        "json",
+        "https://my-app.tuna.test/api/users",
+    ]))
+    .unwrap();
+    for key in [
+        "matched",
+        "namespace",
+        "ingress",
+        "host",
+        "path",
+        "pathType",
+        "service",
+        "port",
+    ] {
+        assert_eq!(from_files[key], from_cluster[key], "{key}");
+    }
+}
