@@ -657,3 +657,52 @@ async fn edge_refusals_and_outages_are_reported_and_recovered() {
         "the key must never be logged"
     );
 }
+
+/// 5xx from the edge (through a fault-injecting proxy: a real edge answers
+/// 5xx only when its storage fails): Ready=False EdgeUnavailable with an
+/// event, backed off, then Ready once the edge answers; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_of_the_edge_through_a_fault_injecting_proxy_back_off_and_recover() {
+    let cluster = Cluster::start().await;
+    let mut edge = Edge::start(
+        cluster.dir.path(),
+        EdgeOptions {
+            base_domain: "tuna.test".into(),
+            extra: vec!["--insecure-plaintext-api".into()],
+        },
+    )
+    .await;
+    let proxy = support::fault_injecting_proxy(edge.addrs.api.unwrap(), 4).await;
+    // The controller talks to the proxy instead of the edge.
+    edge.addrs.api = Some(proxy);
+    let ctl = controller(&cluster, &edge, "controller", &[]);
+    cluster.apply("apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: flaky}\nspec: {subdomain: flaky}\n");
+    let client = cluster.client().await;
+    let failing: Domain = wait_for(
+        &client,
+        "default",
+        "flaky",
+        "EdgeUnavailable",
+        &[&ctl],
+        |d: &Domain| reason_is(domain_ready(d), "EdgeUnavailable"),
+    )
+    .await;
+    assert!(
+        domain_ready(&failing)
+            .unwrap()
+            .2
+            .contains("injected storage failure"),
+        "{failing:?}"
+    );
+    assert!(events_of(&cluster, "default", "Domain", "flaky").contains_key("EdgeUnavailable"));
+    wait_for(
+        &client,
+        "default",
+        "flaky",
+        "Ready after the 5xx",
+        &[&ctl],
+        |d: &Domain| ready_true(domain_ready(d)),
+    )
+    .await;
+    assert_eq!(domain_names(&edge).await, ["flaky.tuna.test"]);
+}

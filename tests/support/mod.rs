@@ -416,9 +416,20 @@ impl Edge {
         }
     }
 
-    /// `https://127.0.0.1:PORT` of the REST API.
+    /// `https://127.0.0.1:PORT` of the REST API (`http://` with
+    /// `--insecure-plaintext-api` among the extra flags).
     pub fn api_url(&self) -> String {
-        format!("https://{}", self.addrs.api.expect("API listener"))
+        let scheme = if self
+            .options
+            .extra
+            .iter()
+            .any(|f| f == "--insecure-plaintext-api")
+        {
+            "http"
+        } else {
+            "https"
+        };
+        format!("{scheme}://{}", self.addrs.api.expect("API listener"))
     }
 
     /// The CA file agents and API clients trust.
@@ -866,3 +877,50 @@ pub fn controller(cluster: &Cluster, edge: &Edge, name: &str, extra: &[&str]) ->
 
 /// The IngressClass the chart creates.
 pub const INGRESS_CLASS: &str = "apiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata: {name: tuna}\nspec: {controller: k8s.tuna.am/ingress-controller}\n";
+
+/// A plain-HTTP proxy in front of an edge's REST API that answers the first
+/// `failures` requests itself with `503` (as an edge whose storage fails
+/// would), then forwards connections untouched: the only way to get 5xx out
+/// of a real edge on demand.
+pub async fn fault_injecting_proxy(upstream: SocketAddr, failures: usize) -> SocketAddr {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = std::sync::Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            let served = std::sync::Arc::clone(&served);
+            tokio::spawn(async move {
+                if served.fetch_add(1, Ordering::SeqCst) < failures {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match client.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body = r#"{"code":"internal","message":"injected storage failure"}"#;
+                    let _ = client
+                        .write_all(
+                            format!(
+                                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                                body.len()
+                            )
+                            .as_bytes(),
+                        )
+                        .await;
+                    return;
+                }
+                if let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    addr
+}
