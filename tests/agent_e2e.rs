@@ -67,11 +67,9 @@ impl Env {
     }
 
     fn procs(&self) -> Vec<&Process> {
-        vec![
-            &self.agent,
-            &self.controller,
-            self.edge.process.as_ref().unwrap(),
-        ]
+        let mut procs = vec![&self.agent, &self.controller];
+        procs.extend(self.edge.process.as_ref());
+        procs
     }
 
     async fn tunnel(&self, name: &str, what: &str, cond: impl Fn(&Tunnel) -> bool) -> Tunnel {
@@ -730,4 +728,30 @@ async fn route_explain_reads_the_cluster_and_matches_what_is_served() {
     ] {
         assert_eq!(from_files[key], from_cluster[key], "{key}");
     }
+}
+
+/// `Ready=True` only while the edge serves the tunnel: an edge restart is
+/// `Disconnected` (with a TunnelStopped event), then Ready again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_follows_the_connection_to_the_edge() {
+    let mut env = Env::start(&[]).await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("web", web, None));
+    env.cluster.apply("apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {name: web}\nspec: {subdomain: web, upstream: {url: 'http://web:8080'}}\n");
+    env.tunnel("web", "Ready", ready_true).await;
+    env.edge.stop().await;
+    let down = env
+        .tunnel("web", "not Ready while the edge is down", |t| {
+            !ready_true(t)
+        })
+        .await;
+    assert!(
+        tunnel_ready(&down).is_some_and(|(_, r, _)| r == "Disconnected" || r == "Connecting"),
+        "{down:?}"
+    );
+    assert!(events_of(&env.cluster, "default", "Tunnel", "web").contains_key("TunnelStopped"));
+    env.edge.run().await;
+    env.tunnel("web", "Ready again", ready_true).await;
+    let (status, _) = http_get(env.http(), "web.tuna.test", "/").await;
+    assert_eq!(status, 200);
 }

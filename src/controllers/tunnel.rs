@@ -349,11 +349,13 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
             .expect("claims")
             .get(&me)
             .is_some_and(|c| c.tunnel.as_ref() == Some(&key));
-        let serving = state
+        // Re-reserve only when the edge refused the tunnel (the name may have
+        // been released elsewhere); a lost connection is not the name's fault.
+        let refused = state
             .publisher
             .state(&key)
-            .is_some_and(|s| s.borrow().is_serving());
-        if !(claimed && serving) {
+            .is_none_or(|s| matches!(*s.borrow(), TunnelState::Refused { .. }));
+        if !claimed || refused {
             let request = CreateDomain {
                 subdomain: tunnel.spec.subdomain.clone(),
                 domain: None,
@@ -367,13 +369,18 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
                 Err(e) => {
                     let needs_change =
                         matches!(e.class(), ErrorClass::NeedsChange | ErrorClass::Gone);
+                    let (fallback, message) = if needs_change {
+                        ("ReservationFailed", e.edge_message())
+                    } else {
+                        ("EdgeUnavailable", format!("{e}; retrying with backoff"))
+                    };
                     report(
                         state,
                         tunnel,
                         None,
                         ConditionStatus::False,
-                        &reason_of(&e, "ReservationFailed"),
-                        &e.edge_message(),
+                        &reason_of(&e, fallback),
+                        &message,
                     )
                     .await?;
                     return if needs_change {
