@@ -661,6 +661,22 @@ async fn route_explain_reads_the_cluster_and_matches_what_is_served() {
         |d: &tuna_crds::Domain| d.status.as_ref().is_some_and(|s| s.fqdn.is_some()),
     )
     .await;
+    // The Ingress's status says the agent serves the host.
+    wait_for(
+        &env.client,
+        "default",
+        "my-app",
+        "served",
+        &env.procs(),
+        |i: &Ingress| {
+            i.status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|l| l.ingress.as_ref())
+                .is_some_and(|l| !l.is_empty())
+        },
+    )
+    .await;
     let explain = |args: &[&str]| {
         let out = std::process::Command::new(support::operator_bin())
             .args(["route", "explain"])
