@@ -6,7 +6,7 @@ use super::secrets::{self, API_KEY_PREFIX};
 use super::store::{KeyRecord, Store, Write};
 use super::{ControlPlane, names};
 use crate::api::{ApiKey, CreateApiKey, CreatedApiKey, Scope, Secret, Timestamp};
-use crate::edge::authority::TokenId;
+use crate::edge::authority::{Revocation, TokenId};
 
 /// Who is calling: the authenticated key's identity, never its secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,10 +122,9 @@ impl ControlPlane {
     /// sessions it opened are closed.
     pub fn revoke_key(&self, id: &str) -> Result<ApiKey> {
         let key = revoke_key(self.store(), id)?;
-        let _ = self
-            .shared
-            .revoked
-            .send(TokenId(format!("{KEY_GRANT_PREFIX}{id}")));
+        self.announce(Revocation::Token(TokenId(format!(
+            "{KEY_GRANT_PREFIX}{id}"
+        ))));
         Ok(key)
     }
 

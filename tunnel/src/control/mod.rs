@@ -36,19 +36,21 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
+use crate::edge::authority::{Revocation, TokenId};
+
 pub use authority::KEY_GRANT_PREFIX;
 pub use dns::{DnsVerifier, challenge_record_name};
 pub use error::{ControlError, Result};
 pub use keys::Caller;
 pub use names::RESERVED_SUBDOMAINS;
 pub use ratelimit::RateLimit;
+pub(crate) use ratelimit::RateLimiter;
 pub use secrets::{API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
 pub use serve::serve_https;
 pub use server::ROUTES;
 pub use store::STORE_FILE;
 pub use tokens::{DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS};
 
-use ratelimit::RateLimiter;
 use store::Store;
 
 /// The account keys belong to when none is named.
@@ -104,7 +106,7 @@ struct Shared {
     tcp_port_range: RangeInclusive<u16>,
     dns: DnsVerifier,
     limiter: RateLimiter,
-    revoked: broadcast::Sender<crate::edge::authority::TokenId>,
+    revoked: broadcast::Sender<Revocation>,
     /// Expired tokens already announced on `revoked` (expiry is final:
     /// renewal of an expired token is refused).
     announced_expired: Mutex<HashSet<String>>,
@@ -186,6 +188,12 @@ impl ControlPlane {
     fn store(&self) -> &Store {
         &self.shared.store
     }
+
+    /// Tells the edge's sessions what must close. No receiver only means no
+    /// session is open.
+    fn announce(&self, revocation: Revocation) {
+        let _ = self.shared.revoked.send(revocation);
+    }
 }
 
 async fn expiry_watcher(shared: Weak<Shared>) {
@@ -213,9 +221,7 @@ async fn expiry_watcher(shared: Weak<Shared>) {
                 .unwrap_or_else(|p| p.into_inner());
             for id in &expired {
                 if announced.insert(id.clone()) {
-                    let _ = shared
-                        .revoked
-                        .send(crate::edge::authority::TokenId(id.clone()));
+                    let _ = shared.revoked.send(Revocation::Token(TokenId(id.clone())));
                 }
             }
         }

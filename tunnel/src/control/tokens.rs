@@ -10,7 +10,7 @@ use super::{Caller, ControlPlane, names};
 use crate::api::{
     Bindings, CreateToken, CreatedToken, RenewToken, Scope, Timestamp, Token, TokenInfo,
 };
-use crate::edge::authority::TokenId;
+use crate::edge::authority::{Revocation, TokenId};
 
 /// Lifetime of a token when the request names none: one day.
 pub const DEFAULT_TTL_SECONDS: u64 = 24 * 3600;
@@ -193,8 +193,7 @@ impl ControlPlane {
             };
             Ok(((), writes))
         })?;
-        // No receiver only means no session is open.
-        let _ = self.shared.revoked.send(TokenId(record.id));
+        self.announce(Revocation::Token(TokenId(record.id)));
         Ok(())
     }
 

@@ -11,9 +11,10 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::authority::SessionAuthority;
+use super::limits::EdgeLimits;
 use super::public;
 use super::registry::Registry;
-use super::session::{AgentContext, serve_agent};
+use super::session::{Admission, AgentContext, serve_agent};
 use super::tasks::{TaskGuard, TaskSet, task_set};
 use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Error, Result, Scheme};
 
@@ -47,6 +48,8 @@ pub struct EdgeConfig {
     pub tcp_listeners: Vec<Arc<std::net::TcpListener>>,
     /// Heartbeat interval announced to agents.
     pub heartbeat: Duration,
+    /// Bounds on agent connections, sessions, tunnels and API connections.
+    pub limits: EdgeLimits,
 }
 
 impl EdgeConfig {
@@ -64,6 +67,7 @@ impl EdgeConfig {
             tcp_ports: 20000..=29999,
             tcp_listeners: Vec::new(),
             heartbeat: DEFAULT_HEARTBEAT,
+            limits: EdgeLimits::default(),
         }
     }
 }
@@ -147,6 +151,7 @@ impl EdgeServer {
             registry: Arc::clone(&registry),
             tls: TlsAcceptor::from(Arc::new(agent_tls)),
             heartbeat: config.heartbeat,
+            admission: Admission::new(config.limits.clone()),
             tasks: guard.clone(),
         });
         spawn_accept_loop(agent_listener, guard.clone(), move |tcp, peer| {
