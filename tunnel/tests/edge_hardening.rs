@@ -409,3 +409,73 @@ async fn failed_tunnel_authentication_is_rate_limited_per_address() {
         "the tunnel waits for the address's budget, it is not refused"
     );
 }
+
+#[tokio::test]
+async fn tunnel_and_session_quotas_refuse_with_quota_exceeded() {
+    init();
+    let cert = TestCert::new();
+    let authority = MemoryAuthority::new();
+    for (token, account) in [("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b")] {
+        authority.add_token(
+            token,
+            &TunnelToken::new(token),
+            account,
+            far_future(),
+            Vec::new(),
+        );
+    }
+    let limits = EdgeLimits {
+        max_tunnels_per_token: 2,
+        max_tunnels_per_account: 3,
+        max_sessions_per_account: 1,
+        ..EdgeLimits::default()
+    };
+    let edge = edge_with(&cert, &authority, limits).await;
+    let agent =
+        tuna_tunnel::agent::Agent::start(agent_config(&cert, &edge), backend_handler).unwrap();
+    let attach = |id: &'static str, token: &'static str| {
+        agent.attach(id, TunnelToken::new(token), Vec::new())
+    };
+    attach("x1", "a1").await.unwrap();
+    attach("x2", "a1").await.unwrap();
+    attach("x3", "a1").await.unwrap();
+    agent.serving("x1").await.unwrap();
+    agent.serving("x2").await.unwrap();
+    let refused = |s: &TunnelStatus| matches!(s, TunnelStatus::Refused(r) if r.code == ErrorCode::QuotaExceeded);
+    let status = wait_tunnel(&agent, "x3", |s| !matches!(s, TunnelStatus::Pending)).await;
+    assert!(refused(&status), "a third tunnel on one token: {status:?}");
+
+    // The account's third tunnel fits, its fourth does not.
+    attach("y1", "a2").await.unwrap();
+    agent.serving("y1").await.unwrap();
+    attach("y2", "a3").await.unwrap();
+    let status = wait_tunnel(&agent, "y2", |s| !matches!(s, TunnelStatus::Pending)).await;
+    assert!(
+        refused(&status),
+        "a fourth tunnel of the account: {status:?}"
+    );
+
+    // Another connection for account a: over its session quota. Account b
+    // is not affected.
+    let second =
+        tuna_tunnel::agent::Agent::start(agent_config(&cert, &edge), backend_handler).unwrap();
+    second
+        .attach("z", TunnelToken::new("a2"), Vec::new())
+        .await
+        .unwrap();
+    let status = wait_tunnel(&second, "z", |s| !matches!(s, TunnelStatus::Pending)).await;
+    assert!(
+        refused(&status),
+        "a second session of the account: {status:?}"
+    );
+    second
+        .attach("b", TunnelToken::new("b1"), Vec::new())
+        .await
+        .unwrap();
+    second.serving("b").await.unwrap();
+
+    // Detaching gives the quota back.
+    agent.detach("x1").await.unwrap();
+    agent.set_token("x3", TunnelToken::new("a1")).await.unwrap();
+    agent.serving("x3").await.unwrap();
+}
