@@ -240,13 +240,14 @@ impl EdgeServer {
                     TlsAcceptor::from(Arc::new(tls))
                 });
                 let g = guard.clone();
+                let header_timeout = config.limits.api_header_timeout;
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
                     let router = router.clone();
                     let tls = tls.clone();
                     let g = g.clone();
                     tokio::spawn(async move {
                         let _g = g.clone();
-                        serve_api(tcp, peer, router, tls, g).await;
+                        serve_api(tcp, peer, router, tls, g, header_timeout).await;
                     });
                 });
                 Some(local)
@@ -303,28 +304,19 @@ async fn serve_api(
     router: axum::Router,
     tls: Option<TlsAcceptor>,
     guard: TaskGuard,
+    header_timeout: Duration,
 ) {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    let service = hyper_util::service::TowerToHyperService::new(router);
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let result = match tls {
-        Some(acceptor) => {
-            match tokio::time::timeout(crate::wire::HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => {
-                    tokio::select! {
-                        _ = guard.cancel.cancelled() => return,
-                        r = builder.serve_connection(TokioIo::new(stream), service) => r,
-                    }
-                }
-                _ => return,
+    use crate::control::{serve_connection, serve_tls_connection};
+    let serving = async move {
+        match tls {
+            Some(acceptor) => {
+                serve_tls_connection(tcp, peer, acceptor, router, header_timeout).await
             }
+            None => serve_connection(tcp, false, peer, router, header_timeout).await,
         }
-        None => tokio::select! {
-            _ = guard.cancel.cancelled() => return,
-            r = builder.serve_connection(TokioIo::new(tcp), service) => r,
-        },
     };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "API connection ended with an error");
+    tokio::select! {
+        _ = guard.cancel.cancelled() => {}
+        _ = serving => {}
     }
 }
