@@ -1,12 +1,13 @@
 //! The control plane as the data plane's [`SessionAuthority`]: who may open
-//! a tunnel session, what it may bind, and which sessions must close.
+//! a tunnel, what it may bind, and which tunnels must close.
 //!
-//! Two credentials open sessions:
+//! Two credentials open tunnels:
 //! * a tunnel token (`tunat_…`), limited to the bindings it was created with
 //!   *and* to what its account holds;
 //! * an API key with `tunnels:connect` (or full access), allowed to bind
 //!   anything its account holds. Its grant's token id is `key:<key id>`, so
-//!   revoking the key closes its sessions too.
+//!   revoking the key closes its tunnels too (and those of the tokens it
+//!   minted, which are revoked with it).
 //!
 //! Bindings are judged against the store when they are declared and again
 //! every heartbeat interval ([`SessionAuthority::refresh`] and

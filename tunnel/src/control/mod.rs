@@ -171,7 +171,8 @@ impl ControlPlane {
     ///
     /// Inside a tokio runtime it also starts the expiry watcher, which
     /// announces tokens that expire unrenewed on the revocation channel (so
-    /// their sessions close) and purges tokens expired for a week; the task
+    /// their tunnels close), purges tokens expired for a week and releases
+    /// custom-domain claims not verified within the pending TTL; the task
     /// ends when the last clone of the control plane is dropped.
     pub fn open(config: ControlConfig) -> Result<Self> {
         let names = validate(&config)?;

@@ -107,7 +107,7 @@ pub struct TokenRecord {
     pub account: String,
     /// Owner labels.
     pub labels: BTreeMap<String, String>,
-    /// What its sessions may bind.
+    /// What its tunnels may bind.
     pub bindings: Bindings,
     /// Unix seconds.
     pub created_at: i64,
