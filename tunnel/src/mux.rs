@@ -265,6 +265,10 @@ pub async fn open_control(sender: &h2::client::SendRequest<Bytes>) -> Result<Mux
 async fn open(sender: &h2::client::SendRequest<Bytes>, req: Request<()>) -> Result<MuxStream> {
     let mut sender = sender.clone().ready().await?;
     let (response, send) = sender.send_request(req, false)?;
+    // At the peer's concurrency limit h2 queues the stream unopened; this
+    // handle is ready again once it is opened (at once when a slot was free),
+    // so a caller's timeout around `open` bounds the wait for capacity.
+    let _ = sender.ready().await?;
     Ok(MuxStream {
         send,
         recv: RecvState::Pending(response),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use api_support::{TestEdge, config};
 use tuna_tunnel::api::{Bindings, CreateDomain, CreateTcpEndpoint, CreateToken, Scope};
-use tuna_tunnel::edge::authority::{SessionAuthority, TokenId};
+use tuna_tunnel::edge::authority::{Revocation, SessionAuthority, TokenId};
 use tuna_tunnel::wire::{Binding, BoundTarget, ErrorCode, TunnelToken};
 
 fn token_request(hosts: &[&str], tcp: &[&str], ttl: u64) -> CreateToken {
@@ -167,7 +167,7 @@ async fn revoking_a_token_is_broadcast_and_refuses_it() {
         .await
         .expect("revocation announced within 1 s")
         .unwrap();
-    assert_eq!(revoked, TokenId(created.id.clone()));
+    assert_eq!(revoked, Revocation::Token(TokenId(created.id.clone())));
     assert_eq!(
         edge.plane.authenticate(&token).await.unwrap_err().code,
         ErrorCode::BadToken
@@ -200,7 +200,7 @@ async fn expiring_tokens_are_refused_and_announced() {
         .await
         .expect("expiry announced")
         .unwrap();
-    assert_eq!(announced, TokenId(created.id.clone()));
+    assert_eq!(announced, Revocation::Token(TokenId(created.id.clone())));
     let rejection = edge
         .plane
         .authenticate(&TunnelToken::new(created.token.expose()))
@@ -258,6 +258,6 @@ async fn connect_keys_open_sessions_for_their_account_until_revoked() {
         .await
         .expect("key revocation announced")
         .unwrap();
-    assert_eq!(revoked, grant.token_id);
+    assert_eq!(revoked, Revocation::Token(grant.token_id));
     edge.stop().await;
 }

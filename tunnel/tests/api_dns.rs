@@ -208,3 +208,97 @@ async fn cname_to_another_host_fails_verification() {
     edge.stop().await;
     dns.stop().await;
 }
+
+#[tokio::test]
+async fn an_unverified_claim_yields_to_the_account_that_verifies() {
+    let mut dns = DnsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.dns_nameservers = vec![dns.addr];
+    let edge = TestEdge::start(config).await;
+    let squatter = edge.client(&edge.key("squatter", &[Scope::TunnelsWrite]));
+    let owner = edge.client(&edge.key("owner", &[Scope::TunnelsWrite]));
+    let shop = || CreateDomain {
+        subdomain: None,
+        domain: Some("shop.example.test".into()),
+    };
+
+    // The squatter claims first and never verifies.
+    let squatted = squatter.create_domain(&shop()).await.unwrap();
+    assert_eq!(squatted.status, DomainStatus::Pending);
+    // The owner can claim it too, with a challenge of its own.
+    let claim = owner.create_domain(&shop()).await.unwrap();
+    assert_eq!(claim.status, DomainStatus::Pending);
+    assert_ne!(claim.dns_records[1].value, squatted.dns_records[1].value);
+
+    dns.add(
+        "_tuna-challenge.shop.example.test.",
+        RData::TXT(TXT::new(vec![claim.dns_records[1].value.clone()])),
+    )
+    .await;
+    dns.add(
+        "shop.example.test.",
+        RData::CNAME(CNAME(Name::from_ascii("edge.tuna.test.").unwrap())),
+    )
+    .await;
+    // The squatter's challenge is not published: it stays pending.
+    assert_eq!(
+        squatter
+            .verify_domain("shop.example.test")
+            .await
+            .unwrap()
+            .status,
+        DomainStatus::Pending
+    );
+    assert_eq!(
+        owner
+            .verify_domain("shop.example.test")
+            .await
+            .unwrap()
+            .status,
+        DomainStatus::Verified
+    );
+    // The verified claim holds the name; the other claim is gone.
+    assert_eq!(
+        squatter
+            .get_domain("shop.example.test")
+            .await
+            .unwrap_err()
+            .code(),
+        Some("not_found")
+    );
+    assert_eq!(
+        squatter.create_domain(&shop()).await.unwrap_err().code(),
+        Some("held_by_other_account")
+    );
+    let held: Domain = owner.get_domain("shop.example.test").await.unwrap();
+    assert_eq!(held.status, DomainStatus::Verified);
+    edge.stop().await;
+    dns.stop().await;
+}
+
+#[tokio::test]
+async fn an_unverified_claim_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.pending_domain_ttl = std::time::Duration::from_secs(1);
+    let edge = TestEdge::start(config).await;
+    let client = edge.client(&edge.key("default", &[Scope::TunnelsWrite]));
+    client
+        .create_domain(&CreateDomain {
+            subdomain: None,
+            domain: Some("stale.example.test".into()),
+        })
+        .await
+        .unwrap();
+    // The expiry watcher drops it within its next turns (500 ms each).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while client.get_domain("stale.example.test").await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an unverified custom domain outlived its pending TTL"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    edge.stop().await;
+}

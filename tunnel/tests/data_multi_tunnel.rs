@@ -309,7 +309,7 @@ async fn a_tunnel_that_loses_its_host_to_a_newer_tunnel_is_told() {
         "{status:?}"
     );
     // The displaced session has no tunnel left: the edge ends it after the
-    // grace (three heartbeats); meanwhile the old agent does not fight back.
+    // grace; meanwhile the old agent does not fight back.
     assert_eq!(old.session_id(), Some(old_session));
     let client = http_client(&cert, &edge, &[&host(0)]);
     assert_eq!(get(&client, &edge, &host(0)).await.0, 200);
@@ -322,6 +322,7 @@ async fn a_session_without_tunnels_is_closed_after_the_grace_and_the_agent_idles
     let authority = authority(1);
     let mut config = edge_config(&cert, "127.0.0.1:0".parse().unwrap());
     config.heartbeat = Duration::from_millis(100);
+    config.limits.empty_session_grace = Duration::from_millis(300);
     let edge = EdgeServer::start(config, Arc::new(authority.clone()), None)
         .await
         .unwrap();

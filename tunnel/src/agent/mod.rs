@@ -44,7 +44,7 @@
 mod session;
 mod tls;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -198,8 +198,38 @@ impl DesiredTunnel {
 #[derive(Default)]
 pub(crate) struct Desired {
     pub(crate) tunnels: HashMap<String, DesiredTunnel>,
-    pub(crate) dirty: HashSet<String>,
+    pub(crate) dirty: Dirty,
     next_generation: u64,
+}
+
+/// Tunnels whose changes are not sent yet, in the order the caller made
+/// them (a detach before an attach frees a quota the attach needs).
+#[derive(Default)]
+pub(crate) struct Dirty {
+    order: VecDeque<String>,
+    queued: HashSet<String>,
+}
+
+impl Dirty {
+    pub(crate) fn insert(&mut self, id: &str) {
+        if self.queued.insert(id.to_owned()) {
+            self.order.push_back(id.to_owned());
+        }
+    }
+
+    /// Up to `n` ids, oldest change first.
+    pub(crate) fn take(&mut self, n: usize) -> Vec<String> {
+        let n = n.min(self.order.len());
+        let batch: Vec<String> = self.order.drain(..n).collect();
+        for id in &batch {
+            self.queued.remove(id);
+        }
+        batch
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
 }
 
 /// State shared by the handle and the agent task.
@@ -212,7 +242,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn changed(&self, desired: &mut Desired, id: &str) {
-        desired.dirty.insert(id.to_owned());
+        desired.dirty.insert(id);
         self.wake.notify_one();
     }
 }

@@ -444,7 +444,9 @@ impl AgentSession {
         {
             let mut desired = self.shared.desired.lock();
             let ids: Vec<String> = desired.tunnels.keys().cloned().collect();
-            desired.dirty.extend(ids);
+            for id in &ids {
+                desired.dirty.insert(id);
+            }
         }
         let lost = |error: Error| End::Lost {
             error,
@@ -518,15 +520,7 @@ impl AgentSession {
     async fn reconcile(&mut self, writer: &mut Control) -> Result<()> {
         let batch: Vec<String> = {
             let mut desired = self.shared.desired.lock();
-            let batch: Vec<String> = desired
-                .dirty
-                .iter()
-                .take(RECONCILE_BATCH)
-                .cloned()
-                .collect();
-            for id in &batch {
-                desired.dirty.remove(id);
-            }
+            let batch = desired.dirty.take(RECONCILE_BATCH);
             if !desired.dirty.is_empty() {
                 self.shared.wake.notify_one();
             }

@@ -141,6 +141,8 @@ pub mod error_code {
     pub const MISSING_SCOPE: &str = "missing_scope";
     /// 403: another account holds the name or port.
     pub const HELD_BY_OTHER_ACCOUNT: &str = "held_by_other_account";
+    /// 403: the account's quota for this kind of object is spent.
+    pub const QUOTA_EXCEEDED: &str = "quota_exceeded";
     /// 404: no such object in the caller's account.
     pub const NOT_FOUND: &str = "not_found";
     /// 409: the caller's account already holds it; `existing` carries it.

@@ -1,17 +1,19 @@
 //! The control plane as the data plane's [`SessionAuthority`]: who may open
-//! a tunnel session, what it may bind, and which sessions must close.
+//! a tunnel, what it may bind, and which tunnels must close.
 //!
-//! Two credentials open sessions:
+//! Two credentials open tunnels:
 //! * a tunnel token (`tunat_…`), limited to the bindings it was created with
 //!   *and* to what its account holds;
 //! * an API key with `tunnels:connect` (or full access), allowed to bind
 //!   anything its account holds. Its grant's token id is `key:<key id>`, so
-//!   revoking the key closes its sessions too.
+//!   revoking the key closes its tunnels too (and those of the tokens it
+//!   minted, which are revoked with it).
 //!
-//! Bindings are judged against the store at the time they are declared, so
-//! a domain released or a token revoked after the handshake is refused on
-//! the next `UpdateBindings`. Revocations (and tokens expiring unrenewed) are
-//! broadcast; the edge closes the sessions at once.
+//! Bindings are judged against the store when they are declared and again
+//! every heartbeat interval ([`SessionAuthority::refresh`] and
+//! `check_binding`). Revocations (tokens revoked or expiring unrenewed, keys
+//! revoked with the tokens they minted) and releases (deleted domains and
+//! TCP endpoints) are broadcast; the edge closes the tunnels at once.
 
 use std::time::{Duration, SystemTime};
 
@@ -23,7 +25,7 @@ use super::names::normalize_host;
 use super::secrets::{self, API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
 use super::store::State;
 use crate::api::{DomainKind, Scope, Timestamp};
-use crate::edge::authority::{Grant, SessionAuthority, TokenId};
+use crate::edge::authority::{Grant, Revocation, SessionAuthority, TokenId};
 use crate::wire::{Binding, BoundTarget, ErrorCode, Rejection, TunnelToken};
 
 /// Prefix of the token ids of grants opened with an API key.
@@ -31,6 +33,11 @@ pub const KEY_GRANT_PREFIX: &str = "key:";
 
 fn system_time(unix_seconds: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(unix_seconds).unwrap_or(0))
+}
+
+/// What an API-key grant reports as its expiry: never, in practice.
+fn key_expiry() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 4)
 }
 
 fn bad_token() -> Rejection {
@@ -70,6 +77,7 @@ impl ControlPlane {
                 token_id: TokenId(record.id.clone()),
                 account: record.account.clone(),
                 expires_at: system_time(record.expires_at),
+                api_key: false,
                 allowed,
             });
         }
@@ -90,8 +98,9 @@ impl ControlPlane {
             return Ok(Grant {
                 token_id: TokenId(format!("{KEY_GRANT_PREFIX}{}", record.id)),
                 account: record.account.clone(),
-                // Keys do not expire; revocation ends their sessions.
-                expires_at: SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 4),
+                // Keys do not expire; revocation ends their tunnels.
+                expires_at: key_expiry(),
+                api_key: true,
                 allowed: Vec::new(),
             });
         }
@@ -158,9 +167,24 @@ impl ControlPlane {
         }
     }
 
-    /// Token ids whose sessions must close: revoked tokens and keys, and
-    /// tokens that expired unrenewed.
-    pub fn subscribe_revocations(&self) -> broadcast::Receiver<TokenId> {
+    /// Re-validates a grant: the credential must still exist (and a token
+    /// be unexpired); answers it with its current expiry.
+    pub fn refresh_tunnel_grant(&self, grant: &Grant) -> Result<Grant, Rejection> {
+        let state = self.store().read();
+        live_credential(&state, grant)?;
+        let mut fresh = grant.clone();
+        if let Some(record) = state.tokens.get(&grant.token_id.0)
+            && !grant.api_key
+        {
+            fresh.expires_at = system_time(record.expires_at);
+        }
+        Ok(fresh)
+    }
+
+    /// What tunnels must close: revoked tokens and keys (with the tokens a
+    /// revoked key minted), tokens that expired unrenewed, released domains
+    /// and TCP endpoints.
+    pub fn subscribe_revocations(&self) -> broadcast::Receiver<Revocation> {
         self.shared.revoked.subscribe()
     }
 }
@@ -209,7 +233,11 @@ impl SessionAuthority for ControlPlane {
         Box::pin(async move { self.check_tunnel_binding(grant, binding) })
     }
 
-    fn revocations(&self) -> broadcast::Receiver<TokenId> {
+    fn refresh<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<Grant, Rejection>> {
+        Box::pin(async move { self.refresh_tunnel_grant(grant) })
+    }
+
+    fn revocations(&self) -> broadcast::Receiver<Revocation> {
         self.subscribe_revocations()
     }
 }

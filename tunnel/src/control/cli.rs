@@ -123,8 +123,16 @@ pub fn run(args: &KeysArgs, out: &mut dyn Write, note: &mut dyn Write) -> Result
         }
         KeysCommand::Revoke(revoke) => {
             let store = Store::open(&revoke.data_dir.data_dir)?;
-            let key = keys::revoke_key(&store, &revoke.id)?;
+            let (key, minted) = keys::revoke_key(&store, &revoke.id)?;
             writeln!(out, "revoked API key {} (account {})", key.id, key.account).map_err(io)?;
+            if !minted.is_empty() {
+                writeln!(
+                    note,
+                    "also revoked the {} tunnel token(s) the key minted",
+                    minted.len()
+                )
+                .map_err(io)?;
+            }
         }
     }
     Ok(())

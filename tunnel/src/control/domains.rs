@@ -3,9 +3,11 @@
 
 use super::dns::challenge_record_name;
 use super::error::{ControlError, Result};
-use super::store::{DomainRecord, Write};
+use super::store::{DomainRecord, State, Write};
 use super::{Caller, ControlPlane, names, secrets};
 use crate::api::{CreateDomain, DnsRecord, Domain, DomainKind, DomainStatus, Scope, Timestamp};
+use crate::edge::authority::Revocation;
+use crate::wire::BoundTarget;
 
 impl ControlPlane {
     pub(crate) fn domain_view(&self, record: &DomainRecord) -> Domain {
@@ -40,12 +42,16 @@ impl ControlPlane {
         }
     }
 
-    /// Reserves a subdomain or a custom domain for the caller's account.
+    /// Reserves a subdomain, or claims a custom domain, for the caller's
+    /// account. A custom domain is a *claim* until verified: several accounts
+    /// may claim one name (each with its own challenge); the first to verify
+    /// it holds it and the other claims are dropped. Claims expire after the
+    /// pending-domain TTL.
     pub fn create_domain(&self, caller: &Caller, request: &CreateDomain) -> Result<Domain> {
         caller.require_any(&[Scope::TunnelsWrite])?;
         let (name, kind) = match (&request.subdomain, &request.domain) {
             (Some(label), None) => (
-                names::subdomain_host(label, self.base_domain())?,
+                names::subdomain_host(label, self.base_domain(), self.public_host())?,
                 DomainKind::Subdomain,
             ),
             (None, Some(domain)) => (
@@ -59,6 +65,7 @@ impl ControlPlane {
             }
         };
         let now = Timestamp::now().unix_seconds();
+        let quotas = &self.shared.quotas;
         self.store().commit(|state| {
             if let Some(existing) = state.domains.get(&name) {
                 return Err(self.reservation_conflict(
@@ -72,6 +79,16 @@ impl ControlPlane {
                     },
                     &format!("the domain {name:?}"),
                 ));
+            }
+            let key = (name.clone(), caller.account.clone());
+            if let Some(claim) = state.claims.get(&key) {
+                return Err(ControlError::AlreadyExists {
+                    message: format!("your account already claims the domain {name:?}; verify it"),
+                    existing: Box::new(
+                        serde_json::to_value(self.domain_view(claim))
+                            .unwrap_or(serde_json::Value::Null),
+                    ),
+                });
             }
             let record = DomainRecord {
                 name: name.clone(),
@@ -89,7 +106,32 @@ impl ControlPlane {
                 verified_at: (kind == DomainKind::Subdomain).then_some(now),
                 verification_message: None,
             };
-            Ok((self.domain_view(&record), vec![Write::PutDomain(record)]))
+            let write = match kind {
+                DomainKind::Subdomain => {
+                    check_quota(
+                        held_count(state, &caller.account),
+                        quotas.domains,
+                        "domains",
+                        "--quota-domains",
+                    )?;
+                    Write::PutDomain(record.clone())
+                }
+                DomainKind::Custom => {
+                    let pending = state
+                        .claims
+                        .values()
+                        .filter(|c| c.account == caller.account)
+                        .count();
+                    check_quota(
+                        pending,
+                        quotas.pending_domains,
+                        "unverified custom domains",
+                        "--quota-pending-domains",
+                    )?;
+                    Write::PutClaim(record.clone())
+                }
+            };
+            Ok((self.domain_view(&record), vec![write]))
         })
     }
 
@@ -115,26 +157,29 @@ impl ControlPlane {
         }
     }
 
-    /// The caller's domains, sorted by name.
+    /// The caller's domains (held and claimed), sorted by name.
     pub fn list_domains(&self, caller: &Caller) -> Result<Vec<Domain>> {
         caller.require_any(&[Scope::TunnelsWrite, Scope::TunnelsConnect])?;
-        Ok(self
-            .store()
-            .read()
+        let state = self.store().read();
+        let mut domains: Vec<Domain> = state
             .domains
             .values()
+            .chain(state.claims.values())
             .filter(|d| d.account == caller.account)
             .map(|d| self.domain_view(d))
-            .collect())
+            .collect();
+        domains.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(domains)
     }
 
     fn own_domain(&self, caller: &Caller, name: &str) -> Result<DomainRecord> {
         let name = names::normalize_host(name);
-        self.store()
-            .read()
+        let state = self.store().read();
+        state
             .domains
             .get(&name)
             .filter(|d| d.account == caller.account)
+            .or_else(|| state.claims.get(&(name.clone(), caller.account.clone())))
             .cloned()
             .ok_or_else(|| ControlError::NotFound(format!("your account holds no domain {name:?}")))
     }
@@ -145,23 +190,32 @@ impl ControlPlane {
         Ok(self.domain_view(&self.own_domain(caller, name)?))
     }
 
-    /// Releases one of the caller's domains.
+    /// Releases one of the caller's domains (or drops its claim); tunnels
+    /// serving it are closed at once (the name may go to another account next).
     pub fn delete_domain(&self, caller: &Caller, name: &str) -> Result<()> {
         caller.require_any(&[Scope::TunnelsWrite])?;
         let record = self.own_domain(caller, name)?;
-        self.store().commit(|state| {
+        let held = self.store().commit(|state| {
             // Gone already (a concurrent delete): deleting is idempotent.
+            let key = (record.name.clone(), caller.account.clone());
             let writes = if state
                 .domains
                 .get(&record.name)
                 .is_some_and(|d| d.account == caller.account)
             {
                 vec![Write::DeleteDomain(record.name.clone())]
+            } else if state.claims.contains_key(&key) {
+                vec![Write::DeleteClaim(key.0, key.1)]
             } else {
                 Vec::new()
             };
-            Ok(((), writes))
-        })
+            let held = matches!(writes.first(), Some(Write::DeleteDomain(_)));
+            Ok((held, writes))
+        })?;
+        if held {
+            self.announce(Revocation::Target(BoundTarget::Http { host: record.name }));
+        }
+        Ok(())
     }
 
     /// Looks the custom domain's DNS records up now and records the result.
@@ -179,12 +233,37 @@ impl ControlPlane {
             .verify(&record.name, &record.challenge, self.public_host())
             .await;
         let now = Timestamp::now().unix_seconds();
+        let plane = self.clone();
+        let caller = caller.clone();
+        // The commit syncs the store file: off the async runtime.
+        tokio::task::spawn_blocking(move || {
+            plane.record_verification(&caller, &record, &outcome, now)
+        })
+        .await
+        .map_err(|e| {
+            ControlError::Internal(format!("recording a verification did not finish: {e}"))
+        })?
+    }
+
+    fn record_verification(
+        &self,
+        caller: &Caller,
+        record: &DomainRecord,
+        outcome: &super::dns::Outcome,
+        now: i64,
+    ) -> Result<Domain> {
+        let quotas = &self.shared.quotas;
         self.store().commit(|state| {
-            let Some(current) = state
+            let key = (record.name.clone(), caller.account.clone());
+            let held = state
                 .domains
                 .get(&record.name)
-                .filter(|d| d.account == caller.account && d.challenge == record.challenge)
-            else {
+                .filter(|d| d.account == caller.account && d.challenge == record.challenge);
+            let claimed = state
+                .claims
+                .get(&key)
+                .filter(|d| d.challenge == record.challenge);
+            let Some(current) = held.or(claimed) else {
                 return Err(ControlError::NotFound(format!(
                     "the domain {:?} was released during verification",
                     record.name
@@ -200,12 +279,62 @@ impl ControlPlane {
                 updated.verification_message = Some(outcome.message.clone());
             }
             let view = self.domain_view(&updated);
-            let writes = if updated == *current {
-                Vec::new()
-            } else {
-                vec![Write::PutDomain(updated)]
-            };
+            if held.is_some() {
+                let writes = if updated == *current {
+                    Vec::new()
+                } else {
+                    vec![Write::PutDomain(updated)]
+                };
+                return Ok((view, writes));
+            }
+            if updated.verified_at.is_none() {
+                return Ok((view, vec![Write::PutClaim(updated)]));
+            }
+            // A verified claim becomes the reservation; the others' claims go.
+            if let Some(holder) = state.domains.get(&record.name) {
+                return Err(ControlError::HeldByOtherAccount(format!(
+                    "the domain {:?} was verified by another account first (holder {})",
+                    record.name,
+                    if holder.account == caller.account {
+                        "you"
+                    } else {
+                        "another account"
+                    }
+                )));
+            }
+            check_quota(
+                held_count(state, &caller.account),
+                quotas.domains,
+                "domains",
+                "--quota-domains",
+            )?;
+            let mut writes: Vec<Write> = state
+                .claims
+                .keys()
+                .filter(|(name, _)| *name == record.name)
+                .map(|(name, account)| Write::DeleteClaim(name.clone(), account.clone()))
+                .collect();
+            writes.push(Write::PutDomain(updated));
             Ok((view, writes))
         })
     }
+}
+
+/// Reserved domains (subdomains and verified custom domains) of `account`.
+fn held_count(state: &State, account: &str) -> usize {
+    state
+        .domains
+        .values()
+        .filter(|d| d.account == account)
+        .count()
+}
+
+/// `Err(quota_exceeded)` when `count` objects already use up `quota`.
+pub(crate) fn check_quota(count: usize, quota: usize, what: &str, flag: &str) -> Result<()> {
+    if count >= quota {
+        return Err(ControlError::QuotaExceeded(format!(
+            "your account holds {count} {what}, its quota (tuna-operator edge {flag}); delete some first"
+        )));
+    }
+    Ok(())
 }

@@ -59,6 +59,9 @@ pub enum ControlError {
     /// The configuration cannot work (empty port range, bad base domain).
     #[error("configuration: {0}")]
     Config(String),
+    /// Something that should not happen (a store operation that panicked).
+    #[error("internal: {0}")]
+    Internal(String),
 
     /// 401: no key, malformed key, unknown or revoked key.
     #[error("{0}")]
@@ -69,6 +72,9 @@ pub enum ControlError {
     /// 403: another account holds the reservation.
     #[error("{0}")]
     HeldByOtherAccount(String),
+    /// 403: the account's quota for this kind of object is spent.
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// 404.
     #[error("{0}")]
     NotFound(String),
@@ -115,12 +121,14 @@ impl ControlError {
             | Self::CorruptRecord { .. }
             | Self::Io { .. }
             | Self::Tls(_)
-            | Self::Config(_) => (StatusCode::INTERNAL_SERVER_ERROR, error_code::INTERNAL),
+            | Self::Config(_)
+            | Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, error_code::INTERNAL),
             Self::Unauthorized(_) => (StatusCode::UNAUTHORIZED, error_code::UNAUTHORIZED),
             Self::MissingScope(_) => (StatusCode::FORBIDDEN, error_code::MISSING_SCOPE),
             Self::HeldByOtherAccount(_) => {
                 (StatusCode::FORBIDDEN, error_code::HELD_BY_OTHER_ACCOUNT)
             }
+            Self::QuotaExceeded(_) => (StatusCode::FORBIDDEN, error_code::QUOTA_EXCEEDED),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, error_code::NOT_FOUND),
             Self::AlreadyExists { .. } => (StatusCode::CONFLICT, error_code::ALREADY_EXISTS),
             Self::InvalidName(_) => (StatusCode::UNPROCESSABLE_ENTITY, error_code::INVALID_NAME),

@@ -6,7 +6,7 @@ use super::secrets::{self, API_KEY_PREFIX};
 use super::store::{KeyRecord, Store, Write};
 use super::{ControlPlane, names};
 use crate::api::{ApiKey, CreateApiKey, CreatedApiKey, Scope, Secret, Timestamp};
-use crate::edge::authority::TokenId;
+use crate::edge::authority::{Revocation, TokenId};
 
 /// Who is calling: the authenticated key's identity, never its secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,14 +90,24 @@ pub(crate) fn list_keys(store: &Store) -> Vec<ApiKey> {
     store.read().keys.values().map(key_view).collect()
 }
 
-/// Deletes a key from `store`.
-pub(crate) fn revoke_key(store: &Store, id: &str) -> Result<ApiKey> {
+/// Deletes a key from `store`, and the tunnel tokens it minted (a key's
+/// revocation must not leave tokens renewable forever). Returns the key and
+/// the ids of the revoked tokens.
+pub(crate) fn revoke_key(store: &Store, id: &str) -> Result<(ApiKey, Vec<String>)> {
     store.commit(|state| {
         let record = state
             .keys
             .get(id)
             .ok_or_else(|| ControlError::NotFound(format!("no API key with id {id:?}")))?;
-        Ok((key_view(record), vec![Write::DeleteKey(id.to_owned())]))
+        let minted: Vec<String> = state
+            .tokens
+            .values()
+            .filter(|t| t.minted_by.as_deref() == Some(id))
+            .map(|t| t.id.clone())
+            .collect();
+        let mut writes = vec![Write::DeleteKey(id.to_owned())];
+        writes.extend(minted.iter().cloned().map(Write::DeleteToken));
+        Ok(((key_view(record), minted), writes))
     })
 }
 
@@ -118,14 +128,16 @@ impl ControlPlane {
         list_keys(self.store())
     }
 
-    /// Revokes a key: requests with it are refused from now on, and tunnel
-    /// sessions it opened are closed.
+    /// Revokes a key and the tunnel tokens it minted: requests with it are
+    /// refused from now on, and the tunnels they opened are closed.
     pub fn revoke_key(&self, id: &str) -> Result<ApiKey> {
-        let key = revoke_key(self.store(), id)?;
-        let _ = self
-            .shared
-            .revoked
-            .send(TokenId(format!("{KEY_GRANT_PREFIX}{id}")));
+        let (key, minted) = revoke_key(self.store(), id)?;
+        self.announce(Revocation::Token(TokenId(format!(
+            "{KEY_GRANT_PREFIX}{id}"
+        ))));
+        for token in minted {
+            self.announce(Revocation::Token(TokenId(token)));
+        }
         Ok(key)
     }
 
@@ -134,6 +146,14 @@ impl ControlPlane {
     /// store).
     pub fn create_key_for(&self, caller: &Caller, request: &CreateApiKey) -> Result<CreatedApiKey> {
         caller.require_any(&[Scope::Full])?;
+        let held = self
+            .store()
+            .read()
+            .keys
+            .values()
+            .filter(|k| k.account == caller.account)
+            .count();
+        super::domains::check_quota(held, self.shared.quotas.keys, "API keys", "--quota-keys")?;
         let (info, key) = self.create_key(
             &caller.account,
             request.name.clone(),

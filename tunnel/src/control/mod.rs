@@ -36,19 +36,23 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
+use crate::edge::authority::{Revocation, TokenId};
+
 pub use authority::KEY_GRANT_PREFIX;
 pub use dns::{DnsVerifier, challenge_record_name};
 pub use error::{ControlError, Result};
 pub use keys::Caller;
 pub use names::RESERVED_SUBDOMAINS;
 pub use ratelimit::RateLimit;
+pub(crate) use ratelimit::RateLimiter;
 pub use secrets::{API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
-pub use serve::serve_https;
+pub use serve::{
+    ClientAddr, HEADER_READ_TIMEOUT, serve_connection, serve_https, serve_tls_connection,
+};
 pub use server::ROUTES;
 pub use store::STORE_FILE;
-pub use tokens::{DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS};
+pub use tokens::{DEFAULT_TTL_SECONDS, MAX_LIFETIME, MAX_TTL_SECONDS};
 
-use ratelimit::RateLimiter;
 use store::Store;
 
 /// The account keys belong to when none is named.
@@ -69,6 +73,45 @@ pub struct ControlConfig {
     pub dns_nameservers: Vec<SocketAddr>,
     /// Request budget per API key.
     pub rate_limit: RateLimit,
+    /// Failed API-key authentications per client address: when spent, every
+    /// request from the address answers 429 until the bucket refills.
+    pub auth_failures: RateLimit,
+    /// Longest total lifetime of a tunnel token, renewals included.
+    pub max_token_lifetime: Duration,
+    /// Per-account quotas.
+    pub quotas: Quotas,
+    /// A custom domain claimed but not verified within this is released.
+    pub pending_domain_ttl: Duration,
+}
+
+/// What one account may hold at once (`tuna-operator edge --quota-*`).
+/// Exceeding a quota answers `403 quota_exceeded`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quotas {
+    /// Domains (subdomains and verified custom domains).
+    pub domains: usize,
+    /// Custom domains claimed but not verified yet.
+    pub pending_domains: usize,
+    /// TCP endpoints (each holds a port of the edge's range).
+    pub tcp_endpoints: usize,
+    /// Tunnel tokens not yet expired.
+    pub tokens: usize,
+    /// API keys.
+    pub keys: usize,
+}
+
+impl Default for Quotas {
+    /// Room for the 10 000-tunnel benchmark on one account; TCP ports are
+    /// the scarce resource.
+    fn default() -> Self {
+        Self {
+            domains: 20_000,
+            pending_domains: 100,
+            tcp_endpoints: 100,
+            tokens: 50_000,
+            keys: 100,
+        }
+    }
 }
 
 impl ControlConfig {
@@ -86,6 +129,13 @@ impl ControlConfig {
             tcp_port_range: 30000..=30999,
             dns_nameservers: Vec::new(),
             rate_limit: RateLimit::default(),
+            auth_failures: RateLimit {
+                burst: 30,
+                per_second: 1.0,
+            },
+            max_token_lifetime: tokens::MAX_LIFETIME,
+            quotas: Quotas::default(),
+            pending_domain_ttl: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -104,7 +154,12 @@ struct Shared {
     tcp_port_range: RangeInclusive<u16>,
     dns: DnsVerifier,
     limiter: RateLimiter,
-    revoked: broadcast::Sender<crate::edge::authority::TokenId>,
+    /// Failed API-key authentications per client address.
+    auth_failures: RateLimiter,
+    max_token_lifetime: Duration,
+    quotas: Quotas,
+    pending_domain_ttl: Duration,
+    revoked: broadcast::Sender<Revocation>,
     /// Expired tokens already announced on `revoked` (expiry is final:
     /// renewal of an expired token is refused).
     announced_expired: Mutex<HashSet<String>>,
@@ -116,34 +171,34 @@ impl ControlPlane {
     ///
     /// Inside a tokio runtime it also starts the expiry watcher, which
     /// announces tokens that expire unrenewed on the revocation channel (so
-    /// their sessions close) and purges tokens expired for a week; the task
+    /// their tunnels close), purges tokens expired for a week and releases
+    /// custom-domain claims not verified within the pending TTL; the task
     /// ends when the last clone of the control plane is dropped.
     pub fn open(config: ControlConfig) -> Result<Self> {
-        // One label is enough here: `localhost` and lab names are fine for
-        // the edge's own names (reserved names need two labels).
-        let edge_name = |flag: &str, value: &str| -> Result<String> {
-            let name = names::normalize_host(value);
-            let valid = name.parse::<std::net::IpAddr>().is_ok()
-                || (!name.is_empty()
-                    && name.len() <= 253
-                    && name.split('.').all(names::is_dns_label));
-            if valid {
-                Ok(name)
-            } else {
-                Err(ControlError::Config(format!(
-                    "{flag} {value:?} is neither a DNS name nor an IP address"
-                )))
-            }
-        };
-        let base_domain = edge_name("base domain", &config.base_domain)?;
-        let public_host = edge_name("public host", &config.public_host)?;
-        if config.tcp_port_range.is_empty() || *config.tcp_port_range.start() == 0 {
-            return Err(ControlError::Config(format!(
-                "TCP port range {:?} is empty or starts at 0",
-                config.tcp_port_range
-            )));
-        }
+        let names = validate(&config)?;
         let store = Store::open(&config.data_dir)?;
+        Ok(Self::with_store(config, names, store))
+    }
+
+    /// A control plane on a store of another backend (tests: a slow disk).
+    #[cfg(test)]
+    pub(crate) fn open_with_backend(
+        config: ControlConfig,
+        backend: impl redb::StorageBackend,
+    ) -> Result<Self> {
+        let names = validate(&config)?;
+        Ok(Self::with_store(
+            config,
+            names,
+            Store::open_with_backend(backend)?,
+        ))
+    }
+
+    fn with_store(
+        config: ControlConfig,
+        (base_domain, public_host): (String, String),
+        store: Store,
+    ) -> Self {
         let (revoked, _) = broadcast::channel(1024);
         let plane = Self {
             shared: Arc::new(Shared {
@@ -153,6 +208,10 @@ impl ControlPlane {
                 tcp_port_range: config.tcp_port_range,
                 dns: DnsVerifier::new(config.dns_nameservers),
                 limiter: RateLimiter::new(config.rate_limit),
+                auth_failures: RateLimiter::new(config.auth_failures),
+                max_token_lifetime: config.max_token_lifetime,
+                quotas: config.quotas,
+                pending_domain_ttl: config.pending_domain_ttl,
                 revoked,
                 announced_expired: Mutex::new(HashSet::new()),
             }),
@@ -160,7 +219,7 @@ impl ControlPlane {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(expiry_watcher(Arc::downgrade(&plane.shared)));
         }
-        Ok(plane)
+        plane
     }
 
     /// The REST API (`docs/tuna-api.md`), ready to serve.
@@ -186,6 +245,39 @@ impl ControlPlane {
     fn store(&self) -> &Store {
         &self.shared.store
     }
+
+    /// Tells the edge's sessions what must close. No receiver only means no
+    /// session is open.
+    fn announce(&self, revocation: Revocation) {
+        let _ = self.shared.revoked.send(revocation);
+    }
+}
+
+/// Checks the configuration; the normalised base domain and public host.
+fn validate(config: &ControlConfig) -> Result<(String, String)> {
+    // One label is enough here: `localhost` and lab names are fine for
+    // the edge's own names (reserved names need two labels).
+    let edge_name = |flag: &str, value: &str| -> Result<String> {
+        let name = names::normalize_host(value);
+        let valid = name.parse::<std::net::IpAddr>().is_ok()
+            || (!name.is_empty() && name.len() <= 253 && name.split('.').all(names::is_dns_label));
+        if valid {
+            Ok(name)
+        } else {
+            Err(ControlError::Config(format!(
+                "{flag} {value:?} is neither a DNS name nor an IP address"
+            )))
+        }
+    };
+    let base_domain = edge_name("base domain", &config.base_domain)?;
+    let public_host = edge_name("public host", &config.public_host)?;
+    if config.tcp_port_range.is_empty() || *config.tcp_port_range.start() == 0 {
+        return Err(ControlError::Config(format!(
+            "TCP port range {:?} is empty or starts at 0",
+            config.tcp_port_range
+        )));
+    }
+    Ok((base_domain, public_host))
 }
 
 async fn expiry_watcher(shared: Weak<Shared>) {
@@ -213,22 +305,39 @@ async fn expiry_watcher(shared: Weak<Shared>) {
                 .unwrap_or_else(|p| p.into_inner());
             for id in &expired {
                 if announced.insert(id.clone()) {
-                    let _ = shared
-                        .revoked
-                        .send(crate::edge::authority::TokenId(id.clone()));
+                    let _ = shared.revoked.send(Revocation::Token(TokenId(id.clone())));
                 }
             }
         }
-        let purge = shared.store.commit(|state| {
-            let writes = state
-                .tokens
-                .values()
-                .filter(|t| t.expires_at + PURGE_AFTER_SECS <= now)
-                .map(|t| store::Write::DeleteToken(t.id.clone()))
-                .collect();
-            Ok(((), writes))
-        });
-        if let Err(e) = purge {
+        let stale = move |t: &store::TokenRecord| t.expires_at + PURGE_AFTER_SECS <= now;
+        let claim_ttl = i64::try_from(shared.pending_domain_ttl.as_secs()).unwrap_or(i64::MAX);
+        let lapsed = move |c: &store::DomainRecord| c.created_at.saturating_add(claim_ttl) <= now;
+        {
+            let state = shared.store.read();
+            if !state.tokens.values().any(stale) && !state.claims.values().any(lapsed) {
+                continue;
+            }
+        }
+        // The commit syncs the store file: off the async runtime.
+        let purging = Arc::clone(&shared);
+        let purge = tokio::task::spawn_blocking(move || {
+            purging.store.commit(|state| {
+                let tokens = state
+                    .tokens
+                    .values()
+                    .filter(|t| stale(t))
+                    .map(|t| store::Write::DeleteToken(t.id.clone()));
+                // Unverified custom domains do not squat a name forever.
+                let claims = state
+                    .claims
+                    .values()
+                    .filter(|c| lapsed(c))
+                    .map(|c| store::Write::DeleteClaim(c.name.clone(), c.account.clone()));
+                Ok(((), tokens.chain(claims).collect()))
+            })
+        })
+        .await;
+        if let Ok(Err(e)) = purge {
             tracing::warn!(error = %e, "purging long-expired tunnel tokens failed");
         }
     }

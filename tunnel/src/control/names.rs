@@ -45,8 +45,9 @@ pub fn normalize_host(name: &str) -> String {
     name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase()
 }
 
-/// Checks a subdomain label and returns `<label>.<base>`.
-pub fn subdomain_host(label: &str, base_domain: &str) -> Result<String> {
+/// Checks a subdomain label and returns `<label>.<base>`; the edge's own
+/// public host is never a subdomain anyone may hold.
+pub fn subdomain_host(label: &str, base_domain: &str, public_host: &str) -> Result<String> {
     let label = label.to_ascii_lowercase();
     if label.contains('.') {
         return Err(ControlError::InvalidName(format!(
@@ -63,7 +64,13 @@ pub fn subdomain_host(label: &str, base_domain: &str) -> Result<String> {
             "subdomain {label:?} is reserved; choose another name"
         )));
     }
-    Ok(format!("{label}.{base_domain}"))
+    let host = format!("{label}.{base_domain}");
+    if host == public_host {
+        return Err(ControlError::InvalidName(format!(
+            "{host:?} is the edge's own public host name; choose another name"
+        )));
+    }
+    Ok(host)
 }
 
 /// Checks a fully qualified host name (RFC 1123): at most 253 characters, at
@@ -166,11 +173,14 @@ mod tests {
 
     #[test]
     fn subdomains() {
-        assert_eq!(subdomain_host("App", "tuna.test").unwrap(), "app.tuna.test");
-        for bad in ["www", "api", "edge", "a.b", "-x", "", "x_y"] {
+        assert_eq!(
+            subdomain_host("App", "tuna.test", "gate.tuna.test").unwrap(),
+            "app.tuna.test"
+        );
+        for bad in ["www", "api", "edge", "a.b", "-x", "", "x_y", "gate"] {
             assert!(
                 matches!(
-                    subdomain_host(bad, "tuna.test"),
+                    subdomain_host(bad, "tuna.test", "gate.tuna.test"),
                     Err(ControlError::InvalidName(_))
                 ),
                 "{bad:?}"

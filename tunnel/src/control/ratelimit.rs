@@ -58,12 +58,35 @@ impl RateLimiter {
 
     /// Takes one request from `key`'s bucket; `Err(wait)` when it is empty.
     pub fn check(&self, key: &str) -> Result<(), Duration> {
-        self.check_at(key, Instant::now())
+        self.take_at(key, Instant::now(), true)
     }
 
+    /// Whether `key`'s bucket holds a token, without taking it (`Err(wait)`
+    /// when empty): for budgets spent only by failures.
+    pub fn peek(&self, key: &str) -> Result<(), Duration> {
+        self.take_at(key, Instant::now(), false)
+    }
+
+    #[cfg(test)]
     fn check_at(&self, key: &str, now: Instant) -> Result<(), Duration> {
+        self.take_at(key, now, true)
+    }
+
+    fn take_at(&self, key: &str, now: Instant, take: bool) -> Result<(), Duration> {
         let burst = f64::from(self.limit.burst);
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
+            // Keys are client addresses too: forget the buckets that have
+            // refilled (they hold no information), so the map stays bounded.
+            let per_second = self.limit.per_second;
+            buckets.retain(|_, b| {
+                let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
+                b.tokens + elapsed * per_second < burst
+            });
+            if buckets.len() >= MAX_BUCKETS {
+                buckets.clear();
+            }
+        }
         let bucket = buckets.entry(key.to_owned()).or_insert(Bucket {
             tokens: burst,
             last: now,
@@ -72,7 +95,9 @@ impl RateLimiter {
         bucket.tokens = (bucket.tokens + elapsed * self.limit.per_second).min(burst);
         bucket.last = now;
         if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
+            if take {
+                bucket.tokens -= 1.0;
+            }
             Ok(())
         } else {
             let wait = (1.0 - bucket.tokens) / self.limit.per_second;
@@ -80,6 +105,9 @@ impl RateLimiter {
         }
     }
 }
+
+/// Most buckets kept before refilled ones are forgotten.
+const MAX_BUCKETS: usize = 100_000;
 
 #[cfg(test)]
 mod tests {

@@ -1,11 +1,24 @@
-//! Serving an axum `Router` over TLS (HTTP/1.1 and HTTP/2 by ALPN).
+//! Serving an axum `Router` over TLS (HTTP/1.1 and HTTP/2 by ALPN), and one
+//! connection of it ([`serve_connection`], also what the edge's API
+//! listener uses).
+//!
+//! Connections are served by the protocol ALPN chose, not by sniffing the
+//! first bytes: a sniffing server waits for those bytes before any HTTP
+//! timer exists, so a client that finishes TLS and then says nothing held its
+//! connection forever. HTTP/1.1 connections get a header timer (a request's
+//! headers must arrive within it, and an idle keep-alive connection closes
+//! after it); HTTP/2 connections are pinged at that interval and closed when
+//! a ping goes unanswered.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hyper::body::Incoming;
+use hyper::service::Service as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
@@ -14,7 +27,13 @@ use tokio_util::sync::CancellationToken;
 /// A client that has not finished the TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client that has not sent a request's headers by then is dropped.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Concurrent requests on one HTTP/2 connection.
+const MAX_H2_STREAMS: u32 = 64;
+
+/// The address a request came from, in every request's extensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
 
 /// Serves `router` on `listener` over TLS until `shutdown` is cancelled.
 ///
@@ -29,7 +48,6 @@ pub async fn serve_https(
     shutdown: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(tls);
-    let service = TowerToHyperService::new(router);
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -48,32 +66,75 @@ pub async fn serve_https(
             }
         };
         let acceptor = acceptor.clone();
-        let service = service.clone();
-        connections.spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "REST API TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "REST API TLS handshake timed out");
-                    return;
-                }
-            };
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            // A timer bounds how long a client may take to send its headers.
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
-            if let Err(e) = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%peer, error = %e, "REST API connection ended with an error");
-            }
-        });
+        let router = router.clone();
+        connections.spawn(serve_tls_connection(
+            tcp,
+            peer,
+            acceptor,
+            router,
+            HEADER_READ_TIMEOUT,
+        ));
     }
     connections.shutdown().await;
+}
+
+/// The TLS handshake (bounded), then [`serve_connection`] by the ALPN chosen.
+pub async fn serve_tls_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    router: axum::Router,
+    header_timeout: Duration,
+) {
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "REST API TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "REST API TLS handshake timed out");
+            return;
+        }
+    };
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    serve_connection(stream, h2, peer, router, header_timeout).await;
+}
+
+/// Serves one connection of `router`: HTTP/2 if `h2` (ALPN said so), else
+/// HTTP/1.1, with the timers described in the module docs. Every request
+/// carries [`ClientAddr`] of `peer`.
+pub async fn serve_connection<I>(
+    io: I,
+    h2: bool,
+    peer: SocketAddr,
+    router: axum::Router,
+    header_timeout: Duration,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let inner = TowerToHyperService::new(router);
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+        request.extensions_mut().insert(ClientAddr(peer));
+        inner.call(request)
+    });
+    let io = TokioIo::new(io);
+    let result = if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(header_timeout))
+            .keep_alive_timeout(header_timeout)
+            .max_concurrent_streams(MAX_H2_STREAMS)
+            .serve_connection(io, service)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(io, service)
+            .await
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "REST API connection ended with an error");
+    }
 }

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{ControlError, Result};
+use super::serve::ClientAddr;
 use super::{Caller, ControlPlane};
 use crate::api::{
     ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
@@ -86,9 +87,26 @@ async fn authenticate(
         })
         .map(str::trim)
         .unwrap_or_default();
+    // Failed authentications are budgeted per client address; once the
+    // budget is spent the address is refused before its key is looked at.
+    let client = request
+        .extensions()
+        .get::<ClientAddr>()
+        .map(|a| a.0.ip().to_string());
+    if let Some(client) = &client
+        && let Err(retry_after) = plane.shared.auth_failures.peek(client)
+    {
+        tracing::debug!(%client, "REST API authentication rate limited");
+        return ControlError::RateLimited { retry_after }.into_response();
+    }
     let caller = match plane.authenticate_key(presented) {
         Ok(caller) => caller,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            if let Some(client) = &client {
+                let _ = plane.shared.auth_failures.check(client);
+            }
+            return e.into_response();
+        }
     };
     if let Err(retry_after) = plane.shared.limiter.check(&caller.key_id) {
         tracing::debug!(key_id = %caller.key_id, "REST API request rate limited");
@@ -104,6 +122,17 @@ async fn healthz() -> &'static str {
 
 async fn not_found() -> ControlError {
     ControlError::NotFound("no such endpoint; see docs/tuna-api.md".into())
+}
+
+/// Runs an operation that writes the store off the async runtime: a redb
+/// commit syncs the file, which would stall every task of the thread.
+async fn blocking<T: Send + 'static>(
+    plane: ControlPlane,
+    op: impl FnOnce(&ControlPlane) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(move || op(&plane))
+        .await
+        .map_err(|e| ControlError::Internal(format!("a store operation did not finish: {e}")))?
 }
 
 /// Decodes a JSON body whatever its content type; an empty body is `T::default()`
@@ -138,10 +167,8 @@ async fn create_domain(
     bytes: Bytes,
 ) -> Result<(StatusCode, Json<Domain>)> {
     let request: CreateDomain = body(&bytes)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(plane.create_domain(&caller, &request)?),
-    ))
+    let created = blocking(plane, move |p| p.create_domain(&caller, &request)).await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 async fn list_domains(
@@ -166,7 +193,7 @@ async fn delete_domain(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<StatusCode> {
-    plane.delete_domain(&caller, &name)?;
+    blocking(plane, move |p| p.delete_domain(&caller, &name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -184,10 +211,8 @@ async fn create_tcp_endpoint(
     bytes: Bytes,
 ) -> Result<(StatusCode, Json<TcpEndpoint>)> {
     let request: CreateTcpEndpoint = body(&bytes)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(plane.create_tcp_endpoint(&caller, &request)?),
-    ))
+    let created = blocking(plane, move |p| p.create_tcp_endpoint(&caller, &request)).await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 async fn list_tcp_endpoints(
@@ -212,7 +237,10 @@ async fn delete_tcp_endpoint(
     Extension(caller): Extension<Caller>,
     Path(alias_or_port): Path<String>,
 ) -> Result<StatusCode> {
-    plane.delete_tcp_endpoint(&caller, &alias_or_port)?;
+    blocking(plane, move |p| {
+        p.delete_tcp_endpoint(&caller, &alias_or_port)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -222,10 +250,8 @@ async fn create_token(
     bytes: Bytes,
 ) -> Result<(StatusCode, Json<CreatedToken>)> {
     let request: CreateToken = body(&bytes)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(plane.create_token(&caller, &request)?),
-    ))
+    let created = blocking(plane, move |p| p.create_token(&caller, &request)).await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -258,7 +284,7 @@ async fn revoke_token(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
-    plane.revoke_token(&caller, &id)?;
+    blocking(plane, move |p| p.revoke_token(&caller, &id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -269,7 +295,8 @@ async fn renew_token(
     bytes: Bytes,
 ) -> Result<Json<Token>> {
     let request: RenewToken = body(&bytes)?;
-    Ok(Json(plane.renew_token(&caller, &id, &request)?))
+    let renewed = blocking(plane, move |p| p.renew_token(&caller, &id, &request)).await?;
+    Ok(Json(renewed))
 }
 
 async fn create_key(
@@ -278,10 +305,8 @@ async fn create_key(
     bytes: Bytes,
 ) -> Result<(StatusCode, Json<CreatedApiKey>)> {
     let request: CreateApiKey = body(&bytes)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(plane.create_key_for(&caller, &request)?),
-    ))
+    let created = blocking(plane, move |p| p.create_key_for(&caller, &request)).await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 async fn list_keys(
@@ -298,6 +323,97 @@ async fn revoke_key(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
-    plane.revoke_key_for(&caller, &id)?;
+    blocking(plane, move |p| p.revoke_key_for(&caller, &id)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::control::{ControlConfig, serve_connection};
+
+    /// An in-memory store whose every sync takes 300 ms, like a slow disk.
+    #[derive(Debug, Default)]
+    struct SlowDisk(redb::backends::InMemoryBackend);
+
+    impl redb::StorageBackend for SlowDisk {
+        fn len(&self) -> std::io::Result<u64> {
+            self.0.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.0.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.0.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            std::thread::sleep(Duration::from_millis(300));
+            self.0.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.0.write(offset, data)
+        }
+    }
+
+    #[test]
+    fn store_commits_do_not_stall_the_runtime() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let config = ControlConfig::new("/nonexistent", "tuna.test", "edge.tuna.test");
+            let plane = ControlPlane::open_with_backend(config, SlowDisk::default()).unwrap();
+            let (_, key) = plane
+                .create_key("default", None, vec![crate::api::Scope::Full])
+                .unwrap();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let router = plane.router();
+            tokio::spawn(async move {
+                while let Ok((tcp, peer)) = listener.accept().await {
+                    let router = router.clone();
+                    tokio::spawn(serve_connection(
+                        tcp,
+                        false,
+                        peer,
+                        router,
+                        Duration::from_secs(30),
+                    ));
+                }
+            });
+            // The runtime's heartbeat: the longest gap between 5 ms ticks.
+            let worst = Arc::new(AtomicU64::new(0));
+            let seen = Arc::clone(&worst);
+            tokio::spawn(async move {
+                loop {
+                    let before = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let gap = before.elapsed().as_millis() as u64;
+                    seen.fetch_max(gap, Ordering::Relaxed);
+                }
+            });
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            for label in ["a", "b"] {
+                let resp = client
+                    .post(format!("http://{addr}/v1/domains"))
+                    .bearer_auth(key.expose())
+                    .json(&serde_json::json!({ "subdomain": label }))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), StatusCode::CREATED);
+            }
+            let worst = worst.load(Ordering::Relaxed);
+            assert!(
+                worst < 150,
+                "a store commit stalled the runtime for {worst} ms"
+            );
+        });
+    }
 }

@@ -29,6 +29,9 @@ const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_keys");
 const DOMAINS: TableDefinition<&str, &[u8]> = TableDefinition::new("domains");
 const TCP_ENDPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("tcp_endpoints");
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tunnel_tokens");
+/// Pending custom domains, keyed `"<name> <account>"`: several accounts may
+/// claim one name until one of them verifies it.
+const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("domain_claims");
 
 /// File name of the store inside the data dir.
 pub const STORE_FILE: &str = "control.redb";
@@ -104,12 +107,16 @@ pub struct TokenRecord {
     pub account: String,
     /// Owner labels.
     pub labels: BTreeMap<String, String>,
-    /// What its sessions may bind.
+    /// What its tunnels may bind.
     pub bindings: Bindings,
     /// Unix seconds.
     pub created_at: i64,
     /// Unix seconds.
     pub expires_at: i64,
+    /// The API key that minted it: revoking the key revokes the token.
+    /// (Absent in records written before it was kept.)
+    #[serde(default)]
+    pub minted_by: Option<String>,
 }
 
 /// Everything the store holds, as it is in memory.
@@ -117,8 +124,10 @@ pub struct TokenRecord {
 pub struct State {
     /// By key id.
     pub keys: BTreeMap<String, KeyRecord>,
-    /// By host name.
+    /// Reserved host names by name: subdomains and verified custom domains.
     pub domains: BTreeMap<String, DomainRecord>,
+    /// Pending custom domains by (name, account).
+    pub claims: BTreeMap<(String, String), DomainRecord>,
     /// By alias.
     pub tcp: BTreeMap<String, TcpRecord>,
     /// By token id.
@@ -143,6 +152,10 @@ pub enum Write {
     PutDomain(DomainRecord),
     /// Remove a domain by name.
     DeleteDomain(String),
+    /// Insert or replace a pending custom domain (name and account from the record).
+    PutClaim(DomainRecord),
+    /// Remove a pending custom domain: (name, account).
+    DeleteClaim(String, String),
     /// Insert or replace a TCP endpoint.
     PutTcp(TcpRecord),
     /// Remove a TCP endpoint by alias.
@@ -184,11 +197,25 @@ impl Store {
             }
             other => ControlError::storage(&path, "opening")(other.into()),
         })?;
+        Self::with_database(path, db)
+    }
+
+    /// A store on another storage backend (tests: a slow disk).
+    #[cfg(test)]
+    pub(crate) fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Self> {
+        let path = PathBuf::from("<backend>");
+        let db = Database::builder()
+            .create_with_backend(backend)
+            .map_err(|e| ControlError::storage(&path, "opening")(e.into()))?;
+        Self::with_database(path, db)
+    }
+
+    fn with_database(path: PathBuf, db: Database) -> Result<Self> {
         // Create the tables so that first reads find them.
         let txn = db
             .begin_write()
             .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
-        for table in [KEYS, DOMAINS, TCP_ENDPOINTS, TOKENS] {
+        for table in [KEYS, DOMAINS, TCP_ENDPOINTS, TOKENS, CLAIMS] {
             txn.open_table(table)
                 .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
         }
@@ -213,14 +240,35 @@ impl Store {
             tokens: load(&path, &read, TOKENS, "tunnel_tokens", |r: &TokenRecord| {
                 r.id.clone()
             })?,
+            claims: load(&path, &read, CLAIMS, "domain_claims", claim_key)?
+                .into_values()
+                .map(|r| ((r.name.clone(), r.account.clone()), r))
+                .collect(),
         };
         drop(read);
-        Ok(Self {
+        let store = Self {
             path,
             db,
             state: RwLock::new(state),
             writer: Mutex::new(()),
-        })
+        };
+        // Stores written before claims existed kept pending custom domains
+        // among the reservations: move them.
+        store.commit(|state| {
+            let writes = state
+                .domains
+                .values()
+                .filter(|d| d.kind == DomainKind::Custom && d.verified_at.is_none())
+                .flat_map(|d| {
+                    [
+                        Write::DeleteDomain(d.name.clone()),
+                        Write::PutClaim(d.clone()),
+                    ]
+                })
+                .collect();
+            Ok(((), writes))
+        })?;
+        Ok(store)
     }
 
     /// A read-only look at the current state (hold it briefly).
@@ -252,6 +300,7 @@ impl Store {
             let mut domains = txn.open_table(DOMAINS).map_err(|e| fail(e.into()))?;
             let mut tcp = txn.open_table(TCP_ENDPOINTS).map_err(|e| fail(e.into()))?;
             let mut tokens = txn.open_table(TOKENS).map_err(|e| fail(e.into()))?;
+            let mut claims = txn.open_table(CLAIMS).map_err(|e| fail(e.into()))?;
             for write in &writes {
                 let result = match write {
                     Write::PutKey(r) => keys.insert(r.id.as_str(), json(r).as_slice()).map(drop),
@@ -260,6 +309,12 @@ impl Store {
                         .insert(r.name.as_str(), json(r).as_slice())
                         .map(drop),
                     Write::DeleteDomain(name) => domains.remove(name.as_str()).map(drop),
+                    Write::PutClaim(r) => claims
+                        .insert(claim_key(r).as_str(), json(r).as_slice())
+                        .map(drop),
+                    Write::DeleteClaim(name, account) => claims
+                        .remove(format!("{name} {account}").as_str())
+                        .map(drop),
                     Write::PutTcp(r) => tcp.insert(r.alias.as_str(), json(r).as_slice()).map(drop),
                     Write::DeleteTcp(alias) => tcp.remove(alias.as_str()).map(drop),
                     Write::PutToken(r) => {
@@ -287,6 +342,12 @@ impl Store {
                 Write::DeleteDomain(name) => {
                     state.domains.remove(&name);
                 }
+                Write::PutClaim(r) => {
+                    state.claims.insert((r.name.clone(), r.account.clone()), r);
+                }
+                Write::DeleteClaim(name, account) => {
+                    state.claims.remove(&(name, account));
+                }
                 Write::PutTcp(r) => {
                     state.tcp.insert(r.alias.clone(), r);
                 }
@@ -303,6 +364,11 @@ impl Store {
         }
         Ok(answer)
     }
+}
+
+/// The table key of a pending custom domain (names and accounts hold no spaces).
+fn claim_key(record: &DomainRecord) -> String {
+    format!("{} {}", record.name, record.account)
 }
 
 fn json(value: &impl Serialize) -> Vec<u8> {

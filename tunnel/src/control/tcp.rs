@@ -4,6 +4,8 @@ use super::error::{ControlError, Result};
 use super::store::{State, TcpRecord, Write};
 use super::{Caller, ControlPlane, names};
 use crate::api::{CreateTcpEndpoint, Scope, TcpEndpoint, Timestamp};
+use crate::edge::authority::Revocation;
+use crate::wire::BoundTarget;
 
 impl ControlPlane {
     pub(crate) fn tcp_view(&self, record: &TcpRecord) -> TcpEndpoint {
@@ -52,6 +54,17 @@ impl ControlPlane {
                     &format!("the TCP endpoint alias {alias:?}"),
                 ));
             }
+            let held = state
+                .tcp
+                .values()
+                .filter(|t| t.account == caller.account)
+                .count();
+            super::domains::check_quota(
+                held,
+                self.shared.quotas.tcp_endpoints,
+                "TCP endpoints",
+                "--quota-tcp-endpoints",
+            )?;
             let port = match request.port {
                 Some(port) => {
                     if let Some(holder) = state.tcp_by_port(port) {
@@ -134,7 +147,9 @@ impl ControlPlane {
         Ok(self.tcp_view(&self.own_tcp(caller, alias_or_port)?))
     }
 
-    /// Releases one of the caller's TCP endpoints.
+    /// Releases one of the caller's TCP endpoints; tunnels serving its port
+    /// are closed at once (the port goes to the next allocation, maybe
+    /// another account's).
     pub fn delete_tcp_endpoint(&self, caller: &Caller, alias_or_port: &str) -> Result<()> {
         caller.require_any(&[Scope::TunnelsWrite])?;
         let record = self.own_tcp(caller, alias_or_port)?;
@@ -145,6 +160,8 @@ impl ControlPlane {
                 Vec::new()
             };
             Ok(((), writes))
-        })
+        })?;
+        self.announce(Revocation::Target(BoundTarget::Tcp { port: record.port }));
+        Ok(())
     }
 }

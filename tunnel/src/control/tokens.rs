@@ -10,12 +10,14 @@ use super::{Caller, ControlPlane, names};
 use crate::api::{
     Bindings, CreateToken, CreatedToken, RenewToken, Scope, Timestamp, Token, TokenInfo,
 };
-use crate::edge::authority::TokenId;
+use crate::edge::authority::{Revocation, TokenId};
 
 /// Lifetime of a token when the request names none: one day.
 pub const DEFAULT_TTL_SECONDS: u64 = 24 * 3600;
 /// Longest lifetime a token may get at once: 30 days.
 pub const MAX_TTL_SECONDS: u64 = 30 * 24 * 3600;
+/// Longest total lifetime of a token, renewals included, by default: 90 days.
+pub const MAX_LIFETIME: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
 
 /// Scopes that may manage tokens: writers, and connect-only keys (an agent
 /// given a `tunnels:connect` key mints its own per-tunnel tokens).
@@ -121,7 +123,7 @@ impl ControlPlane {
             names::label(k, v)?;
         }
         let bindings = normalize_bindings(&request.bindings)?;
-        let ttl = ttl(request.ttl_seconds)?;
+        let ttl = ttl(request.ttl_seconds)?.min(self.shared.max_token_lifetime.as_secs());
         let now = Timestamp::now();
         let minted = secrets::mint(TUNNEL_TOKEN_PREFIX);
         let record = TokenRecord {
@@ -132,6 +134,7 @@ impl ControlPlane {
             bindings,
             created_at: now.unix_seconds(),
             expires_at: now.plus_seconds(ttl).unix_seconds(),
+            minted_by: Some(caller.key_id.clone()),
         };
         let created = CreatedToken {
             id: record.id.clone(),
@@ -139,8 +142,21 @@ impl ControlPlane {
             expires_at: Timestamp(record.expires_at),
             info: info(&record),
         };
-        self.store()
-            .commit(|_| Ok(((), vec![Write::PutToken(record)])))?;
+        let live = now.unix_seconds();
+        self.store().commit(|state| {
+            let held = state
+                .tokens
+                .values()
+                .filter(|t| t.account == caller.account && t.expires_at > live)
+                .count();
+            super::domains::check_quota(
+                held,
+                self.shared.quotas.tokens,
+                "live tunnel tokens",
+                "--quota-tokens",
+            )?;
+            Ok(((), vec![Write::PutToken(record)]))
+        })?;
         Ok(created)
     }
 
@@ -193,15 +209,16 @@ impl ControlPlane {
             };
             Ok(((), writes))
         })?;
-        // No receiver only means no session is open.
-        let _ = self.shared.revoked.send(TokenId(record.id));
+        self.announce(Revocation::Token(TokenId(record.id)));
         Ok(())
     }
 
-    /// Extends a live token to `now + ttl`; an expired token stays expired.
+    /// Extends a live token to `now + ttl`, but never past its creation plus
+    /// the maximum lifetime; an expired token stays expired.
     pub fn renew_token(&self, caller: &Caller, id: &str, request: &RenewToken) -> Result<Token> {
         caller.require_any(TOKEN_SCOPES)?;
         let ttl = ttl(request.ttl_seconds)?;
+        let lifetime = i64::try_from(self.shared.max_token_lifetime.as_secs()).unwrap_or(i64::MAX);
         let now = Timestamp::now();
         self.store().commit(|state| {
             let record = state
@@ -217,8 +234,15 @@ impl ControlPlane {
                     Timestamp(record.expires_at)
                 )));
             }
+            let end_of_life = record.created_at.saturating_add(lifetime);
+            if end_of_life <= now.unix_seconds() {
+                return Err(ControlError::TokenExpired(format!(
+                    "tunnel token {id:?} reached its maximum lifetime at {}; create a new token",
+                    Timestamp(end_of_life)
+                )));
+            }
             let mut renewed = record.clone();
-            renewed.expires_at = now.plus_seconds(ttl).unix_seconds();
+            renewed.expires_at = now.plus_seconds(ttl).unix_seconds().min(end_of_life);
             Ok((
                 token_view(&renewed, now.unix_seconds()),
                 vec![Write::PutToken(renewed)],

@@ -1,32 +1,39 @@
 //! The seam between the edge's data plane (agent acceptor, public listeners)
 //! and its control plane (keys, reservations, tunnel tokens).
 //!
-//! # For the control plane (edgeapi): the shape to implement
+//! # The shape to implement
 //!
 //! ```text
 //! pub trait SessionAuthority: Send + Sync + 'static {
 //!     fn authenticate<'a>(&'a self, token: &'a TunnelToken) -> BoxFuture<'a, Result<Grant, Rejection>>;
 //!     fn check_binding<'a>(&'a self, grant: &'a Grant, binding: &'a Binding) -> BoxFuture<'a, Result<BoundTarget, Rejection>>;
-//!     fn revocations(&self) -> broadcast::Receiver<TokenId>;
+//!     fn refresh<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<Grant, Rejection>>;
+//!     fn revocations(&self) -> broadcast::Receiver<Revocation>;
 //! }
 //! ```
 //!
-//! * `authenticate` runs once per agent handshake. Return
-//!   `Rejection::new(ErrorCode::BadToken, ..)` for an unknown or revoked token and
-//!   `ErrorCode::TokenExpired` for an expired one; the edge also refuses a
-//!   [`Grant`] whose `expires_at` is in the past. Compare token hashes in
-//!   constant time; never log the token ([`TunnelToken`]'s `Debug` is masked).
-//! * `check_binding` runs for every binding an agent declares, at handshake and
-//!   for each live `UpdateBindings` control message. Return the concrete
-//!   public target: for `Binding::Http` the normalised host, for
-//!   `Binding::Tcp { endpoint }` (an alias or a port number as text) the
-//!   allocated TCP port. Refuse with `ErrorCode::BindingNotAllowed` when the
-//!   token/account may not serve it.
-//! * `revocations` hands out a receiver; send a [`TokenId`] on it when a token
-//!   is revoked (or expires unrenewed, if you enforce that): every session
-//!   authenticated with that token is closed at once (well within the 1 s the
-//!   contract promises). A lagged receiver makes the edge re-check nothing,
-//!   so keep the channel roomy (e.g. 1024).
+//! * `authenticate` runs for every tunnel an agent attaches (in its hello or
+//!   later). Return `Rejection::new(ErrorCode::BadToken, ..)` for an unknown
+//!   or revoked token and `ErrorCode::TokenExpired` for an expired one; the
+//!   edge also refuses a [`Grant`] whose `expires_at` is in the past. Compare
+//!   token hashes in constant time; never log the token ([`TunnelToken`]'s
+//!   `Debug` is masked).
+//! * `check_binding` runs for every binding a tunnel declares, at attach and
+//!   for each live `UpdateBindings`, and again periodically: return the
+//!   concrete public target (for `Binding::Http` the normalised host, for
+//!   `Binding::Tcp { endpoint }` the TCP port); refuse with
+//!   `ErrorCode::BindingNotAllowed` when the grant's token or account may
+//!   not serve it.
+//! * `refresh` re-validates a grant: every heartbeat interval for every open
+//!   tunnel, and at once after missed revocation events. Return the current
+//!   grant (a renewal moves `expires_at`) or why it no longer holds
+//!   (`TokenRevoked`, `TokenExpired`).
+//! * `revocations` hands out a receiver of [`Revocation`]s: a token (or API
+//!   key) revoked or expired unrenewed closes the tunnels attached with it; a
+//!   released target (deleted domain or TCP endpoint) closes the tunnels
+//!   serving it — at once, well within the 1 s the contract promises. A
+//!   receiver that lags makes the edge re-check every tunnel with `refresh`
+//!   and `check_binding`, so nothing is lost, only later.
 //!
 //! The trait is object safe (`Arc<dyn SessionAuthority>`) and needs no
 //! `async-trait`: methods return boxed futures.
@@ -53,22 +60,34 @@ impl std::fmt::Display for TokenId {
     }
 }
 
-/// What a valid token entitles a session to.
+/// What a valid token entitles a tunnel to.
 #[derive(Debug, Clone)]
 pub struct Grant {
-    /// Which token authenticated the session (revocations match on it).
+    /// Which token authenticated the tunnel (revocations match on it).
     pub token_id: TokenId,
-    /// The account that owns the token; sessions of one account may replace
-    /// each other's bindings (an agent reconnecting before its old session timed out).
+    /// The account that owns the token.
     pub account: String,
-    /// After this instant the token no longer opens sessions.
+    /// After this instant the token no longer serves.
     pub expires_at: SystemTime,
+    /// Opened with an API key rather than a tunnel token: bounded by its
+    /// account's quota, not by the per-token tunnel limit.
+    pub api_key: bool,
     /// Bindings the token was created for; `check_binding` is the judge, this
     /// is informative (the in-memory authority uses it).
     pub allowed: Vec<Binding>,
 }
 
-/// Decides who may open a session and what it may bind. See the module docs.
+/// What must close now: tunnels of a revoked token, or tunnels serving a
+/// released target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revocation {
+    /// The token (or API key, `key:<id>`) was revoked or expired unrenewed.
+    Token(TokenId),
+    /// The domain or TCP endpoint behind this target was released.
+    Target(BoundTarget),
+}
+
+/// Decides who may open a tunnel and what it may bind. See the module docs.
 pub trait SessionAuthority: Send + Sync + 'static {
     /// Validates a tunnel token presented in a `Hello` frame.
     fn authenticate<'a>(
@@ -83,8 +102,11 @@ pub trait SessionAuthority: Send + Sync + 'static {
         binding: &'a Binding,
     ) -> BoxFuture<'a, Result<BoundTarget, Rejection>>;
 
-    /// Revoked token ids, as they happen.
-    fn revocations(&self) -> broadcast::Receiver<TokenId>;
+    /// Re-validates a grant: the current one, or why it no longer holds.
+    fn refresh<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<Grant, Rejection>>;
+
+    /// Revocations and releases, as they happen.
+    fn revocations(&self) -> broadcast::Receiver<Revocation>;
 }
 
 /// A token the in-memory authority knows.
@@ -103,7 +125,7 @@ pub struct MemoryAuthority {
 struct MemoryInner {
     tokens: RwLock<HashMap<String, MemoryToken>>,
     tcp_aliases: RwLock<HashMap<String, u16>>,
-    revoked: broadcast::Sender<TokenId>,
+    revoked: broadcast::Sender<Revocation>,
 }
 
 impl Default for MemoryAuthority {
@@ -139,6 +161,7 @@ impl MemoryAuthority {
             token_id: TokenId(token_id.to_owned()),
             account: account.to_owned(),
             expires_at,
+            api_key: false,
             allowed,
         };
         self.inner
@@ -165,7 +188,20 @@ impl MemoryAuthority {
             .expect("token map poisoned")
             .retain(|_, t| t.grant.token_id.0 != token_id);
         // No receiver simply means no session is listening yet.
-        let _ = self.inner.revoked.send(TokenId(token_id.to_owned()));
+        let _ = self
+            .inner
+            .revoked
+            .send(Revocation::Token(TokenId(token_id.to_owned())));
+    }
+
+    /// Forgets every token with this id without announcing it (as if the
+    /// announcement were lost): only a re-check finds out.
+    pub fn revoke_silently(&self, token_id: &str) {
+        self.inner
+            .tokens
+            .write()
+            .expect("token map poisoned")
+            .retain(|_, t| t.grant.token_id.0 != token_id);
     }
 
     fn resolve_port(&self, endpoint: &str) -> Option<u16> {
@@ -245,7 +281,23 @@ impl SessionAuthority for MemoryAuthority {
         })
     }
 
-    fn revocations(&self) -> broadcast::Receiver<TokenId> {
+    fn refresh<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<Grant, Rejection>> {
+        Box::pin(async move {
+            let tokens = self.inner.tokens.read().expect("token map poisoned");
+            let current = tokens
+                .values()
+                .find(|t| t.grant.token_id == grant.token_id)
+                .ok_or_else(|| {
+                    Rejection::new(
+                        ErrorCode::TokenRevoked,
+                        format!("tunnel token {} was revoked", grant.token_id),
+                    )
+                })?;
+            Ok(current.grant.clone())
+        })
+    }
+
+    fn revocations(&self) -> broadcast::Receiver<Revocation> {
         self.inner.revoked.subscribe()
     }
 }

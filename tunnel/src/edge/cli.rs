@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+use super::limits::EdgeLimits;
 use super::server::{EdgeConfig, EdgeServer};
 use crate::control::cli::KeysArgs;
-use crate::control::{ControlConfig, ControlPlane};
+use crate::control::{ControlConfig, ControlPlane, Quotas};
 use crate::tls;
 
 /// `edge`: serve (the default) or manage keys.
@@ -105,6 +106,40 @@ pub struct EdgeArgs {
     /// REST API requests one key may send per second, sustained.
     #[arg(long, default_value_t = 20.0, value_parser = parse_positive_rate)]
     pub api_rate_per_second: f64,
+    /// Tunnels one account may have open at once (the benchmark of 10 000
+    /// tunnels on one account fits the default).
+    #[arg(long, default_value_t = EdgeLimits::default().max_tunnels_per_account)]
+    pub max_tunnels_per_account: usize,
+    /// Agent connections carrying tunnels of one account at once.
+    #[arg(long, default_value_t = EdgeLimits::default().max_sessions_per_account)]
+    pub max_sessions_per_account: usize,
+    /// Tunnels one tunnel token may have open at once (API keys: the account's quota only).
+    #[arg(long, default_value_t = EdgeLimits::default().max_tunnels_per_token)]
+    pub max_tunnels_per_token: usize,
+    /// Unauthenticated agent connections at once, edge-wide.
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_handshakes)]
+    pub max_pending_handshakes: usize,
+    /// Domains one account may hold (subdomains and verified custom domains).
+    #[arg(long, default_value_t = Quotas::default().domains)]
+    pub quota_domains: usize,
+    /// Unverified custom domains one account may claim.
+    #[arg(long, default_value_t = Quotas::default().pending_domains)]
+    pub quota_pending_domains: usize,
+    /// TCP endpoints (ports) one account may hold.
+    #[arg(long, default_value_t = Quotas::default().tcp_endpoints)]
+    pub quota_tcp_endpoints: usize,
+    /// Live tunnel tokens one account may hold.
+    #[arg(long, default_value_t = Quotas::default().tokens)]
+    pub quota_tokens: usize,
+    /// API keys one account may create through the REST API.
+    #[arg(long, default_value_t = Quotas::default().keys)]
+    pub quota_keys: usize,
+    /// Longest total lifetime of a tunnel token, renewals included, in days.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_token_lifetime_days: u64,
+    /// Unverified custom domains are released after this many hours.
+    #[arg(long, default_value_t = 168, value_parser = clap::value_parser!(u64).range(1..))]
+    pub pending_domain_ttl_hours: u64,
     /// Once every listener is bound, write their addresses here as JSON
     /// (`{"agent": "127.0.0.1:7443", "http": …, "https": …, "api": …, "caFile": …}`),
     /// atomically: scripts and tests that bind port 0 read the real ports from it.
@@ -193,6 +228,15 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
         burst: args.api_rate_burst,
         per_second: args.api_rate_per_second,
     };
+    control_config.quotas = Quotas {
+        domains: args.quota_domains,
+        pending_domains: args.quota_pending_domains,
+        tcp_endpoints: args.quota_tcp_endpoints,
+        tokens: args.quota_tokens,
+        keys: args.quota_keys,
+    };
+    control_config.max_token_lifetime = Duration::from_secs(args.max_token_lifetime_days * 86_400);
+    control_config.pending_domain_ttl = Duration::from_secs(args.pending_domain_ttl_hours * 3600);
     let control = ControlPlane::open(control_config)?;
 
     let names = vec![
@@ -216,6 +260,13 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     config.tcp_bind_ip = args.tcp_bind;
     config.tcp_ports = args.tcp_port_range.clone();
     config.heartbeat = Duration::from_secs(args.heartbeat_secs.max(1));
+    config.limits = EdgeLimits {
+        max_tunnels_per_account: args.max_tunnels_per_account,
+        max_sessions_per_account: args.max_sessions_per_account,
+        max_tunnels_per_token: args.max_tunnels_per_token,
+        max_pending_handshakes: args.max_pending_handshakes,
+        ..EdgeLimits::default()
+    };
 
     let router = control.router();
     let edge = EdgeServer::start(config, Arc::new(control), Some(router)).await?;
@@ -326,6 +377,8 @@ mod tests {
             let args: Vec<&str> = base.iter().chain(extra).copied().collect();
             Top::try_parse_from(args)
         };
+        assert_eq!(top.edge.serve.max_tunnels_per_account, 20_000);
+        assert_eq!(top.edge.serve.quota_tcp_endpoints, 100);
         let top = with(&["--api-rate-burst", "5", "--api-rate-per-second", "0.5"]).unwrap();
         assert_eq!(top.edge.serve.api_rate_burst, 5);
         assert_eq!(top.edge.serve.api_rate_per_second, 0.5);

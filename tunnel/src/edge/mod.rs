@@ -5,6 +5,7 @@
 pub mod authority;
 pub mod cli;
 mod http1;
+pub mod limits;
 mod public;
 mod registry;
 mod relay;
@@ -12,5 +13,6 @@ pub mod server;
 mod session;
 mod tasks;
 
-pub use authority::{Grant, MemoryAuthority, SessionAuthority, TokenId};
+pub use authority::{Grant, MemoryAuthority, Revocation, SessionAuthority, TokenId};
+pub use limits::EdgeLimits;
 pub use server::{EdgeConfig, EdgeHandle, EdgeServer};

@@ -6,13 +6,17 @@
 //! moved from one tunnel to another; the authority has already checked that
 //! the claimant's token may serve it. The displaced tunnel's session is told
 //! ([`SessionEvent::Displaced`]) and closes that tunnel.
+//!
+//! The tables sit behind `parking_lot` locks, which cannot be poisoned: a
+//! panic somewhere while one is held does not stop routing for good.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +29,9 @@ use crate::wire::{
 
 /// Most host names remembered as "served before" (for 503 instead of 404).
 const MAX_OFFLINE_HOSTS: usize = 65_536;
+/// First and longest pause after a failed accept on a TCP endpoint.
+const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// Buffer size for each direction of a public TCP connection.
 pub(crate) const TCP_COPY_BUFFER: usize = 64 * 1024;
 
@@ -32,6 +39,8 @@ pub(crate) const TCP_COPY_BUFFER: usize = 64 * 1024;
 pub(crate) struct AgentSession {
     pub(crate) id: String,
     sender: h2::client::SendRequest<Bytes>,
+    /// How long opening a stream may wait for the agent to grant one.
+    open_timeout: std::time::Duration,
     /// Cancelled when the session ends; every tunnel's token is a child.
     pub(crate) closed: CancellationToken,
     /// What the registry tells the session's task (bindings taken away).
@@ -42,11 +51,13 @@ impl AgentSession {
     pub(crate) fn new(
         id: String,
         sender: h2::client::SendRequest<Bytes>,
+        open_timeout: std::time::Duration,
     ) -> (Arc<Self>, mpsc::UnboundedReceiver<SessionEvent>) {
         let (events, rx) = mpsc::unbounded_channel();
         let session = Arc::new(Self {
             id,
             sender,
+            open_timeout,
             closed: CancellationToken::new(),
             events,
         });
@@ -103,7 +114,15 @@ impl TunnelRoute {
                 meta.tunnel, self.tunnel
             )));
         }
-        mux::open_stream(&self.session.sender, meta, Arc::clone(&self.gate)).await
+        let opening = mux::open_stream(&self.session.sender, meta, Arc::clone(&self.gate));
+        tokio::time::timeout(self.session.open_timeout, opening)
+            .await
+            .map_err(|_| {
+                Error::Closed(format!(
+                    "the agent granted no stream within {:?}",
+                    self.session.open_timeout
+                ))
+            })?
     }
 
     /// Ends the tunnel's streams and tells public connections it is gone.
@@ -114,12 +133,7 @@ impl TunnelRoute {
 
     /// The targets the tunnel serves now.
     pub(crate) fn targets(&self) -> Vec<BoundTarget> {
-        self.bound
-            .lock()
-            .expect("bindings poisoned")
-            .keys()
-            .cloned()
-            .collect()
+        self.bound.lock().keys().cloned().collect()
     }
 }
 
@@ -143,6 +157,8 @@ pub(crate) struct Registry {
     me: Weak<Registry>,
     /// Number of open agent sessions (for health and for tests).
     pub(crate) sessions: tokio::sync::watch::Sender<usize>,
+    /// Failed accepts on TCP endpoint listeners (out of descriptors…).
+    pub(crate) accept_errors: std::sync::atomic::AtomicU64,
 }
 
 impl Registry {
@@ -171,6 +187,7 @@ impl Registry {
             tasks,
             me: me.clone(),
             sessions: tokio::sync::watch::Sender::new(0),
+            accept_errors: std::sync::atomic::AtomicU64::new(0),
         });
         for (port, listener) in listeners {
             registry.accept_loop(port, listener, registry.tasks.cancel.clone());
@@ -180,25 +197,17 @@ impl Registry {
 
     /// The tunnel serving `host` (lower case, no port).
     pub(crate) fn session_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>> {
-        self.hosts
-            .read()
-            .expect("host table poisoned")
-            .get(host)
-            .cloned()
+        self.hosts.read().get(host).cloned()
     }
 
     /// Whether a tunnel served `host` before and is gone now.
     pub(crate) fn host_went_offline(&self, host: &str) -> bool {
-        self.offline
-            .lock()
-            .expect("offline set poisoned")
-            .contains(host)
+        self.offline.lock().contains(host)
     }
 
     fn route_for_port(&self, port: u16) -> Option<(Arc<TunnelRoute>, String)> {
         self.ports
             .read()
-            .expect("port table poisoned")
             .get(&port)
             .map(|e| (Arc::clone(&e.route), e.endpoint.clone()))
     }
@@ -213,15 +222,8 @@ impl Registry {
     ) -> Result<(), Rejection> {
         let displaced = match target {
             BoundTarget::Http { host } => {
-                let previous = self
-                    .hosts
-                    .write()
-                    .expect("host table poisoned")
-                    .insert(host.clone(), Arc::clone(route));
-                self.offline
-                    .lock()
-                    .expect("offline set poisoned")
-                    .remove(host);
+                let previous = self.hosts.write().insert(host.clone(), Arc::clone(route));
+                self.offline.lock().remove(host);
                 previous.filter(|p| !Arc::ptr_eq(p, route))
             }
             BoundTarget::Tcp { port } => {
@@ -229,7 +231,7 @@ impl Registry {
                     Binding::Tcp { endpoint } => endpoint.clone(),
                     Binding::Http { .. } => port.to_string(),
                 };
-                let mut ports = self.ports.write().expect("port table poisoned");
+                let mut ports = self.ports.write();
                 if let Some(entry) = ports.get_mut(port) {
                     let previous = std::mem::replace(&mut entry.route, Arc::clone(route));
                     entry.endpoint = endpoint;
@@ -258,11 +260,7 @@ impl Registry {
                 }
             }
         };
-        route
-            .bound
-            .lock()
-            .expect("bindings poisoned")
-            .insert(target.clone(), binding.clone());
+        route.bound.lock().insert(target.clone(), binding.clone());
         if let Some(previous) = displaced {
             tracing::info!(
                 ?target,
@@ -272,11 +270,7 @@ impl Registry {
                 to_tunnel = %route.tunnel,
                 "binding moved to another tunnel"
             );
-            previous
-                .bound
-                .lock()
-                .expect("bindings poisoned")
-                .remove(target);
+            previous.bound.lock().remove(target);
             // The session may be gone already; then nobody needs telling.
             let _ = previous.session.events.send(SessionEvent::Displaced {
                 route: Arc::clone(&previous),
@@ -288,17 +282,13 @@ impl Registry {
 
     /// Stops serving `target` through `route` (no-op if another tunnel holds it).
     pub(crate) fn unbind(&self, route: &Arc<TunnelRoute>, target: &BoundTarget) {
-        route
-            .bound
-            .lock()
-            .expect("bindings poisoned")
-            .remove(target);
+        route.bound.lock().remove(target);
         match target {
             BoundTarget::Http { host } => {
-                let mut hosts = self.hosts.write().expect("host table poisoned");
+                let mut hosts = self.hosts.write();
                 if hosts.get(host).is_some_and(|r| Arc::ptr_eq(r, route)) {
                     hosts.remove(host);
-                    let mut offline = self.offline.lock().expect("offline set poisoned");
+                    let mut offline = self.offline.lock();
                     if offline.len() >= MAX_OFFLINE_HOSTS {
                         offline.clear();
                     }
@@ -306,7 +296,7 @@ impl Registry {
                 }
             }
             BoundTarget::Tcp { port } => {
-                let mut ports = self.ports.write().expect("port table poisoned");
+                let mut ports = self.ports.write();
                 if ports
                     .get(port)
                     .is_some_and(|e| Arc::ptr_eq(&e.route, route))
@@ -353,15 +343,31 @@ impl Registry {
         let guard = self.tasks.clone();
         tokio::spawn(async move {
             let _guard = guard;
+            let mut backoff = ACCEPT_BACKOFF_MIN;
             loop {
                 let accepted = tokio::select! {
                     _ = stop.cancelled() => return,
                     a = listener.accept() => a,
                 };
                 let (tcp, client_addr) = match accepted {
-                    Ok(a) => a,
+                    Ok(a) => {
+                        backoff = ACCEPT_BACKOFF_MIN;
+                        a
+                    }
                     Err(e) => {
-                        tracing::warn!(port, error = %e, "accept on TCP endpoint failed");
+                        // Out of descriptors (EMFILE) and the like: the
+                        // pending connection stays, so retrying at once spins.
+                        if let Some(registry) = registry.upgrade() {
+                            registry
+                                .accept_errors
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        tracing::warn!(port, error = %e, retry_in = ?backoff, "accept on TCP endpoint failed");
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
                         continue;
                     }
                 };
@@ -405,5 +411,88 @@ async fn forward_tcp(
                 tracing::debug!(port, error = %e, "TCP endpoint connection ended with an error");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Arc<Registry> {
+        let (guard, _set) = super::super::tasks::task_set();
+        Registry::new("127.0.0.1".parse().unwrap(), 1..=1, &[], guard).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_a_table_is_locked_does_not_stop_routing() {
+        let registry = registry();
+        let r = Arc::clone(&registry);
+        let panicked = std::thread::spawn(move || {
+            let _hosts = r.hosts.write();
+            let _offline = r.offline.lock();
+            panic!("a bug while holding the routing tables");
+        })
+        .join();
+        assert!(panicked.is_err());
+        // Lookups keep working after the panic.
+        assert!(registry.session_for_host("app.example").is_none());
+        assert!(!registry.host_went_offline("app.example"));
+    }
+
+    /// Counts the accept errors of `port`'s accept loop while a pending
+    /// connection cannot be accepted (no file descriptor left). Runs in a
+    /// child process whose descriptor limit the parent lowered.
+    #[test]
+    fn accept_errors_back_off_instead_of_spinning() {
+        if std::env::var_os("TUNA_EMFILE_CHILD").is_some() {
+            return emfile_child();
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -n 64 && exec \"$0\" --exact --nocapture edge::registry::tests::accept_errors_back_off_instead_of_spinning")
+            .arg(&exe)
+            .env("TUNA_EMFILE_CHILD", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("accept errors:"), "{stdout}");
+    }
+
+    fn emfile_child() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let listener = Arc::new(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+            let port = listener.local_addr().unwrap().port();
+            let (guard, _set) = super::super::tasks::task_set();
+            let registry =
+                Registry::new("127.0.0.1".parse().unwrap(), 1..=1, &[listener], guard).unwrap();
+            let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            // Use up every descriptor left.
+            let mut hoard = Vec::new();
+            while let Ok(f) = std::fs::File::open("/dev/null") {
+                hoard.push(f);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let errors = registry
+                .accept_errors
+                .load(std::sync::atomic::Ordering::Relaxed);
+            drop(hoard);
+            println!("accept errors: {errors}");
+            // Backing off from 10 ms doubling to 1 s: a handful in 500 ms;
+            // a spinning loop makes tens of thousands.
+            assert!(
+                errors < 50,
+                "the accept loop spun: {errors} errors in 500 ms"
+            );
+        });
     }
 }

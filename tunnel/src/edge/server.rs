@@ -11,9 +11,10 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::authority::SessionAuthority;
+use super::limits::EdgeLimits;
 use super::public;
 use super::registry::Registry;
-use super::session::{AgentContext, serve_agent};
+use super::session::{Admission, AgentContext, serve_agent};
 use super::tasks::{TaskGuard, TaskSet, task_set};
 use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Error, Result, Scheme};
 
@@ -47,6 +48,8 @@ pub struct EdgeConfig {
     pub tcp_listeners: Vec<Arc<std::net::TcpListener>>,
     /// Heartbeat interval announced to agents.
     pub heartbeat: Duration,
+    /// Bounds on agent connections, sessions, tunnels and API connections.
+    pub limits: EdgeLimits,
 }
 
 impl EdgeConfig {
@@ -64,6 +67,7 @@ impl EdgeConfig {
             tcp_ports: 20000..=29999,
             tcp_listeners: Vec::new(),
             heartbeat: DEFAULT_HEARTBEAT,
+            limits: EdgeLimits::default(),
         }
     }
 }
@@ -147,6 +151,7 @@ impl EdgeServer {
             registry: Arc::clone(&registry),
             tls: TlsAcceptor::from(Arc::new(agent_tls)),
             heartbeat: config.heartbeat,
+            admission: Admission::new(config.limits.clone()),
             tasks: guard.clone(),
         });
         spawn_accept_loop(agent_listener, guard.clone(), move |tcp, peer| {
@@ -235,13 +240,14 @@ impl EdgeServer {
                     TlsAcceptor::from(Arc::new(tls))
                 });
                 let g = guard.clone();
+                let header_timeout = config.limits.api_header_timeout;
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
                     let router = router.clone();
                     let tls = tls.clone();
                     let g = g.clone();
                     tokio::spawn(async move {
                         let _g = g.clone();
-                        serve_api(tcp, peer, router, tls, g).await;
+                        serve_api(tcp, peer, router, tls, g, header_timeout).await;
                     });
                 });
                 Some(local)
@@ -298,28 +304,19 @@ async fn serve_api(
     router: axum::Router,
     tls: Option<TlsAcceptor>,
     guard: TaskGuard,
+    header_timeout: Duration,
 ) {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
-    let service = hyper_util::service::TowerToHyperService::new(router);
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let result = match tls {
-        Some(acceptor) => {
-            match tokio::time::timeout(crate::wire::HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => {
-                    tokio::select! {
-                        _ = guard.cancel.cancelled() => return,
-                        r = builder.serve_connection(TokioIo::new(stream), service) => r,
-                    }
-                }
-                _ => return,
+    use crate::control::{serve_connection, serve_tls_connection};
+    let serving = async move {
+        match tls {
+            Some(acceptor) => {
+                serve_tls_connection(tcp, peer, acceptor, router, header_timeout).await
             }
+            None => serve_connection(tcp, false, peer, router, header_timeout).await,
         }
-        None => tokio::select! {
-            _ = guard.cancel.cancelled() => return,
-            r = builder.serve_connection(TokioIo::new(tcp), service) => r,
-        },
     };
-    if let Err(e) = result {
-        tracing::debug!(%peer, error = %e, "API connection ended with an error");
+    tokio::select! {
+        _ = guard.cancel.cancelled() => {}
+        _ = serving => {}
     }
 }

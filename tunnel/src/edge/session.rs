@@ -1,30 +1,43 @@
-//! The edge's side of an agent connection: handshake, the session's tunnels
-//! (attach, detach, binding updates, each judged against its own token),
-//! heartbeats, revocation, teardown.
+//! The edge's side of an agent connection: admission, handshake, the
+//! session's tunnels (attach, detach, binding updates, each judged against
+//! its own token), heartbeats, revocation, teardown.
 //!
 //! A session is authorised by its tunnels: the hello must carry at least one
 //! tunnel the authority accepts, and a session whose last tunnel is gone is
 //! closed after a grace period.
+//!
+//! The session loop never waits for the agent: control frames go through a
+//! bounded queue to a writer task whose every write has a deadline, so an
+//! agent that stops reading (or withholds flow-control window) cannot delay
+//! a revocation — the tunnel is unrouted and its streams cut first, the
+//! agent is told when it reads again, and a writer stuck past its deadline
+//! ends the session. Missed revocation events (a lagging broadcast) and
+//! expiries nobody announced are caught by re-checking every tunnel's grant
+//! and bindings with the authority every heartbeat interval.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 use tokio::time::{Instant, timeout};
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
-use super::authority::{Grant, SessionAuthority, TokenId};
+use super::authority::{Grant, Revocation, SessionAuthority, TokenId};
+use super::limits::EdgeLimits;
 use super::registry::{AgentSession, Registry, SessionEvent, TunnelRoute};
 use super::tasks::TaskGuard;
+use crate::control::RateLimiter;
 use crate::mux::{self, MuxStream};
 use crate::wire::{
     Attach, Binding, BindingOutcome, BoundTarget, Error, ErrorCode, Frame, HANDSHAKE_TIMEOUT,
-    HEARTBEAT_MISSES, MAX_BINDINGS, MAX_HELLO_LEN, PRE_AUTH_TIMEOUT, PROTOCOL_VERSION, Preamble,
-    Rejection, Result, validate_tunnel_id,
+    HEARTBEAT_MISSES, MAX_BINDINGS, MAX_HELLO_LEN, PROTOCOL_VERSION, Preamble, Rejection, Result,
+    validate_tunnel_id,
 };
 
 /// How long a goodbye frame gets to leave before the connection is cut.
@@ -36,26 +49,192 @@ pub(crate) struct AgentContext {
     pub(crate) registry: Arc<Registry>,
     pub(crate) tls: TlsAcceptor,
     pub(crate) heartbeat: Duration,
+    pub(crate) admission: Admission,
     pub(crate) tasks: TaskGuard,
 }
 
-impl AgentContext {
-    /// How long a session without tunnels stays open (agents attach more).
-    fn empty_grace(&self) -> Duration {
-        self.heartbeat * HEARTBEAT_MISSES
+/// What the edge admits: its limits and the state they are checked against
+/// (unauthenticated connections, failed authentications per address, open
+/// tunnels and sessions per token and account).
+pub(crate) struct Admission {
+    limits: EdgeLimits,
+    pending: Arc<Semaphore>,
+    pending_by_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    auth_failures: RateLimiter,
+    ledger: Mutex<Ledger>,
+}
+
+/// Open tunnels and sessions, counted for the quotas.
+#[derive(Default)]
+struct Ledger {
+    tunnels_by_token: HashMap<TokenId, usize>,
+    tunnels_by_account: HashMap<String, usize>,
+    sessions_by_account: HashMap<String, usize>,
+}
+
+fn bump<K: std::hash::Hash + Eq + Clone>(map: &mut HashMap<K, usize>, key: &K) {
+    *map.entry(key.clone()).or_insert(0) += 1;
+}
+
+fn drop_one<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
+    if let Some(n) = map.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+/// A slot for one unauthenticated connection; released when dropped.
+pub(crate) struct PendingSlot {
+    _permit: OwnedSemaphorePermit,
+    ip: IpAddr,
+    by_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        drop_one(&mut self.by_ip.lock(), &self.ip);
+    }
+}
+
+impl Admission {
+    pub(crate) fn new(limits: EdgeLimits) -> Self {
+        Self {
+            pending: Arc::new(Semaphore::new(limits.max_pending_handshakes.max(1))),
+            pending_by_ip: Arc::new(Mutex::new(HashMap::new())),
+            auth_failures: RateLimiter::new(limits.auth_failures),
+            ledger: Mutex::new(Ledger::default()),
+            limits,
+        }
+    }
+
+    /// A pre-authentication slot for a connection from `ip`, or `None` when
+    /// the edge or the address has as many unauthenticated connections as
+    /// allowed (the connection is then closed at once).
+    fn admit(&self, ip: IpAddr) -> Option<PendingSlot> {
+        let permit = Arc::clone(&self.pending).try_acquire_owned().ok()?;
+        let mut by_ip = self.pending_by_ip.lock();
+        let n = by_ip.entry(ip).or_insert(0);
+        if *n >= self.limits.max_pending_handshakes_per_ip {
+            if *n == 0 {
+                by_ip.remove(&ip);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(PendingSlot {
+            _permit: permit,
+            ip,
+            by_ip: Arc::clone(&self.pending_by_ip),
+        })
+    }
+
+    /// `Err(rate_limited)` when `ip` spent its budget of failed authentications.
+    fn auth_allowed(&self, ip: IpAddr) -> Result<(), Rejection> {
+        self.auth_failures.peek(&ip.to_string()).map_err(|wait| {
+            Rejection::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "too many failed tunnel authentications from {ip}; retry in {} s",
+                    wait.as_secs().max(1)
+                ),
+            )
+        })
+    }
+
+    /// Counts a refusal against `ip` if it was a failed authentication.
+    fn note_refusal(&self, ip: IpAddr, reason: &Rejection) {
+        if matches!(
+            reason.code,
+            ErrorCode::BadToken | ErrorCode::TokenExpired | ErrorCode::TokenRevoked
+        ) {
+            let _ = self.auth_failures.check(&ip.to_string());
+        }
+    }
+
+    /// Reserves room for one more tunnel of `grant`; `new_session_account`
+    /// when the session carries no tunnel of that account yet.
+    fn reserve(&self, grant: &Grant, new_session_account: bool) -> Result<(), Rejection> {
+        let limits = &self.limits;
+        let mut ledger = self.ledger.lock();
+        let exceeded = |what: String| Rejection::new(ErrorCode::QuotaExceeded, what);
+        if !grant.api_key
+            && ledger
+                .tunnels_by_token
+                .get(&grant.token_id)
+                .copied()
+                .unwrap_or(0)
+                >= limits.max_tunnels_per_token
+        {
+            return Err(exceeded(format!(
+                "tunnel token {} already has {} open tunnels (at most {}); detach one or mint a token per tunnel",
+                grant.token_id, limits.max_tunnels_per_token, limits.max_tunnels_per_token
+            )));
+        }
+        if ledger
+            .tunnels_by_account
+            .get(&grant.account)
+            .copied()
+            .unwrap_or(0)
+            >= limits.max_tunnels_per_account
+        {
+            return Err(exceeded(format!(
+                "the account has {} open tunnels, its quota (tuna-operator edge --max-tunnels-per-account)",
+                limits.max_tunnels_per_account
+            )));
+        }
+        if new_session_account
+            && ledger
+                .sessions_by_account
+                .get(&grant.account)
+                .copied()
+                .unwrap_or(0)
+                >= limits.max_sessions_per_account
+        {
+            return Err(exceeded(format!(
+                "the account has tunnels on {} agent connections, its quota (tuna-operator edge --max-sessions-per-account); carry more tunnels per connection",
+                limits.max_sessions_per_account
+            )));
+        }
+        if !grant.api_key {
+            bump(&mut ledger.tunnels_by_token, &grant.token_id);
+        }
+        bump(&mut ledger.tunnels_by_account, &grant.account);
+        if new_session_account {
+            bump(&mut ledger.sessions_by_account, &grant.account);
+        }
+        Ok(())
+    }
+
+    /// Returns what [`Admission::reserve`] took; `last_of_account` when the
+    /// session carries no other tunnel of the account.
+    fn release(&self, grant: &Grant, last_of_account: bool) {
+        let mut ledger = self.ledger.lock();
+        if !grant.api_key {
+            drop_one(&mut ledger.tunnels_by_token, &grant.token_id);
+        }
+        drop_one(&mut ledger.tunnels_by_account, &grant.account);
+        if last_of_account {
+            drop_one(&mut ledger.sessions_by_account, &grant.account);
+        }
     }
 }
 
 /// Serves one agent connection until it ends.
 pub(crate) async fn serve_agent(tcp: TcpStream, peer: SocketAddr, ctx: Arc<AgentContext>) {
     let _guard = ctx.tasks.clone();
+    let Some(slot) = ctx.admission.admit(peer.ip()) else {
+        tracing::debug!(%peer, "too many unauthenticated agent connections; closing");
+        return;
+    };
     let _ = tcp.set_nodelay(true);
     let cancel = ctx.tasks.cancel.clone();
     // Subscribe before authenticating so a revocation racing the handshake is seen.
     let revocations = ctx.authority.revocations();
     let result = tokio::select! {
         _ = cancel.cancelled() => return,
-        r = run(tcp, peer, &ctx, revocations) => r,
+        r = run(tcp, peer, &ctx, revocations, slot) => r,
     };
     if let Err(e) = result {
         tracing::info!(%peer, error = %e, "agent connection ended");
@@ -75,6 +254,7 @@ type Tls = tokio_rustls::server::TlsStream<TcpStream>;
 /// the connection is refused (the refusal has been sent).
 async fn pre_auth(
     tcp: TcpStream,
+    peer: SocketAddr,
     ctx: &AgentContext,
 ) -> Result<(Tls, String, Vec<(Attach, Result<Judged, Rejection>)>)> {
     let mut tls = ctx
@@ -109,9 +289,15 @@ async fn pre_auth(
         let r = Rejection::new(ErrorCode::BadRequest, "the hello attaches no tunnel");
         return reject(tls, r).await;
     }
+    if let Err(r) = ctx.admission.auth_allowed(peer.ip()) {
+        return reject(tls, r).await;
+    }
     let mut judged = Vec::with_capacity(tunnels.len());
     for attach in tunnels {
         let verdict = judge(ctx, &attach).await;
+        if let Err(reason) = &verdict {
+            ctx.admission.note_refusal(peer.ip(), reason);
+        }
         judged.push((attach, verdict));
     }
     if judged.iter().all(|(_, v)| v.is_err()) {
@@ -145,11 +331,15 @@ async fn run(
     tcp: TcpStream,
     peer: SocketAddr,
     ctx: &Arc<AgentContext>,
-    mut revocations: broadcast::Receiver<TokenId>,
+    mut revocations: broadcast::Receiver<Revocation>,
+    slot: PendingSlot,
 ) -> Result<()> {
-    let (mut tls, agent, judged) = timeout(PRE_AUTH_TIMEOUT, pre_auth(tcp, ctx))
+    let limits = &ctx.admission.limits;
+    let (mut tls, agent, judged) = timeout(limits.pre_auth_timeout, pre_auth(tcp, peer, ctx))
         .await
-        .map_err(|_| Error::HandshakeTimeout(PRE_AUTH_TIMEOUT))??;
+        .map_err(|_| Error::HandshakeTimeout(limits.pre_auth_timeout))??;
+    // Authenticated: the connection no longer counts as pending.
+    drop(slot);
 
     let session_id = new_session_id();
     Frame::Welcome {
@@ -174,45 +364,119 @@ async fn run(
         .await
         .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
 
-    let (session, mut events) = AgentSession::new(session_id.clone(), sender);
+    let (session, mut events) =
+        AgentSession::new(session_id.clone(), sender, limits.open_stream_timeout);
     let (read_half, write_half) = tokio::io::split(control);
+    let writer = ControlWriter::spawn(
+        write_half,
+        limits.control_queue,
+        limits.control_write_timeout,
+    );
     let mut state = SessionState {
         ctx: Arc::clone(ctx),
         session: Arc::clone(&session),
+        peer,
         tunnels: HashMap::new(),
-        writer: write_half,
+        accounts: HashMap::new(),
+        writer,
     };
     ctx.registry.sessions.send_modify(|n| *n += 1);
     tracing::info!(%peer, session = %session_id, %agent, "agent session open");
 
-    let goodbye = match state.answer_hello(judged).await {
-        Ok(()) => state.serve(read_half, &mut revocations, &mut events).await,
-        Err(e) => {
-            tracing::debug!(session = %session_id, error = %e, "control stream write failed");
-            None
-        }
-    };
+    for (attach, verdict) in judged {
+        let answer = state.install(attach, verdict);
+        state.send(answer);
+    }
+    let goodbye = state.serve(read_half, &mut revocations, &mut events).await;
     state.close_all();
     ctx.registry
         .sessions
         .send_modify(|n| *n = n.saturating_sub(1));
     session.closed.cancel();
-    if let Some(reason) = &goodbye {
-        tracing::info!(session = %session_id, reason = %reason, "closing agent session");
-        if Frame::GoAway(reason.clone())
-            .write_to(&mut state.writer)
-            .await
-            .is_ok()
-        {
-            let _ = state.writer.shutdown().await;
-            // Let h2 put the frame on the wire; the agent closes on receipt.
-            tokio::time::sleep(GOODBYE_GRACE).await;
+    let writer = state.writer;
+    match &goodbye {
+        Some(reason) => {
+            tracing::info!(session = %session_id, reason = %reason, "closing agent session");
+            writer.finish(Some(Frame::GoAway(reason.clone()))).await;
         }
-    } else {
-        tracing::info!(session = %session_id, "agent session closed");
+        None => {
+            tracing::info!(session = %session_id, "agent session closed");
+            writer.finish(None).await;
+        }
     }
     drop(driver);
     Ok(())
+}
+
+/// The control stream's write side: a bounded queue drained by a task whose
+/// every write has a deadline. Queueing never waits.
+struct ControlWriter {
+    queue: mpsc::Sender<Frame>,
+    /// Cancelled when a write failed or missed its deadline, or the queue
+    /// overflowed: the agent does not read; the session ends.
+    failed: CancellationToken,
+    task: tokio::task::JoinHandle<WriteHalf<MuxStream>>,
+}
+
+impl ControlWriter {
+    fn spawn(mut half: WriteHalf<MuxStream>, capacity: usize, deadline: Duration) -> Self {
+        let (queue, mut frames) = mpsc::channel::<Frame>(capacity.max(1));
+        let failed = CancellationToken::new();
+        let signal = failed.clone();
+        let task = tokio::spawn(async move {
+            while let Some(frame) = frames.recv().await {
+                let name = frame.name();
+                match timeout(deadline, frame.write_to(&mut half)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "control stream write failed");
+                        signal.cancel();
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::info!(
+                            frame = name,
+                            ?deadline,
+                            "the agent took no control frame in time; ending its session"
+                        );
+                        signal.cancel();
+                        break;
+                    }
+                }
+            }
+            half
+        });
+        Self {
+            queue,
+            failed,
+            task,
+        }
+    }
+
+    fn send(&self, frame: Frame) {
+        if self.queue.try_send(frame).is_err() {
+            tracing::info!("the agent lets its control frames pile up; ending its session");
+            self.failed.cancel();
+        }
+    }
+
+    /// Sends the goodbye (if the stream still works), closes the stream.
+    async fn finish(self, goodbye: Option<Frame>) {
+        let working = !self.failed.is_cancelled();
+        if working && let Some(frame) = goodbye {
+            let _ = self.queue.try_send(frame);
+        }
+        drop(self.queue);
+        if !working {
+            self.task.abort();
+            return;
+        }
+        if let Ok(Ok(mut half)) = timeout(GOODBYE_GRACE * 5, self.task).await {
+            let _ = half.shutdown().await;
+            // Let h2 put the frames on the wire; the agent closes on receipt.
+            tokio::time::sleep(GOODBYE_GRACE).await;
+        }
+    }
 }
 
 /// A tunnel open on this session.
@@ -221,36 +485,27 @@ struct EdgeTunnel {
     route: Arc<TunnelRoute>,
 }
 
-/// The session's task state: its tunnels and the control stream's write half.
+/// The session's task state: its tunnels and the control writer.
 struct SessionState {
     ctx: Arc<AgentContext>,
     session: Arc<AgentSession>,
+    peer: SocketAddr,
     tunnels: HashMap<String, EdgeTunnel>,
-    writer: WriteHalf<MuxStream>,
+    /// Open tunnels per account (for the sessions-per-account quota).
+    accounts: HashMap<String, usize>,
+    writer: ControlWriter,
 }
 
 impl SessionState {
-    async fn send(&mut self, frame: Frame) -> Result<()> {
-        frame.write_to(&mut self.writer).await
-    }
-
-    /// Installs the hello's accepted tunnels and answers each.
-    async fn answer_hello(
-        &mut self,
-        judged: Vec<(Attach, Result<Judged, Rejection>)>,
-    ) -> Result<()> {
-        for (attach, verdict) in judged {
-            let answer = self.install(attach, verdict);
-            self.send(answer).await?;
-        }
-        Ok(())
+    fn send(&self, frame: Frame) {
+        self.writer.send(frame);
     }
 
     /// The control loop; returns the goodbye to send, if any.
     async fn serve(
         &mut self,
         read_half: tokio::io::ReadHalf<MuxStream>,
-        revocations: &mut broadcast::Receiver<TokenId>,
+        revocations: &mut broadcast::Receiver<Revocation>,
         events: &mut mpsc::UnboundedReceiver<SessionEvent>,
     ) -> Option<Rejection> {
         let heartbeat = self.ctx.heartbeat;
@@ -261,13 +516,15 @@ impl SessionState {
         let mut empty_since: Option<Instant> = None;
         let mut seq = 0u64;
         let cancel = self.ctx.tasks.cancel.clone();
+        let failed = self.writer.failed.clone();
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => {
                     return Some(Rejection::new(ErrorCode::ShuttingDown, "the edge is shutting down; reconnect later"));
                 }
+                _ = failed.cancelled() => return None,
                 revoked = revocations.recv() => match revoked {
-                    Ok(id) => {
+                    Ok(Revocation::Token(id)) => {
                         let reason = Rejection::new(ErrorCode::TokenRevoked, format!("tunnel token {id} was revoked"));
                         let hit: Vec<String> = self
                             .tunnels
@@ -276,12 +533,28 @@ impl SessionState {
                             .map(|(name, _)| name.clone())
                             .collect();
                         for tunnel in hit {
-                            if self.close_tunnel(&tunnel, reason.clone()).await.is_err() {
-                                return None;
-                            }
+                            self.close_tunnel(&tunnel, reason.clone());
                         }
                     }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Ok(Revocation::Target(target)) => {
+                        let hit: Vec<String> = self
+                            .tunnels
+                            .iter()
+                            .filter(|(_, t)| t.route.targets().contains(&target))
+                            .map(|(name, _)| name.clone())
+                            .collect();
+                        for tunnel in hit {
+                            let reason = Rejection::new(
+                                ErrorCode::BindingReleased,
+                                format!("{} was released at the edge", describe(&target)),
+                            );
+                            self.close_tunnel(&tunnel, reason);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::info!(session = %self.session.id, missed, "revocation events missed; re-checking every tunnel");
+                        self.recheck().await;
+                    }
                     Err(broadcast::error::RecvError::Closed) => {}
                 },
                 Some(event) = events.recv() => match event {
@@ -295,9 +568,7 @@ impl SessionState {
                                 ErrorCode::BindingTakenOver,
                                 format!("{} is now served by another tunnel", describe(&target)),
                             );
-                            if self.close_tunnel(&route.tunnel, reason).await.is_err() {
-                                return None;
-                            }
+                            self.close_tunnel(&route.tunnel, reason);
                         }
                     }
                 },
@@ -306,7 +577,13 @@ impl SessionState {
                     let answer = match frame {
                         Some(Ok(Frame::Heartbeat { .. })) => None,
                         Some(Ok(Frame::Attach(attach))) => {
-                            let verdict = judge(&self.ctx, &attach).await;
+                            let verdict = match self.ctx.admission.auth_allowed(self.peer.ip()) {
+                                Ok(()) => judge(&self.ctx, &attach).await,
+                                Err(r) => Err(r),
+                            };
+                            if let Err(reason) = &verdict {
+                                self.ctx.admission.note_refusal(self.peer.ip(), reason);
+                            }
                             Some(self.install(attach, verdict))
                         }
                         Some(Ok(Frame::Detach { tunnel })) => {
@@ -326,28 +603,83 @@ impl SessionState {
                         }
                         None => return None,
                     };
-                    if let Some(answer) = answer
-                        && let Err(e) = self.send(answer).await
-                    {
-                        tracing::debug!(error = %e, "control stream write failed");
-                        return None;
+                    if let Some(answer) = answer {
+                        self.send(answer);
                     }
                 }
                 _ = tick.tick() => {
                     if last_seen.elapsed() > heartbeat * HEARTBEAT_MISSES {
                         return Some(Rejection::new(ErrorCode::HeartbeatTimeout, "no heartbeat from the agent"));
                     }
+                    self.recheck().await;
                     if self.tunnels.is_empty() {
                         let since = *empty_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() >= self.ctx.empty_grace() {
+                        if since.elapsed() >= self.ctx.admission.limits.empty_session_grace {
                             return Some(Rejection::new(ErrorCode::NoTunnels, "the session carries no tunnel; attach one to open a new session"));
                         }
                     } else {
                         empty_since = None;
                     }
                     seq += 1;
-                    if self.send(Frame::Heartbeat { seq }).await.is_err() {
-                        return None;
+                    self.send(Frame::Heartbeat { seq });
+                }
+            }
+        }
+    }
+
+    /// Asks the authority about every tunnel again: its grant (revoked,
+    /// expired, renewed) and each binding (released, no longer allowed).
+    async fn recheck(&mut self) {
+        let names: Vec<String> = self.tunnels.keys().cloned().collect();
+        for name in names {
+            let Some(tunnel) = self.tunnels.get(&name) else {
+                continue;
+            };
+            let (grant, route) = (tunnel.grant.clone(), Arc::clone(&tunnel.route));
+            let fresh = match self.ctx.authority.refresh(&grant).await {
+                Ok(fresh) if fresh.expires_at <= SystemTime::now() => Err(Rejection::new(
+                    ErrorCode::TokenExpired,
+                    format!(
+                        "tunnel token {} has expired; renew it or create a new one",
+                        grant.token_id
+                    ),
+                )),
+                other => other,
+            };
+            let fresh = match fresh {
+                Ok(fresh) => fresh,
+                Err(reason) => {
+                    self.close_tunnel(&name, reason);
+                    continue;
+                }
+            };
+            let bound: Vec<(BoundTarget, Binding)> = route
+                .bound
+                .lock()
+                .iter()
+                .map(|(t, b)| (t.clone(), b.clone()))
+                .collect();
+            let mut lost = None;
+            for (target, binding) in bound {
+                match self.ctx.authority.check_binding(&fresh, &binding).await {
+                    Ok(now) if now == target => {}
+                    Ok(_) | Err(_) => {
+                        lost = Some(Rejection::new(
+                            ErrorCode::BindingReleased,
+                            format!(
+                                "{} is no longer this tunnel's to serve ({binding})",
+                                describe(&target)
+                            ),
+                        ));
+                        break;
+                    }
+                }
+            }
+            match lost {
+                Some(reason) => self.close_tunnel(&name, reason),
+                None => {
+                    if let Some(t) = self.tunnels.get_mut(&name) {
+                        t.grant = fresh;
                     }
                 }
             }
@@ -357,22 +689,50 @@ impl SessionState {
     /// Opens (or replaces) a judged tunnel in the registry; the answer to send.
     fn install(&mut self, attach: Attach, verdict: Result<Judged, Rejection>) -> Frame {
         let Attach { tunnel, seq, .. } = attach;
+        let refused = |tunnel, reason| Frame::Refused {
+            tunnel,
+            seq,
+            reason,
+        };
         let judged = match verdict {
             Ok(j) => j,
             Err(reason) => {
                 // A failed re-attach closes what the tunnel served before.
                 self.detach(&tunnel);
-                return Frame::Refused {
-                    tunnel,
-                    seq,
-                    reason,
-                };
+                return refused(tunnel, reason);
             }
         };
+        // Quotas: a new tunnel, or a replacement with another token.
+        let previous = self.tunnels.get(&tunnel).map(|t| t.grant.clone());
+        let same_grant = previous.as_ref().is_some_and(|p| {
+            p.token_id == judged.grant.token_id && p.account == judged.grant.account
+        });
+        if !same_grant {
+            let new_account = !self.accounts.contains_key(&judged.grant.account);
+            if let Err(reason) = self.ctx.admission.reserve(&judged.grant, new_account) {
+                self.detach(&tunnel);
+                return refused(tunnel, reason);
+            }
+            *self
+                .accounts
+                .entry(judged.grant.account.clone())
+                .or_insert(0) += 1;
+            if let Some(previous) = &previous {
+                self.release(previous);
+            }
+        }
         let route = match self.tunnels.get(&tunnel) {
             Some(existing) => Arc::clone(&existing.route),
             None => TunnelRoute::new(&self.session, tunnel.clone()),
         };
+        // The grant is recorded first, so a failure below releases it.
+        self.tunnels.insert(
+            tunnel.clone(),
+            EdgeTunnel {
+                grant: judged.grant.clone(),
+                route: Arc::clone(&route),
+            },
+        );
         let had_bindings = !judged.checked.is_empty();
         let mut outcomes = Vec::with_capacity(judged.checked.len());
         let mut first_error = None;
@@ -411,27 +771,31 @@ impl SessionState {
         }
         if had_bindings && kept.is_empty() {
             self.detach(&tunnel);
-            route.close();
             let reason = first_error.expect("a refused binding has a reason");
-            return Frame::Refused {
-                tunnel,
-                seq,
-                reason,
-            };
+            return refused(tunnel, reason);
         }
         tracing::debug!(session = %self.session.id, %tunnel, token = %judged.grant.token_id, bindings = kept.len(), "tunnel attached");
-        self.tunnels.insert(
-            tunnel.clone(),
-            EdgeTunnel {
-                grant: judged.grant,
-                route,
-            },
-        );
         Frame::Attached {
             tunnel,
             seq,
             bound: outcomes,
         }
+    }
+
+    /// Gives back a tunnel's quota.
+    fn release(&mut self, grant: &Grant) {
+        let last = match self.accounts.get_mut(&grant.account) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                self.accounts.remove(&grant.account);
+                true
+            }
+            None => false,
+        };
+        self.ctx.admission.release(grant, last);
     }
 
     /// Applies a binding update of one tunnel; `None` if it is not open
@@ -454,7 +818,6 @@ impl SessionState {
             let target = route
                 .bound
                 .lock()
-                .expect("bindings poisoned")
                 .iter()
                 .find(|(_, b)| *b == binding)
                 .map(|(t, _)| t.clone());
@@ -464,7 +827,7 @@ impl SessionState {
         }
         let mut results = Vec::with_capacity(add.len());
         for binding in add {
-            let full = route.bound.lock().expect("bindings poisoned").len() >= MAX_BINDINGS;
+            let full = route.bound.lock().len() >= MAX_BINDINGS;
             let outcome = if full {
                 Err(Rejection::new(
                     ErrorCode::BadRequest,
@@ -495,34 +858,35 @@ impl SessionState {
         })
     }
 
-    /// Closes a tunnel at the agent's request (no answer).
+    /// Closes a tunnel: unroutes it, cuts its streams, gives back its quota.
+    /// Not answered (the agent asked, or is told separately).
     fn detach(&mut self, tunnel: &str) {
         if let Some(t) = self.tunnels.remove(tunnel) {
             self.ctx.registry.remove_route(&t.route);
             t.route.close();
+            self.release(&t.grant);
             tracing::debug!(session = %self.session.id, %tunnel, "tunnel detached");
         }
     }
 
-    /// Closes a tunnel on the edge's initiative and tells the agent why.
-    async fn close_tunnel(&mut self, tunnel: &str, reason: Rejection) -> Result<()> {
+    /// Closes a tunnel on the edge's initiative and tells the agent why. The
+    /// tunnel stops serving before anything is written.
+    fn close_tunnel(&mut self, tunnel: &str, reason: Rejection) {
         if self.tunnels.contains_key(tunnel) {
             self.detach(tunnel);
             tracing::info!(session = %self.session.id, %tunnel, reason = %reason, "tunnel closed");
             self.send(Frame::TunnelClosed {
                 tunnel: tunnel.to_owned(),
                 reason,
-            })
-            .await?;
+            });
         }
-        Ok(())
     }
 
     /// Unroutes every tunnel (the session ends).
     fn close_all(&mut self) {
-        for (_, t) in self.tunnels.drain() {
-            self.ctx.registry.remove_route(&t.route);
-            t.route.close();
+        let names: Vec<String> = self.tunnels.keys().cloned().collect();
+        for name in names {
+            self.detach(&name);
         }
     }
 }
