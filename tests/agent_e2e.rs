@@ -596,17 +596,29 @@ async fn orphaned_tokens_are_revoked_at_start_up() {
         env.tokens().await,
         env.agent.log()
     );
-    let domains: Vec<String> = env
-        .edge
-        .client()
-        .list_domains()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|d| d.name)
-        .collect();
+    // The deleted Tunnel's subdomain goes after its token.
+    let domains_now = || async {
+        env.edge
+            .client()
+            .list_domains()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.name)
+            .collect::<Vec<String>>()
+    };
+    let released = tokio::time::timeout(support::WAIT, async {
+        loop {
+            if !domains_now().await.contains(&"drop.tuna.test".to_owned()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let domains = domains_now().await;
     assert!(
-        !domains.contains(&"drop.tuna.test".to_owned()),
+        released.is_ok(),
         "the deleted Tunnel's subdomain is released: {domains:?}"
     );
     assert!(domains.contains(&"keep.tuna.test".to_owned()));
