@@ -103,6 +103,11 @@ async fn custom_domain_verifies_once_both_records_resolve() {
         "{message}"
     );
     assert!(message.contains("CNAME"), "{message}");
+    // Plain words, not the resolver's debug output: which record, and what to create.
+    assert!(
+        message.contains("not found (create it") && !message.contains("Query {"),
+        "{message}"
+    );
 
     // Wrong TXT value, right CNAME: still pending, only the TXT is reported.
     dns.add(

@@ -111,7 +111,10 @@ impl DnsVerifier {
                     ));
                 }
             }
-            Err(e) => problems.push(format!("TXT {txt_name}: {e}")),
+            Err(e) if e.is_no_records_found() => problems.push(format!(
+                "TXT {txt_name} not found (create it with the value {challenge:?})"
+            )),
+            Err(e) => problems.push(format!("TXT {txt_name}: DNS lookup failed: {e}")),
         }
 
         match resolver
@@ -133,7 +136,10 @@ impl DnsVerifier {
                     ));
                 }
             }
-            Err(e) => problems.push(format!("CNAME {domain} -> {public_host}: {e}")),
+            Err(e) if e.is_no_records_found() => problems.push(format!(
+                "CNAME {domain} not found (create it pointing to {public_host})"
+            )),
+            Err(e) => problems.push(format!("CNAME {domain}: DNS lookup failed: {e}")),
         }
 
         Outcome {
