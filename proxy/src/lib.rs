@@ -109,7 +109,10 @@ mod error;
 mod h1;
 mod http;
 mod metrics;
+mod pages;
+mod pool;
 mod routes;
+mod shared;
 mod tcp;
 
 use std::collections::HashMap;
@@ -134,8 +137,9 @@ pub use routes::{HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol};
 pub use tcp::{TcpLimits, TcpUpstream};
 pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
 
-use crate::http::{Router, Shared};
+use crate::http::Router;
 use crate::routes::Registry;
+use crate::shared::Shared;
 use crate::tcp::TcpEndpoint;
 
 /// The scheme the client used on the public side.
@@ -169,9 +173,16 @@ pub struct ConnInfo {
     /// Scheme the client used (becomes `X-Forwarded-Proto`).
     pub scheme: Scheme,
     /// Whether the hop that delivered the stream is trusted: its
-    /// `X-Forwarded-For` is appended to and its request id kept. True for
-    /// streams from our own edge.
+    /// `X-Forwarded-For` is appended to, its `Forwarded` and `X-Real-IP`
+    /// kept and its request id kept. True for streams from our own edge,
+    /// which removes what public clients send (see `docs/tuna-api.md`).
     pub trusted: bool,
+    /// The one host this stream may serve: a tunnel stream is opened for
+    /// one host (its metadata's `tuna-host`), and a request on it for any
+    /// other host — by `Host`, absolute-form target or h2 `:authority` —
+    /// is answered `421 Misdirected Request` without being routed. `None`
+    /// serves every registered host (a plain listener's connections).
+    pub host: Option<String>,
 }
 
 /// A cheap, cloneable handle to one proxy core. All clones share the same
@@ -359,14 +370,23 @@ impl ProxyCore {
             return;
         }
         let app = self.inner.app(info.scheme, info.trusted);
-        let (client, local) = (info.client_addr, info.local_addr);
+        let ConnInfo {
+            client_addr: client,
+            local_addr: local,
+            scheme,
+            trusted,
+            host,
+        } = info;
+        let bound: Option<Arc<str>> = host.map(Into::into);
+        let for_pingora = bound.clone();
         let fut = conn::serve_connection(
             stream,
-            info.client_addr.ip(),
-            info.scheme,
-            info.trusted,
+            client.ip(),
+            scheme,
+            trusted,
+            bound,
             false,
-            move |s| conn::tunnel_stream(s, client, local),
+            move |s| conn::tunnel_stream(s, client, local, for_pingora),
             app,
             self.inner.shared.clone(),
             self.inner.shutdown_tx.subscribe(),
@@ -599,6 +619,7 @@ async fn accept_http(listener: TcpListener, bound: SocketAddr, inner: Arc<Inner>
                     peer.ip(),
                     Scheme::Http,
                     trusted,
+                    None,
                     true,
                     move |tcp| conn::tcp_stream(tcp, peer, local),
                     app,

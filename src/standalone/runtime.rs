@@ -250,12 +250,15 @@ impl Runtime {
             let proxy = proxy.clone();
             tokio::spawn(async move {
                 match meta.kind {
-                    StreamKind::Http { scheme, .. } => {
+                    StreamKind::Http { scheme, host } => {
+                        // The stream was opened for one host: the proxy
+                        // serves that one only (421 for any other).
                         let info = ConnInfo {
                             client_addr: meta.client_addr,
                             local_addr: None,
                             scheme: to_proxy_scheme(scheme),
                             trusted: true,
+                            host: Some(host),
                         };
                         proxy.serve_stream(stream, info).await;
                     }
@@ -265,6 +268,7 @@ impl Runtime {
                             local_addr: None,
                             scheme: Scheme::Http,
                             trusted: true,
+                            host: None,
                         };
                         if let Err(e) = proxy.serve_tcp_stream(&endpoint, stream, info).await {
                             tracing::debug!(%endpoint, error = %e, "tcp stream ended");
