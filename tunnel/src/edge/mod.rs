@@ -4,7 +4,8 @@
 
 pub mod authority;
 pub mod cli;
-mod http1;
+mod hyper_path;
+mod page;
 mod public;
 mod registry;
 mod relay;
@@ -13,4 +14,5 @@ mod session;
 mod tasks;
 
 pub use authority::{Grant, MemoryAuthority, SessionAuthority, TokenId};
+pub use public::{IpCidr, PublicLimits};
 pub use server::{EdgeConfig, EdgeHandle, EdgeServer};

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::authority::SessionAuthority;
-use super::public;
+use super::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use super::registry::Registry;
 use super::session::{AgentContext, serve_agent};
 use super::tasks::{TaskGuard, TaskSet, task_set};
@@ -43,6 +43,14 @@ pub struct EdgeConfig {
     pub tcp_ports: RangeInclusive<u16>,
     /// Heartbeat interval announced to agents.
     pub heartbeat: Duration,
+    /// Peers of the public listeners that speak for earlier hops (a load
+    /// balancer in front of the edge): their `X-Forwarded-For`,
+    /// `Forwarded`, `X-Real-IP` and request id are kept, and they are
+    /// exempt from the per-client connection limit. Empty by default:
+    /// every public client's claims are removed.
+    pub trusted_proxies: Vec<IpCidr>,
+    /// Connection caps and timeouts of the public listeners.
+    pub public_limits: PublicLimits,
 }
 
 impl EdgeConfig {
@@ -59,6 +67,8 @@ impl EdgeConfig {
             tcp_bind_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             tcp_ports: 20000..=29999,
             heartbeat: DEFAULT_HEARTBEAT,
+            trusted_proxies: Vec::new(),
+            public_limits: PublicLimits::default(),
         }
     }
 }
@@ -143,24 +153,37 @@ impl EdgeServer {
             tokio::spawn(serve_agent(tcp, peer, Arc::clone(&ctx)));
         });
 
+        let policy = Arc::new(PublicPolicy {
+            limits: config.public_limits,
+            trusted_proxies: config.trusted_proxies.clone(),
+        });
         let http_addr = match config.http_addr {
             Some(addr) => {
                 let listener = bind(addr, "public HTTP").await?;
                 let local = listener.local_addr()?;
                 let registry = Arc::clone(&registry);
                 let g = guard.clone();
+                let policy = Arc::clone(&policy);
+                let limiter = ConnectionLimiter::new(Arc::clone(&policy));
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let Some(admitted) = limiter.admit(peer.ip()) else {
+                        tracing::debug!(%peer, "public HTTP connection limit reached");
+                        return;
+                    };
                     let _ = tcp.set_nodelay(true);
                     let registry = Arc::clone(&registry);
+                    let policy = Arc::clone(&policy);
                     let g = g.clone();
                     tokio::spawn(async move {
                         let _g = g.clone();
+                        let _admitted = admitted;
                         public::serve_connection(
                             tcp,
                             peer,
                             Scheme::Http,
                             false,
                             registry,
+                            policy,
                             g.cancel.clone(),
                         )
                         .await;
@@ -180,13 +203,21 @@ impl EdgeServer {
                 let acceptor = TlsAcceptor::from(Arc::new(tls));
                 let registry = Arc::clone(&registry);
                 let g = guard.clone();
+                let policy = Arc::clone(&policy);
+                let limiter = ConnectionLimiter::new(Arc::clone(&policy));
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let Some(admitted) = limiter.admit(peer.ip()) else {
+                        tracing::debug!(%peer, "public HTTPS connection limit reached");
+                        return;
+                    };
                     let _ = tcp.set_nodelay(true);
                     let registry = Arc::clone(&registry);
+                    let policy = Arc::clone(&policy);
                     let acceptor = acceptor.clone();
                     let g = g.clone();
                     tokio::spawn(async move {
                         let _g = g.clone();
+                        let _admitted = admitted;
                         let handshake = tokio::time::timeout(
                             crate::wire::HANDSHAKE_TIMEOUT,
                             acceptor.accept(tcp),
@@ -205,6 +236,7 @@ impl EdgeServer {
                             Scheme::Https,
                             alpn_h2,
                             registry,
+                            policy,
                             g.cancel.clone(),
                         )
                         .await;
