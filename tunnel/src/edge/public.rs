@@ -1,10 +1,12 @@
 //! Public listeners: HTTP and HTTPS (HTTP/1.1 and h2 via ALPN), routed by
 //! host to the session that serves it — the edge's trust boundary.
 //!
-//! HTTP/1.1 connections go through a byte relay ([`super::relay`]) that
-//! parses heads with the codec the proxy core shares (`tuna-http1`) and
-//! forwards bodies as they are; h2 clients and what the relay does not
-//! handle get a full hyper server ([`super::hyper_path`]).
+//! This module holds what both paths share — the bounds, the trusted
+//! proxies, the connection caps; the server (`server.rs`) sends plain
+//! HTTP/1.1 connections to the byte relay ([`super::relay`]), which parses
+//! heads with the codec the proxy core shares (`tuna-http1`) and forwards
+//! bodies as they are, and h2 clients (and what the relay hands over) to
+//! the hyper path ([`super::hyper_path`]).
 //!
 //! Each public connection gets its own data streams, one per host it talks
 //! to, so a stream's [`crate::wire::StreamMeta`] names one client and one
@@ -38,11 +40,6 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::sync::CancellationToken;
-
-use super::registry::Registry;
-use super::{hyper_path, relay};
 use crate::wire::Scheme;
 
 /// Idle HTTP/1.1 streams one public connection keeps for reuse.
@@ -237,35 +234,6 @@ fn client_key(ip: IpAddr) -> IpAddr {
     match canonical(ip) {
         IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
         v4 => v4,
-    }
-}
-
-/// Serves one public connection (plain or TLS-terminated) until it closes
-/// or the edge shuts down. HTTP/1.1 goes through the byte relay, which
-/// hands anything it does not relay (upgrades, HTTP/1.0, absolute-form
-/// targets, h2 with prior knowledge, ...) to the hyper path; a TLS
-/// connection that negotiated h2 goes to the hyper path at once.
-pub(crate) async fn serve_connection<IO>(
-    io: IO,
-    client_addr: SocketAddr,
-    scheme: Scheme,
-    alpn_h2: bool,
-    registry: Arc<Registry>,
-    policy: Arc<PublicPolicy>,
-    cancel: CancellationToken,
-) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let peer = Peer {
-        client_addr,
-        scheme,
-        trusted: policy.is_trusted(client_addr.ip()),
-        limits: policy.limits,
-    };
-    if alpn_h2 {
-        hyper_path::serve(io, peer, registry, cancel).await;
-    } else {
-        relay::serve(io, peer, registry, cancel).await;
     }
 }
 

@@ -7,14 +7,17 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use super::authority::SessionAuthority;
 use super::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use super::registry::Registry;
 use super::session::{AgentContext, serve_agent};
 use super::tasks::{TaskGuard, TaskSet, task_set};
+use super::{hyper_path, relay};
 use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Error, Result, Scheme};
 
 /// Where the edge listens and with which TLS material.
@@ -177,7 +180,7 @@ impl EdgeServer {
                     tokio::spawn(async move {
                         let _g = g.clone();
                         let _admitted = admitted;
-                        public::serve_connection(
+                        serve_public(
                             tcp,
                             peer,
                             Scheme::Http,
@@ -230,7 +233,7 @@ impl EdgeServer {
                             },
                         };
                         let alpn_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                        public::serve_connection(
+                        serve_public(
                             tls,
                             peer,
                             Scheme::Https,
@@ -343,5 +346,34 @@ async fn serve_api(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "API connection ended with an error");
+    }
+}
+
+/// Serves one public connection (plain or TLS-terminated) until it closes
+/// or the edge shuts down. HTTP/1.1 goes through the byte relay, which
+/// hands anything it does not relay (upgrades, HTTP/1.0, absolute-form
+/// targets, h2 with prior knowledge, ...) to the hyper path; a TLS
+/// connection that negotiated h2 goes to the hyper path at once.
+async fn serve_public<IO>(
+    io: IO,
+    client_addr: SocketAddr,
+    scheme: Scheme,
+    alpn_h2: bool,
+    registry: Arc<Registry>,
+    policy: Arc<PublicPolicy>,
+    cancel: CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = public::Peer {
+        client_addr,
+        scheme,
+        trusted: policy.is_trusted(client_addr.ip()),
+        limits: policy.limits,
+    };
+    if alpn_h2 {
+        hyper_path::serve(io, peer, registry, cancel).await;
+    } else {
+        relay::serve(io, peer, registry, cancel).await;
     }
 }
