@@ -5,14 +5,17 @@
 //!
 //! Every HTTP connection starts on a small HTTP/1.1 fast path (`h1`):
 //! plain requests to HTTP/1.1 backends — by far the common case — are
-//! parsed once with `httparse` and relayed with their framing tracked but
-//! their bodies never decoded, over its own keep-alive upstream pool. A
-//! request it does not serve (h2c, WebSocket/`Upgrade`, `Expect`, chunked
-//! uploads, HTTP/1.0, h2c or TLS backends, anything `httparse` rejects)
-//! hands the connection, with the bytes already read, to Pingora for the
-//! rest of its life. Both paths apply the same header policy, limits,
-//! errors, retries and metrics (`tuna_proxy_http_fast_path_requests_total`
-//! and `tuna_proxy_http_pingora_handoffs_total` say which served what). Why:
+//! parsed once with the HTTP/1 codec the edge shares (`tuna-http1`) and
+//! relayed with their framing tracked but their bodies never decoded, over
+//! its own keep-alive upstream pool. What the codec refuses (ambiguous
+//! framing, a bad or second `Host`, ...) is answered 400/431 here, whichever
+//! path would have served it. A request the fast path does not serve (h2c,
+//! WebSocket/`Upgrade`, `Expect`, chunked uploads, HTTP/1.0, absolute-form
+//! targets, h2c or TLS backends) hands the connection, with the bytes
+//! already read, to Pingora for the rest of its life. Both paths apply the
+//! same header policy, limits, errors, retries and metrics
+//! (`tuna_proxy_http_fast_path_requests_total` and
+//! `tuna_proxy_http_pingora_handoffs_total` say which served what). Why:
 //! Pingora 0.9's per-request HTTP/1 machinery cost 2.7× nginx's CPU per
 //! keep-alive request in `benches/proxy.sh`; the fast path costs 0.9×.
 //!
@@ -39,12 +42,14 @@
 //!   disturbed by a swap.
 //! - **HTTP behaviour.** Host (normalised as in `tuna-routing`) + path
 //!   routing with Ingress semantics; unknown host or path → 404 page naming
-//!   the host; upstream refused/unreachable → 502; upstream timeout → 504;
+//!   the host; on a tunnel stream, a host other than [`ConnInfo::host`] →
+//!   421; upstream refused/unreachable → 502; upstream timeout → 504;
 //!   only connect failures of idempotent requests are retried (on the next
 //!   address), plus Pingora's retry of a dead pooled connection. The public
 //!   `Host` reaches the backend unchanged; `X-Forwarded-Host`,
 //!   `X-Forwarded-Proto` (from [`ConnInfo::scheme`]) and `X-Forwarded-For`
-//!   (appended for trusted connections, replaced otherwise) are set;
+//!   (appended for trusted connections, replaced otherwise) are set, and
+//!   `Forwarded`/`X-Real-IP` are kept only from trusted connections;
 //!   hop-by-hop headers are stripped; a request id header is added (a
 //!   trusted hop's is kept) and carried by a tracing span per request.
 //!   WebSocket/Upgrade, streamed bodies of any size, HTTP/1.1 and h2c from

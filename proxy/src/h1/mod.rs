@@ -4,15 +4,18 @@
 //! it is the common case — HTTP/1.1, origin-form target, one `Host`, a body
 //! delimited by `Content-Length` (or none), no `Upgrade`/`Expect`/
 //! `Transfer-Encoding`, routed to an HTTP/1.1 backend. Its head is parsed
-//! once (`httparse`, borrowing the read buffer), the upstream head is
-//! written straight from those slices with the header policy applied, and
-//! the response is relayed with its framing tracked but its body never
-//! decoded: a keep-alive request costs two reads and two writes and no
-//! allocation. Anything else — h2c, WebSocket, chunked uploads, HTTP/1.0,
-//! h2c/TLS backends, heads `httparse` rejects — hands the connection, with
-//! the bytes already read, to Pingora (`conn.rs`), which serves it to the
-//! end. Why: Pingora's per-request HTTP/1 path cost 2.7× nginx's CPU per
-//! request in `benches/proxy.sh`, almost all of it outside our hooks.
+//! once with the codec the edge shares (`tuna-http1`, borrowing the read
+//! buffer), the upstream head is written straight from those slices with
+//! the header policy applied, and the response is relayed with its framing
+//! tracked but its body never decoded: a keep-alive request costs two reads
+//! and two writes and no allocation. What the codec refuses is answered
+//! here (400/431, 421 for a host the tunnel stream does not serve); what
+//! the fast path does not serve — h2c, WebSocket, chunked uploads,
+//! HTTP/1.0, absolute-form targets, h2c/TLS backends — hands the
+//! connection, with the bytes already read, to Pingora (`conn.rs`), which
+//! serves it to the end. Why: Pingora's per-request HTTP/1 path cost 2.7×
+//! nginx's CPU per request in `benches/proxy.sh`, almost all of it outside
+//! our hooks.
 //!
 //! The policy is the one `http.rs` applies in Pingora's hooks: the same
 //! hop-by-hop stripping, `X-Forwarded-*`, request id, 404/502/504 pages,
