@@ -113,8 +113,9 @@ const MAX_HOST_NAME: usize = 253;
 
 /// Parses a `Host` value (or the authority of an absolute-form target):
 /// a DNS name of `[A-Za-z0-9._-]` or a bracketed IP literal, optionally
-/// `:port` (1–5 digits, at most 65535). Userinfo (`user@host`), empty
-/// values and any other character are refused.
+/// `:port` (1–5 digits, at most 65535); DNS labels of 1–63 characters
+/// (one trailing dot allowed). Userinfo (`user@host`), empty values, empty
+/// labels and any other character are refused.
 ///
 /// ```
 /// use tuna_http1::parse_host;
@@ -158,6 +159,14 @@ pub fn parse_host(value: &[u8]) -> Option<Host<'_>> {
         if !name
             .iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+        {
+            return None;
+        }
+        // Labels of 1–63 characters: `a..b` or `app..` name nothing, and
+        // two hops must not disagree about which trailing dot is the one.
+        if !name
+            .split(|b| *b == b'.')
+            .all(|l| (1..=63).contains(&l.len()))
         {
             return None;
         }
@@ -212,6 +221,13 @@ mod tests {
             "[::1]x",
             "[zz::1]",
             "a\u{e9}.example",
+            // empty or long labels (found by fuzzing: `app..` compared
+            // unequal to itself once one trailing dot was stripped)
+            "a..b",
+            ".a",
+            "a..",
+            "app.....",
+            "a.bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb.c",
         ];
         for value in bad {
             assert_eq!(parse_host(value.as_bytes()), None, "{value:?}");

@@ -24,7 +24,8 @@
 //!   ([`Response::conflicting_length`]): a relay must not forward it, nor
 //!   reuse that connection.
 //! - **Host**: at most one `Host` field; its value must be a DNS name
-//!   (`[A-Za-z0-9._-]`) or a bracketed IP literal, optionally with a port —
+//!   (`[A-Za-z0-9._-]`, labels of 1–63 characters) or a bracketed IP
+//!   literal, optionally with a port —
 //!   no userinfo (`user@host`), no other characters ([`parse_host`]).
 //! - **Hop-by-hop** ([`HOP_BY_HOP`], [`Request::is_hop_by_hop`]): the nine
 //!   fixed names plus what `Connection` names; a `Connection` that names
