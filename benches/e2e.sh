@@ -50,7 +50,10 @@ cargo build --release -p tuna-operator
 TUNA=$TARGET/release/tuna-operator
 if [ ! -x "$CACHE/rathole/bin/rathole" ]; then
   echo "== installing rathole into $CACHE/rathole"
-  cargo install rathole --locked --root "$CACHE/rathole"
+  # rathole 0.5.0's lock file pins time 0.3.29, which Rust >= 1.80 rejects:
+  # without the lock, cargo resolves a compatible time.
+  cargo install rathole --locked --root "$CACHE/rathole" ||
+    cargo install rathole --root "$CACHE/rathole"
 fi
 RATHOLE=$CACHE/rathole/bin/rathole
 

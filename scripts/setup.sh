@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing tuna-operator needs on a fresh Debian machine.
 # Idempotent: does nothing when everything is already there.
+# `scripts/setup.sh --fuzz` also installs cargo-fuzz (for scripts/fuzz.sh).
 set -euo pipefail
 
 need_apt=()
@@ -24,4 +25,16 @@ fi
 if ! command -v kubectl >/dev/null 2>&1; then
   echo "setup: kubectl not found. Install kubectl v1.32 (https://kubernetes.io/docs/tasks/tools/)," >&2
   echo "       the emulator's kubectl tests fail without it." >&2
+fi
+
+if [ "${1:-}" = "--fuzz" ]; then
+  if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    echo "setup: fuzzing needs the nightly toolchain: rustup toolchain install nightly" >&2
+    exit 1
+  fi
+  if ! command -v cargo-fuzz >/dev/null 2>&1; then
+    echo "setup: cargo install cargo-fuzz" >&2
+    # Built in cargo's own temporary dir, not the workspace's target dir.
+    env -u CARGO_TARGET_DIR cargo install --locked cargo-fuzz
+  fi
 fi

@@ -18,12 +18,15 @@ pub fn serve_stream(proxy: &ProxyCore, stream: MuxStream, meta: StreamMeta) {
     let proxy = proxy.clone();
     tokio::spawn(async move {
         match meta.kind {
-            StreamKind::Http { scheme, .. } => {
+            StreamKind::Http { scheme, host } => {
+                // The stream was opened for this host: the proxy serves no
+                // other on it (421), whatever the request's Host says.
                 let info = ConnInfo {
                     client_addr: meta.client_addr,
                     local_addr: None,
                     scheme: to_proxy_scheme(scheme),
                     trusted: true,
+                    host: Some(host),
                 };
                 proxy.serve_stream(stream, info).await;
             }
@@ -33,6 +36,7 @@ pub fn serve_stream(proxy: &ProxyCore, stream: MuxStream, meta: StreamMeta) {
                     local_addr: None,
                     scheme: Scheme::Http,
                     trusted: true,
+                    host: None,
                 };
                 if let Err(e) = proxy.serve_tcp_stream(&endpoint, stream, info).await {
                     tracing::debug!(%endpoint, error = %e, "tcp stream ended");

@@ -622,6 +622,9 @@ async fn edge_refusals_and_outages_are_reported_and_recovered() {
     // Ready reservations stay Ready through the outage.
     let still: Domain = client_get(&client, "many-0").await;
     assert!(ready_true(domain_ready(&still)));
+    // Back with the default request budget: ten objects resynced every 2 s
+    // need more than the 1 request/s the 429 part above ran with.
+    edge.options.extra.clear();
     edge.run().await;
     wait_for(
         &client,

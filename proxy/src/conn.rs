@@ -8,18 +8,20 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll};
 
 use pingora::apps::ServerApp;
-use pingora::protocols::GetSocketDigest;
 use pingora::protocols::SocketDigest;
 use pingora::protocols::l4::socket::SocketAddr as L4Addr;
 use pingora::protocols::l4::stream::Stream;
 use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::{GetProxyDigest, GetSocketDigest};
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::h1;
-use crate::http::{Router, Shared};
+use crate::http::{Router, StreamHost};
+use crate::shared::Shared;
 
 /// Adapts a caller's stream to Pingora's [`VirtualSocket`], which must be
 /// `Sync`. The stream sits in a `Mutex` that is only ever reached through
@@ -189,13 +191,15 @@ pub(crate) fn tcp_stream(
 }
 
 /// Wraps a caller's stream as a Pingora [`Stream`] whose digest reports the
-/// public client and local addresses. Writes are buffered like accepted TCP
+/// public client and local addresses, and the one host the stream may
+/// serve (see [`StreamHost`]). Writes are buffered like accepted TCP
 /// connections' (see [`BufferedTcp`]), which also keeps a tunnel from
 /// carrying a response header and its body as separate frames.
 pub(crate) fn tunnel_stream<S>(
     stream: S,
     client: std::net::SocketAddr,
     local: Option<std::net::SocketAddr>,
+    host: Option<Arc<str>>,
 ) -> Stream
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -212,6 +216,14 @@ where
         .local_addr
         .set(Some(L4Addr::Inet(local.unwrap_or(unspecified))));
     s.set_socket_digest(digest);
+    if let Some(host) = host {
+        let carrier =
+            pingora::http::ResponseHeader::build(200, Some(0)).expect("a 200 head builds");
+        s.set_proxy_digest(ProxyDigest::new(
+            Box::new(carrier),
+            Some(Box::new(StreamHost(host))),
+        ));
+    }
     s
 }
 
@@ -224,6 +236,7 @@ pub(crate) async fn serve_connection<S>(
     client_ip: std::net::IpAddr,
     scheme: crate::Scheme,
     trusted: bool,
+    host: Option<Arc<str>>,
     is_socket: bool,
     wrap: impl FnOnce(S) -> Stream,
     app: Arc<HttpProxy<Router>>,
@@ -248,6 +261,7 @@ pub(crate) async fn serve_connection<S>(
         client_ip,
         scheme,
         trusted,
+        host: host.as_deref(),
         stopping: &stopping,
     };
     match h1::serve(&mut io, &ctx).await {

@@ -25,10 +25,9 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, header};
@@ -38,63 +37,27 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, RetryType};
 
 use crate::Scheme;
-use crate::config::ProxyConfig;
-use crate::metrics::{HostStats, Metrics, UpstreamErrorCause};
-use crate::routes::{CompiledBackend, Snapshot};
+use crate::metrics::{HostStats, UpstreamErrorCause};
+use crate::pages::error_page;
+use crate::routes::CompiledBackend;
+use crate::shared::Shared;
 
-/// State shared by every connection of one proxy core.
-pub(crate) struct Shared {
-    pub(crate) snapshot: ArcSwap<Snapshot>,
-    pub(crate) metrics: Metrics,
-    pub(crate) config: ProxyConfig,
-    /// Idle upstream connections of the HTTP/1.1 fast path.
-    pub(crate) pool: crate::h1::Pool,
-    id_prefix: u32,
-    id_counter: AtomicU64,
-}
+/// The one host a tunnel stream may serve ([`crate::ConnInfo::host`]),
+/// carried to the hooks by the downstream stream itself: Pingora gives
+/// hooks no per-connection context, but every session's digest holds the
+/// stream's `ProxyDigest`, whose `user_data` is free for the stream's
+/// owner on a downstream connection (Pingora sets it only on upstream
+/// connections made through a CONNECT proxy). See `conn::tunnel_stream`.
+pub(crate) struct StreamHost(pub(crate) Arc<str>);
 
-impl Shared {
-    pub(crate) fn new(config: ProxyConfig) -> Self {
-        // A per-process prefix keeps ids of restarted processes apart
-        // without a random-number dependency.
-        let id_prefix = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or_default(),
-            );
-            h.finish() as u32
-        };
-        Self {
-            snapshot: ArcSwap::from_pointee(Snapshot::default()),
-            metrics: Metrics::default(),
-            pool: crate::h1::Pool::new(config.upstream_pool_size, config.upstream.idle),
-            config,
-            id_prefix,
-            id_counter: AtomicU64::new(0),
-        }
-    }
-
-    fn next_request_id(&self) -> HeaderValue {
-        let mut id = [0u8; 24];
-        self.write_request_id(&mut id);
-        HeaderValue::from_bytes(&id).expect("hex is a valid header value")
-    }
-
-    /// Writes the next request id into `id` (24 bytes): 8 hex digits of
-    /// prefix, 16 of counter, in place — this runs for every request, so
-    /// no `format!` String in between.
-    pub(crate) fn write_request_id(&self, id: &mut [u8]) {
-        let n = self.id_counter.fetch_add(1, Relaxed);
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let digits = (u128::from(self.id_prefix) << 64) | u128::from(n);
-        for (i, b) in id.iter_mut().take(24).enumerate() {
-            *b = HEX[((digits >> (4 * (23 - i))) & 0xf) as usize];
-        }
-    }
+fn stream_host(session: &Session) -> Option<&str> {
+    let user_data = session
+        .digest()?
+        .proxy_digest
+        .as_ref()?
+        .user_data
+        .as_ref()?;
+    user_data.downcast_ref::<StreamHost>().map(|h| &*h.0)
 }
 
 /// One Pingora application per (scheme, trusted) pair: the pair is a
@@ -122,21 +85,14 @@ pub struct RequestCtx {
     answered_locally: Option<u16>,
 }
 
-pub(crate) const HOP_BY_HOP: [HeaderName; 6] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-];
-
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Removes hop-by-hop headers: the fixed list, plus every header named in
-/// `Connection`. An upgrade keeps `Connection: upgrade` and `Upgrade`, the
+/// Removes hop-by-hop headers: the codec's list ([`tuna_http1::HOP_BY_HOP`];
+/// `Transfer-Encoding` is Pingora's to frame), plus every header named in
+/// `Connection` except the framing fields and `Host`, which no hop may
+/// drop. An upgrade keeps `Connection: upgrade` and `Upgrade`, the
 /// two headers that make it one; `TE: trailers` is kept because gRPC
 /// requires it end to end.
 fn strip_hop_by_hop(headers: &http::HeaderMap, keep_upgrade: bool) -> Vec<HeaderName> {
@@ -146,6 +102,12 @@ fn strip_hop_by_hop(headers: &http::HeaderMap, keep_upgrade: bool) -> Vec<Header
             for token in v.split(',') {
                 let token = token.trim();
                 if token.eq_ignore_ascii_case("upgrade") && keep_upgrade {
+                    continue;
+                }
+                if ["host", "content-length", "transfer-encoding"]
+                    .iter()
+                    .any(|n| token.eq_ignore_ascii_case(n))
+                {
                     continue;
                 }
                 if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
@@ -162,13 +124,18 @@ fn strip_hop_by_hop(headers: &http::HeaderMap, keep_upgrade: bool) -> Vec<Header
                 .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
         });
     let mut removed: Vec<HeaderName> = Vec::new();
-    for name in HOP_BY_HOP.iter().chain(named.iter()) {
+    for name in tuna_http1::HOP_BY_HOP {
+        if name == "transfer-encoding" || (keep_upgrade && name == "upgrade") {
+            continue;
+        }
         if headers.contains_key(name) {
-            removed.push(name.clone());
+            removed.push(HeaderName::from_static(name));
         }
     }
-    if !keep_upgrade && headers.contains_key(header::UPGRADE) {
-        removed.push(header::UPGRADE);
+    for name in named {
+        if headers.contains_key(&name) {
+            removed.push(name);
+        }
     }
     removed.retain(|n| !(n == header::TE && te_trailers));
     removed
@@ -231,16 +198,6 @@ fn status_for(e: &Error) -> u16 {
         ) => 0,
         (_, ErrorSource::Downstream) => 400,
         _ => 502,
-    }
-}
-
-pub(crate) fn error_page(status: u16) -> &'static str {
-    match status {
-        502 => "502 Bad Gateway: the upstream refused the connection or is unreachable.\n",
-        504 => "504 Gateway Timeout: the upstream did not answer in time.\n",
-        408 => "408 Request Timeout\n",
-        431 => "431 Request Header Fields Too Large\n",
-        _ => "",
     }
 }
 
@@ -326,15 +283,29 @@ impl ProxyHttp for Router {
             .map(|a| a.ip());
 
         let req = session.req_header();
-        // h2 carries the host in :authority, h1 absolute-form in the target.
+        // h2 carries the host in :authority, h1 absolute-form in the target;
+        // either wins over `Host` (RFC 9112 §3.2.2), and the upstream gets
+        // it as its `Host` (upstream_request_filter). Every host is held to
+        // the codec's rules, and a tunnel stream serves its one host only.
         let host_value = match req.uri.authority() {
             Some(a) => HeaderValue::from_str(a.as_str()).ok(),
             None => req.headers.get(header::HOST).cloned(),
         };
-        let host = host_value
+        let host_header_ok = req
+            .headers
+            .get(header::HOST)
+            .is_none_or(|v| tuna_http1::parse_host(v.as_bytes()).is_some());
+        let parsed = host_value
             .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+            .map(|v| tuna_http1::parse_host(v.as_bytes()));
+        let refusal = match (parsed, stream_host(session)) {
+            _ if !host_header_ok => Some(400),
+            (Some(None), _) => Some(400),
+            (Some(Some(h)), Some(bound)) if !h.is(bound) => Some(421),
+            (None, Some(_)) => Some(421),
+            _ => None,
+        };
+        let host = parsed.flatten().map_or("", |h| h.name);
         let path = req.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         ctx.span = tracing::info_span!(
             "request",
@@ -356,6 +327,14 @@ impl ProxyHttp for Router {
             session.set_keepalive(None);
             return self
                 .answer(session, ctx, 431, error_page(431).to_owned())
+                .await;
+        }
+
+        if let Some(status) = refusal {
+            self.shared.metrics.header_rejections.fetch_add(1, Relaxed);
+            session.set_keepalive(None);
+            return self
+                .answer(session, ctx, status, error_page(status).to_owned())
                 .await;
         }
 
@@ -409,6 +388,16 @@ impl ProxyHttp for Router {
             upstream.insert_header(header::CONNECTION, "upgrade")?;
         }
 
+        if !self.trusted {
+            // Only a trusted hop speaks for earlier ones.
+            upstream.remove_header("forwarded");
+            upstream.remove_header("x-real-ip");
+        }
+        if session.req_header().uri.authority().is_some()
+            && let Some(host) = &ctx.public_host
+        {
+            upstream.insert_header(header::HOST, host.clone())?;
+        }
         if let Some(ip) = ctx.client_ip {
             let ip = ip.to_string();
             let existing = upstream
@@ -445,6 +434,14 @@ impl ProxyHttp for Router {
         }
         if upgrade {
             upstream_response.insert_header(header::CONNECTION, "upgrade")?;
+        }
+        if upstream_response
+            .headers
+            .contains_key(header::TRANSFER_ENCODING)
+        {
+            // The coding frames the body (RFC 9112 §6.3); a length beside it
+            // must not reach the client, who might believe it instead.
+            upstream_response.remove_header(&header::CONTENT_LENGTH);
         }
         Ok(())
     }
@@ -548,23 +545,5 @@ impl ProxyHttp for Router {
             error = e.map(|e| e.to_string()),
             "request done"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The in-place hex writer must produce what `format!` would: the id
-    /// prefix then the counter, zero-padded lowercase hex.
-    #[test]
-    fn request_ids_are_prefix_then_counter_in_hex() {
-        let shared = Shared::new(ProxyConfig::default());
-        shared.id_counter.store(0x0123_4567_89ab_cdef, Relaxed);
-        let first = shared.next_request_id();
-        let second = shared.next_request_id();
-        let expect = |n: u64| format!("{:08x}{:016x}", shared.id_prefix, n);
-        assert_eq!(first.to_str().unwrap(), expect(0x0123_4567_89ab_cdef));
-        assert_eq!(second.to_str().unwrap(), expect(0x0123_4567_89ab_cdf0));
     }
 }

@@ -5,14 +5,17 @@
 //!
 //! Every HTTP connection starts on a small HTTP/1.1 fast path (`h1`):
 //! plain requests to HTTP/1.1 backends — by far the common case — are
-//! parsed once with `httparse` and relayed with their framing tracked but
-//! their bodies never decoded, over its own keep-alive upstream pool. A
-//! request it does not serve (h2c, WebSocket/`Upgrade`, `Expect`, chunked
-//! uploads, HTTP/1.0, h2c or TLS backends, anything `httparse` rejects)
-//! hands the connection, with the bytes already read, to Pingora for the
-//! rest of its life. Both paths apply the same header policy, limits,
-//! errors, retries and metrics (`tuna_proxy_http_fast_path_requests_total`
-//! and `tuna_proxy_http_pingora_handoffs_total` say which served what). Why:
+//! parsed once with the HTTP/1 codec the edge shares (`tuna-http1`) and
+//! relayed with their framing tracked but their bodies never decoded, over
+//! its own keep-alive upstream pool. What the codec refuses (ambiguous
+//! framing, a bad or second `Host`, ...) is answered 400/431 here, whichever
+//! path would have served it. A request the fast path does not serve (h2c,
+//! WebSocket/`Upgrade`, `Expect`, chunked uploads, HTTP/1.0, absolute-form
+//! targets, h2c or TLS backends) hands the connection, with the bytes
+//! already read, to Pingora for the rest of its life. Both paths apply the
+//! same header policy, limits, errors, retries and metrics
+//! (`tuna_proxy_http_fast_path_requests_total` and
+//! `tuna_proxy_http_pingora_handoffs_total` say which served what). Why:
 //! Pingora 0.9's per-request HTTP/1 machinery cost 2.7× nginx's CPU per
 //! keep-alive request in `benches/proxy.sh`; the fast path costs 0.9×.
 //!
@@ -39,12 +42,14 @@
 //!   disturbed by a swap.
 //! - **HTTP behaviour.** Host (normalised as in `tuna-routing`) + path
 //!   routing with Ingress semantics; unknown host or path → 404 page naming
-//!   the host; upstream refused/unreachable → 502; upstream timeout → 504;
+//!   the host; on a tunnel stream, a host other than [`ConnInfo::host`] →
+//!   421; upstream refused/unreachable → 502; upstream timeout → 504;
 //!   only connect failures of idempotent requests are retried (on the next
 //!   address), plus Pingora's retry of a dead pooled connection. The public
 //!   `Host` reaches the backend unchanged; `X-Forwarded-Host`,
 //!   `X-Forwarded-Proto` (from [`ConnInfo::scheme`]) and `X-Forwarded-For`
-//!   (appended for trusted connections, replaced otherwise) are set;
+//!   (appended for trusted connections, replaced otherwise) are set, and
+//!   `Forwarded`/`X-Real-IP` are kept only from trusted connections;
 //!   hop-by-hop headers are stripped; a request id header is added (a
 //!   trusted hop's is kept) and carried by a tracing span per request.
 //!   WebSocket/Upgrade, streamed bodies of any size, HTTP/1.1 and h2c from
@@ -109,7 +114,10 @@ mod error;
 mod h1;
 mod http;
 mod metrics;
+mod pages;
+mod pool;
 mod routes;
+mod shared;
 mod tcp;
 
 use std::collections::HashMap;
@@ -134,8 +142,9 @@ pub use routes::{HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol};
 pub use tcp::{TcpLimits, TcpUpstream};
 pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
 
-use crate::http::{Router, Shared};
+use crate::http::Router;
 use crate::routes::Registry;
+use crate::shared::Shared;
 use crate::tcp::TcpEndpoint;
 
 /// The scheme the client used on the public side.
@@ -169,9 +178,16 @@ pub struct ConnInfo {
     /// Scheme the client used (becomes `X-Forwarded-Proto`).
     pub scheme: Scheme,
     /// Whether the hop that delivered the stream is trusted: its
-    /// `X-Forwarded-For` is appended to and its request id kept. True for
-    /// streams from our own edge.
+    /// `X-Forwarded-For` is appended to, its `Forwarded` and `X-Real-IP`
+    /// kept and its request id kept. True for streams from our own edge,
+    /// which removes what public clients send (see `docs/tuna-api.md`).
     pub trusted: bool,
+    /// The one host this stream may serve: a tunnel stream is opened for
+    /// one host (its metadata's `tuna-host`), and a request on it for any
+    /// other host — by `Host`, absolute-form target or h2 `:authority` —
+    /// is answered `421 Misdirected Request` without being routed. `None`
+    /// serves every registered host (a plain listener's connections).
+    pub host: Option<String>,
 }
 
 /// A cheap, cloneable handle to one proxy core. All clones share the same
@@ -359,14 +375,23 @@ impl ProxyCore {
             return;
         }
         let app = self.inner.app(info.scheme, info.trusted);
-        let (client, local) = (info.client_addr, info.local_addr);
+        let ConnInfo {
+            client_addr: client,
+            local_addr: local,
+            scheme,
+            trusted,
+            host,
+        } = info;
+        let bound: Option<Arc<str>> = host.map(Into::into);
+        let for_pingora = bound.clone();
         let fut = conn::serve_connection(
             stream,
-            info.client_addr.ip(),
-            info.scheme,
-            info.trusted,
+            client.ip(),
+            scheme,
+            trusted,
+            bound,
             false,
-            move |s| conn::tunnel_stream(s, client, local),
+            move |s| conn::tunnel_stream(s, client, local, for_pingora),
             app,
             self.inner.shared.clone(),
             self.inner.shutdown_tx.subscribe(),
@@ -599,6 +624,7 @@ async fn accept_http(listener: TcpListener, bound: SocketAddr, inner: Arc<Inner>
                     peer.ip(),
                     Scheme::Http,
                     trusted,
+                    None,
                     true,
                     move |tcp| conn::tcp_stream(tcp, peer, local),
                     app,

@@ -150,6 +150,7 @@ async fn tcp_service_serves_duplex_streams() {
         local_addr: None,
         scheme: Scheme::Http,
         trusted: true,
+        host: None,
     };
     let (client, server) = tokio::io::duplex(64 * 1024);
     let serving = {
@@ -193,6 +194,7 @@ async fn serve_stream_takes_a_duplex_http_connection() {
             local_addr: Some("192.0.2.1:443".parse().unwrap()),
             scheme: Scheme::Https,
             trusted,
+            host: None,
         };
         let serving = {
             let core = core.clone();

@@ -49,6 +49,7 @@ async fn request_span_carries_the_request_id() {
         local_addr: None,
         scheme: Scheme::Https,
         trusted: true,
+        host: None,
     };
     let serving = {
         let core = core.clone();

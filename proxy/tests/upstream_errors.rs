@@ -11,7 +11,7 @@ use tuna_proxy::{PathType, ProxyConfig};
 
 #[tokio::test]
 async fn refused_upstream_is_502_and_counted() {
-    let dead = dead_addr().await;
+    let (dead, _refusing) = refusing_addr();
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "shop.example.com",
@@ -116,7 +116,7 @@ async fn connect_timeout_is_504() {
 #[tokio::test]
 async fn idempotent_requests_retry_connect_failures_on_the_next_address() {
     let web = echo_backend("web").await;
-    let dead = dead_addr().await;
+    let (dead, _refusing) = refusing_addr();
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "shop.example.com",

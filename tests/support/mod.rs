@@ -286,7 +286,7 @@ pub struct Edge {
     pub key_file: PathBuf,
     /// The TCP port range of the edge.
     pub tcp_ports: (u16, u16),
-    options: EdgeOptions,
+    pub options: EdgeOptions,
     dir: PathBuf,
 }
 

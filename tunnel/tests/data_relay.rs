@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tuna_tunnel::agent::AgentHandle;
-use tuna_tunnel::edge::{EdgeHandle, MemoryAuthority};
+use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
 use tuna_tunnel::mux::MuxStream;
 use tuna_tunnel::wire::{Binding, StreamKind, StreamMeta, TunnelToken};
 
@@ -40,6 +40,14 @@ async fn setup<F>(hosts: &[&str], handler: F) -> Setup
 where
     F: Fn(MuxStream, StreamMeta) + Clone + Send + Sync + 'static,
 {
+    setup_with(hosts, handler, |_| {}).await
+}
+
+/// [`setup`] with the edge's configuration adjusted by `configure`.
+async fn setup_with<F>(hosts: &[&str], handler: F, configure: impl FnOnce(&mut EdgeConfig)) -> Setup
+where
+    F: Fn(MuxStream, StreamMeta) + Clone + Send + Sync + 'static,
+{
     init();
     let cert = TestCert::new();
     let authority = MemoryAuthority::new();
@@ -52,7 +60,11 @@ where
             vec![Binding::http(*host)],
         );
     }
-    let edge = start_edge(&cert, &authority).await;
+    let mut config = edge_config(&cert, "127.0.0.1:0".parse().unwrap());
+    configure(&mut config);
+    let edge = EdgeServer::start(config, Arc::new(authority.clone()), None)
+        .await
+        .unwrap();
     let mut agents = Vec::new();
     let mut streams = Vec::new();
     for (i, host) in hosts.iter().enumerate() {
@@ -177,7 +189,7 @@ async fn read_response<R: AsyncRead + Unpin>(r: &mut BufReader<R>, head: bool) -
 async fn read_response_unguarded<R: AsyncRead + Unpin>(r: &mut BufReader<R>, head: bool) -> Parsed {
     let mut line = String::new();
     r.read_line(&mut line).await.unwrap();
-    assert!(line.starts_with("HTTP/1.1 "), "status line {line:?}");
+    assert!(line.starts_with("HTTP/1."), "status line {line:?}");
     let status: u16 = line[9..12].parse().unwrap();
     let mut headers = Vec::new();
     loop {
@@ -659,4 +671,313 @@ async fn a_keep_alive_connection_follows_its_host_to_a_newer_session() {
         1,
         "the new one took over, on one stream"
     );
+}
+
+/// Each stream answers every request with its head as the body, so a test
+/// sees exactly what the edge forwarded. The n-th request of a stream
+/// (counting from 1) is read and left unanswered, the stream closed, when
+/// `hang_up_at` says so; every head is also counted in `heads`.
+fn head_echo(
+    hang_up_at: Option<usize>,
+    heads: Arc<AtomicUsize>,
+) -> impl Fn(MuxStream, StreamMeta) + Clone + Send + Sync + 'static {
+    move |mut stream: MuxStream, _meta: StreamMeta| {
+        let heads = Arc::clone(&heads);
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            for n in 1.. {
+                let end = loop {
+                    if let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(got) => seen.extend_from_slice(&buf[..got]),
+                    }
+                };
+                let head: Vec<u8> = seen.drain(..end).collect();
+                heads.fetch_add(1, Ordering::SeqCst);
+                // Bodies here are tiny and sent with their head.
+                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                if let Some(len) = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                {
+                    let len: usize = len.trim().parse().unwrap();
+                    while seen.len() < len {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(got) => seen.extend_from_slice(&buf[..got]),
+                        }
+                    }
+                    seen.drain(..len);
+                }
+                if hang_up_at == Some(n) {
+                    let _ = stream.shutdown().await;
+                    let _ = tokio::io::copy(&mut stream, &mut tokio::io::sink()).await;
+                    return;
+                }
+                let mut resp = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", head.len())
+                    .into_bytes();
+                resp.extend_from_slice(&head);
+                if stream.write_all(&resp).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[tokio::test]
+async fn the_agent_sees_the_host_the_edge_routed_by() {
+    let heads = Arc::new(AtomicUsize::new(0));
+    let s = setup(&[APP, SHOP], head_echo(None, heads)).await;
+    // (request, status, the Host line the agent of APP must see)
+    let cases: &[(&str, u16, Option<&str>)] = &[
+        // relay path: routed by Host, forwarded as sent
+        (
+            "GET / HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n",
+            200,
+            Some("host: app.tuna.test"),
+        ),
+        // hyper path: routed by the absolute-form target, whose authority
+        // replaces Host (the review's repro sent Host: hidden.example)
+        (
+            "GET http://app.tuna.test/x HTTP/1.1\r\nHost: shop.tuna.test\r\nConnection: close\r\n\r\n",
+            200,
+            Some("host: app.tuna.test"),
+        ),
+        // userinfo never names a host, on either path
+        (
+            "GET / HTTP/1.1\r\nHost: shop.tuna.test@app.tuna.test\r\n\r\n",
+            400,
+            None,
+        ),
+        (
+            "GET http://shop.tuna.test@app.tuna.test/ HTTP/1.1\r\nHost: app.tuna.test\r\nConnection: close\r\n\r\n",
+            400,
+            None,
+        ),
+    ];
+    for (request, status, host_line) in cases {
+        let mut conn = connect(&s.edge).await;
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let resp = read_response(&mut conn, false).await;
+        assert_eq!(resp.status, *status, "{request:?}: {}", resp.text());
+        if let Some(line) = host_line {
+            let seen = resp.text().to_ascii_lowercase();
+            assert!(seen.contains(line), "{request:?}: the agent saw {seen:?}");
+            assert!(
+                !seen.contains("shop.tuna.test"),
+                "{request:?}: the agent saw {seen:?}"
+            );
+        }
+    }
+    assert_eq!(
+        s.streams[1].load(Ordering::SeqCst),
+        0,
+        "SHOP's agent got nothing"
+    );
+}
+
+const CLAIMS: &str = "X-Forwarded-For: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n\
+                      X-Request-Id: forged\r\nX-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\n";
+
+/// What the agent saw of a request with [`CLAIMS`], on the relay path and
+/// on the hyper path (HTTP/1.0).
+async fn claims_seen(edge: &EdgeHandle) -> Vec<String> {
+    let mut seen = Vec::new();
+    for version in ["1.1", "1.0"] {
+        let mut conn = connect(edge).await;
+        let request = format!(
+            "GET / HTTP/{version}\r\nHost: app.tuna.test\r\nConnection: close\r\n{CLAIMS}\r\n"
+        );
+        conn.write_all(request.as_bytes()).await.unwrap();
+        let resp = read_response(&mut conn, false).await;
+        assert_eq!(resp.status, 200, "HTTP/{version}");
+        seen.push(resp.text().to_ascii_lowercase());
+    }
+    seen
+}
+
+#[tokio::test]
+async fn public_clients_cannot_claim_addresses_or_request_ids() {
+    let s = setup(&[APP], head_echo(None, Arc::new(AtomicUsize::new(0)))).await;
+    for seen in claims_seen(&s.edge).await {
+        for field in [
+            "x-forwarded-",
+            "forwarded:",
+            "x-real-ip",
+            "x-request-id",
+            "6.6.6.6",
+        ] {
+            assert!(!seen.contains(field), "{field} reached the agent: {seen:?}");
+        }
+    }
+    // A proxy the edge is told to trust keeps its fields.
+    let trusted = setup_with(
+        &[APP],
+        head_echo(None, Arc::new(AtomicUsize::new(0))),
+        |c| {
+            c.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
+        },
+    )
+    .await;
+    for seen in claims_seen(&trusted.edge).await {
+        for field in [
+            "x-forwarded-for: 6.6.6.6",
+            "x-real-ip: 6.6.6.6",
+            "x-request-id: forged",
+        ] {
+            assert!(
+                seen.contains(field),
+                "{field} from a trusted proxy was lost: {seen:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_request_that_may_have_had_its_effect_is_not_sent_twice() {
+    // Every stream answers its first request and hangs up on its second
+    // after reading it whole: the agent may have acted on it.
+    let heads = Arc::new(AtomicUsize::new(0));
+    let s = setup(&[APP], head_echo(Some(2), Arc::clone(&heads))).await;
+    let mut conn = connect(&s.edge).await;
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut conn, false).await.status, 200);
+    conn.write_all(b"POST /pay HTTP/1.1\r\nHost: app.tuna.test\r\nContent-Length: 2\r\n\r\nhi")
+        .await
+        .unwrap();
+    let resp = read_response(&mut conn, false).await;
+    assert_eq!(resp.status, 502, "{}", resp.text());
+    assert_eq!(
+        heads.load(Ordering::SeqCst),
+        2,
+        "the POST reached the agent once"
+    );
+
+    // An idempotent request is sent again on a fresh stream.
+    let mut conn = connect(&s.edge).await;
+    conn.write_all(b"GET /1 HTTP/1.1\r\nHost: app.tuna.test\r\n\r\nGET /2 HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut conn, false).await.status, 200);
+    let resp = read_response(&mut conn, false).await;
+    assert_eq!(resp.status, 200);
+    assert!(resp.text().starts_with("GET /2 "), "{}", resp.text());
+}
+
+#[tokio::test]
+async fn an_agent_that_never_answers_gets_a_504() {
+    // Reads the request, never answers, keeps the stream open.
+    let silent = |mut stream: MuxStream, _meta: StreamMeta| {
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut stream, &mut tokio::io::sink()).await;
+        });
+    };
+    let s = setup_with(&[APP], silent, |c| {
+        c.public_limits.response = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let mut conn = connect(&s.edge).await;
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = read_response(&mut conn, false).await;
+    assert_eq!(resp.status, 504, "{}", resp.text());
+}
+
+#[tokio::test]
+async fn a_stalled_upload_is_cut_off() {
+    let s = setup_with(&[APP], hyper_backend, |c| {
+        c.public_limits.body_read = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let mut conn = connect(&s.edge).await;
+    conn.write_all(
+        b"POST /echo HTTP/1.1\r\nHost: app.tuna.test\r\nContent-Length: 100\r\n\r\nonly ten b",
+    )
+    .await
+    .unwrap();
+    // Nothing more is sent: the edge gives up on the body and closes.
+    assert!(closed_by_server(&mut conn).await);
+}
+
+#[tokio::test]
+async fn connections_per_client_address_are_capped() {
+    let s = setup_with(&[APP], hyper_backend, |c| {
+        c.public_limits.max_connections_per_ip = 2;
+    })
+    .await;
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut conn = connect(&s.edge).await;
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(read_response(&mut conn, false).await.status, 200);
+        open.push(conn);
+    }
+    let mut third = connect(&s.edge).await;
+    let _ = third
+        .write_all(b"GET / HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n")
+        .await;
+    assert!(
+        closed_by_server(&mut third).await,
+        "a third connection is refused"
+    );
+    // The two admitted ones still work.
+    for conn in &mut open {
+        conn.write_all(b"GET / HTTP/1.1\r\nHost: app.tuna.test\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(read_response(conn, false).await.status, 200);
+    }
+}
+
+#[tokio::test]
+async fn idle_h2_connections_are_closed() {
+    let s = setup_with(&[APP], hyper_backend, |c| {
+        c.public_limits.idle = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(s.cert.cert_der.clone()).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(s.edge.https_addr.unwrap())
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(rustls::pki_types::ServerName::try_from(APP).unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut client, connection) = h2::client::handshake(tls).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let uri = format!("https://{APP}:{}/", s.edge.https_addr.unwrap().port());
+    let (resp, _) = client
+        .send_request(http::Request::get(uri).body(()).unwrap(), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.into_body().data().await;
+    // Nothing more is asked, but the client keeps its handle (an h2 client
+    // connection would end by itself once all handles are gone): the edge
+    // ends the connection.
+    tokio::time::timeout(HANG_GUARD, connection)
+        .await
+        .expect("the idle h2 connection stayed open")
+        .unwrap()
+        .ok();
+    drop(client);
 }

@@ -136,7 +136,7 @@ async fn websocket_style_upgrades_pass_through() {
 }
 
 #[tokio::test]
-async fn tcp_endpoint_echoes_and_carries_large_transfers() {
+async fn tcp_endpoint_echoes_and_carries_a_window_and_more() {
     init();
     let cert = TestCert::new();
     let (listener, port) = endpoint_listener();
@@ -152,8 +152,10 @@ async fn tcp_endpoint_echoes_and_carries_large_transfers() {
     tcp.read_exact(&mut back).await.unwrap();
     assert_eq!(&back, b"hello through the tunnel");
 
-    // 256 MiB up and echoed back down, checked byte for byte by a running sum.
-    const TOTAL: usize = 256 * 1024 * 1024;
+    // More than one flow-control window (8 MiB per stream) up and echoed back
+    // down, checked byte for byte; the timed 256 MiB transfer is a benchmark
+    // (benches/transfer.sh), not a test.
+    const TOTAL: usize = 20 * 1024 * 1024;
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let (mut r, mut w) = tcp.into_split();
     let writer = tokio::spawn(async move {

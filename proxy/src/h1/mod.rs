@@ -4,15 +4,18 @@
 //! it is the common case — HTTP/1.1, origin-form target, one `Host`, a body
 //! delimited by `Content-Length` (or none), no `Upgrade`/`Expect`/
 //! `Transfer-Encoding`, routed to an HTTP/1.1 backend. Its head is parsed
-//! once (`httparse`, borrowing the read buffer), the upstream head is
-//! written straight from those slices with the header policy applied, and
-//! the response is relayed with its framing tracked but its body never
-//! decoded: a keep-alive request costs two reads and two writes and no
-//! allocation. Anything else — h2c, WebSocket, chunked uploads, HTTP/1.0,
-//! h2c/TLS backends, heads `httparse` rejects — hands the connection, with
-//! the bytes already read, to Pingora (`conn.rs`), which serves it to the
-//! end. Why: Pingora's per-request HTTP/1 path cost 2.7× nginx's CPU per
-//! request in `benches/proxy.sh`, almost all of it outside our hooks.
+//! once with the codec the edge shares (`tuna-http1`, borrowing the read
+//! buffer), the upstream head is written straight from those slices with
+//! the header policy applied, and the response is relayed with its framing
+//! tracked but its body never decoded: a keep-alive request costs two reads
+//! and two writes and no allocation. What the codec refuses is answered
+//! here (400/431, 421 for a host the tunnel stream does not serve); what
+//! the fast path does not serve — h2c, WebSocket, chunked uploads,
+//! HTTP/1.0, absolute-form targets, h2c/TLS backends — hands the
+//! connection, with the bytes already read, to Pingora (`conn.rs`), which
+//! serves it to the end. Why: Pingora's per-request HTTP/1 path cost 2.7×
+//! nginx's CPU per request in `benches/proxy.sh`, almost all of it outside
+//! our hooks.
 //!
 //! The policy is the one `http.rs` applies in Pingora's hooks: the same
 //! hop-by-hop stripping, `X-Forwarded-*`, request id, 404/502/504 pages,
@@ -21,14 +24,8 @@
 //! retried on a new one when the request is idempotent and was sent whole),
 //! limits (431 for big or many headers, 408 for slow ones) and metrics.
 
-mod framing;
-mod pool;
-
-pub(crate) use pool::Pool;
-
 use std::fmt;
 use std::io::Write as _;
-use std::mem::MaybeUninit;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -38,21 +35,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::Scheme;
-use crate::http::{HOP_BY_HOP, Shared, error_page};
-use crate::metrics::UpstreamErrorCause;
-use crate::routes::CompiledBackend;
-use framing::{BodyKind, Chunked, ends_chunked, parse_content_length, tokens};
+use tuna_http1::{BodyTracker, Framing};
 
-/// Header fields parsed per message; more goes to Pingora or is refused.
-const MAX_HEADERS: usize = 128;
-/// Largest upstream response head we buffer.
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+use crate::Scheme;
+use crate::metrics::UpstreamErrorCause;
+use crate::pages::{error_page, reason};
+use crate::routes::CompiledBackend;
+use crate::shared::Shared;
+
 /// Read size while relaying bodies.
 const IO_CHUNK: usize = 64 * 1024;
-/// `Connection` tokens naming extra hop-by-hop headers that we strip
-/// ourselves; more go to Pingora.
-const MAX_CONNECTION_TOKENS: usize = 8;
 
 /// What a connection is, for the request path.
 pub(crate) struct ConnCtx<'a> {
@@ -60,6 +52,8 @@ pub(crate) struct ConnCtx<'a> {
     pub(crate) client_ip: IpAddr,
     pub(crate) scheme: Scheme,
     pub(crate) trusted: bool,
+    /// The one host a tunnel stream may serve ([`crate::ConnInfo::host`]).
+    pub(crate) host: Option<&'a str>,
     pub(crate) stopping: &'a CancellationToken,
 }
 
@@ -120,96 +114,49 @@ fn eq(name: &str, lower: &str) -> bool {
     name.eq_ignore_ascii_case(lower)
 }
 
-/// Hop-by-hop headers of both directions, besides the ones `Connection`
-/// names: the Pingora path's list plus `Upgrade` (upgrades never take the
-/// fast path). `Transfer-Encoding` is not among them: requests with it go
-/// to Pingora and responses keep their chunked framing.
-fn is_hop_by_hop(name: &str) -> bool {
-    eq(name, "upgrade") || HOP_BY_HOP.iter().any(|h| eq(name, h.as_str()))
-}
-
-/// Parses a request head in `buf` and, if it is for the fast path, writes
-/// the upstream request head to `out`.
+/// Parses a request head in `buf` (with the codec both hops share) and, if
+/// it is for the fast path, writes the upstream request head to `out`.
 fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
     let config = &c.shared.config;
     let limits = &config.limits;
-    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut []);
-    let head_len = match req.parse_with_uninit_headers(buf, &mut headers) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() > limits.max_header_bytes => {
-            return Head::Reject(431);
-        }
-        Ok(httparse::Status::Partial) => return Head::Partial,
-        Err(httparse::Error::TooManyHeaders) if limits.max_header_count < MAX_HEADERS => {
-            return Head::Reject(431);
-        }
-        // h2c prefaces, HTTP/1.0 and 2.0 request lines, malformed heads:
-        // Pingora answers them (or 400).
-        Err(_) => return Head::HandOff,
+    let mut storage = tuna_http1::header_buf();
+    let req = match tuna_http1::parse_request(buf, &mut storage, limits.max_header_bytes) {
+        Ok(Some(req)) => req,
+        Ok(None) => return Head::Partial,
+        // The h2c preface: Pingora serves h2c.
+        Err(tuna_http1::Error::Version) => return Head::HandOff,
+        // Refused here, whichever path would serve the request: what the
+        // codec refuses, no hop forwards.
+        Err(e) => return Head::Reject(e.status()),
     };
-    if head_len > limits.max_header_bytes || req.headers.len() > limits.max_header_count {
+    if req.headers.len() > limits.max_header_count {
         return Head::Reject(431);
     }
-    let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
+    // Requests the fast path does not serve itself; Pingora serves them,
+    // the bound host checked in its `request_filter`.
+    if req.minor != 1
+        || !req.is_origin_form()
+        || req.method == "CONNECT"
+        || req.upgrade
+        || req.expect
+        || req.framing == Framing::Chunked
+    {
         return Head::HandOff;
+    }
+    let Some(host) = req.host else {
+        // RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400.
+        return Head::Reject(400);
     };
-    if !target.starts_with('/') || method == "CONNECT" {
-        return Head::HandOff;
+    if let Some(bound) = c.host
+        && !host.is(bound)
+    {
+        return Head::Reject(421);
     }
-
-    let mut host: Option<&[u8]> = None;
-    let mut hosts = 0;
-    let mut body_len: Option<u64> = None;
-    let mut lengths = 0;
-    let mut client_close = false;
-    let mut named: [&[u8]; MAX_CONNECTION_TOKENS] = [b""; MAX_CONNECTION_TOKENS];
-    let mut named_count = 0;
-    let mut te_trailers = false;
-    let mut incoming_id: Option<&[u8]> = None;
-    let id_header = config.request_id_header.as_str();
-    for h in req.headers.iter() {
-        let name = h.name;
-        if eq(name, "host") {
-            hosts += 1;
-            host = Some(h.value);
-        } else if eq(name, "content-length") {
-            lengths += 1;
-            match parse_content_length(h.value, false) {
-                Some(n) => body_len = Some(n),
-                None => return Head::HandOff,
-            }
-        } else if eq(name, "transfer-encoding") || eq(name, "upgrade") || eq(name, "expect") {
-            return Head::HandOff;
-        } else if eq(name, "connection") {
-            for t in tokens(h.value) {
-                if t.eq_ignore_ascii_case(b"close") {
-                    client_close = true;
-                } else if t.eq_ignore_ascii_case(b"upgrade") {
-                    return Head::HandOff;
-                } else if !t.eq_ignore_ascii_case(b"keep-alive") {
-                    if named_count == MAX_CONNECTION_TOKENS {
-                        return Head::HandOff;
-                    }
-                    named[named_count] = t;
-                    named_count += 1;
-                }
-            }
-        } else if eq(name, "te") {
-            te_trailers |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"trailers"));
-        } else if eq(name, id_header) && c.trusted && is_valid_request_id(h.value) {
-            incoming_id = Some(h.value);
-        }
-    }
-    if hosts != 1 || lengths > 1 {
-        return Head::HandOff;
-    }
-    let Some(host) = host.and_then(|h| std::str::from_utf8(h).ok()) else {
-        return Head::HandOff;
-    };
+    let target = req.target;
+    let method = req.method;
 
     let snapshot = c.shared.snapshot.load();
-    let (route, not_found) = match snapshot.table.lookup(host, target) {
+    let (route, not_found) = match snapshot.table.lookup(host.name, target) {
         Some(m) if !m.backend.is_http1() => return Head::HandOff,
         Some(m) => {
             let backend = m.backend.clone();
@@ -217,13 +164,22 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
             (Some((backend, start)), String::new())
         }
         None => {
-            let shown = if host.is_empty() { "(none)" } else { host };
             let path = target.split('?').next().unwrap_or(target);
-            let body = format!("404 Not Found: no route for host {shown} and path {path}\n");
+            let body = format!(
+                "404 Not Found: no route for host {} and path {path}\n",
+                host.value
+            );
             (None, body)
         }
     };
 
+    let id_header = config.request_id_header.as_str();
+    let incoming_id = req
+        .headers
+        .iter()
+        .filter(|_| c.trusted)
+        .find(|h| eq(h.name, id_header) && is_valid_request_id(h.value))
+        .map(|h| h.value);
     let mut id = RequestId {
         buf: [0; 128],
         len: 0,
@@ -238,7 +194,7 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
             id.len = 24;
         }
     }
-    let span = tracing::info_span!("request", id = %id, method = %method, host = %host);
+    let span = tracing::info_span!("request", id = %id, method = %method, host = %host.value);
 
     if route.is_some() {
         out.clear();
@@ -255,13 +211,13 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
                 }
                 continue;
             }
-            let skip = (is_hop_by_hop(name) && !(te_trailers && eq(name, "te")))
-                || named[..named_count]
-                    .iter()
-                    .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
-                || eq(name, "x-forwarded-host")
+            // Set below from what this hop knows; `Forwarded`, `X-Real-IP`
+            // (and the like) only from a trusted hop.
+            let skip = eq(name, "x-forwarded-host")
                 || eq(name, "x-forwarded-proto")
-                || eq(name, id_header);
+                || eq(name, id_header)
+                || (!c.trusted && tuna_http1::is_forwarding(name))
+                || req.is_hop_by_hop(name);
             if !skip {
                 out.extend_from_slice(name.as_bytes());
                 out.extend_from_slice(b": ");
@@ -276,7 +232,7 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
         }
         let _ = write!(out, "{}", c.client_ip);
         out.extend_from_slice(b"\r\nx-forwarded-host: ");
-        out.extend_from_slice(host.as_bytes());
+        out.extend_from_slice(host.value.as_bytes());
         out.extend_from_slice(b"\r\nx-forwarded-proto: ");
         out.extend_from_slice(c.scheme.as_str().as_bytes());
         out.extend_from_slice(b"\r\n");
@@ -286,16 +242,16 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
         out.extend_from_slice(b"\r\n\r\n");
     }
 
-    let idempotent = matches!(
-        method,
-        "GET" | "HEAD" | "PUT" | "DELETE" | "OPTIONS" | "TRACE"
-    );
+    let body_len = match req.framing {
+        Framing::Length(n) => n,
+        _ => 0,
+    };
     Head::Ready(Box::new(Request {
-        head_len,
-        body_len: body_len.unwrap_or(0),
-        idempotent,
-        is_head: method == "HEAD",
-        client_close,
+        head_len: req.len,
+        body_len,
+        idempotent: req.is_idempotent(),
+        is_head: req.is_head(),
+        client_close: req.close,
         route,
         not_found,
         id,
@@ -307,106 +263,49 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
 struct Response {
     head_len: usize,
     status: u16,
-    body: BodyKind,
+    body: Framing,
     /// The upstream connection may carry another request afterwards.
     reusable: bool,
     /// The downstream connection closes after this response.
     close: bool,
 }
 
-/// Parses an upstream response head in `buf` and writes the downstream
-/// head to `out`. `Ok(None)`: incomplete.
+/// Parses an upstream response head in `buf` (the shared codec) and writes
+/// the downstream head to `out`. `Ok(None)`: incomplete.
 fn analyze_response(
     buf: &[u8],
     req: &Request,
     c: &ConnCtx<'_>,
     out: &mut Vec<u8>,
 ) -> Result<Option<Response>, ()> {
-    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut []);
-    let head_len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut resp,
-        buf,
-        &mut headers,
-    ) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) if buf.len() <= MAX_RESPONSE_HEAD => return Ok(None),
-        _ => return Err(()),
+    let mut storage = tuna_http1::header_buf();
+    let resp = match tuna_http1::parse_response(buf, &mut storage, req.is_head) {
+        Ok(Some(resp)) => resp,
+        Ok(None) => return Ok(None),
+        Err(_) => return Err(()),
     };
-    let (Some(version), Some(status)) = (resp.version, resp.code) else {
-        return Err(());
-    };
-    if status == 101 {
+    if resp.status == 101 {
         // We never asked for an upgrade.
         return Err(());
     }
-    let mut upstream_close = version == 0;
-    let mut length: Option<u64> = None;
-    let mut chunked = false;
-    let mut transfer_encoding = false;
-    let mut named: [&[u8]; MAX_CONNECTION_TOKENS] = [b""; MAX_CONNECTION_TOKENS];
-    let mut named_count = 0;
-    for h in resp.headers.iter() {
-        let name = h.name;
-        if eq(name, "content-length") {
-            let n = parse_content_length(h.value, true).ok_or(())?;
-            if length.is_some_and(|l| l != n) {
-                return Err(());
-            }
-            length = Some(n);
-        } else if eq(name, "transfer-encoding") {
-            transfer_encoding = true;
-            chunked = ends_chunked(h.value);
-        } else if eq(name, "connection") {
-            for t in tokens(h.value) {
-                if t.eq_ignore_ascii_case(b"close") {
-                    upstream_close = true;
-                } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                    upstream_close &= version != 0;
-                } else if named_count < MAX_CONNECTION_TOKENS {
-                    named[named_count] = t;
-                    named_count += 1;
-                } else {
-                    return Err(());
-                }
-            }
-        }
-    }
-    let informational = (100..200).contains(&status);
-    let body = if informational || req.is_head || status == 204 || status == 304 {
-        BodyKind::Empty
-    } else if transfer_encoding {
-        // RFC 9112 §6.3: Transfer-Encoding wins over Content-Length; a
-        // coding other than chunked last means "until close".
-        if chunked {
-            BodyKind::Chunked
-        } else {
-            BodyKind::UntilClose
-        }
-    } else if let Some(n) = length {
-        BodyKind::Length(n)
-    } else {
-        BodyKind::UntilClose
-    };
+    let status = resp.status;
+    let informational = resp.is_informational();
+    let body = resp.framing;
     // A message with both framings was sent by something that may
-    // disagree with us about where it ends: do not reuse that connection.
-    let reusable =
-        !upstream_close && body != BodyKind::UntilClose && !(transfer_encoding && length.is_some());
+    // disagree with us about where it ends: do not reuse that connection
+    // (and its Content-Length is not forwarded: `is_hop_by_hop`).
+    let reusable = !resp.close && !resp.conflicting_length;
     let close = !informational
-        && (req.client_close || body == BodyKind::UntilClose || c.stopping.is_cancelled());
+        && (req.client_close || body == Framing::UntilClose || c.stopping.is_cancelled());
 
     let id_header = c.shared.config.request_id_header.as_str();
     out.clear();
     let _ = write!(out, "HTTP/1.1 {status} ");
-    out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
+    out.extend_from_slice(resp.reason.as_bytes());
     out.extend_from_slice(b"\r\n");
     for h in resp.headers.iter() {
         let name = h.name;
-        let skip = is_hop_by_hop(name)
-            || named[..named_count]
-                .iter()
-                .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
-            || (!informational && eq(name, id_header));
+        let skip = resp.is_hop_by_hop(name) || (!informational && eq(name, id_header));
         if !skip {
             out.extend_from_slice(name.as_bytes());
             out.extend_from_slice(b": ");
@@ -425,7 +324,7 @@ fn analyze_response(
     }
     out.extend_from_slice(b"\r\n");
     Ok(Some(Response {
-        head_len,
+        head_len: resp.len,
         status,
         body,
         reusable,
@@ -558,12 +457,7 @@ fn local_response(
     id: &RequestId,
     close: bool,
 ) -> Vec<u8> {
-    let reason = match status {
-        404 => "Not Found",
-        502 => "Bad Gateway",
-        504 => "Gateway Timeout",
-        _ => "",
-    };
+    let reason = reason(status);
     let mut resp = Vec::with_capacity(256 + body.len());
     let _ = write!(
         resp,
@@ -584,13 +478,10 @@ fn local_response(
     resp
 }
 
-/// Answers 408/431 before any request was routed, and closes.
+/// Answers 400/408/421/431/505 before any request was routed, and closes.
 async fn reject<D: AsyncWrite + Unpin>(down: &mut D, status: u16) {
     let body = error_page(status);
-    let reason = match status {
-        408 => "Request Timeout",
-        _ => "Request Header Fields Too Large",
-    };
+    let reason = reason(status);
     let resp = format!(
         "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n\
          content-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -757,12 +648,12 @@ impl<D: AsyncRead + AsyncWrite + Unpin> Io<'_, D> {
         let read_timeout = config.upstream.read;
         let mut complete = false;
         match body {
-            BodyKind::Empty => {
+            Framing::Empty => {
                 self.upbuf.drain(..head_len);
                 self.write_down_out().await?;
                 complete = true;
             }
-            BodyKind::Length(n) => {
+            Framing::Length(n) => {
                 let avail = (self.upbuf.len() - head_len) as u64;
                 let first = avail.min(n) as usize;
                 self.out
@@ -785,16 +676,16 @@ impl<D: AsyncRead + AsyncWrite + Unpin> Io<'_, D> {
                 self.down.flush().await.map_err(|_| Failure::Close)?;
                 complete = true;
             }
-            BodyKind::Chunked => {
-                let mut tracker = Chunked::default();
+            Framing::Chunked => {
+                let mut tracker = BodyTracker::new(Framing::Chunked);
                 self.upbuf.drain(..head_len);
                 loop {
-                    let (used, done) = tracker.advance(self.upbuf).map_err(|_| Failure::Close)?;
+                    let used = tracker.feed(self.upbuf).map_err(|_| Failure::Close)?;
                     self.out.extend_from_slice(&self.upbuf[..used]);
                     self.upbuf.drain(..used);
                     self.write_down_out().await?;
                     self.out.clear();
-                    if done {
+                    if tracker.is_done() {
                         complete = true;
                         break;
                     }
@@ -802,7 +693,7 @@ impl<D: AsyncRead + AsyncWrite + Unpin> Io<'_, D> {
                     read_timed(&mut up, self.upbuf, read_timeout).await?;
                 }
             }
-            BodyKind::UntilClose => {
+            Framing::UntilClose => {
                 self.out.extend_from_slice(&self.upbuf[head_len..]);
                 self.upbuf.clear();
                 self.write_down_out().await?;

@@ -95,10 +95,13 @@ pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-/// An address on which nothing listens (bound, then released).
-pub async fn dead_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    l.local_addr().unwrap()
+/// An address that refuses connections: a socket bound but never listening
+/// (connects get a reset). Keep the socket for as long as the address must
+/// stay refusing; a bound-then-released port could be taken by anyone.
+pub fn refusing_addr() -> (SocketAddr, tokio::net::TcpSocket) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (socket.local_addr().unwrap(), socket)
 }
 
 /// The value of an unlabelled series in `/metrics` (0 if absent).

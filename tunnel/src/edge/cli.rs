@@ -145,6 +145,11 @@ pub struct EdgeArgs {
     /// atomically: scripts and tests that bind port 0 read the real ports from it.
     #[arg(long, value_name = "FILE")]
     pub addresses_file: Option<PathBuf>,
+    /// A proxy in front of the public listeners whose `X-Forwarded-For`,
+    /// `Forwarded`, `X-Real-IP` and `X-Request-Id` are kept (an address or
+    /// CIDR, repeatable). Everyone else's are removed.
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
+    pub trusted_proxies: Vec<super::IpCidr>,
 }
 
 fn parse_positive_rate(s: &str) -> Result<f64, String> {
@@ -267,6 +272,7 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
         max_pending_handshakes: args.max_pending_handshakes,
         ..EdgeLimits::default()
     };
+    config.trusted_proxies = args.trusted_proxies.clone();
 
     let router = control.router();
     let edge = EdgeServer::start(config, Arc::new(control), Some(router)).await?;

@@ -4,8 +4,9 @@
 
 pub mod authority;
 pub mod cli;
-mod http1;
+mod hyper_path;
 pub mod limits;
+mod page;
 mod public;
 mod registry;
 mod relay;
@@ -15,4 +16,5 @@ mod tasks;
 
 pub use authority::{Grant, MemoryAuthority, Revocation, SessionAuthority, TokenId};
 pub use limits::EdgeLimits;
+pub use public::{IpCidr, PublicLimits};
 pub use server::{EdgeConfig, EdgeHandle, EdgeServer};

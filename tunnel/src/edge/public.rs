@@ -1,451 +1,318 @@
 //! Public listeners: HTTP and HTTPS (HTTP/1.1 and h2 via ALPN), routed by
-//! `Host` to the session that serves it.
+//! host to the session that serves it — the edge's trust boundary.
 //!
-//! HTTP/1.1 connections go through a byte relay ([`relay`]) that parses
-//! only what routing and framing need and forwards the bytes as they are;
-//! h2 clients and what the relay does not handle get a full hyper server
-//! ([`serve_hyper`]).
+//! This module holds what both paths share — the bounds, the trusted
+//! proxies, the connection caps; the server (`server.rs`) sends plain
+//! HTTP/1.1 connections to the byte relay ([`super::relay`]), which parses
+//! heads with the codec the proxy core shares (`tuna-http1`) and forwards
+//! bodies as they are, and h2 clients (and what the relay hands over) to
+//! the hyper path ([`super::hyper_path`]).
 //!
 //! Each public connection gets its own data streams, one per host it talks
-//! to (so a stream's [`StreamMeta`] names one client and one host, and the
-//! agent's proxy core can set `X-Forwarded-*` from it). The edge speaks
-//! HTTP/1.1 on the stream; keep-alive requests reuse it. WebSocket (and any
-//! HTTP/1.1 `Upgrade`) requests get a stream of their own that turns into a
-//! raw pipe after `101`.
+//! to, so a stream's [`crate::wire::StreamMeta`] names one client and one
+//! host; the agent's proxy core serves only that host on it and sets
+//! `X-Forwarded-*` from the metadata.
+//!
+//! # What the edge guarantees the agent (both paths)
+//!
+//! - **Host**: the request's `Host` is the host it was routed by. The relay
+//!   routes by `Host`; the hyper path routes by the target's authority (h2
+//!   `:authority`, HTTP/1.1 absolute form) and replaces `Host` with it
+//!   (RFC 9112 §3.2.2). A host that is not a plain DNS name or IP literal
+//!   (userinfo `a@b`, other characters), a second `Host`, or none: 400.
+//! - **Client-address fields**: `X-Forwarded-For`, `X-Forwarded-Host`,
+//!   `X-Forwarded-Proto`, `Forwarded`, `X-Real-IP` and `X-Request-Id` from
+//!   public clients are removed; the stream metadata's client address is
+//!   the one truth. Peers in [`EdgeConfig::trusted_proxies`] (a load
+//!   balancer in front of the edge) keep theirs; the proxy core appends
+//!   the peer's address to their `X-Forwarded-For`.
+//! - **Framing**: what the shared codec refuses is answered 400/431 here
+//!   and never reaches a tunnel.
+//! - **Bounds** ([`PublicLimits`]): connections per listener and per client
+//!   address, the time for a request head, for each body read and write,
+//!   for the agent's answer, and idle time on h2 and hyper connections.
+//!
+//! [`EdgeConfig::trusted_proxies`]: super::EdgeConfig::trusted_proxies
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full, combinators::BoxBody};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::sync::CancellationToken;
-
-use super::registry::{Registry, Session};
-use super::relay;
-use crate::wire::{Scheme, StreamKind, StreamMeta};
-
-type Body = BoxBody<Bytes, hyper::Error>;
-
-/// Time a public HTTP/1.1 client has to send a request head.
-pub(crate) const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+use crate::wire::Scheme;
 
 /// Idle HTTP/1.1 streams one public connection keeps for reuse.
 pub(crate) const MAX_IDLE_PER_CONNECTION: usize = 4;
 
-/// One accepted public connection.
-struct PublicConnection {
-    client_addr: SocketAddr,
-    scheme: Scheme,
-    registry: Arc<Registry>,
-    idle: Mutex<Vec<Idle>>,
+/// Bounds of the public listeners. `Default` gives the production values
+/// documented in `docs/tuna-api.md` ("Public HTTP: header policy and
+/// limits").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublicLimits {
+    /// Open connections per public listener (HTTP and HTTPS each); more
+    /// are closed at accept.
+    pub max_connections: usize,
+    /// Open connections per client address (IPv4 address, IPv6 /64) per
+    /// listener; trusted proxies are exempt.
+    pub max_connections_per_ip: usize,
+    /// Time for a complete request head, idle keep-alive time included.
+    pub header_read: Duration,
+    /// Longest wait for each read of a request body from the client.
+    pub body_read: Duration,
+    /// Longest wait for each write to the client or to a tunnel stream.
+    pub write: Duration,
+    /// Longest wait for the agent's response head and for each read of its
+    /// body. Longer than the proxy core's upstream read timeout (60 s), so
+    /// that its 504 page reaches the client first.
+    pub response: Duration,
+    /// A connection of the hyper path (h2, upgrades, HTTP/1.0) with no
+    /// request in flight for this long is closed gracefully (h2 `GOAWAY`).
+    pub idle: Duration,
+    /// Concurrent streams a public h2 client may open.
+    pub h2_max_streams: u32,
 }
 
-struct Idle {
-    host: String,
-    session: Arc<Session>,
-    sender: http1::SendRequest<Incoming>,
-}
-
-/// Serves one public connection (plain or TLS-terminated) until it closes
-/// or the edge shuts down. HTTP/1.1 goes through the byte relay
-/// ([`relay`]), which hands anything it does not relay (upgrades, HTTP/1.0,
-/// h2 with prior knowledge, ...) to [`serve_hyper`]; a TLS connection that
-/// negotiated h2 goes to [`serve_hyper`] at once.
-pub(crate) async fn serve_connection<IO>(
-    io: IO,
-    client_addr: SocketAddr,
-    scheme: Scheme,
-    alpn_h2: bool,
-    registry: Arc<Registry>,
-    cancel: CancellationToken,
-) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    if alpn_h2 {
-        serve_hyper(io, client_addr, scheme, registry, cancel).await;
-    } else {
-        relay::serve(io, client_addr, scheme, registry, cancel).await;
-    }
-}
-
-/// Serves a public connection with a full HTTP server (hyper, HTTP/1.1 and
-/// h2): every request is parsed, routed by host and re-sent on an HTTP/1.1
-/// client over the tunnel stream.
-pub(crate) async fn serve_hyper<IO>(
-    io: IO,
-    client_addr: SocketAddr,
-    scheme: Scheme,
-    registry: Arc<Registry>,
-    cancel: CancellationToken,
-) where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let conn = Arc::new(PublicConnection {
-        client_addr,
-        scheme,
-        registry,
-        idle: Mutex::new(Vec::new()),
-    });
-    let service = hyper::service::service_fn(move |req| {
-        let conn = Arc::clone(&conn);
-        async move { Ok::<_, Infallible>(conn.handle(req).await) }
-    });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // Slow-header clients (slowloris) are cut off after HEADER_READ_TIMEOUT.
-    builder
-        .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let serving = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        r = serving => {
-            if let Err(e) = r {
-                tracing::debug!(%client_addr, error = %e, "public connection ended with an error");
-            }
-        }
-    }
-}
-
-impl PublicConnection {
-    async fn handle(&self, mut req: Request<Incoming>) -> Response<Body> {
-        let Some(host) = request_host(&req) else {
-            return Page::no_host().response();
-        };
-        let Some(session) = self.registry.session_for_host(&host) else {
-            return Page::not_routed(&self.registry, &host).response();
-        };
-        let upgrade = is_upgrade(&req);
-        to_origin_form(&mut req, &host);
-        if !upgrade {
-            strip_hop_by_hop(req.headers_mut());
-        }
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-        let sender = if upgrade {
-            None
-        } else {
-            self.take_idle(&host, &session)
-        };
-        let mut sender = match sender {
-            Some(s) => s,
-            None => match self.connect(&host, &session, upgrade).await {
-                Some(s) => s,
-                None => return Page::bad_gateway(&host).response(),
-            },
-        };
-        let mut resp = match sender.send_request(req).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::debug!(%host, error = %e, "request through the tunnel failed");
-                return Page::bad_gateway(&host).response();
-            }
-        };
-        if let Some(client_upgrade) = client_upgrade {
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-                let agent_upgrade = hyper::upgrade::on(&mut resp);
-                let closed = session.closed.clone();
-                tokio::spawn(async move {
-                    let (Ok(client), Ok(agent)) = tokio::join!(client_upgrade, agent_upgrade)
-                    else {
-                        return;
-                    };
-                    let mut client = TokioIo::new(client);
-                    let mut agent = TokioIo::new(agent);
-                    tokio::select! {
-                        _ = closed.cancelled() => {}
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut agent) => {}
-                    }
-                });
-            }
-        } else {
-            strip_hop_by_hop(resp.headers_mut());
-            self.put_idle(host, session, sender);
-        }
-        resp.map(|b| b.boxed())
-    }
-
-    fn take_idle(
-        &self,
-        host: &str,
-        session: &Arc<Session>,
-    ) -> Option<http1::SendRequest<Incoming>> {
-        let mut idle = self.idle.lock().expect("idle list poisoned");
-        idle.retain(|i| !i.sender.is_closed() && !i.session.closed.is_cancelled());
-        let pos = idle.iter().position(|i| {
-            i.host == host && Arc::ptr_eq(&i.session, session) && i.sender.is_ready()
-        })?;
-        Some(idle.swap_remove(pos).sender)
-    }
-
-    fn put_idle(&self, host: String, session: Arc<Session>, sender: http1::SendRequest<Incoming>) {
-        let mut idle = self.idle.lock().expect("idle list poisoned");
-        if idle.len() < MAX_IDLE_PER_CONNECTION {
-            idle.push(Idle {
-                host,
-                session,
-                sender,
-            });
-        }
-    }
-
-    async fn connect(
-        &self,
-        host: &str,
-        session: &Arc<Session>,
-        upgrade: bool,
-    ) -> Option<http1::SendRequest<Incoming>> {
-        let meta = StreamMeta {
-            client_addr: self.client_addr,
-            kind: StreamKind::Http {
-                host: host.to_owned(),
-                scheme: self.scheme,
-            },
-            tunnel: session.tunnel.clone(),
-        };
-        let stream = match session.open(&meta).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(host, error = %e, "could not open a stream to the agent");
-                return None;
-            }
-        };
-        let (sender, conn) = match http1::Builder::new().handshake(TokioIo::new(stream)).await {
-            Ok(pair) => pair,
-            Err(e) => {
-                tracing::debug!(host, error = %e, "HTTP/1.1 handshake over the tunnel failed");
-                return None;
-            }
-        };
-        let closed = session.closed.clone();
-        tokio::spawn(async move {
-            let r = if upgrade {
-                tokio::select! { _ = closed.cancelled() => Ok(()), r = conn.with_upgrades() => r }
-            } else {
-                tokio::select! { _ = closed.cancelled() => Ok(()), r = conn => r }
-            };
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "tunnel HTTP/1.1 connection ended with an error");
-            }
-        });
-        Some(sender)
-    }
-}
-
-/// The request's host, lower case, without port: from the URI (h2,
-/// absolute-form) or the `Host` header.
-fn request_host<B>(req: &Request<B>) -> Option<String> {
-    let raw = match req.uri().authority() {
-        Some(a) => a.host().to_owned(),
-        None => {
-            let value = req.headers().get(header::HOST)?.to_str().ok()?;
-            let authority: http::uri::Authority = value.parse().ok()?;
-            authority.host().to_owned()
-        }
-    };
-    let host = raw.trim_end_matches('.').to_ascii_lowercase();
-    (!host.is_empty()).then_some(host)
-}
-
-fn is_upgrade<B>(req: &Request<B>) -> bool {
-    req.version() <= http::Version::HTTP_11
-        && req.headers().contains_key(header::UPGRADE)
-        && req
-            .headers()
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .any(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
-}
-
-/// HTTP/1.1 on the stream wants origin-form and a `Host` header, whatever
-/// the client spoke.
-fn to_origin_form<B>(req: &mut Request<B>, host_only: &str) {
-    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
-    if !req.headers().contains_key(header::HOST) {
-        let value = authority.unwrap_or_else(|| host_only.to_owned());
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            req.headers_mut().insert(header::HOST, v);
-        }
-    }
-    let path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    if let Ok(uri) = Uri::builder().path_and_query(path).build() {
-        *req.uri_mut() = uri;
-    }
-    *req.version_mut() = http::Version::HTTP_11;
-}
-
-/// Connection-scoped headers (RFC 9110 §7.6.1) describe one hop; they must
-/// not cross the tunnel.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(name);
-    }
-}
-
-/// A small self-explanatory HTML page the edge answers with itself.
-pub(crate) struct Page {
-    status: StatusCode,
-    title: &'static str,
-    text: String,
-    retry_after: Option<&'static str>,
-}
-
-impl Page {
-    fn new(status: StatusCode, title: &'static str, text: String) -> Self {
+impl Default for PublicLimits {
+    fn default() -> Self {
         Self {
-            status,
-            title,
-            text,
-            retry_after: None,
+            max_connections: 16_384,
+            max_connections_per_ip: 256,
+            header_read: Duration::from_secs(30),
+            body_read: Duration::from_secs(60),
+            write: Duration::from_secs(60),
+            response: Duration::from_secs(90),
+            idle: Duration::from_secs(60),
+            h2_max_streams: 128,
         }
-    }
-
-    pub(crate) fn no_host() -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "Bad request",
-            "The request names no host.".into(),
-        )
-    }
-
-    pub(crate) fn bad_request(reason: &str) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "Bad request",
-            format!("The request cannot be forwarded: {reason}."),
-        )
-    }
-
-    pub(crate) fn head_too_large() -> Self {
-        Self::new(
-            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "Request header fields too large",
-            "The request head is too large.".into(),
-        )
-    }
-
-    /// 503 for a host whose tunnel is gone (it may come back), else 404.
-    pub(crate) fn not_routed(registry: &Registry, host: &str) -> Self {
-        if registry.host_went_offline(host) {
-            return Self {
-                retry_after: Some("5"),
-                ..Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "Tunnel offline",
-                    format!(
-                        "The tunnel serving {host} is not connected right now. Try again shortly."
-                    ),
-                )
-            };
-        }
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "No tunnel for this host",
-            format!("No tunnel serves {host} on this edge."),
-        )
-    }
-
-    pub(crate) fn bad_gateway(host: &str) -> Self {
-        Self::new(
-            StatusCode::BAD_GATEWAY,
-            "Tunnel unreachable",
-            format!("The tunnel agent serving {host} did not answer."),
-        )
-    }
-
-    fn html(&self) -> String {
-        format!(
-            "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{code} {title}</title></head>\
-             <body><h1>{code} {title}</h1><p>{text}</p><hr><p>tuna edge</p></body></html>\n",
-            code = self.status.as_u16(),
-            title = escape(self.title),
-            text = escape(&self.text),
-        )
-    }
-
-    /// The page for the hyper path.
-    pub(crate) fn response(&self) -> Response<Body> {
-        let mut resp = Response::new(
-            Full::new(Bytes::from(self.html()))
-                .map_err(|never| match never {})
-                .boxed(),
-        );
-        *resp.status_mut() = self.status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/html; charset=utf-8"),
-        );
-        resp.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if let Some(secs) = self.retry_after {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static(secs));
-        }
-        resp
-    }
-
-    /// The page as HTTP/1.1 bytes, for the relay; `close` announces that
-    /// the connection ends after it; without `body` (the answer to HEAD)
-    /// only the head goes out.
-    pub(crate) fn to_http1(&self, close: bool, body: bool) -> Vec<u8> {
-        let html = self.html();
-        let mut out = format!(
-            "HTTP/1.1 {} {}\r\ncontent-type: text/html; charset=utf-8\r\ncache-control: no-store\r\ncontent-length: {}\r\n",
-            self.status.as_u16(),
-            self.status.canonical_reason().unwrap_or(""),
-            html.len()
-        );
-        if let Some(secs) = self.retry_after {
-            out.push_str(&format!("retry-after: {secs}\r\n"));
-        }
-        if close {
-            out.push_str("connection: close\r\n");
-        }
-        out.push_str("\r\n");
-        if body {
-            out.push_str(&html);
-        }
-        out.into_bytes()
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+/// An IP network (`10.0.0.0/8`, `2001:db8::/32`, or one address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpCidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpCidr {
+    /// Whether `ip` is inside this network (IPv4-mapped IPv6 addresses
+    /// count as their IPv4 address).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for IpCidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not an IP network: use ADDRESS or ADDRESS/PREFIX");
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr = canonical(addr.trim().parse::<IpAddr>().map_err(|_| bad())?);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(bad)?,
+            None => max,
+        };
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl std::fmt::Display for IpCidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// What the public side knows and enforces, shared by every connection of
+/// one edge.
+#[derive(Debug)]
+pub(crate) struct PublicPolicy {
+    pub(crate) limits: PublicLimits,
+    pub(crate) trusted_proxies: Vec<IpCidr>,
+}
+
+impl PublicPolicy {
+    /// Whether a peer's forwarding fields (`X-Forwarded-For`, ...) are kept.
+    pub(crate) fn is_trusted(&self, peer: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|n| n.contains(peer))
+    }
+}
+
+/// Counts open connections of one listener, in total and per client.
+pub(crate) struct ConnectionLimiter {
+    policy: Arc<PublicPolicy>,
+    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// An admitted connection; dropping it frees its place.
+pub(crate) struct Admitted {
+    limiter: Arc<ConnectionLimiter>,
+    key: Option<IpAddr>,
+}
+
+impl ConnectionLimiter {
+    pub(crate) fn new(policy: Arc<PublicPolicy>) -> Arc<Self> {
+        Arc::new(Self {
+            policy,
+            open: Mutex::new((0, HashMap::new())),
+        })
+    }
+
+    /// Admits a connection from `peer`, or `None` when a limit is reached.
+    pub(crate) fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Admitted> {
+        let limits = &self.policy.limits;
+        // One client is one IPv4 address or one IPv6 /64 (what a single
+        // host is usually given); a trusted proxy speaks for many.
+        let key = (!self.policy.is_trusted(peer)).then(|| client_key(peer));
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.0 >= limits.max_connections {
+            return None;
+        }
+        if let Some(key) = key {
+            let n = open.1.entry(key).or_insert(0);
+            if *n >= limits.max_connections_per_ip {
+                return None;
+            }
+            *n += 1;
+        }
+        open.0 += 1;
+        Some(Admitted {
+            limiter: Arc::clone(self),
+            key,
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.limiter.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.0 -= 1;
+        if let Some(key) = self.key
+            && let Some(n) = open.1.get_mut(&key)
+        {
+            *n -= 1;
+            if *n == 0 {
+                open.1.remove(&key);
+            }
+        }
+    }
+}
+
+fn client_key(ip: IpAddr) -> IpAddr {
+    match canonical(ip) {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        v4 => v4,
+    }
+}
+
+/// What a connection's code needs to know about its client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer {
+    pub(crate) client_addr: SocketAddr,
+    pub(crate) scheme: Scheme,
+    /// A trusted proxy: its forwarding fields are kept.
+    pub(crate) trusted: bool,
+    pub(crate) limits: PublicLimits,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks_contain_what_they_say() {
+        let cases: &[(&str, &str, bool)] = &[
+            ("10.0.0.0/8", "10.200.3.4", true),
+            ("10.0.0.0/8", "11.0.0.1", false),
+            ("192.0.2.7", "192.0.2.7", true),
+            ("192.0.2.7", "192.0.2.8", false),
+            ("0.0.0.0/0", "203.0.113.9", true),
+            ("2001:db8::/32", "2001:db8:1::1", true),
+            ("2001:db8::/32", "2001:db9::1", false),
+            ("192.0.2.0/24", "::ffff:192.0.2.1", true),
+            ("::/0", "10.0.0.1", false),
+        ];
+        for (net, ip, want) in cases {
+            let net: IpCidr = net.parse().unwrap();
+            assert_eq!(net.contains(ip.parse().unwrap()), *want, "{net} {ip}");
+        }
+        for bad in ["10.0.0.0/33", "example.com", "10.0.0.0/x", "::/129"] {
+            assert!(bad.parse::<IpCidr>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn limits_count_per_listener_and_per_client() {
+        let policy = Arc::new(PublicPolicy {
+            limits: PublicLimits {
+                max_connections: 4,
+                max_connections_per_ip: 2,
+                ..PublicLimits::default()
+            },
+            trusted_proxies: vec!["192.0.2.1".parse().unwrap()],
+        });
+        let limiter = ConnectionLimiter::new(policy);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let a1 = limiter.admit(ip("198.51.100.1")).unwrap();
+        let a2 = limiter.admit(ip("198.51.100.1")).unwrap();
+        assert!(limiter.admit(ip("198.51.100.1")).is_none(), "per client");
+        let v6a = limiter.admit(ip("2001:db8::1")).unwrap();
+        let v6b = limiter.admit(ip("2001:db8::2")).unwrap();
+        drop(a1);
+        assert!(
+            limiter.admit(ip("2001:db8::3")).is_none(),
+            "one /64 is one client"
+        );
+        let other = limiter.admit(ip("198.51.100.2")).unwrap();
+        assert!(limiter.admit(ip("198.51.100.3")).is_none(), "per listener");
+        drop((v6a, v6b, other));
+        let trusted: Vec<Admitted> = (0..3)
+            .map(|_| {
+                limiter
+                    .admit(ip("192.0.2.1"))
+                    .expect("a trusted proxy has no per-client limit")
+            })
+            .collect();
+        assert!(
+            limiter.admit(ip("192.0.2.1")).is_none(),
+            "but the listener's"
+        );
+        drop((a2, trusted));
+        assert!(
+            limiter.admit(ip("198.51.100.1")).is_some(),
+            "places are freed"
+        );
+    }
 }

@@ -1,29 +1,28 @@
 //! The byte relay for public HTTP/1.1 connections.
 //!
-//! The edge only needs two things from a request: its `Host` (to pick the
-//! session) and where it ends (so the next request on the connection can go
-//! elsewhere). So the relay parses the head with `httparse`, forwards the
-//! head and body bytes unchanged to the tunnel stream bound to this
-//! (connection, host), and copies the response back unchanged, tracking its
-//! framing to know where it ends. No re-serialisation, no second HTTP stack
-//! on the stream, no extra task: one task per public connection moves every
-//! byte. Hop-by-hop headers travel on to the agent, whose proxy core strips
-//! them (it is the next hop); the persistence headers the client sees are
-//! the agent's, and the edge keeps its side of the connection consistent
-//! with them (`Connection: close`, close-delimited bodies).
+//! The edge needs three things from a request: its host (to pick the
+//! session), where it ends (so the next request on the connection can go
+//! elsewhere), and which of its fields stop here. The relay parses the head
+//! with the codec the agent's proxy core shares (`tuna-http1`), writes the
+//! head again without hop-by-hop fields and — unless the peer is a trusted
+//! proxy — without the client-address and request-id fields
+//! ([`tuna_http1::FORWARDING`]), forwards the body bytes unchanged to the
+//! tunnel stream bound to this (connection, host), and copies the response
+//! back unchanged, tracking its framing to know where it ends. One task per
+//! public connection moves every byte.
 //!
-//! The relay is strict where a verbatim relay could be fooled: ambiguous
-//! request framing (Transfer-Encoding with Content-Length, differing
-//! Content-Lengths, a coding other than `chunked`) is answered with 400 and
-//! the connection closed; a response's bytes are forwarded only up to the
-//! end its framing gives, so an agent can never inject bytes into the next
-//! exchange, which may belong to another tenant. Anything the relay does not
+//! The relay is strict where a relay could be fooled: what the codec
+//! refuses (ambiguous framing, a bad or second `Host`, a `Connection` that
+//! names a framing field, ...) is answered with 400 and the connection
+//! closed; a response's bytes are forwarded only up to the end its framing
+//! gives, so an agent can never inject bytes into the next exchange, which
+//! may belong to another tenant; a request that may have reached the agent
+//! is sent again only if it is idempotent. Anything the relay does not
 //! handle (upgrades such as WebSocket, HTTP/1.0, `CONNECT`, absolute-form
-//! targets, h2 with prior knowledge) is handed, with the bytes already read,
-//! to the full HTTP server ([`public::serve_hyper`]) at a request boundary.
+//! targets, h2 with prior knowledge) is handed, with the bytes already
+//! read, to the hyper path ([`hyper_path::serve`]) at a request boundary.
 
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -33,12 +32,14 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::{Instant, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
+use tuna_http1::{BodyTracker, Framing};
 
-use super::http1::{self, BodyTracker, Framing, RequestHead, RequestParse};
-use super::public::{self, HEADER_READ_TIMEOUT, MAX_IDLE_PER_CONNECTION, Page};
+use super::hyper_path;
+use super::page::Page;
+use super::public::{MAX_IDLE_PER_CONNECTION, Peer, PublicLimits};
 use super::registry::{Registry, Session};
 use crate::mux::MuxStream;
-use crate::wire::{Scheme, StreamKind, StreamMeta};
+use crate::wire::{StreamKind, StreamMeta};
 
 /// Initial size of the request and response buffers.
 const BUFFER: usize = 16 * 1024;
@@ -74,13 +75,95 @@ struct IdleStream {
     stream: MuxStream,
 }
 
+/// What the relay keeps of a request head once it is parsed.
+struct RequestHead {
+    /// Bytes of the head in the read buffer, blank line included.
+    len: usize,
+    /// Routing key: the `Host` field's host, lower case, without port or
+    /// trailing dot; `None` when the request names no host.
+    host: Option<String>,
+    framing: Framing,
+    is_head: bool,
+    close: bool,
+    idempotent: bool,
+}
+
+/// What to do with the bytes at the start of a connection's read buffer.
+enum Parsed {
+    Partial,
+    /// Relay it; its head as forwarded is in `out`.
+    Relay(RequestHead),
+    /// Valid HTTP, but for the hyper path.
+    Handoff,
+    /// Refuse with this page and close.
+    Reject(Page),
+}
+
+/// Parses the request head at the start of `buf` and writes the head to
+/// forward into `out`: the request line, then every field but the
+/// hop-by-hop ones and, from a peer that is not a trusted proxy, the
+/// client-address and request-id fields.
+fn parse_request(buf: &[u8], trusted: bool, out: &mut Vec<u8>) -> Parsed {
+    let mut storage = tuna_http1::header_buf();
+    let req = match tuna_http1::parse_request(buf, &mut storage, tuna_http1::MAX_HEAD) {
+        Ok(Some(req)) => req,
+        Ok(None) => return Parsed::Partial,
+        // "PRI * HTTP/2.0" (h2 with prior knowledge) and other versions.
+        Err(tuna_http1::Error::Version) => return Parsed::Handoff,
+        Err(tuna_http1::Error::HeadTooLarge | tuna_http1::Error::TooManyHeaders) => {
+            return Parsed::Reject(Page::head_too_large());
+        }
+        Err(tuna_http1::Error::Invalid(reason) | tuna_http1::Error::Body(reason)) => {
+            return Parsed::Reject(Page::bad_request(reason));
+        }
+        Err(tuna_http1::Error::Malformed) => {
+            return Parsed::Reject(Page::bad_request("malformed request head"));
+        }
+    };
+    if req.minor != 1
+        || req.method == "CONNECT"
+        || !(req.is_origin_form() || req.target == "*")
+        || req.upgrade
+    {
+        return Parsed::Handoff;
+    }
+    out.clear();
+    out.extend_from_slice(req.method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(req.target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for h in req.headers {
+        if (!trusted && tuna_http1::is_forwarding(h.name)) || req.is_hop_by_hop(h.name) {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if req.close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Parsed::Relay(RequestHead {
+        len: req.len,
+        host: req.host.map(|h| h.name.to_ascii_lowercase()),
+        framing: req.framing,
+        is_head: req.is_head(),
+        close: req.close,
+        idempotent: req.is_idempotent(),
+    })
+}
+
 struct Relay<IO> {
     io: IO,
-    client_addr: SocketAddr,
-    scheme: Scheme,
+    peer: Peer,
     registry: Arc<Registry>,
     /// Bytes read from the client and not yet forwarded.
     buf: BytesMut,
+    /// The current request as forwarded: its rewritten head and the body
+    /// bytes read with it.
+    out: Vec<u8>,
     /// Response bytes read from the current stream.
     resp: BytesMut,
     idle: Vec<IdleStream>,
@@ -91,8 +174,7 @@ struct Relay<IO> {
 /// Serves one public HTTP/1.1 connection until it closes or the edge shuts down.
 pub(crate) async fn serve<IO>(
     io: IO,
-    client_addr: SocketAddr,
-    scheme: Scheme,
+    peer: Peer,
     registry: Arc<Registry>,
     cancel: CancellationToken,
 ) where
@@ -100,10 +182,10 @@ pub(crate) async fn serve<IO>(
 {
     let mut relay = Relay {
         io,
-        client_addr,
-        scheme,
+        peer,
         registry,
         buf: BytesMut::with_capacity(BUFFER),
+        out: Vec::with_capacity(1024),
         resp: BytesMut::new(),
         idle: Vec::new(),
         retired: Vec::new(),
@@ -130,7 +212,7 @@ pub(crate) async fn serve<IO>(
                 prefix: buf.freeze(),
                 io,
             };
-            public::serve_hyper(io, client_addr, scheme, registry, cancel).await;
+            hyper_path::serve(io, peer, registry, cancel).await;
         }
     }
 }
@@ -182,6 +264,9 @@ enum ResponseError {
     NoResponse,
     /// The agent's response cannot be relayed; nothing was forwarded.
     Bad(&'static str),
+    /// No response head within [`PublicLimits::response`]; nothing was
+    /// forwarded.
+    TimedOut,
     /// Failed after part of the response was forwarded, or the client is
     /// gone: only closing is left.
     Broken,
@@ -213,21 +298,17 @@ where
     }
 
     /// Reads until a complete request head is buffered. The client has
-    /// [`HEADER_READ_TIMEOUT`] for it, idle keep-alive time included (as
-    /// on the hyper path), which cuts off slow-header clients.
+    /// [`PublicLimits::header_read`] for it, idle keep-alive time included
+    /// (as on the hyper path), which cuts off slow-header clients.
     async fn read_head(&mut self) -> Result<RequestHead, Outcome> {
-        let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+        let deadline = Instant::now() + self.peer.limits.header_read;
         loop {
             if !self.buf.is_empty() {
-                match http1::parse_request(&self.buf) {
-                    RequestParse::Partial => {}
-                    RequestParse::Relay(head) => return Ok(head),
-                    RequestParse::Handoff => return Err(Outcome::Handoff),
-                    RequestParse::Reject(reject) => {
-                        let page = match reject {
-                            http1::Reject::BadRequest(reason) => Page::bad_request(reason),
-                            http1::Reject::HeadTooLarge => Page::head_too_large(),
-                        };
+                match parse_request(&self.buf, self.peer.trusted, &mut self.out) {
+                    Parsed::Partial => {}
+                    Parsed::Relay(head) => return Ok(head),
+                    Parsed::Handoff => return Err(Outcome::Handoff),
+                    Parsed::Reject(page) => {
                         let _ = self.write_page(&page, true, false).await;
                         return Err(Outcome::Close);
                     }
@@ -238,7 +319,7 @@ where
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(_) => return Err(Outcome::Close),
                 Err(_) => {
-                    tracing::debug!(client = %self.client_addr, "no complete request head in time");
+                    tracing::debug!(client = %self.peer.client_addr, "no complete request head in time");
                     return Err(Outcome::Close);
                 }
             }
@@ -246,8 +327,14 @@ where
     }
 
     async fn write_page(&mut self, page: &Page, close: bool, is_head: bool) -> io::Result<()> {
-        self.io.write_all(&page.to_http1(close, !is_head)).await?;
-        self.io.flush().await
+        let page = page.to_http1(close, !is_head);
+        let write = async {
+            self.io.write_all(&page).await?;
+            self.io.flush().await
+        };
+        timeout(self.peer.limits.write, write)
+            .await
+            .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()))
     }
 
     /// Answers a request with a page of the edge's own. The connection stays
@@ -268,9 +355,15 @@ where
         let mut body = BodyTracker::new(head.framing);
         let buffered_body = match body.feed(&self.buf[head.len..]) {
             Ok(n) => n,
-            Err(e) => return self.refuse(&head, None, Page::bad_request(e.0)).await,
+            Err(e) => {
+                let page = Page::bad_request(&e.to_string());
+                return self.refuse(&head, None, page).await;
+            }
         };
         let request_end = head.len + buffered_body;
+        // The request as it goes to the agent: its rewritten head, then the
+        // body bytes read with it, in one write.
+        self.out.extend_from_slice(&self.buf[head.len..request_end]);
         let complete = body.is_done().then_some(request_end);
         let Some(host) = head.host.as_deref() else {
             return self.refuse(&head, complete, Page::no_host()).await;
@@ -289,20 +382,29 @@ where
             },
         };
 
+        let limits = self.peer.limits;
         let outcome = if complete.is_some() {
             // The whole request is buffered: send it, relay the response, and
-            // if an idle stream turns out dead, send it again on a new one.
+            // if an idle stream turns out dead before any response byte, send
+            // an idempotent request again on a new one. Anything else may
+            // have reached the agent and had its effect already.
             loop {
-                let sent = stream.write_all(&self.buf[..request_end]).await;
+                let sent = timeout(limits.write, stream.write_all(&self.out)).await;
                 let result = match sent {
-                    Ok(()) => {
-                        relay_response(&mut stream, &mut self.io, &mut self.resp, head.is_head)
-                            .await
+                    Ok(Ok(())) => {
+                        relay_response(
+                            &mut stream,
+                            &mut self.io,
+                            &mut self.resp,
+                            head.is_head,
+                            &limits,
+                        )
+                        .await
                     }
-                    Err(_) => Err(ResponseError::NoResponse),
+                    _ => Err(ResponseError::NoResponse),
                 };
                 match result {
-                    Err(ResponseError::NoResponse) if reused => {
+                    Err(ResponseError::NoResponse) if reused && head.idempotent => {
                         reused = false;
                         match self.open(host, &session).await {
                             Some(fresh) => stream = fresh,
@@ -316,11 +418,13 @@ where
             stream_request(
                 &mut self.io,
                 &mut self.buf,
+                &self.out,
                 &mut self.resp,
                 &mut stream,
                 request_end,
                 body,
                 head.is_head,
+                &limits,
             )
             .await
         };
@@ -347,6 +451,10 @@ where
             Err(ResponseError::Bad(reason)) => {
                 tracing::debug!(host, reason, "the agent's response cannot be relayed");
                 self.refuse(&head, None, Page::bad_gateway(host)).await
+            }
+            Err(ResponseError::TimedOut) => {
+                tracing::debug!(host, "the agent did not answer in time");
+                self.refuse(&head, None, Page::gateway_timeout(host)).await
             }
             Err(ResponseError::Broken) => Next::Close,
         }
@@ -398,10 +506,10 @@ where
 
     async fn open(&self, host: &str, session: &Session) -> Option<MuxStream> {
         let meta = StreamMeta {
-            client_addr: self.client_addr,
+            client_addr: self.peer.client_addr,
             kind: StreamKind::Http {
                 host: host.to_owned(),
-                scheme: self.scheme,
+                scheme: self.peer.scheme,
             },
             tunnel: session.tunnel.clone(),
         };
@@ -427,28 +535,38 @@ fn is_quiet(stream: &mut MuxStream) -> bool {
 /// A request whose body is still arriving: the body is pumped to the stream
 /// while the response comes back (the agent may answer `100 Continue`
 /// first, or answer early). Returns whether the whole body went through.
+/// Each read from the client waits at most [`PublicLimits::body_read`],
+/// each write [`PublicLimits::write`].
+#[allow(clippy::too_many_arguments)]
 async fn stream_request<IO>(
     io: &mut IO,
     buf: &mut BytesMut,
+    first: &[u8],
     resp: &mut BytesMut,
     stream: &mut MuxStream,
     buffered: usize,
     mut body: BodyTracker,
     is_head: bool,
+    limits: &PublicLimits,
 ) -> Result<(ResponseEnd, bool), ResponseError>
 where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    if stream.write_all(&buf[..buffered]).await.is_err() {
+    if !matches!(
+        timeout(limits.write, stream.write_all(first)).await,
+        Ok(Ok(()))
+    ) {
         return Err(ResponseError::NoResponse);
     }
     buf.advance(buffered);
     let (mut client_r, mut client_w) = tokio::io::split(io);
     let (mut stream_r, mut stream_w) = tokio::io::split(stream);
+    let timed_out = |_| io::Error::from(io::ErrorKind::TimedOut);
     let upload = async {
         loop {
             buf.reserve(BODY_READ);
-            if client_r.read_buf(buf).await? == 0 {
+            let read = timeout(limits.body_read, client_r.read_buf(buf));
+            if read.await.map_err(timed_out)?? == 0 {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "client closed mid-body",
@@ -456,15 +574,17 @@ where
             }
             let n = body
                 .feed(buf)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.0))?;
-            stream_w.write_all(&buf[..n]).await?;
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            timeout(limits.write, stream_w.write_all(&buf[..n]))
+                .await
+                .map_err(timed_out)??;
             buf.advance(n);
             if body.is_done() {
                 return Ok::<_, io::Error>(());
             }
         }
     };
-    let download = relay_response(&mut stream_r, &mut client_w, resp, is_head);
+    let download = relay_response(&mut stream_r, &mut client_w, resp, is_head, limits);
     tokio::pin!(upload, download);
     let mut uploaded = false;
     loop {
@@ -488,6 +608,7 @@ async fn relay_response<R, W>(
     client: &mut W,
     resp: &mut BytesMut,
     is_head: bool,
+    limits: &PublicLimits,
 ) -> Result<ResponseEnd, ResponseError>
 where
     R: AsyncRead + Unpin,
@@ -499,17 +620,18 @@ where
     loop {
         let head = loop {
             if !resp.is_empty() {
-                match http1::parse_response(resp, is_head) {
+                match response_head(resp, is_head) {
                     Ok(Some(head)) => break head,
                     Ok(None) => {}
                     Err(_) if forwarded => return Err(ResponseError::Broken),
-                    Err(e) => return Err(ResponseError::Bad(e.0)),
+                    Err(reason) => return Err(ResponseError::Bad(reason)),
                 }
             }
             resp.reserve(BUFFER / 2);
-            match stream.read_buf(resp).await {
-                Ok(n) if n > 0 => {}
+            match timeout(limits.response, stream.read_buf(resp)).await {
+                Ok(Ok(n)) if n > 0 => {}
                 _ if forwarded => return Err(ResponseError::Broken),
+                Err(_) => return Err(ResponseError::TimedOut),
                 _ if resp.is_empty() => return Err(ResponseError::NoResponse),
                 _ => return Err(ResponseError::Bad("response head cut short")),
             }
@@ -523,9 +645,10 @@ where
                 ResponseError::Bad("101 to a request without upgrade")
             });
         }
-        if head.is_informational() {
-            client.write_all(&resp[..head.len]).await.map_err(broken)?;
-            client.flush().await.map_err(broken)?;
+        if head.informational {
+            write_timed(client, &resp[..head.len], limits)
+                .await
+                .map_err(broken)?;
             resp.advance(head.len);
             forwarded = true;
             continue;
@@ -534,28 +657,31 @@ where
         let n = match body.feed(&resp[head.len..]) {
             Ok(n) => n,
             Err(_) if forwarded => return Err(ResponseError::Broken),
-            Err(e) => return Err(ResponseError::Bad(e.0)),
+            Err(_) => return Err(ResponseError::Bad("response body framing")),
         };
         let end = head.len + n;
-        client.write_all(&resp[..end]).await.map_err(broken)?;
+        write_timed(client, &resp[..end], limits)
+            .await
+            .map_err(broken)?;
         let mut extra = resp.len() > end;
         let mut close = head.close;
         while !body.is_done() {
             resp.clear();
             resp.reserve(BODY_READ);
-            match stream.read_buf(resp).await {
-                Ok(0) if head.framing == Framing::UntilClose => {
+            match timeout(limits.response, stream.read_buf(resp)).await {
+                Ok(Ok(0)) if head.framing == Framing::UntilClose => {
                     close = true;
                     break;
                 }
-                Ok(n) if n > 0 => {}
+                Ok(Ok(n)) if n > 0 => {}
                 _ => return Err(ResponseError::Broken),
             }
             let n = body.feed(resp).map_err(|_| ResponseError::Broken)?;
-            client.write_all(&resp[..n]).await.map_err(broken)?;
+            write_timed(client, &resp[..n], limits)
+                .await
+                .map_err(broken)?;
             extra = resp.len() > n;
         }
-        client.flush().await.map_err(broken)?;
         if extra {
             tracing::debug!("the agent sent bytes after its response; dropping the stream");
         }
@@ -564,6 +690,60 @@ where
             reusable: !close && !extra,
         });
     }
+}
+
+/// Writes and flushes within [`PublicLimits::write`].
+async fn write_timed<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bytes: &[u8],
+    limits: &PublicLimits,
+) -> io::Result<()> {
+    let write = async {
+        w.write_all(bytes).await?;
+        w.flush().await
+    };
+    timeout(limits.write, write)
+        .await
+        .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()))
+}
+
+/// What the relay keeps of a response head.
+struct ResponseHead {
+    len: usize,
+    status: u16,
+    framing: Framing,
+    close: bool,
+    informational: bool,
+}
+
+/// Parses a response head with the shared codec. The relay forwards
+/// response heads as they are, so a `Content-Length` beside
+/// `Transfer-Encoding` — which a client might believe instead — is refused
+/// rather than passed on.
+fn response_head(buf: &[u8], is_head: bool) -> Result<Option<ResponseHead>, &'static str> {
+    let mut storage = tuna_http1::header_buf();
+    let resp = match tuna_http1::parse_response(buf, &mut storage, is_head) {
+        Ok(Some(resp)) => resp,
+        Ok(None) => return Ok(None),
+        Err(tuna_http1::Error::Invalid(reason) | tuna_http1::Error::Body(reason)) => {
+            return Err(reason);
+        }
+        Err(tuna_http1::Error::HeadTooLarge) => return Err("response head too large"),
+        Err(tuna_http1::Error::TooManyHeaders) => return Err("too many response header fields"),
+        Err(tuna_http1::Error::Version | tuna_http1::Error::Malformed) => {
+            return Err("malformed response head");
+        }
+    };
+    if resp.conflicting_length {
+        return Err("both Transfer-Encoding and Content-Length");
+    }
+    Ok(Some(ResponseHead {
+        len: resp.len,
+        status: resp.status,
+        framing: resp.framing,
+        close: resp.close || resp.status == 101,
+        informational: resp.is_informational(),
+    }))
 }
 
 /// A connection whose first bytes were already read: they are read again

@@ -7,15 +7,18 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use super::authority::SessionAuthority;
 use super::limits::EdgeLimits;
-use super::public;
+use super::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use super::registry::Registry;
 use super::session::{Admission, AgentContext, serve_agent};
 use super::tasks::{TaskGuard, TaskSet, task_set};
+use super::{hyper_path, relay};
 use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Error, Result, Scheme};
 
 /// Where the edge listens and with which TLS material.
@@ -50,6 +53,14 @@ pub struct EdgeConfig {
     pub heartbeat: Duration,
     /// Bounds on agent connections, sessions, tunnels and API connections.
     pub limits: EdgeLimits,
+    /// Peers of the public listeners that speak for earlier hops (a load
+    /// balancer in front of the edge): their `X-Forwarded-For`,
+    /// `Forwarded`, `X-Real-IP` and request id are kept, and they are
+    /// exempt from the per-client connection limit. Empty by default:
+    /// every public client's claims are removed.
+    pub trusted_proxies: Vec<IpCidr>,
+    /// Connection caps and timeouts of the public listeners.
+    pub public_limits: PublicLimits,
 }
 
 impl EdgeConfig {
@@ -68,6 +79,8 @@ impl EdgeConfig {
             tcp_listeners: Vec::new(),
             heartbeat: DEFAULT_HEARTBEAT,
             limits: EdgeLimits::default(),
+            trusted_proxies: Vec::new(),
+            public_limits: PublicLimits::default(),
         }
     }
 }
@@ -158,24 +171,37 @@ impl EdgeServer {
             tokio::spawn(serve_agent(tcp, peer, Arc::clone(&ctx)));
         });
 
+        let policy = Arc::new(PublicPolicy {
+            limits: config.public_limits,
+            trusted_proxies: config.trusted_proxies.clone(),
+        });
         let http_addr = match config.http_addr {
             Some(addr) => {
                 let listener = bind(addr, "public HTTP").await?;
                 let local = listener.local_addr()?;
                 let registry = Arc::clone(&registry);
                 let g = guard.clone();
+                let policy = Arc::clone(&policy);
+                let limiter = ConnectionLimiter::new(Arc::clone(&policy));
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let Some(admitted) = limiter.admit(peer.ip()) else {
+                        tracing::debug!(%peer, "public HTTP connection limit reached");
+                        return;
+                    };
                     let _ = tcp.set_nodelay(true);
                     let registry = Arc::clone(&registry);
+                    let policy = Arc::clone(&policy);
                     let g = g.clone();
                     tokio::spawn(async move {
                         let _g = g.clone();
-                        public::serve_connection(
+                        let _admitted = admitted;
+                        serve_public(
                             tcp,
                             peer,
                             Scheme::Http,
                             false,
                             registry,
+                            policy,
                             g.cancel.clone(),
                         )
                         .await;
@@ -195,13 +221,21 @@ impl EdgeServer {
                 let acceptor = TlsAcceptor::from(Arc::new(tls));
                 let registry = Arc::clone(&registry);
                 let g = guard.clone();
+                let policy = Arc::clone(&policy);
+                let limiter = ConnectionLimiter::new(Arc::clone(&policy));
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let Some(admitted) = limiter.admit(peer.ip()) else {
+                        tracing::debug!(%peer, "public HTTPS connection limit reached");
+                        return;
+                    };
                     let _ = tcp.set_nodelay(true);
                     let registry = Arc::clone(&registry);
+                    let policy = Arc::clone(&policy);
                     let acceptor = acceptor.clone();
                     let g = g.clone();
                     tokio::spawn(async move {
                         let _g = g.clone();
+                        let _admitted = admitted;
                         let handshake = tokio::time::timeout(
                             crate::wire::HANDSHAKE_TIMEOUT,
                             acceptor.accept(tcp),
@@ -214,12 +248,13 @@ impl EdgeServer {
                             },
                         };
                         let alpn_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                        public::serve_connection(
+                        serve_public(
                             tls,
                             peer,
                             Scheme::Https,
                             alpn_h2,
                             registry,
+                            policy,
                             g.cancel.clone(),
                         )
                         .await;
@@ -318,5 +353,34 @@ async fn serve_api(
     tokio::select! {
         _ = guard.cancel.cancelled() => {}
         _ = serving => {}
+    }
+}
+
+/// Serves one public connection (plain or TLS-terminated) until it closes
+/// or the edge shuts down. HTTP/1.1 goes through the byte relay, which
+/// hands anything it does not relay (upgrades, HTTP/1.0, absolute-form
+/// targets, h2 with prior knowledge, ...) to the hyper path; a TLS
+/// connection that negotiated h2 goes to the hyper path at once.
+async fn serve_public<IO>(
+    io: IO,
+    client_addr: SocketAddr,
+    scheme: Scheme,
+    alpn_h2: bool,
+    registry: Arc<Registry>,
+    policy: Arc<PublicPolicy>,
+    cancel: CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let peer = public::Peer {
+        client_addr,
+        scheme,
+        trusted: policy.is_trusted(client_addr.ip()),
+        limits: policy.limits,
+    };
+    if alpn_h2 {
+        hyper_path::serve(io, peer, registry, cancel).await;
+    } else {
+        relay::serve(io, peer, registry, cancel).await;
     }
 }

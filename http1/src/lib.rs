@@ -1,0 +1,98 @@
+//! The HTTP/1.1 codec that every hop of a request shares: the edge's byte
+//! relay (`tuna-tunnel`) and the proxy core's fast path (`tuna-proxy`).
+//!
+//! A request crosses two relays before it reaches a backend. Where two HTTP
+//! parsers disagree about a message — where it ends, which host it names,
+//! which fields belong to the hop — a client can smuggle a second request
+//! past the first parser, or into a stream that belongs to another tenant.
+//! So both relays take every such decision here, with one set of rules and
+//! limits, and refuse what these rules do not accept instead of guessing.
+//!
+//! # Contract
+//!
+//! - **Heads** ([`parse_request`], [`parse_response`]): parsed with
+//!   `httparse` into a caller-provided array ([`HeaderBuf`], at most
+//!   [`MAX_HEADERS`] fields), borrowing the read buffer: no allocation.
+//!   A head larger than the caller's limit (at most [`MAX_HEAD`]) or with
+//!   more fields is [`Error::HeadTooLarge`] / [`Error::TooManyHeaders`].
+//! - **Framing** (RFC 9112 §6): a request with both `Transfer-Encoding`
+//!   and `Content-Length`, a transfer coding other than one `chunked`,
+//!   `Transfer-Encoding` in HTTP/1.0, more than one `Content-Length` field
+//!   or a list in one (`5, 5`), a length that is not plain digits — all
+//!   [`Error::Invalid`]. A response's `Transfer-Encoding` decides its
+//!   framing; a `Content-Length` beside it is flagged
+//!   ([`Response::conflicting_length`]): a relay must not forward it, nor
+//!   reuse that connection.
+//! - **Host**: at most one `Host` field; its value must be a DNS name
+//!   (`[A-Za-z0-9._-]`, labels of 1–63 characters) or a bracketed IP
+//!   literal, optionally with a port —
+//!   no userinfo (`user@host`), no other characters ([`parse_host`]).
+//! - **Hop-by-hop** ([`HOP_BY_HOP`], [`Request::is_hop_by_hop`]): the nine
+//!   fixed names plus what `Connection` names; a `Connection` that names
+//!   `Host`, `Content-Length` or `Transfer-Encoding` is refused (a hop that
+//!   dropped them would change the message's meaning for the next one).
+//! - **Client-address fields** ([`FORWARDING`]): the fields through which a
+//!   client could claim another address or identity; a trust boundary
+//!   removes them ([`is_forwarding`]).
+//! - **Bodies** ([`BodyTracker`]): finds the exact end of a body as its
+//!   bytes go by, in pieces of any size, without buffering it. Chunked
+//!   bodies: lines end in CRLF only, no control characters, chunk-size
+//!   lines up to [`MAX_CHUNK_LINE`], trailer sections up to
+//!   [`MAX_TRAILERS`], trailer lines must be fields (no folding).
+//!
+//! Everything here is pure (no I/O, no tokio) and fuzzed (`fuzz/`).
+
+mod body;
+mod fields;
+mod head;
+
+pub use body::BodyTracker;
+pub use fields::{
+    FORWARDING, HOP_BY_HOP, Host, is_forwarding, is_idempotent, parse_content_length, parse_host,
+    tokens,
+};
+pub use head::{Framing, HeaderBuf, Request, Response, header_buf, parse_request, parse_response};
+
+/// Most header fields in a request or response head.
+pub const MAX_HEADERS: usize = 100;
+/// Largest request or response head, blank line included.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Longest chunk-size line of a chunked body (extensions and CRLF included).
+pub const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// Largest trailer section of a chunked body.
+pub const MAX_TRAILERS: usize = 16 * 1024;
+
+/// Why a message cannot be relayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The head is larger than the limit.
+    #[error("message head too large")]
+    HeadTooLarge,
+    /// More than [`MAX_HEADERS`] header fields.
+    #[error("too many header fields")]
+    TooManyHeaders,
+    /// Not HTTP/1.0 or 1.1 (e.g. the HTTP/2 connection preface).
+    #[error("not an HTTP/1.x message")]
+    Version,
+    /// Not an HTTP message head at all.
+    #[error("malformed message head")]
+    Malformed,
+    /// A well-formed head whose fields break the rules above.
+    #[error("{0}")]
+    Invalid(&'static str),
+    /// A body that does not follow its framing.
+    #[error("{0}")]
+    Body(&'static str),
+}
+
+impl Error {
+    /// The status a server answers a request with this error: 431 for the
+    /// size limits, 505 for another version, 400 for the rest.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::HeadTooLarge | Self::TooManyHeaders => 431,
+            Self::Version => 505,
+            Self::Malformed | Self::Invalid(_) | Self::Body(_) => 400,
+        }
+    }
+}
