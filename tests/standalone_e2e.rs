@@ -80,15 +80,6 @@ async fn echo_backend() -> SocketAddr {
     addr
 }
 
-/// A port the OS considers free right now, for the one-port TCP range of a test.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn parse_body(body: &str) -> BTreeMap<String, String> {
     body.lines()
         .filter_map(|l| l.split_once(": "))
@@ -114,8 +105,12 @@ impl Env {
         }
         let mut config = StandaloneConfig::new(vec![manifests], dir.path().join("state"));
         config.http_listen = "127.0.0.1:0".parse().unwrap();
-        let tcp = free_port();
+        // The TCP endpoint's port: bound here (port 0) and handed to the edge,
+        // so no other process can take it in between.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tcp = listener.local_addr().unwrap().port();
         config.tcp_port_range = tcp..=tcp;
+        config.tcp_listeners = vec![std::sync::Arc::new(listener)];
         config.poll_interval = Duration::from_millis(50);
         let standalone = tokio::time::timeout(WAIT, Standalone::start(config))
             .await

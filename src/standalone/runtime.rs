@@ -81,6 +81,9 @@ pub struct StandaloneConfig {
     pub tcp_port_range: RangeInclusive<u16>,
     /// Address TCP endpoints listen on (embedded edge).
     pub tcp_bind: IpAddr,
+    /// Listeners of TCP endpoint ports opened by the caller (socket
+    /// activation, tests that bind port 0), served by the embedded edge.
+    pub tcp_listeners: Vec<Arc<std::net::TcpListener>>,
     /// State: the embedded edge's CA and TCP port allocations.
     pub data_dir: PathBuf,
     /// How often the files are checked.
@@ -101,6 +104,7 @@ impl StandaloneConfig {
             base_domain: "localhost".into(),
             tcp_port_range: 30000..=30999,
             tcp_bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            tcp_listeners: Vec::new(),
             data_dir,
             poll_interval: Duration::from_millis(500),
             remote: None,
@@ -506,6 +510,7 @@ async fn embedded_edge(config: &StandaloneConfig) -> Result<EdgeParts, Error> {
     edge_config.http_addr = Some(config.http_listen);
     edge_config.tcp_bind_ip = config.tcp_bind;
     edge_config.tcp_ports = config.tcp_port_range.clone();
+    edge_config.tcp_listeners = config.tcp_listeners.clone();
     let authority = MemoryAuthority::new();
     let embedded = Embedded::open(
         authority.clone(),
