@@ -783,3 +783,116 @@ async fn ready_follows_the_connection_to_the_edge() {
     let (status, _) = http_get(env.http(), "web.tuna.test", "/").await;
     assert_eq!(status, 200);
 }
+
+/// Which Ingresses are ours and who owns a host: the default IngressClass
+/// takes class-less Ingresses, the legacy annotation is honoured, a domain of
+/// the account needs no Domain, Ingresses of one namespace merge on a host,
+/// and another namespace's claim is ignored with a Warning event. A headless
+/// Service is reached at its ready EndpointSlice address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn classes_account_domains_merging_ownership_and_headless_services() {
+    let env = Env::start(&[]).await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let api = http_backend("api", bind_loopback(8080).await).await;
+    let pods = http_backend("pods", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("web", web, None));
+    env.cluster.apply(&service("api", api, None));
+    // A headless Service and its EndpointSlice (one ready endpoint, one not).
+    env.cluster.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: pods}}\nspec: {{clusterIP: None, ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: pods-1, labels: {{kubernetes.io/service-name: pods}}}}\naddressType: IPv4\nports: [{{name: http, port: {}}}]\nendpoints:\n- addresses: ['{}']\n  conditions: {{ready: true}}\n- addresses: ['127.255.255.254']\n  conditions: {{ready: false}}\n",
+        pods.port(),
+        pods.ip()
+    ));
+    env.cluster.kubectl_ok(&["create", "namespace", "other"]);
+    // The default class; the account holds `account.example.com` (no Domain).
+    env.cluster.kubectl_ok(&[
+        "annotate",
+        "ingressclass",
+        "tuna",
+        "ingressclass.kubernetes.io/is-default-class=true",
+    ]);
+    env.edge
+        .client()
+        .create_domain(&tuna_tunnel::api::CreateDomain {
+            subdomain: Some("account".into()),
+            domain: None,
+        })
+        .await
+        .unwrap();
+    let rule = |host: &str, path: &str, svc: &str, port: &str| {
+        format!(
+            "  - host: {host}\n    http: {{paths: [{{path: {path}, pathType: Prefix, backend: {{service: {{name: {svc}, port: {port}}}}}}}]}}\n"
+        )
+    };
+    env.cluster.apply(&format!(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {{name: shared}}\nspec: {{subdomain: shared}}\n---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: classless}}\nspec:\n  rules:\n{}---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: legacy\n  annotations: {{kubernetes.io/ingress.class: tuna}}\nspec:\n  rules:\n{}---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: headless}}\nspec:\n  ingressClassName: tuna\n  rules:\n{}",
+        rule("account.tuna.test", "/", "web", "{number: 8080}"),
+        rule("shared.tuna.test", "/api", "api", "{number: 8080}"),
+        rule("shared.tuna.test", "/pods", "pods", "{name: http}"),
+    ));
+    env.cluster.apply(&format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: merged}}\nspec:\n  ingressClassName: tuna\n  rules:\n{}---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: hijack, namespace: other}}\nspec:\n  ingressClassName: tuna\n  rules:\n{}",
+        rule("shared.tuna.test", "/", "web", "{number: 8080}"),
+        rule("shared.tuna.test", "/admin", "web", "{number: 8080}"),
+    ));
+    let served = |host: &'static str, path: &'static str, backend: &'static str| {
+        let http = env.http();
+        async move {
+            tokio::time::timeout(support::WAIT, async {
+                loop {
+                    let (status, body) = http_get(http, host, path).await;
+                    if status == 200
+                        && serde_json::from_str::<Value>(&body)
+                            .is_ok_and(|b| b["backend"] == backend)
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await
+            .is_ok()
+        }
+    };
+    assert!(
+        served("account.tuna.test", "/", "web").await,
+        "class-less Ingress on an account domain: {}",
+        env.agent.log()
+    );
+    assert!(
+        served("shared.tuna.test", "/api/x", "api").await,
+        "legacy annotation"
+    );
+    assert!(
+        served("shared.tuna.test", "/pods", "pods").await,
+        "headless Service"
+    );
+    assert!(
+        served("shared.tuna.test", "/", "web").await,
+        "merged Ingress of the namespace"
+    );
+    // The other namespace's /admin is not served: / of `merged` answers it.
+    let (_, body) = http_get(env.http(), "shared.tuna.test", "/admin").await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["backend"],
+        "web"
+    );
+    let warned = tokio::time::timeout(support::WAIT, async {
+        loop {
+            let events = events_of(&env.cluster, "other", "Ingress", "hijack");
+            if events
+                .get("RuleSkipped")
+                .is_some_and(|m| m.iter().any(|m| m.contains("HostOwnedByOtherNamespace")))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        warned.is_ok(),
+        "{:?}",
+        events_of(&env.cluster, "other", "Ingress", "hijack")
+    );
+}
