@@ -215,9 +215,7 @@ fn env_of(deploy: &Value) -> BTreeMap<String, Value> {
 #[test]
 fn the_rendered_objects_have_the_documented_shape() {
     let home = tempfile::tempdir().unwrap();
-    let docs = by_kind_name(&documents(
-        &template(home.path(), CASES[0].1, &[]).unwrap(),
-    ));
+    let docs = by_kind_name(&documents(&template(home.path(), CASES[0].1, &[]).unwrap()));
     let controller = &docs[&("Deployment".into(), "tuna-operator-controller".into())];
     let agent = &docs[&("Deployment".into(), "tuna-operator-agent".into())];
     assert_eq!(controller["spec"]["strategy"]["type"], "RollingUpdate");
@@ -262,7 +260,10 @@ fn the_rendered_objects_have_the_documented_shape() {
     let secret = &docs[&("Secret".into(), "tuna-operator-credentials".into())];
     assert_eq!(secret["data"]["api-key"], "dGVzdC1hcGkta2V5");
     let class = &docs[&("IngressClass".into(), "tuna".into())];
-    assert_eq!(class["spec"]["controller"], "k8s.tuna.am/ingress-controller");
+    assert_eq!(
+        class["spec"]["controller"],
+        "k8s.tuna.am/ingress-controller"
+    );
     assert!(docs.contains_key(&(
         "PodDisruptionBudget".into(),
         "tuna-operator-controller".into()
@@ -272,7 +273,10 @@ fn the_rendered_objects_have_the_documented_shape() {
     let rules = |kind: &str, name: &str| docs[&(kind.into(), name.into())]["rules"].clone();
     let controller_rules = rules("ClusterRole", "tuna-operator-controller").to_string();
     assert!(!controller_rules.contains("secrets"), "{controller_rules}");
-    for r in rules("ClusterRole", "tuna-operator-agent").as_array().unwrap() {
+    for r in rules("ClusterRole", "tuna-operator-agent")
+        .as_array()
+        .unwrap()
+    {
         let resources = r["resources"].to_string();
         if resources.contains("secrets") || resources.contains("services") {
             assert_eq!(r["verbs"], serde_json::json!(["get"]), "{r}");
@@ -288,8 +292,8 @@ fn the_rendered_objects_have_the_documented_shape() {
     // A change of the key or of the RBAC restarts the pods.
     let annotation = |values: &str, deploy: &str, key: &str| {
         let docs = by_kind_name(&documents(&template(home.path(), values, &[]).unwrap()));
-        docs[&("Deployment".into(), deploy.into())]["spec"]["template"]["metadata"]
-            ["annotations"][key]
+        docs[&("Deployment".into(), deploy.into())]["spec"]["template"]["metadata"]["annotations"]
+            [key]
             .clone()
     };
     let base = CASES[0].1;
@@ -358,7 +362,10 @@ fn wrong_values_fail_with_their_messages() {
             format!("{key}extraEnv: [{{value: x}}]"),
             "at '/extraEnv/0': missing property 'name'",
         ),
-        (format!("{key}logging: {{format: yaml}}"), "at '/logging/format'"),
+        (
+            format!("{key}logging: {{format: yaml}}"),
+            "at '/logging/format'",
+        ),
         (
             format!("{key}edge: {{apiUrl: ''}}"),
             "edge.apiUrl is empty: set it",
@@ -602,10 +609,7 @@ async fn the_examples_pass_the_crd_schemas_and_cel_rules() {
     let broken = std::fs::read_to_string(examples.join("tcp-endpoint.yaml"))
         .unwrap()
         .replace("url: tcp://postgres:5432", "url: http://postgres:5432");
-    let out = cluster.kubectl_stdin(
-        &["apply", "--dry-run=server", "-f", "-"],
-        Some(&broken),
-    );
+    let out = cluster.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], Some(&broken));
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("a tcp Tunnel needs a tcp:// upstream URL"),

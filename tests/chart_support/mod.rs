@@ -40,10 +40,7 @@ pub fn helm_bin() -> PathBuf {
 
 /// kubernetes-validate (`KUBERNETES_VALIDATE` or `.tools/venv/bin/kubernetes-validate`).
 pub fn kubernetes_validate_bin() -> PathBuf {
-    tool(
-        "KUBERNETES_VALIDATE",
-        ".tools/venv/bin/kubernetes-validate",
-    )
+    tool("KUBERNETES_VALIDATE", ".tools/venv/bin/kubernetes-validate")
 }
 
 /// Runs helm with `args`, its state (repositories, cache) in `home`, never a
