@@ -216,12 +216,11 @@ async fn run_pod(cluster: &Cluster, pod: &Pod, name: &str) -> Process {
     );
     let ready = tokio::time::timeout(WAIT, async {
         loop {
-            if let Some(probe) = probe_addr(&process.log()) {
-                if http_get(probe, "localhost", "/healthz").await.0 == 200
-                    && http_get(probe, "localhost", "/readyz").await.0 == 200
-                {
-                    return;
-                }
+            if let Some(probe) = probe_addr(&process.log())
+                && http_get(probe, "localhost", "/healthz").await.0 == 200
+                && http_get(probe, "localhost", "/readyz").await.0 == 200
+            {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
