@@ -1,6 +1,7 @@
 //! The chart end to end, as the product documentation tells users to run it:
-//! a real Helm 4 installs it into the API emulator (`helm install
-//! tuna-operator … --set credentials.apiKey=…` plus the edge values); the real
+//! a real Helm 4 installs it from a chart repository (`helm repo add tuna …`,
+//! `helm install tuna-operator tuna/tuna-k8s-operator … --set
+//! credentials.apiKey=…` plus the edge values) into the API emulator; the real
 //! `controller` and `agent` processes then run with the arguments and
 //! environment of the *installed* Deployments (`helm get manifest`; env from
 //! the chart's Secret, the edge CA from its ConfigMap) and the tokens of the
@@ -11,8 +12,8 @@
 //! pass through a real `tuna-operator edge`. The audit log then proves the
 //! rules sufficient (nothing refused) and minimal (every verb used, or listed
 //! in `NOT_EXERCISED` with the reason), and that the controller never read a
-//! Secret. Then the documented upgrade (`kubectl apply -f crds/` + `helm
-//! upgrade --reuse-values`, the agent recreated) and uninstall (delete the
+//! Secret. Then the documented upgrade (`helm pull --untar`, `kubectl apply -f
+//! tuna-k8s-operator/crds/`, `helm upgrade --reuse-values`, the agent recreated) and uninstall (delete the
 //! resources, `helm uninstall`, delete the CRDs): nothing hangs, nothing is
 //! left.
 
@@ -55,6 +56,72 @@ const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
         "kube's Recorder patches an event repeated within 6 minutes (series.count)",
     ),
 ];
+
+/// A Helm chart repository on 127.0.0.1 (standing in for the documentation's
+/// code.tuna.am package registry): `helm package` + `helm repo index`, served
+/// over HTTP. Returns the repository URL.
+async fn chart_repository(cluster: &Cluster) -> String {
+    let dir = cluster.path("repo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let chart = chart_dir();
+    helm(
+        cluster,
+        &[
+            "package",
+            chart.to_str().unwrap(),
+            "-d",
+            dir.to_str().unwrap(),
+        ],
+    );
+    helm(
+        cluster,
+        &["repo", "index", dir.to_str().unwrap(), "--url", &url],
+    );
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let dir = dir.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match conn.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let path = head
+                    .split(' ')
+                    .nth(1)
+                    .unwrap_or("/")
+                    .trim_start_matches('/');
+                let file = (!path.contains("..")).then(|| dir.join(path));
+                let response = match file.and_then(|f| std::fs::read(f).ok()) {
+                    Some(body) => [
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .into_bytes(),
+                        body,
+                    ]
+                    .concat(),
+                    None => {
+                        b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                            .to_vec()
+                    }
+                };
+                let _ = conn.write_all(&response).await;
+            });
+        }
+    });
+    url
+}
 
 /// Runs helm against the cluster as admin (the user installing the chart).
 fn helm(cluster: &Cluster, args: &[&str]) -> String {
@@ -268,6 +335,13 @@ fn service(name: &str, addr: SocketAddr, port_name: Option<&str>) -> String {
     )
 }
 
+fn chart_version() -> String {
+    let chart: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
+            .unwrap();
+    chart["version"].as_str().unwrap().to_owned()
+}
+
 fn example(name: &str) -> String {
     std::fs::read_to_string(chart_dir().join("examples").join(name)).unwrap()
 }
@@ -344,7 +418,10 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         },
     )
     .await;
-    let chart = chart_dir();
+    // The documentation's commands, the repository on 127.0.0.1.
+    let repo = chart_repository(&cluster).await;
+    helm(&cluster, &["repo", "add", "tuna", &repo]);
+    helm(&cluster, &["repo", "update"]);
     let key_arg = format!("credentials.apiKey={}", edge.key);
     let api_arg = format!("edge.apiUrl={}", edge.api_url());
     let agent_arg = format!("edge.agentAddress={}", edge.addrs.agent);
@@ -354,12 +431,13 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         &[
             "install",
             RELEASE,
-            chart.to_str().unwrap(),
+            "tuna/tuna-k8s-operator",
             "--namespace",
             NAMESPACE,
             "--create-namespace",
             "--set",
             &key_arg,
+            // The edge of this test (the defaults name the hosted Tuna).
             "--set",
             &api_arg,
             "--set",
@@ -634,17 +712,30 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
     assert_eq!(secret_and_service_verbs, BTreeSet::from(["get"]));
 
     // ---- upgrade, as documented for Helm ----
-    let crds = chart.join("crds");
+    let version = chart_version();
+    helm(
+        &cluster,
+        &[
+            "pull",
+            "tuna/tuna-k8s-operator",
+            "--untar",
+            "--version",
+            &version,
+        ],
+    );
+    let crds = cluster.path("tuna-k8s-operator/crds/");
     kubectl_within(&cluster, &["apply", "-f", crds.to_str().unwrap()]).await;
     let upgraded = helm(
         &cluster,
         &[
             "upgrade",
             RELEASE,
-            chart.to_str().unwrap(),
+            "tuna/tuna-k8s-operator",
             "--namespace",
             NAMESPACE,
             "--reuse-values",
+            "--version",
+            &version,
         ],
     );
     assert!(upgraded.contains("REVISION: 2"), "{upgraded}");

@@ -43,8 +43,9 @@ pub fn kubernetes_validate_bin() -> PathBuf {
     tool("KUBERNETES_VALIDATE", ".tools/venv/bin/kubernetes-validate")
 }
 
-/// Runs helm with `args`, its state (repositories, cache) in `home`, never a
-/// default kubeconfig: without `--kubeconfig` it would talk to localhost:8080.
+/// Runs helm with `args` in the directory `home`, its state (repositories,
+/// cache) there too, never a default kubeconfig: without one it would talk
+/// to localhost:8080.
 pub fn helm(home: &Path, args: &[&str], kubeconfig: Option<&Path>) -> Output {
     let mut command = Command::new(helm_bin());
     command
@@ -55,6 +56,7 @@ pub fn helm(home: &Path, args: &[&str], kubeconfig: Option<&Path>) -> Output {
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
+        .current_dir(home)
         .stdin(Stdio::null());
     match kubeconfig {
         Some(k) => command.env("KUBECONFIG", k),
