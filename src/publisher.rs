@@ -103,6 +103,10 @@ pub struct TunnelSpec {
     pub edge: Arc<dyn EdgeApi>,
     /// Identifies `edge` for change detection (e.g. `operator` or `secret ns/name#key@rv`).
     pub edge_identity: String,
+    /// The token records something the next agent process needs (the
+    /// subdomain reserved for it): [`Publisher::shutdown_keeping_tokens`]
+    /// leaves such tokens at the edge and revokes the others.
+    pub keep_on_shutdown: bool,
 }
 
 impl fmt::Debug for TunnelSpec {
@@ -111,6 +115,7 @@ impl fmt::Debug for TunnelSpec {
             .field("serving", &self.serving)
             .field("labels", &self.labels)
             .field("edge_identity", &self.edge_identity)
+            .field("keep_on_shutdown", &self.keep_on_shutdown)
             .finish()
     }
 }
@@ -209,6 +214,9 @@ struct Inner {
     agent: AgentHandle,
     /// Every state change, by key: reconcilers turn them into status and events.
     changes: tokio::sync::broadcast::Sender<TunnelKey>,
+    /// Set by [`Publisher::shutdown_keeping_tokens`]: stopping tunnels leave
+    /// their tokens for the next agent process to find.
+    keep_tokens: std::sync::atomic::AtomicBool,
     entries: Mutex<HashMap<TunnelKey, Entry>>,
     retry: RetryPolicy,
 }
@@ -264,6 +272,7 @@ impl Publisher {
                 proxy,
                 agent,
                 changes: tokio::sync::broadcast::channel(4096).0,
+                keep_tokens: std::sync::atomic::AtomicBool::new(false),
                 entries: Mutex::new(HashMap::new()),
                 retry,
             }),
@@ -416,6 +425,18 @@ impl Publisher {
         let stops: Vec<_> = keys.iter().map(|k| self.unpublish(k)).collect();
         futures::future::join_all(stops).await;
         self.inner.proxy.shutdown().await;
+    }
+
+    /// Stops every tunnel, leaving at the edge the tokens whose spec says
+    /// `keep_on_shutdown` (and revoking the others), then drains the proxy: the
+    /// agent's way to stop for an upgrade. The next agent process learns from
+    /// the kept tokens' labels what its predecessor reserved, then revokes
+    /// them (start-up sweep); unrenewed, they expire within their TTL anyway.
+    pub async fn shutdown_keeping_tokens(&self) {
+        self.inner
+            .keep_tokens
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shutdown().await;
     }
 }
 
@@ -649,7 +670,11 @@ async fn run_tunnel(
         uninstall(&inner.proxy, &serving);
     }
     let _ = inner.agent.detach(&id).await;
-    if let Some((edge, token)) = held.take() {
+    let keep = inner.keep_tokens.load(std::sync::atomic::Ordering::SeqCst)
+        && desired.borrow().1.keep_on_shutdown;
+    if let Some((edge, token)) = held.take()
+        && !keep
+    {
         revoke(&key, edge.as_ref(), &token.id).await;
     }
     *token_slot.lock().expect("token lock") = None;

@@ -896,3 +896,40 @@ async fn classes_account_domains_merging_ownership_and_headless_services() {
         events_of(&env.cluster, "other", "Ingress", "hijack")
     );
 }
+
+/// The subdomain an agent reserved for a Tunnel is released when the Tunnel
+/// is deleted, even after the agent restarted (an upgrade) and the edge calls
+/// the reservation "existing".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_still_releases_the_subdomains_it_reserved() {
+    let mut env = Env::start(&[]).await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("web", web, None));
+    env.cluster.apply("apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {name: web}\nspec: {subdomain: upgraded, upstream: {url: 'http://web:8080'}}\n");
+    env.tunnel("web", "Ready", ready_true).await;
+    env.agent.terminate().await; // as Kubernetes stops the old pod on an upgrade
+    env.agent = agent(&env.cluster, &env.edge, "agent-new", &[]);
+    let served = tokio::time::timeout(support::WAIT, async {
+        while http_get(env.http(), "upgraded.tuna.test", "/").await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "{}", env.agent.log());
+    env.cluster.kubectl_ok(&["delete", "tunnel", "web"]);
+    let released = tokio::time::timeout(support::WAIT, async {
+        loop {
+            let domains = env.edge.client().list_domains().await.unwrap();
+            if domains.iter().all(|d| d.name != "upgraded.tuna.test") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        released.is_ok(),
+        "the subdomain leaked: {}",
+        env.agent.log()
+    );
+}

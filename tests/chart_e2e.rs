@@ -831,19 +831,9 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         domains.contains("api.example.com"),
         "Retain keeps it: {domains:?}"
     );
-    // KNOWN ISSUE (reported, src/controllers/tunnel.rs): an agent that
-    // restarts (every upgrade: Recreate) finds the subdomains its predecessor
-    // reserved for Tunnels and adopts them (`ensure_domain` says adopted), so
-    // it never releases them when the Tunnel is deleted. Those two may leak;
-    // nothing else may.
-    let may_leak = BTreeSet::from([
-        "stateful.a.2na.am".to_owned(),
-        "team-web.a.2na.am".to_owned(),
-    ]);
-    let leaked: Vec<&String> = domains
-        .iter()
-        .filter(|d| *d != "api.example.com" && !may_leak.contains(*d))
-        .collect();
+    // An agent that restarted (every upgrade: Recreate) still releases the
+    // subdomains its predecessor reserved for Tunnels.
+    let leaked: Vec<&String> = domains.iter().filter(|d| *d != "api.example.com").collect();
     assert!(
         leaked.is_empty(),
         "reservations left: {leaked:?}\n{}",

@@ -210,6 +210,10 @@ pub struct AgentState {
     /// The account's domains (hosts reserved outside Kubernetes), refreshed
     /// at most every resync interval.
     account_hosts: Mutex<Option<(Instant, BTreeSet<String>)>>,
+    /// Subdomains an earlier agent process reserved for Tunnels (uid → host),
+    /// learnt at start-up from its tokens' labels: the edge then calls them
+    /// adopted, but they are still the operator's to release.
+    pub inherited_reservations: Mutex<HashMap<String, String>>,
     /// Re-reconcile a Tunnel / an Ingress.
     pub tunnel_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Tunnel>>,
     /// Re-reconcile an Ingress.
@@ -237,6 +241,7 @@ impl AgentState {
             reported: Mutex::new(HashMap::new()),
             key_clients: Mutex::new(HashMap::new()),
             account_hosts: Mutex::new(None),
+            inherited_reservations: Mutex::new(HashMap::new()),
             tunnel_triggers,
             ingress_triggers,
         }
@@ -415,6 +420,31 @@ impl AgentState {
         clients.retain(|k, _| !k.starts_with(&prefix));
         clients.insert(identity, client.clone());
         Ok(client)
+    }
+
+    /// Learns, from the tokens of this cluster that an earlier agent minted,
+    /// which subdomains it reserved for which Tunnel (label
+    /// `k8s.tuna.am/reserved-host`).
+    pub fn inherit_reservations(&self, tokens: &[tuna_tunnel::api::Token]) {
+        let mut inherited = self.inherited_reservations.lock().expect("inherited");
+        for t in tokens {
+            let l = &t.info.labels;
+            if l.get(labels::KIND).map(String::as_str) == Some("Tunnel")
+                && l.get(labels::RESERVED).is_some_and(|v| v == "true")
+                && let (Some(uid), Some(host)) = (l.get(labels::UID), t.info.bindings.hosts.first())
+            {
+                inherited.insert(uid.clone(), host.clone());
+            }
+        }
+    }
+
+    /// Whether an earlier agent reserved `host` for the Tunnel `uid`.
+    pub fn inherited_reservation(&self, uid: &str, host: &str) -> bool {
+        self.inherited_reservations
+            .lock()
+            .expect("inherited")
+            .get(uid)
+            .is_some_and(|h| h == host)
     }
 
     /// Records `message` as what `object` last reported about `topic`; true

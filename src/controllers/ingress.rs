@@ -195,6 +195,7 @@ async fn apply_hosts(
                         labels: token_labels,
                         edge: Arc::clone(&state.ctx.edge),
                         edge_identity: "operator".into(),
+                        keep_on_shutdown: false,
                     },
                 );
                 let summary = routes_summary(h);

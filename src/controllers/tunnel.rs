@@ -362,7 +362,10 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
             };
             match ctx.edge.ensure_domain(&request).await {
                 Ok(r) => {
-                    if !r.adopted {
+                    // Adopted, unless an earlier agent process reserved it for
+                    // this very Tunnel (then it is still ours to release).
+                    let uid = tunnel.metadata.uid.as_deref().unwrap_or("");
+                    if !r.adopted || state.inherited_reservation(uid, host) {
                         reserved_host = Some(host.clone());
                     }
                 }
@@ -439,6 +442,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
         key.clone(),
         TunnelSpec {
             serving,
+            keep_on_shutdown: token_labels.contains_key(labels::RESERVED),
             labels: token_labels,
             edge,
             edge_identity: identity,

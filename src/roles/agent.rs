@@ -159,6 +159,12 @@ pub async fn serve(
         ingress_tx.clone(),
     ));
     tracing::info!(%cluster_id, %instance, allow_external_upstreams = flags.allow_external_upstreams, "agent starting");
+    // Before any Tunnel is reconciled: which subdomains the previous agent
+    // reserved (its tokens say so), so that they are released with their Tunnel.
+    match ctx.edge.list_tokens(&cluster_selector(&cluster_id)).await {
+        Ok(tokens) => state.inherit_reservations(&tokens),
+        Err(e) => tracing::warn!(error = %e, "could not list this cluster's tokens at start-up"),
+    }
 
     // Stores of the kinds that only trigger Ingresses (and feed the plans).
     let base_domain = |state: &AgentState| {
@@ -376,13 +382,18 @@ fn trigger_host(state: &AgentState, host: &str) {
     }
 }
 
-/// Revokes this cluster's tokens that this agent process did not mint.
-async fn sweep_orphans(state: &AgentState) {
-    let selector = format!(
+/// The label selector of this cluster's tokens.
+fn cluster_selector(cluster_id: &str) -> String {
+    format!(
         "{}={}",
         labels::CLUSTER,
-        crate::controllers::agent_state::label_value(&state.options.cluster_id)
-    );
+        crate::controllers::agent_state::label_value(cluster_id)
+    )
+}
+
+/// Revokes this cluster's tokens that this agent process did not mint.
+async fn sweep_orphans(state: &AgentState) {
+    let selector = cluster_selector(&state.options.cluster_id);
     let tokens = match state.ctx.edge.list_tokens(&selector).await {
         Ok(t) => t,
         Err(e) => {
@@ -512,7 +523,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         shutdown,
     )
     .await;
-    // Tunnels stop and their tokens are revoked; the proxy drains.
-    publisher.shutdown().await;
+    // Tunnels stop (their tokens stay for the next agent's start-up sweep,
+    // which also learns what this one reserved); the proxy drains.
+    publisher.shutdown_keeping_tokens().await;
     result
 }

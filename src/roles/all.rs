@@ -97,6 +97,6 @@ pub async fn run(args: AllArgs) -> anyhow::Result<()> {
         ),
     )
     .await;
-    publisher.shutdown().await;
+    publisher.shutdown_keeping_tokens().await;
     a.and(c)
 }

@@ -16,7 +16,7 @@ use crate::controllers::{Context, domain, tcpendpoint};
 use crate::health::{self, Readiness};
 use crate::metrics::Metrics;
 
-/// Name of the controller's leader-election Lease.
+/// Default name of the controller's leader-election Lease.
 pub const LEASE_NAME: &str = "tuna-operator-controller";
 
 /// Flags of `tuna-operator controller`.
@@ -40,6 +40,10 @@ pub struct ControllerFlags {
     /// variable POD_NAMESPACE, else the kubeconfig's namespace).
     #[arg(long, value_name = "NS")]
     pub leader_election_namespace: Option<String>,
+    /// Name of the leader-election Lease (one per installation: the chart
+    /// passes its release's name).
+    #[arg(long, value_name = "NAME", default_value = LEASE_NAME)]
+    pub leader_election_lease_name: String,
     /// How long the leader's Lease lasts unrenewed: when the leader dies, a
     /// standby takes over within this time.
     #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
@@ -116,7 +120,8 @@ pub async fn serve(
     let lease_seconds = flags.leader_election_lease_duration.as_secs().max(2);
     let grace = (lease_seconds / 3).max(1);
     let identity = instance_name();
-    let manager = LeaseManagerBuilder::new(client, LEASE_NAME)
+    let lease_name = flags.leader_election_lease_name.clone();
+    let manager = LeaseManagerBuilder::new(client, &lease_name)
         .with_namespace(&namespace)
         .with_identity(&identity)
         .with_duration(lease_seconds)
@@ -126,7 +131,7 @@ pub async fn serve(
         .await
         .with_context(|| format!("leader election in namespace {namespace}"))?;
     let (mut leader, lease_task) = manager.watch().await;
-    tracing::info!(lease = %format!("{namespace}/{LEASE_NAME}"), %identity, "waiting to become the leader");
+    tracing::info!(lease = %format!("{namespace}/{lease_name}"), %identity, "waiting to become the leader");
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,

@@ -201,6 +201,7 @@ impl Runtime {
             labels,
             edge: Arc::clone(&self.edge),
             edge_identity: "standalone".to_owned(),
+            keep_on_shutdown: false,
         }
     }
 
