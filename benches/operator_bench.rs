@@ -88,7 +88,10 @@ impl Proc {
         c.args(args)
             .stdout(out.try_clone().unwrap())
             .stderr(out)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .kill_on_drop(true);
         for (k, v) in env {
             c.env(k, v);

@@ -50,6 +50,16 @@ use tuna_tunnel::api::WhoAmI;
 use crate::edge_api::{EdgeApi, EdgeError, ErrorClass};
 use crate::metrics::Metrics;
 
+/// Reconciles of one kind running at once: bounds the requests in flight to
+/// the API server and the edge (and the connections they hold) when
+/// thousands of objects arrive together.
+pub const CONCURRENCY: u16 = 32;
+
+/// The kube-runtime controller settings every kind uses.
+pub fn controller_config() -> kube::runtime::controller::Config {
+    kube::runtime::controller::Config::default().concurrency(CONCURRENCY)
+}
+
 /// Field manager of every status the operator writes.
 pub const FIELD_MANAGER: &str = "tuna-operator";
 /// `reportingController` of events (the `From` column of `kubectl describe`).

@@ -299,7 +299,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let api = Api::<TcpEndpoint>::all(ctx.client.clone());
-    let controller = Controller::new(api, watcher::Config::default());
+    let controller =
+        Controller::new(api, watcher::Config::default()).with_config(super::controller_config());
     let store = controller.store();
     controller
         .graceful_shutdown_on(shutdown)

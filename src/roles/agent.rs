@@ -256,6 +256,7 @@ pub async fn serve(
             }
         });
     let tunnel_controller = Controller::for_stream(tunnel_stream, tunnels.clone())
+        .with_config(controllers::controller_config())
         .reconcile_on(triggers(tunnel_rx))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(
@@ -284,6 +285,7 @@ pub async fn serve(
         .reflect(ingress_writer)
         .touched_objects();
     let ingress_controller = Controller::for_stream(ingress_stream, ingresses.clone())
+        .with_config(controllers::controller_config())
         .reconcile_on(triggers(ingress_rx))
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(
