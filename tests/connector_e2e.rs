@@ -836,6 +836,44 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
         );
     }
 
+    // --- Deleted: its Service goes with it, and the proxy forgets it. ------
+    ok(
+        env.op(&["-n", NS, "delete", "connector", "k8s-connector"], None),
+        "delete",
+    );
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(env.client.clone(), NS);
+    let collected = tokio::time::timeout(
+        WAIT,
+        kube::runtime::wait::await_condition(
+            services,
+            "c-k8s-connector",
+            kube::runtime::wait::conditions::is_deleted(""),
+        ),
+    )
+    .await;
+    assert!(
+        matches!(collected, Ok(Ok(_))),
+        "the Service goes with its Connector"
+    );
+    // The role learns of the deletion from its watch; nothing outside shows
+    // when, so the proxy is asked until it answers 403.
+    let forgotten = tokio::time::timeout(WAIT, async {
+        loop {
+            let out = env.via(&workload, &["get", "pods", "-A"]);
+            if String::from_utf8_lossy(&out.stderr).contains("Forbidden") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        forgotten.is_ok(),
+        "the proxy forgets a deleted Connector:\n{}",
+        env.role.log()
+    );
+
     // --- No secret anywhere it should not be. -------------------------------
     let events = ok(
         env.op(&["get", "events", "-A", "-o", "json"], None),
