@@ -1263,8 +1263,7 @@ mod tests {
             (owner.kind.as_str(), owner.uid.as_str()),
             ("Connector", "u1")
         );
-        let long = connector(&format!("{{connectorClassName: k8s}}"));
-        let mut long = long;
+        let mut long = connector("{connectorClassName: k8s}");
         long.metadata.name = Some("x".repeat(62));
         assert_eq!(
             proxy_service(&long, &options()).unwrap_err().reason,

@@ -359,7 +359,7 @@ mod tests {
         let creds = ProxyCredentials::from_header(b"Basic bnMvbmFtZTp0b2s6ZW4=").unwrap();
         assert_eq!(creds.username, "ns/name");
         assert_eq!(creds.password.expose(), "tok:en");
-        assert_eq!(format!("{creds:?}").contains("tok"), false);
+        assert!(!format!("{creds:?}").contains("tok"));
         let lower = ProxyCredentials::from_header(b"basic bnMvbmFtZTp0b2s6ZW4=").unwrap();
         assert_eq!(lower, creds);
     }
