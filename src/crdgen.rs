@@ -1,6 +1,12 @@
 //! `tuna-operator crdgen`: writes the CRDs derived from `tuna-crds` into the Helm
 //! chart, or (`--check`) fails when the checked-in files differ from them.
 //!
+//! Two families, each in its own folder: the `k8s.tuna.am` CRDs (the chart's
+//! `crds/`), and the connector family (`connectors.alauda.io`: the Connector
+//! and ConnectorClass CRDs in `crds/connectors/`, the built-in `k8s`
+//! ConnectorClass in `crds/connectors/builtin/`, a manifest to apply after
+//! the CRDs are established).
+//!
 //! The chart's `crds/` folder is generated, never edited: Helm installs it before
 //! anything else, and a hand edit would silently diverge from what the operator's
 //! types accept. CI runs `--check` (and `tests/crds_drift.rs` does the same) so that a
@@ -12,6 +18,31 @@ use anyhow::Context;
 
 /// Where the chart keeps its CRDs, relative to the repository root.
 pub const DEFAULT_OUT_DIR: &str = "charts/tuna-k8s-operator/crds";
+/// Where the connector family's CRDs are written, relative to the repository root.
+pub const CONNECTORS_OUT_DIR: &str = "crds/connectors";
+/// Where the built-in ConnectorClass manifest is written.
+pub const BUILTIN_CLASSES_OUT_DIR: &str = "crds/connectors/builtin";
+
+/// Which generated files go into one folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// The `k8s.tuna.am` CRDs.
+    Tuna,
+    /// The Connector and ConnectorClass CRDs.
+    Connectors,
+    /// The built-in ConnectorClass objects.
+    BuiltinClasses,
+}
+
+impl Family {
+    fn render(self) -> Result<Vec<tuna_crds::RenderedCrd>, tuna_crds::Error> {
+        match self {
+            Family::Tuna => tuna_crds::render_all(),
+            Family::Connectors => tuna_crds::render_connectors(),
+            Family::BuiltinClasses => tuna_crds::render_builtin_classes(),
+        }
+    }
+}
 
 /// Flags of `tuna-operator crdgen`.
 #[derive(Debug, clap::Args)]
@@ -19,6 +50,12 @@ pub struct CrdgenArgs {
     /// Folder to write one `<plural>.<group>.yaml` per CRD into.
     #[arg(long, default_value = DEFAULT_OUT_DIR)]
     pub out_dir: PathBuf,
+    /// Folder of the connector family's CRDs.
+    #[arg(long, default_value = CONNECTORS_OUT_DIR)]
+    pub connectors_out_dir: PathBuf,
+    /// Folder of the built-in ConnectorClass manifest.
+    #[arg(long, default_value = BUILTIN_CLASSES_OUT_DIR)]
+    pub builtin_classes_out_dir: PathBuf,
     /// Write nothing; exit non-zero when the files in --out-dir differ from the
     /// generated ones (for CI).
     #[arg(long)]
@@ -48,10 +85,20 @@ impl std::fmt::Display for Drift {
 
 /// Runs the subcommand.
 pub fn run(args: CrdgenArgs) -> anyhow::Result<()> {
+    let folders = [
+        (Family::Tuna, &args.out_dir),
+        (Family::Connectors, &args.connectors_out_dir),
+        (Family::BuiltinClasses, &args.builtin_classes_out_dir),
+    ];
     if args.check {
-        let drift = drift(&args.out_dir)?;
+        let mut drift = Vec::new();
+        for (family, dir) in folders {
+            drift.extend(drift_of(family, dir)?);
+        }
         if drift.is_empty() {
-            println!("CRDs in {} are up to date", args.out_dir.display());
+            for (_, dir) in folders {
+                println!("CRDs in {} are up to date", dir.display());
+            }
             return Ok(());
         }
         for d in &drift {
@@ -62,24 +109,31 @@ pub fn run(args: CrdgenArgs) -> anyhow::Result<()> {
             drift.len()
         );
     }
-    for path in write(&args.out_dir)? {
-        println!("wrote {}", path.display());
+    for (family, dir) in folders {
+        for path in write_of(family, dir)? {
+            println!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
 
-/// Writes every generated CRD into `dir` (created if absent), removing stale
-/// generated files, and returns the paths written.
+/// Writes every generated CRD of group `k8s.tuna.am` into `dir` (see [`write_of`]).
 pub fn write(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    write_of(Family::Tuna, dir)
+}
+
+/// Writes the generated files of `family` into `dir` (created if absent),
+/// removing stale generated files, and returns the paths written.
+pub fn write_of(family: Family, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    for d in drift(dir)? {
+    for d in drift_of(family, dir)? {
         if let Drift::Stale(path) = d {
             std::fs::remove_file(&path)
                 .with_context(|| format!("cannot remove {}", path.display()))?;
         }
     }
     let mut written = Vec::new();
-    for crd in tuna_crds::render_all()? {
+    for crd in family.render()? {
         let path = dir.join(&crd.file_name);
         std::fs::write(&path, crd.yaml)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -88,10 +142,16 @@ pub fn write(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-/// Compares `dir` with the generated CRDs. Only `*.yaml` files are considered, so a
-/// README next to them is fine.
+/// Compares `dir` with the generated CRDs of group `k8s.tuna.am` (see [`drift_of`]).
 pub fn drift(dir: &Path) -> anyhow::Result<Vec<Drift>> {
-    let rendered = tuna_crds::render_all()?;
+    drift_of(Family::Tuna, dir)
+}
+
+/// Compares `dir` with the generated files of `family`. Only `*.yaml` files
+/// directly in `dir` are considered, so a README (or a sub-folder) next to
+/// them is fine.
+pub fn drift_of(family: Family, dir: &Path) -> anyhow::Result<Vec<Drift>> {
+    let rendered = family.render()?;
     let mut out = Vec::new();
     for crd in &rendered {
         let path = dir.join(&crd.file_name);

@@ -5,6 +5,7 @@
 //! `explain` is the `route explain` command.
 
 pub mod cluster;
+pub mod connectors;
 pub mod controllers;
 pub mod crdgen;
 pub mod desired;

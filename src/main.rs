@@ -36,6 +36,11 @@ enum Command {
     Standalone(Box<tuna_operator::standalone::cli::StandaloneArgs>),
     /// Run the self-hosted edge (the Tuna API and tunnel endpoint), or manage its API keys.
     Edge(Box<tuna_tunnel::edge::cli::EdgeCli>),
+    /// Reconcile Connectors and serve the connector proxy (kubectl to other clusters without their credentials).
+    Connectors(Box<tuna_operator::connectors::role::ConnectorsArgs>),
+    /// Work with one Connector (print a kubeconfig for it).
+    #[command(subcommand)]
+    Connector(tuna_operator::connectors::cli::ConnectorCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -54,6 +59,10 @@ fn main() -> anyhow::Result<()> {
         Command::Route(cmd) => tuna_operator::explain::run(cmd),
         Command::Crdgen(args) => tuna_operator::crdgen::run(args),
         Command::Standalone(args) => tuna_operator::standalone::cli::run_blocking(*args),
+        Command::Connectors(args) => {
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::connectors::role::run(*args))
+        }
+        Command::Connector(cmd) => tuna_operator::connectors::cli::run(cmd),
         Command::Edge(cli) => {
             let _ = rustls::crypto::ring::default_provider().install_default();
             tokio::runtime::Runtime::new()?.block_on(tuna_tunnel::edge::cli::run(*cli))

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use tuna_operator::crdgen::{self, Drift};
+use tuna_operator::crdgen::{self, Drift, Family};
 
 #[test]
 fn chart_crds_match_the_rust_types() {
@@ -18,6 +18,28 @@ fn chart_crds_match_the_rust_types() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// The connector family's CRDs and the built-in ConnectorClass are checked
+/// in the same way.
+#[test]
+fn connector_crds_and_builtin_classes_match_the_rust_types() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (family, dir) in [
+        (Family::Connectors, crdgen::CONNECTORS_OUT_DIR),
+        (Family::BuiltinClasses, crdgen::BUILTIN_CLASSES_OUT_DIR),
+    ] {
+        let drift = crdgen::drift_of(family, &root.join(dir)).expect("folder is readable");
+        assert!(
+            drift.is_empty(),
+            "{dir} is out of date, run `cargo run -- crdgen`:\n{}",
+            drift
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 }
 
 #[test]

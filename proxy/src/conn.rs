@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
 use crate::h1;
-use crate::http::{Router, StreamHost};
+use crate::http::{Router, StreamScope};
 use crate::shared::Shared;
 
 /// Adapts a caller's stream to Pingora's [`VirtualSocket`], which must be
@@ -192,14 +192,14 @@ pub(crate) fn tcp_stream(
 
 /// Wraps a caller's stream as a Pingora [`Stream`] whose digest reports the
 /// public client and local addresses, and the one host the stream may
-/// serve (see [`StreamHost`]). Writes are buffered like accepted TCP
+/// serve (and its pinned upstream, if any: see [`StreamScope`]). Writes are buffered like accepted TCP
 /// connections' (see [`BufferedTcp`]), which also keeps a tunnel from
 /// carrying a response header and its body as separate frames.
 pub(crate) fn tunnel_stream<S>(
     stream: S,
     client: std::net::SocketAddr,
     local: Option<std::net::SocketAddr>,
-    host: Option<Arc<str>>,
+    scope: Option<StreamScope>,
 ) -> Stream
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -216,13 +216,10 @@ where
         .local_addr
         .set(Some(L4Addr::Inet(local.unwrap_or(unspecified))));
     s.set_socket_digest(digest);
-    if let Some(host) = host {
+    if let Some(scope) = scope {
         let carrier =
             pingora::http::ResponseHeader::build(200, Some(0)).expect("a 200 head builds");
-        s.set_proxy_digest(ProxyDigest::new(
-            Box::new(carrier),
-            Some(Box::new(StreamHost(host))),
-        ));
+        s.set_proxy_digest(ProxyDigest::new(Box::new(carrier), Some(Box::new(scope))));
     }
     s
 }
@@ -230,6 +227,8 @@ where
 /// Serves one downstream connection to completion: the HTTP/1.1 fast
 /// path first (`h1`), then — if a request needs it — Pingora, which gets
 /// the stream (built by `wrap`) with the bytes already read put back.
+/// A `pinned` connection (an intercepted CONNECT) goes to Pingora with its
+/// first request, once the fast path has checked its head.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve_connection<S>(
     mut io: S,
@@ -237,6 +236,7 @@ pub(crate) async fn serve_connection<S>(
     scheme: crate::Scheme,
     trusted: bool,
     host: Option<Arc<str>>,
+    pinned: bool,
     is_socket: bool,
     wrap: impl FnOnce(S) -> Stream,
     app: Arc<HttpProxy<Router>>,
@@ -262,6 +262,7 @@ pub(crate) async fn serve_connection<S>(
         scheme,
         trusted,
         host: host.as_deref(),
+        pinned,
         stopping: &stopping,
     };
     match h1::serve(&mut io, &ctx).await {

@@ -45,6 +45,10 @@ pub enum Error {
     /// The per-listener (or per-service) connection limit is reached.
     #[error("connection limit of {0} reached")]
     ConnectionLimit(usize),
+    /// A certificate or key cannot be used (a CONNECT listener's CA, an
+    /// upstream's CA).
+    #[error("certificate: {0}")]
+    InvalidCertificate(String),
     /// The core is shutting down and accepts no new work.
     #[error("the proxy core is shutting down")]
     ShuttingDown,

@@ -42,22 +42,43 @@ use crate::pages::error_page;
 use crate::routes::CompiledBackend;
 use crate::shared::Shared;
 
-/// The one host a tunnel stream may serve ([`crate::ConnInfo::host`]),
+/// What a connection that the proxy did not route itself is bound to,
 /// carried to the hooks by the downstream stream itself: Pingora gives
 /// hooks no per-connection context, but every session's digest holds the
 /// stream's `ProxyDigest`, whose `user_data` is free for the stream's
 /// owner on a downstream connection (Pingora sets it only on upstream
 /// connections made through a CONNECT proxy). See `conn::tunnel_stream`.
-pub(crate) struct StreamHost(pub(crate) Arc<str>);
+pub(crate) struct StreamScope {
+    /// The one host the stream may serve ([`crate::ConnInfo::host`], or
+    /// the host of a CONNECT).
+    pub(crate) host: Arc<str>,
+    /// For an intercepted CONNECT: where every request goes, whatever the
+    /// route table says.
+    pub(crate) pinned: Option<Arc<Pinned>>,
+}
 
-fn stream_host(session: &Session) -> Option<&str> {
+/// The upstream of an intercepted CONNECT ([`crate::connect`]) and the
+/// credentials its requests carry there.
+pub(crate) struct Pinned {
+    pub(crate) backend: Arc<CompiledBackend>,
+    /// Replaces the client's `Authorization` (marked sensitive).
+    pub(crate) authorization: HeaderValue,
+    /// Who and what, for traces.
+    pub(crate) label: Arc<str>,
+}
+
+fn stream_scope(session: &Session) -> Option<&StreamScope> {
     let user_data = session
         .digest()?
         .proxy_digest
         .as_ref()?
         .user_data
         .as_ref()?;
-    user_data.downcast_ref::<StreamHost>().map(|h| &*h.0)
+    user_data.downcast_ref::<StreamScope>()
+}
+
+fn stream_host(session: &Session) -> Option<&str> {
+    stream_scope(session).map(|s| &*s.host)
 }
 
 /// One Pingora application per (scheme, trusted) pair: the pair is a
@@ -83,6 +104,8 @@ pub struct RequestCtx {
     public_host: Option<HeaderValue>,
     span: tracing::Span,
     answered_locally: Option<u16>,
+    /// The `Authorization` of a pinned (CONNECT) stream's upstream requests.
+    authorization: Option<HeaderValue>,
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -249,6 +272,7 @@ impl ProxyHttp for Router {
             public_host: None,
             span: tracing::Span::none(),
             answered_locally: None,
+            authorization: None,
         }
     }
 
@@ -338,6 +362,15 @@ impl ProxyHttp for Router {
                 .await;
         }
 
+        if let Some(pinned) = stream_scope(session).and_then(|s| s.pinned.clone()) {
+            tracing::debug!(parent: &ctx.span, grant = %pinned.label, "pinned upstream");
+            ctx.rr_start = pinned.backend.start_index();
+            ctx.backend = Some(pinned.backend.clone());
+            ctx.authorization = Some(pinned.authorization.clone());
+            ctx.public_host = host_value;
+            return Ok(false);
+        }
+
         let snapshot = self.shared.snapshot.load();
         let Some(m) = snapshot.table.lookup(host, path) else {
             let shown_host = if host.is_empty() { "(none)" } else { host };
@@ -416,6 +449,10 @@ impl ProxyHttp for Router {
         upstream.insert_header(X_FORWARDED_PROTO, self.scheme.as_str())?;
         if let Some(id) = &ctx.request_id {
             upstream.insert_header(self.shared.config.request_id_header.clone(), id.clone())?;
+        }
+        if let Some(authorization) = &ctx.authorization {
+            // The client's own (a kubeconfig's `fake-token`) never leaves.
+            upstream.insert_header(header::AUTHORIZATION, authorization.clone())?;
         }
         Ok(())
     }

@@ -61,6 +61,12 @@
 //!   the header timeout from there → 408 ([`DownstreamLimits`]).
 //! - **TCP.** Listeners and tunnel-fed services splice bytes both ways with
 //!   half-close, under a per-endpoint connection limit.
+//! - **CONNECT listeners** ([`ProxyCore::add_connect_listener`], module
+//!   [`connect`]): a forward proxy for `CONNECT host:port` whose callers a
+//!   [`ConnectAuthorizer`] (implemented outside the core) admits; the TLS
+//!   inside is intercepted with certificates of the listener's
+//!   [`InterceptCa`], and each request then takes the HTTP path above,
+//!   pinned to the grant's upstream with the grant's `Authorization`.
 //! - **Shutdown.** [`ProxyCore::shutdown`] stops accepting, lets open
 //!   connections finish for [`ProxyConfig::shutdown_grace`] (25 s by
 //!   default), then cuts the rest.
@@ -110,6 +116,7 @@
 mod admin;
 mod config;
 mod conn;
+pub mod connect;
 mod error;
 mod h1;
 mod http;
@@ -137,6 +144,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use config::{DownstreamLimits, ProxyConfig, UpstreamTimeouts};
+pub use connect::{
+    Authority, CaPem, ConnectAuthorizer, ConnectConfig, ConnectGrant, ConnectLimits,
+    ConnectRefusal, ConnectRequest, Credential, InterceptCa, ProxyCredentials, UpstreamTarget,
+};
 pub use error::{Error, Result};
 pub use routes::{HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol};
 pub use tcp::{TcpLimits, TcpUpstream};
@@ -209,6 +220,7 @@ pub(crate) struct Inner {
     /// Registrations as given; locked only by (rare) registration calls.
     registry: Mutex<Registry>,
     tcp_listeners: Mutex<HashMap<SocketAddr, TcpListenerHandle>>,
+    connect_listeners: Mutex<HashMap<SocketAddr, TcpListenerHandle>>,
     tcp_services: ArcSwap<HashMap<String, Arc<TcpEndpoint>>>,
     tcp_services_write: Mutex<()>,
     shutdown_tx: watch::Sender<bool>,
@@ -277,6 +289,7 @@ impl ProxyCore {
                 apps,
                 registry: Mutex::new(Registry::default()),
                 tcp_listeners: Mutex::new(HashMap::new()),
+                connect_listeners: Mutex::new(HashMap::new()),
                 tcp_services: ArcSwap::from_pointee(HashMap::new()),
                 tcp_services_write: Mutex::new(()),
                 shutdown_tx,
@@ -383,13 +396,16 @@ impl ProxyCore {
             host,
         } = info;
         let bound: Option<Arc<str>> = host.map(Into::into);
-        let for_pingora = bound.clone();
+        let for_pingora = bound
+            .clone()
+            .map(|host| http::StreamScope { host, pinned: None });
         let fut = conn::serve_connection(
             stream,
             client.ip(),
             scheme,
             trusted,
             bound,
+            false,
             false,
             move |s| conn::tunnel_stream(s, client, local, for_pingora),
             app,
@@ -524,6 +540,48 @@ impl ProxyCore {
             .await
     }
 
+    // ----- CONNECT listeners (the connector family) ----------------------
+
+    /// Binds a CONNECT listener (see [`connect`]) and serves it until it is
+    /// removed or the core shuts down. Returns the bound address.
+    pub async fn add_connect_listener(
+        &self,
+        bind: SocketAddr,
+        config: ConnectConfig,
+    ) -> Result<SocketAddr> {
+        if *self.inner.shutdown_tx.borrow() {
+            return Err(Error::ShuttingDown);
+        }
+        let listener = TcpListener::bind(bind)
+            .await
+            .map_err(|source| Error::Bind { addr: bind, source })?;
+        let bound = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(connect::accept_connect(
+            listener,
+            Arc::new(config),
+            self.inner.clone(),
+            stop.clone(),
+        ));
+        let mut listeners = lock(&self.inner.connect_listeners);
+        if listeners.contains_key(&bound) {
+            stop.cancel();
+            return Err(Error::ListenerExists(bound));
+        }
+        listeners.insert(bound, TcpListenerHandle { stop, task });
+        Ok(bound)
+    }
+
+    /// Closes the CONNECT listener at `bound`; its open connections finish.
+    pub async fn remove_connect_listener(&self, bound: SocketAddr) -> Result<()> {
+        let handle = lock(&self.inner.connect_listeners)
+            .remove(&bound)
+            .ok_or(Error::NoSuchListener(bound))?;
+        handle.stop.cancel();
+        let _ = handle.task.await;
+        Ok(())
+    }
+
     // ----- admin and lifecycle -----------------------------------------
 
     /// Binds the admin listener (`/healthz`, `/readyz`, `/metrics`).
@@ -562,6 +620,9 @@ impl ProxyCore {
         let _ = inner.shutdown_tx.send(true);
         inner.stopping.cancel();
         for listener in lock(&inner.tcp_listeners).values() {
+            listener.stop.cancel();
+        }
+        for listener in lock(&inner.connect_listeners).values() {
             listener.stop.cancel();
         }
         for app in &inner.apps {
@@ -625,6 +686,7 @@ async fn accept_http(listener: TcpListener, bound: SocketAddr, inner: Arc<Inner>
                     Scheme::Http,
                     trusted,
                     None,
+                    false,
                     true,
                     move |tcp| conn::tcp_stream(tcp, peer, local),
                     app,

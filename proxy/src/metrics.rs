@@ -64,6 +64,45 @@ impl UpstreamErrorCause {
     }
 }
 
+/// How a CONNECT ended before its requests; one counter each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectOutcome {
+    Granted,
+    Unauthenticated,
+    Forbidden,
+    Unavailable,
+    BadRequest,
+    Timeout,
+    TlsFailed,
+    OverLimit,
+}
+
+impl ConnectOutcome {
+    const ALL: [ConnectOutcome; 8] = [
+        Self::Granted,
+        Self::Unauthenticated,
+        Self::Forbidden,
+        Self::Unavailable,
+        Self::BadRequest,
+        Self::Timeout,
+        Self::TlsFailed,
+        Self::OverLimit,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Granted => "granted",
+            Self::Unauthenticated => "unauthenticated",
+            Self::Forbidden => "forbidden",
+            Self::Unavailable => "unavailable",
+            Self::BadRequest => "bad_request",
+            Self::Timeout => "timeout",
+            Self::TlsFailed => "tls_failed",
+            Self::OverLimit => "over_limit",
+        }
+    }
+}
+
 /// Process-wide counters of one proxy core.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
@@ -85,6 +124,11 @@ pub(crate) struct Metrics {
     pub(crate) fast_path_requests: AtomicU64,
     /// Connections the fast path handed to Pingora.
     pub(crate) pingora_handoffs: AtomicU64,
+    connect_outcomes: [AtomicU64; ConnectOutcome::ALL.len()],
+    /// Intercepted CONNECT connections open now.
+    pub(crate) connect_active: AtomicI64,
+    /// Requests on intercepted CONNECT connections, by status class.
+    pub(crate) connect_http: Arc<HostStats>,
 }
 
 impl Metrics {
@@ -98,6 +142,14 @@ impl Metrics {
         self.latency_count.fetch_add(1, Relaxed);
         self.latency_sum_micros
             .fetch_add(elapsed.as_micros() as u64, Relaxed);
+    }
+
+    pub(crate) fn connect_outcome(&self, outcome: ConnectOutcome) {
+        let i = ConnectOutcome::ALL
+            .iter()
+            .position(|c| *c == outcome)
+            .unwrap_or(0);
+        self.connect_outcomes[i].fetch_add(1, Relaxed);
     }
 
     pub(crate) fn upstream_error(&self, cause: UpstreamErrorCause) {
@@ -170,7 +222,38 @@ impl Metrics {
             );
         }
 
-        let gauges: [(&str, &str, &str, i64); 10] = [
+        out.push_str(
+            "# HELP tuna_proxy_connect_requests_total CONNECT requests of the connector listeners, by outcome.\n\
+             # TYPE tuna_proxy_connect_requests_total counter\n",
+        );
+        for (outcome, c) in ConnectOutcome::ALL.iter().zip(&self.connect_outcomes) {
+            let _ = writeln!(
+                out,
+                "tuna_proxy_connect_requests_total{{outcome=\"{}\"}} {}",
+                outcome.label(),
+                c.load(Relaxed)
+            );
+        }
+        out.push_str(
+            "# HELP tuna_proxy_connect_http_requests_total Requests inside intercepted CONNECT connections, by status class.\n\
+             # TYPE tuna_proxy_connect_http_requests_total counter\n",
+        );
+        for (i, c) in self.connect_http.by_class.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "tuna_proxy_connect_http_requests_total{{class=\"{}xx\"}} {}",
+                i + 1,
+                c.load(Relaxed)
+            );
+        }
+
+        let gauges: [(&str, &str, &str, i64); 11] = [
+            (
+                "tuna_proxy_connect_connections_active",
+                "gauge",
+                "Intercepted CONNECT connections open now.",
+                self.connect_active.load(Relaxed),
+            ),
             (
                 "tuna_proxy_http_fast_path_requests_total",
                 "counter",

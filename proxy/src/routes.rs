@@ -134,6 +134,33 @@ impl CompiledBackend {
         }
     }
 
+    /// The backend of an intercepted CONNECT: HTTPS (HTTP/1.1) to the
+    /// target's addresses, verified against its CA (or the system roots)
+    /// and its name; `idle` bounds the upstream's silence during a response
+    /// (a watch), upgrades excepted.
+    pub(crate) fn pinned(
+        target: &crate::connect::UpstreamTarget,
+        idle: std::time::Duration,
+        stats: Arc<HostStats>,
+        config: &ProxyConfig,
+    ) -> Self {
+        let backend = HttpBackend {
+            addrs: target.addrs.clone(),
+            protocol: UpstreamProtocol::Tls(TlsUpstream {
+                sni: target.server_name.clone(),
+                verify: true,
+                h2: false,
+            }),
+        };
+        let mut compiled = Self::new(&backend, stats, config);
+        for peer in &mut compiled.peers {
+            peer.group_key = target.group_key;
+            peer.options.ca = target.ca.clone();
+            peer.options.read_timeout = Some(idle);
+        }
+        compiled
+    }
+
     /// First address index for a new request (round-robin).
     pub(crate) fn start_index(&self) -> usize {
         self.next.fetch_add(1, Relaxed)

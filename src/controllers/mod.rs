@@ -11,6 +11,8 @@
 //!   edge, with finalizers that release them (unless adopted or `Retain`).
 //! - **Agent role** ([`tunnel`], [`ingress`]): tunnels and routes through the
 //!   [`crate::publisher::Publisher`].
+//! - **Connectors role** ([`connector`]): Connectors probed and fronted by
+//!   the connector proxy (its own context: it has no edge).
 //!
 //! Shared conventions (this module):
 //! - **Status** is written by server-side apply on the status subresource
@@ -26,6 +28,7 @@
 //!   requeues after the resync interval, so every object is re-checked.
 
 pub mod agent_state;
+pub mod connector;
 pub mod domain;
 pub mod ingress;
 pub mod tcpendpoint;
@@ -234,27 +237,41 @@ impl Context {
     ) where
         K: Resource<DynamicType = ()>,
     {
-        // kube's Recorder (like client-go's) folds events of one (type,
-        // reason, action) into a series that keeps the first note; the action
-        // carries a digest of the note so that a different message is a new
-        // event and only true repeats count up.
-        let note = truncate(note, 1024);
-        let digest = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            note.hash(&mut h);
-            h.finish() as u32
-        };
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: format!("{action}-{digest:08x}"),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(object = %obj.name_any(), reason, error = %e, "could not publish an event");
-        }
+        publish_event(&self.recorder, obj, type_, reason, action, note).await;
+    }
+}
+
+/// Publishes an event about `obj` with `recorder`; a failure is logged, never fatal.
+pub async fn publish_event<K>(
+    recorder: &Recorder,
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) where
+    K: Resource<DynamicType = ()>,
+{
+    // kube's Recorder (like client-go's) folds events of one (type,
+    // reason, action) into a series that keeps the first note; the action
+    // carries a digest of the note so that a different message is a new
+    // event and only true repeats count up.
+    let note = truncate(note, 1024);
+    let digest = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        note.hash(&mut h);
+        h.finish() as u32
+    };
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: format!("{action}-{digest:08x}"),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
+        tracing::warn!(object = %obj.name_any(), reason, error = %e, "could not publish an event");
     }
 }
 

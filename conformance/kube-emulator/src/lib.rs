@@ -94,7 +94,14 @@
 //!   HTTP; with `tls: false` tokenless requests act as admin). The admin token (group
 //!   `system:masters`) bypasses RBAC; ServiceAccount tokens (from
 //!   [`EmulatorHandle::token_for_service_account`] or the TokenRequest API) are opaque and die
-//!   with their ServiceAccount; static users come from [`EmulatorHandle::token_for_user`].
+//!   with their ServiceAccount or at their expiry ([`EmulatorHandle::expire_token`] ends one
+//!   early); static users come from [`EmulatorHandle::token_for_user`]. Tokens carry
+//!   audiences as on the API server: a TokenRequest's `spec.audiences` (default: the API
+//!   server's own, [`API_AUDIENCE`]); only tokens for the API audience authenticate API
+//!   requests; a TokenReview authenticates a token whose audiences meet `spec.audiences`
+//!   (default: the API audience) and answers the intersection; static tokens count as
+//!   API-audience tokens. TokenRequest refuses `expirationSeconds` under 600 or over 2³²
+//!   (422, as the API server).
 //!   Aggregated ClusterRoles (`aggregationRule`) are expanded; of the default roles only
 //!   `cluster-admin` exists. Discovery, OpenAPI and the self reviews are open to every
 //!   authenticated user. A list/watch with `fieldSelector=metadata.name=X` is authorized as a
@@ -127,6 +134,7 @@ use tokio::task::JoinHandle;
 pub use error::{ApiError, Error, Result};
 pub use server::AuditEntry;
 use server::Shared;
+pub use store::API_AUDIENCE;
 use store::WriteOptions;
 
 /// How to start an emulator. `Options::default()` is what tests want: 127.0.0.1, a free port,
@@ -380,7 +388,7 @@ impl EmulatorHandle {
                 &WriteOptions::default(),
             );
         }
-        st.issue_sa_token(namespace, name, None)
+        st.issue_sa_token(namespace, name, None, vec![store::API_AUDIENCE.to_owned()])
             .map(|(t, _)| t)
             .unwrap_or_default()
     }
@@ -408,12 +416,29 @@ impl EmulatorHandle {
             groups,
             service_account: None,
         };
-        self.shared
-            .state
-            .lock()
-            .tokens
-            .insert(token.clone(), (id, None));
+        self.shared.state.lock().tokens.insert(
+            token.clone(),
+            store::IssuedToken {
+                identity: id,
+                expires: None,
+                audiences: None,
+            },
+        );
         token
+    }
+
+    /// Makes `token` expire now: the test's stand-in for waiting out a
+    /// token's lifetime (TokenRequest refuses lifetimes under ten minutes, as
+    /// the API server does). Returns whether the token existed.
+    pub fn expire_token(&self, token: &str) -> bool {
+        let mut st = self.shared.state.lock();
+        match st.tokens.get_mut(token) {
+            Some(t) => {
+                t.expires = Some(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(1));
+                true
+            }
+            None => false,
+        }
     }
 
     /// A kube-rs client acting as admin.

@@ -100,6 +100,33 @@ impl Shared {
         self.state.lock().authenticate(token)
     }
 
+    /// Resolves `token` for `audiences` (a TokenReview's; empty: the API
+    /// server's): the identity and the audiences it is valid for, or why not.
+    fn review(
+        &self,
+        st: &State,
+        token: &str,
+        audiences: &[String],
+    ) -> Result<(Identity, Vec<String>), String> {
+        let api = [store::API_AUDIENCE.to_owned()];
+        let wanted: &[String] = if audiences.is_empty() {
+            &api
+        } else {
+            audiences
+        };
+        if token == self.admin_token {
+            // A static token knows no audience: valid for the API server's own.
+            return if wanted.iter().any(|a| a == store::API_AUDIENCE) {
+                Ok((Self::admin_identity(), vec![store::API_AUDIENCE.to_owned()]))
+            } else {
+                Err(format!(
+                    "token audiences {api:?} is invalid for the target audiences {wanted:?}"
+                ))
+            };
+        }
+        st.authenticate_for(token, wanted)
+    }
+
     fn record(&self, entry: AuditEntry) {
         if let Some(f) = &self.audit_file {
             let mut f = f.lock();
@@ -111,19 +138,50 @@ impl Shared {
 }
 
 impl State {
-    /// Resolves a bearer token; ServiceAccount tokens die with their ServiceAccount or at expiry.
+    /// Resolves a bearer token of an API request: only tokens meant for the API
+    /// server's audience do.
     pub fn authenticate(&self, token: &str) -> Option<Identity> {
-        let (id, exp) = self.tokens.get(token)?;
-        if exp.is_some_and(|e| e < jiff::Timestamp::now()) {
-            return None;
+        self.authenticate_for(token, &[store::API_AUDIENCE.to_owned()])
+            .ok()
+            .map(|(id, _)| id)
+    }
+
+    /// Resolves a bearer token meant for one of `audiences`; ServiceAccount tokens die with
+    /// their ServiceAccount or at expiry. Answers the audiences it is valid for.
+    pub fn authenticate_for(
+        &self,
+        token: &str,
+        audiences: &[String],
+    ) -> Result<(Identity, Vec<String>), String> {
+        let invalid = || "invalid bearer token".to_owned();
+        let issued = self.tokens.get(token).ok_or_else(invalid)?;
+        if issued.expires.is_some_and(|e| e < jiff::Timestamp::now()) {
+            return Err("invalid bearer token, token has expired".into());
         }
+        let id = &issued.identity;
         if let Some((ns, name)) = &id.service_account {
-            let sa = self.get_opt("/serviceaccounts", ns, name)?;
+            let sa = self
+                .get_opt("/serviceaccounts", ns, name)
+                .ok_or_else(invalid)?;
             if meta_str(sa, "uid") != id.uid {
-                return None;
+                return Err(invalid());
             }
         }
-        Some(id.clone())
+        let has: Vec<String> = issued
+            .audiences
+            .clone()
+            .unwrap_or_else(|| vec![store::API_AUDIENCE.to_owned()]);
+        let common: Vec<String> = audiences
+            .iter()
+            .filter(|a| has.contains(a))
+            .cloned()
+            .collect();
+        if common.is_empty() {
+            return Err(format!(
+                "token audiences {has:?} is invalid for the target audiences {audiences:?}"
+            ));
+        }
+        Ok((id.clone(), common))
     }
 
     /// Issues an opaque token for a ServiceAccount (which must exist).
@@ -132,6 +190,7 @@ impl State {
         ns: &str,
         name: &str,
         expiration_seconds: Option<i64>,
+        audiences: Vec<String>,
     ) -> Option<(String, Option<jiff::Timestamp>)> {
         let sa = self.get_opt("/serviceaccounts", ns, name)?;
         let uid = meta_str(sa, "uid").to_string();
@@ -148,7 +207,14 @@ impl State {
             ],
             service_account: Some((ns.into(), name.into())),
         };
-        self.tokens.insert(token.clone(), (id, exp));
+        self.tokens.insert(
+            token.clone(),
+            store::IssuedToken {
+                identity: id,
+                expires: exp,
+                audiences: Some(audiences),
+            },
+        );
         Some((token, exp))
     }
 }
@@ -561,13 +627,43 @@ fn resource_request(
         {
             let name = rp.name.clone().unwrap_or_default();
             let req = parse_body(body)?;
-            let exp = req["spec"]["expirationSeconds"].as_i64().unwrap_or(3600);
+            let seconds = req["spec"]["expirationSeconds"].as_i64().unwrap_or(3600);
+            // As the API server validates a TokenRequest.
+            let limit = if seconds < 600 {
+                Some("may not specify a duration less than 10 minutes")
+            } else if seconds > 1 << 32 {
+                Some("may not specify a duration larger than 2^32 seconds")
+            } else {
+                None
+            };
+            if let Some(message) = limit {
+                return Err(ApiError::invalid(
+                    "TokenRequest.authentication.k8s.io",
+                    &name,
+                    vec![crate::error::FieldError::invalid(
+                        "spec.expirationSeconds",
+                        &json!(seconds),
+                        message,
+                    )],
+                ));
+            }
+            let mut audiences: Vec<String> = req["spec"]["audiences"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if audiences.is_empty() {
+                audiences.push(store::API_AUDIENCE.to_owned());
+            }
             let (token, exp) = st
-                .issue_sa_token(&ns, &name, Some(exp))
+                .issue_sa_token(&ns, &name, Some(seconds), audiences.clone())
                 .ok_or_else(|| ApiError::not_found("serviceaccounts", &name))?;
             let mut out = json!({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
                 "metadata": {"name": name, "namespace": ns, "creationTimestamp": store::now()},
-                "spec": {"audiences": req["spec"]["audiences"].as_array().cloned().unwrap_or_default(), "expirationSeconds": req["spec"]["expirationSeconds"].as_i64().unwrap_or(3600), "boundObjectRef": req["spec"]["boundObjectRef"].clone()},
+                "spec": {"audiences": audiences, "expirationSeconds": seconds, "boundObjectRef": req["spec"]["boundObjectRef"].clone()},
                 "status": {"token": token, "expirationTimestamp": exp.map(|e| jiff::Timestamp::from_second(e.as_second()).expect("valid").to_string())}});
             if out["spec"]["boundObjectRef"].is_null() {
                 out["spec"]
@@ -590,17 +686,20 @@ fn resource_request(
         let spec = obj["spec"].clone();
         let status = match rt.special {
             Special::TokenReview => {
-                let tok = spec["token"].as_str().unwrap_or_default();
-                let id = if tok == shared.admin_token {
-                    Some(Shared::admin_identity())
-                } else {
-                    st.authenticate(tok)
-                };
-                match id {
-                    Some(id) => {
-                        json!({"authenticated": true, "user": {"username": id.username, "uid": id.uid, "groups": id.groups}, "audiences": spec["audiences"].as_array().cloned().unwrap_or_default()})
+                let tok = spec["token"].as_str().unwrap_or_default().to_owned();
+                let audiences: Vec<String> = spec["audiences"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                match shared.review(&st, &tok, &audiences) {
+                    Ok((id, audiences)) => {
+                        json!({"authenticated": true, "user": {"username": id.username, "uid": id.uid, "groups": id.groups}, "audiences": audiences})
                     }
-                    None => json!({"authenticated": false, "error": "invalid bearer token"}),
+                    Err(error) => json!({"authenticated": false, "error": error}),
                 }
             }
             Special::SubjectAccessReview | Special::SelfSubjectAccessReview => {

@@ -82,6 +82,23 @@ pub enum PatchType {
     Apply,
 }
 
+/// The audience of this API server (`--api-audiences`; by default the
+/// ServiceAccount issuer): tokens must be meant for it to authenticate API
+/// requests, and a TokenReview without audiences asks for it.
+pub const API_AUDIENCE: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// What a bearer token stands for.
+#[derive(Debug, Clone)]
+pub struct IssuedToken {
+    pub identity: Identity,
+    /// When it stops authenticating (None: never).
+    pub expires: Option<jiff::Timestamp>,
+    /// Who it is meant for (a TokenRequest's `spec.audiences`); `None` for
+    /// tokens that know no audience (static users), which the API server
+    /// accepts for its own audience only.
+    pub audiences: Option<Vec<String>>,
+}
+
 /// The store proper. All access goes through one mutex held by [`crate::server`].
 pub struct State {
     pub rv: u64,
@@ -91,7 +108,7 @@ pub struct State {
     history_limit: usize,
     pub registry: Registry,
     /// Opaque bearer tokens → identities (ServiceAccount tokens from TokenRequest, static users).
-    pub tokens: HashMap<String, (Identity, Option<jiff::Timestamp>)>,
+    pub tokens: HashMap<String, IssuedToken>,
     validator: kube_cel::Validator,
     tx: broadcast::Sender<Arc<WatchEvent>>,
     /// Warnings produced by the last write (unknown fields under `fieldValidation=Warn`).

@@ -948,11 +948,13 @@ stringData: {token: xyz}
         Some("system:serviceaccount:default:op")
     );
 
-    // TokenRequest through the API gives a working token; deleting the SA invalidates tokens.
+    // TokenRequest through the API gives a working token (for the API
+    // server's audience: a token for another is no API credential, as on a
+    // real API server); deleting the SA invalidates tokens.
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
     let treq = TokenRequest {
         spec: TokenRequestSpec {
-            audiences: vec!["tuna".into()],
+            audiences: vec![kube_emulator::API_AUDIENCE.into()],
             expiration_seconds: Some(600),
             ..Default::default()
         },

@@ -731,3 +731,119 @@ async fn kubectl_create_generators_send_protobuf_bodies_that_are_decoded() {
         "every create was accepted"
     );
 }
+
+/// Token lifetimes and audiences as the API server has them: `kubectl create
+/// token` refuses durations under ten minutes; a token for another audience
+/// is no API credential, and a TokenReview authenticates it only for that
+/// audience; an expired token authenticates nothing.
+#[tokio::test]
+async fn token_requests_have_a_floor_and_tokens_an_audience() {
+    let emu = emulator().await;
+    let k = Kubectl::new(emu.kubeconfig_path());
+    k.ok(&["create", "namespace", "apps"]).await;
+    k.ok(&["-n", "apps", "create", "serviceaccount", "bot"])
+        .await;
+    let short = k
+        .fails(&["-n", "apps", "create", "token", "bot", "--duration", "5m"])
+        .await;
+    assert!(
+        short.contains("may not specify a duration less than 10 minutes"),
+        "{short}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let review = |token: &str, audiences: &[&str]| {
+        let spec = if audiences.is_empty() {
+            json!({"token": token})
+        } else {
+            json!({"token": token, "audiences": audiences})
+        };
+        let manifest =
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec});
+        write(dir.path(), "review.json", &manifest.to_string())
+    };
+    let proxy_token = k
+        .ok(&[
+            "-n",
+            "apps",
+            "create",
+            "token",
+            "bot",
+            "--audience",
+            "connectors.example.com",
+            "--duration",
+            "30m",
+        ])
+        .await;
+    let proxy_token = proxy_token.trim();
+    // Not for the API server: kubectl with it is unauthorized.
+    let kc = dir.path().join("bot.kubeconfig");
+    emu.write_kubeconfig(&kc, proxy_token).unwrap();
+    let as_bot = Kubectl::new(&kc);
+    let denied = as_bot.fails(&["auth", "whoami"]).await;
+    assert!(denied.contains("Unauthorized"), "{denied}");
+    // A review for its audience authenticates it, and says for which.
+    let path = review(proxy_token, &["connectors.example.com", "other"]);
+    let out: serde_json::Value = serde_json::from_str(
+        &k.ok(&[
+            "create",
+            "--validate=false",
+            "-f",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(out["status"]["authenticated"], true, "{out}");
+    assert_eq!(
+        out["status"]["user"]["username"],
+        "system:serviceaccount:apps:bot"
+    );
+    assert_eq!(
+        out["status"]["audiences"],
+        json!(["connectors.example.com"])
+    );
+    // A review for the API server's audience (the default) does not.
+    let path = review(proxy_token, &[]);
+    let out: serde_json::Value = serde_json::from_str(
+        &k.ok(&[
+            "create",
+            "--validate=false",
+            "-f",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_ne!(out["status"]["authenticated"], true, "{out}");
+    assert!(
+        out["status"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("audiences"),
+        "{out}"
+    );
+    // Expired: nothing.
+    assert!(emu.expire_token(proxy_token));
+    let path = review(proxy_token, &["connectors.example.com"]);
+    let out: serde_json::Value = serde_json::from_str(
+        &k.ok(&[
+            "create",
+            "--validate=false",
+            "-f",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_ne!(out["status"]["authenticated"], true, "{out}");
+    assert!(
+        out["status"]["error"].as_str().unwrap().contains("expired"),
+        "{out}"
+    );
+}

@@ -54,6 +54,8 @@ pub(crate) struct ConnCtx<'a> {
     pub(crate) trusted: bool,
     /// The one host a tunnel stream may serve ([`crate::ConnInfo::host`]).
     pub(crate) host: Option<&'a str>,
+    /// An intercepted CONNECT: its upstream is TLS, which Pingora serves.
+    pub(crate) pinned: bool,
     pub(crate) stopping: &'a CancellationToken,
 }
 
@@ -151,6 +153,9 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
         && !host.is(bound)
     {
         return Head::Reject(421);
+    }
+    if c.pinned {
+        return Head::HandOff;
     }
     let target = req.target;
     let method = req.method;

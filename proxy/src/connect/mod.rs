@@ -1,0 +1,415 @@
+//! The forward-proxy listener of the connector family: `CONNECT host:port`
+//! with proxy credentials, TLS intercepted with certificates of the
+//! listener's own CA, and requests forwarded over verified TLS with the
+//! credentials of the grant.
+//!
+//! # Contract
+//!
+//! - **Registration.** [`crate::ProxyCore::add_connect_listener`] binds a
+//!   listener with a [`ConnectConfig`]: the [`ConnectAuthorizer`] that
+//!   decides who may go where (the proxy core knows nothing about who its
+//!   callers are — the operator implements it with Kubernetes reviews), the
+//!   [`InterceptCa`] that signs the certificates clients see, and
+//!   [`ConnectLimits`].
+//! - **The CONNECT exchange.** The first request of a connection must be
+//!   `CONNECT host:port HTTP/1.1` (anything else: `405`, a target that is
+//!   not `host:port`: `400`), whole within [`ConnectLimits::handshake_timeout`]
+//!   and within the core's header limits (`431`). `Proxy-Authorization`
+//!   must be `Basic base64(user:password)`, split at the first `:`; when it is
+//!   missing or malformed the answer is `407` with `Proxy-Authenticate`. The
+//!   authorizer's [`ConnectRefusal`] answers `407`, `403` or `503`; its
+//!   [`ConnectGrant`] answers `200 Connection Established`.
+//! - **TLS.** Right after the `200`, the client's TLS handshake is answered
+//!   with a certificate for the CONNECT host (an IP SAN for an IP: Go sends
+//!   no SNI for IPs, so the certificate is chosen by the CONNECT target, not
+//!   by SNI), signed by the listener's CA, offering `http/1.1` only.
+//! - **Requests.** Every request on the intercepted connection must name
+//!   the CONNECT host (`421` otherwise). It goes through the core's HTTP
+//!   path (the same limits, hop-by-hop policy, `X-Forwarded-*`, request id,
+//!   error pages and metrics as every route), pinned to the grant's
+//!   [`UpstreamTarget`] — TLS verified against the grant's CA (or the
+//!   system roots) and the address's name — with the client's
+//!   `Authorization` replaced by the grant's. Responses stream (long
+//!   watches idle up to [`ConnectLimits::upstream_idle`]); upgrades (`101`:
+//!   exec, attach, port-forward) are spliced both ways.
+//! - **Bounds.** At most [`ConnectLimits::max_connections`] connections per
+//!   listener (more are closed at accept); the authorizer is given
+//!   [`ConnectLimits::authorize_timeout`] (`503` after it).
+//! - **Secrets.** Passwords and injected credentials are [`Credential`]s:
+//!   their `Debug` prints a mask, and nothing here logs them.
+
+mod ca;
+mod serve;
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::utils::tls::{WrappedX509, parse_x509};
+
+pub use ca::{CaPem, InterceptCa};
+pub(crate) use serve::accept_connect;
+
+use crate::error::{Error, Result};
+
+/// A secret string (a password, a bearer token): its `Debug` and `Display`
+/// print a mask, so it can sit in structs that are logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential(String);
+
+impl Credential {
+    /// Wraps `value`.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself: pass it on, never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credential(***)")
+    }
+}
+
+impl std::fmt::Display for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// The decoded `Proxy-Authorization: Basic` credentials of a CONNECT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyCredentials {
+    /// Before the first `:` (e.g. `namespace/connector`).
+    pub username: String,
+    /// After the first `:` (e.g. a ServiceAccount token).
+    pub password: Credential,
+}
+
+impl ProxyCredentials {
+    /// Parses a `Proxy-Authorization` value: `Basic <base64(user:password)>`
+    /// (scheme case-insensitive), the decoded text UTF-8, split at the first
+    /// `:`. `None` for anything else.
+    pub fn from_header(value: &[u8]) -> Option<Self> {
+        let value = std::str::from_utf8(value).ok()?.trim();
+        let (scheme, encoded) = value.split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("basic") {
+            return None;
+        }
+        use base64::Engine as _;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim())
+            .ok()?;
+        let text = String::from_utf8(decoded).ok()?;
+        let (username, password) = text.split_once(':')?;
+        Some(Self {
+            username: username.to_owned(),
+            password: Credential::new(password),
+        })
+    }
+}
+
+/// The target of a CONNECT: `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Authority {
+    /// A DNS name (lower-case) or an IP address (IPv6 without brackets).
+    pub host: String,
+    /// The port.
+    pub port: u16,
+}
+
+impl std::fmt::Display for Authority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl Authority {
+    /// Parses an authority-form target, `host:port` (RFC 9112 §3.2.3), with the
+    /// rules of the shared codec for the host; the port is required.
+    pub fn parse(target: &str) -> Option<Self> {
+        let host = tuna_http1::parse_host(target.as_bytes())?;
+        if host.value.ends_with(']') {
+            return None;
+        }
+        let (_, port) = host.value.rsplit_once(':')?;
+        let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+        let name = host.name.trim_start_matches('[').trim_end_matches(']');
+        Some(Self {
+            host: name.trim_end_matches('.').to_ascii_lowercase(),
+            port,
+        })
+    }
+}
+
+/// What the authorizer is asked.
+#[derive(Debug, Clone)]
+pub struct ConnectRequest {
+    /// The CONNECT target.
+    pub authority: Authority,
+    /// The decoded proxy credentials (requests without valid Basic
+    /// credentials never reach the authorizer: they get `407`).
+    pub credentials: ProxyCredentials,
+    /// The client's address.
+    pub client_addr: SocketAddr,
+}
+
+/// Why a CONNECT is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectRefusal {
+    /// `407 Proxy Authentication Required`: the credentials name no one
+    /// (unknown, invalid or expired password, unknown user).
+    Unauthenticated(String),
+    /// `403 Forbidden`: the caller is known but may not go there.
+    Forbidden(String),
+    /// `503 Service Unavailable`: it cannot be decided now (the authority
+    /// that checks credentials is unreachable, the target is not ready).
+    Unavailable(String),
+}
+
+impl ConnectRefusal {
+    fn status(&self) -> u16 {
+        match self {
+            Self::Unauthenticated(_) => 407,
+            Self::Forbidden(_) => 403,
+            Self::Unavailable(_) => 503,
+        }
+    }
+
+    fn message(&self) -> &str {
+        match self {
+            Self::Unauthenticated(m) | Self::Forbidden(m) | Self::Unavailable(m) => m,
+        }
+    }
+}
+
+/// Where the requests of a granted CONNECT go: resolved addresses, the name
+/// the upstream's certificate is checked against, and the CAs to check it
+/// with. Build it once per target (it parses the certificates) and share it.
+pub struct UpstreamTarget {
+    pub(crate) addrs: Vec<SocketAddr>,
+    pub(crate) server_name: String,
+    pub(crate) ca: Option<Arc<[WrappedX509]>>,
+    /// Keeps pooled upstream connections of targets with other trust apart.
+    pub(crate) group_key: u64,
+}
+
+impl std::fmt::Debug for UpstreamTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTarget")
+            .field("addrs", &self.addrs)
+            .field("server_name", &self.server_name)
+            .field("ca_certs", &self.ca.as_ref().map(|c| c.len()))
+            .finish()
+    }
+}
+
+impl UpstreamTarget {
+    /// A target at `addrs` (resolved by the caller: the proxy never resolves
+    /// names) whose TLS certificate must be valid for `server_name` (a DNS
+    /// name or an IP address) and chain to one of `ca_der` (DER
+    /// certificates), or to the system roots when `ca_der` is `None`.
+    pub fn new(
+        addrs: Vec<SocketAddr>,
+        server_name: &str,
+        ca_der: Option<Vec<Vec<u8>>>,
+    ) -> Result<Self> {
+        if addrs.is_empty() {
+            return Err(Error::NoAddresses {
+                what: format!("upstream {server_name}"),
+            });
+        }
+        let server_name = server_name
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        if rustls::pki_types::ServerName::try_from(server_name.clone()).is_err() {
+            return Err(Error::InvalidHost { host: server_name });
+        }
+        let mut hasher = DefaultHasher::new();
+        server_name.hash(&mut hasher);
+        let ca = match ca_der {
+            None => None,
+            Some(certs) => {
+                if certs.is_empty() {
+                    return Err(Error::InvalidCertificate(
+                        "no CA certificate given; give at least one or none for the system roots"
+                            .into(),
+                    ));
+                }
+                let mut store = rustls::RootCertStore::empty();
+                for der in &certs {
+                    // Parsed by rustls first: Pingora's own parser panics on
+                    // a certificate it cannot read.
+                    store
+                        .add(rustls::pki_types::CertificateDer::from(der.as_slice()))
+                        .map_err(|e| Error::InvalidCertificate(e.to_string()))?;
+                    der.hash(&mut hasher);
+                }
+                let wrapped: Vec<WrappedX509> = certs
+                    .into_iter()
+                    .map(|der| WrappedX509::new(der, parse_x509))
+                    .collect();
+                Some(Arc::from(wrapped))
+            }
+        };
+        Ok(Self {
+            addrs,
+            server_name,
+            ca,
+            group_key: hasher.finish(),
+        })
+    }
+
+    /// The resolved addresses.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+}
+
+/// What a granted CONNECT gets.
+#[derive(Debug, Clone)]
+pub struct ConnectGrant {
+    /// Where its requests go.
+    pub target: Arc<UpstreamTarget>,
+    /// The `Authorization` value every request gets upstream, replacing the
+    /// client's (e.g. `Bearer <real token>`).
+    pub authorization: Credential,
+    /// Who and what, for logs and traces (e.g. `namespace/connector` and the
+    /// caller's name); never a secret.
+    pub label: String,
+}
+
+/// Decides CONNECTs. Implemented outside the proxy core (the operator checks
+/// the password with a TokenReview and the caller's rights with a
+/// SubjectAccessReview); it should cache its answers briefly, as API
+/// servers cache webhook reviews.
+#[async_trait]
+pub trait ConnectAuthorizer: Send + Sync + 'static {
+    /// Grants or refuses `request`.
+    async fn authorize(&self, request: ConnectRequest) -> Result<ConnectGrant, ConnectRefusal>;
+}
+
+/// Bounds of a CONNECT listener.
+#[derive(Debug, Clone)]
+pub struct ConnectLimits {
+    /// Most open connections; more are closed as they are accepted.
+    pub max_connections: usize,
+    /// Time for the CONNECT head to arrive and, after the `200`, for the TLS
+    /// handshake to complete.
+    pub handshake_timeout: Duration,
+    /// Time the authorizer gets (`503` after it).
+    pub authorize_timeout: Duration,
+    /// Longest silence of the upstream while a response is under way (a
+    /// watch with no events); upgraded connections are not limited.
+    pub upstream_idle: Duration,
+}
+
+impl Default for ConnectLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            handshake_timeout: Duration::from_secs(10),
+            authorize_timeout: Duration::from_secs(10),
+            // An API server ends a watch after --min-request-timeout (30 to
+            // 60 minutes) and a client re-watches; bookmarks usually come
+            // every minute.
+            upstream_idle: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// Everything a CONNECT listener needs.
+#[derive(Clone)]
+pub struct ConnectConfig {
+    /// Decides who may go where.
+    pub authorizer: Arc<dyn ConnectAuthorizer>,
+    /// Signs the certificates the clients see.
+    pub ca: Arc<InterceptCa>,
+    /// Bounds.
+    pub limits: ConnectLimits,
+}
+
+impl std::fmt::Debug for ConnectConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectConfig")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_credentials_split_at_the_first_colon() {
+        // base64("ns/name:tok:en")
+        let creds = ProxyCredentials::from_header(b"Basic bnMvbmFtZTp0b2s6ZW4=").unwrap();
+        assert_eq!(creds.username, "ns/name");
+        assert_eq!(creds.password.expose(), "tok:en");
+        assert!(!format!("{creds:?}").contains("tok"));
+        let lower = ProxyCredentials::from_header(b"basic bnMvbmFtZTp0b2s6ZW4=").unwrap();
+        assert_eq!(lower, creds);
+    }
+
+    #[test]
+    fn malformed_credentials_are_refused() {
+        for bad in [
+            &b""[..],
+            b"Basic",
+            b"Bearer bnMvbmFtZTp0b2s6ZW4=",
+            b"Basic !!!!",
+            b"Basic bnMvbmFtZQ==",    // "ns/name": no colon
+            b"Basic bnMvbmFtZTp0b2=", // bad length
+            b"Basic /w==",            // 0xff: not UTF-8
+            b"Basic bnM=vbmF",        // padding inside
+        ] {
+            assert!(
+                ProxyCredentials::from_header(bad).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn authorities_need_a_port_and_a_valid_host() {
+        assert_eq!(
+            Authority::parse("192.168.1.100:6443"),
+            Some(Authority {
+                host: "192.168.1.100".into(),
+                port: 6443
+            })
+        );
+        assert_eq!(
+            Authority::parse("API.Example.com.:443").unwrap().host,
+            "api.example.com"
+        );
+        let v6 = Authority::parse("[::1]:6443").unwrap();
+        assert_eq!(v6.host, "::1");
+        assert_eq!(v6.to_string(), "[::1]:6443");
+        for bad in [
+            "example.com",
+            "example.com:",
+            "example.com:0",
+            "example.com:99999",
+            "user@example.com:443",
+            "/path",
+            "http://example.com:443",
+        ] {
+            assert_eq!(Authority::parse(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The connector proxy's CA: generated once, kept in a Secret of the
+//! operator's namespace (`kubernetes.io/tls`, `tls.crt` + `tls.key`), loaded
+//! by every start and every replica. Its certificate is what kubeconfigs
+//! carry in `certificate-authority-data` (published in each Connector's
+//! `status.proxy.httpAddress.CACerts`).
+//!
+//! Rotating it: delete the Secret and restart the role; kubeconfigs minted
+//! before then stop working (their tokens are short-lived anyway).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tuna_proxy::{CaPem, Credential, InterceptCa};
+
+/// Why the CA cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    /// Reading or creating the Secret failed.
+    #[error("the proxy CA Secret {secret}: {source}")]
+    Kube {
+        secret: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The Secret exists but does not hold a CA.
+    #[error(
+        "the proxy CA Secret {0} has no tls.crt and tls.key: delete it and restart, and a new CA is made (kubeconfigs minted before stop working)"
+    )]
+    Incomplete(String),
+    /// Generating or loading the CA failed.
+    #[error("the proxy CA in Secret {secret}: {source}")]
+    Invalid {
+        secret: String,
+        #[source]
+        source: tuna_proxy::Error,
+    },
+}
+
+/// The CA of Secret `namespace/name`, created (with a new CA) if absent.
+pub async fn load_or_create(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<CaPem, CaError> {
+    let id = format!("{namespace}/{name}");
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let kube = |source| CaError::Kube {
+        secret: id.clone(),
+        source,
+    };
+    for _ in 0..2 {
+        if let Some(secret) = api.get_opt(name).await.map_err(kube)? {
+            let pem = from_secret(&secret).ok_or_else(|| CaError::Incomplete(id.clone()))?;
+            InterceptCa::from_pem(&pem).map_err(|source| CaError::Invalid {
+                secret: id.clone(),
+                source,
+            })?;
+            return Ok(pem);
+        }
+        let pem = InterceptCa::generate("tuna-operator connectors proxy CA").map_err(|source| {
+            CaError::Invalid {
+                secret: id.clone(),
+                source,
+            }
+        })?;
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(namespace.to_owned()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "tuna-operator".to_owned(),
+                )])),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/tls".into()),
+            data: Some(BTreeMap::from([
+                (
+                    "tls.crt".to_owned(),
+                    ByteString(pem.cert_pem.clone().into_bytes()),
+                ),
+                (
+                    "tls.key".to_owned(),
+                    ByteString(pem.key_pem.expose().as_bytes().to_vec()),
+                ),
+            ])),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => {
+                tracing::info!(secret = %id, "created the connector proxy's CA");
+                return Ok(pem);
+            }
+            // Another replica made it first: use that one.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => return Err(kube(e)),
+        }
+    }
+    Err(CaError::Incomplete(id))
+}
+
+fn from_secret(secret: &Secret) -> Option<CaPem> {
+    let data = secret.data.as_ref()?;
+    let text = |k: &str| {
+        data.get(k)
+            .and_then(|b| String::from_utf8(b.0.clone()).ok())
+            .filter(|s| !s.is_empty())
+    };
+    Some(CaPem {
+        cert_pem: text("tls.crt")?,
+        key_pem: Credential::new(text("tls.key")?),
+    })
+}

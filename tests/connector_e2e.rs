@@ -1,0 +1,937 @@
+//! The Kubernetes connector end to end, as the quick start tells it: two
+//! Kubernetes API emulators — the operator's cluster (Connectors, Secrets,
+//! ServiceAccounts) and the target API server (its own token, some pods) —,
+//! the real `tuna-operator connectors` process running with exactly the
+//! RBAC of `examples/connectors/rbac.yaml`, and the real `kubectl`, whose
+//! kubeconfig comes from `tuna-operator connector kubeconfig`.
+//!
+//! Both clusters run in this process (the operator's, so that a token can be
+//! ended early: TokenRequest refuses lifetimes under ten minutes); the role
+//! and kubectl are separate processes. The role trusts the target's CA as a
+//! system root (`SSL_CERT_FILE`), so that the quick start's Connector —
+//! which has no `caCertSecretRef` — works as written.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use kube_emulator::{Emulator, EmulatorHandle, Options};
+use serde_json::Value;
+use support::{Process, WAIT, operator_bin, wait_for};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tuna_crds::{Connector, ConnectorConditions};
+
+const NS: &str = "k8s-connector-demo";
+const ROLE_SA: &str = "system:serviceaccount:tuna-system:tuna-operator-connectors";
+
+/// The quick start's manifests, with this test's token and address.
+fn quick_start(token: &str, address: &str) -> String {
+    format!(
+        "kind: Secret
+apiVersion: v1
+metadata:
+  name: k8s-secret
+type: connectors.cpaas.io/bearer-token
+stringData:
+  token: {token} # Замените на ваш k8s bearer token
+---
+apiVersion: connectors.alauda.io/v1alpha1
+kind: Connector
+metadata:
+  name: k8s-connector
+spec:
+  connectorClassName: k8s
+  address: {address} # Замените на адрес вашего k8s apiserver
+  auth:
+    name: bearerTokenAuth
+    secretRef:
+      name: k8s-secret
+"
+    )
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The real kubectl with `kubeconfig`, a discovery cache of its own, no
+/// proxy from the environment; `stdin` if given.
+fn kubectl(kubeconfig: &Path, home: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .env("HOME", home)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl on PATH");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.unwrap_or("").as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(out: Output, what: &str) -> String {
+    assert!(
+        !out.status.success(),
+        "{what} should fail: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// The proxy password of a rendered kubeconfig.
+fn password_of(kubeconfig: &str) -> String {
+    let v: Value = serde_saphyr::from_str(kubeconfig).unwrap();
+    let url = v["clusters"][0]["cluster"]["proxy-url"].as_str().unwrap();
+    let userinfo = url
+        .strip_prefix("http://")
+        .unwrap()
+        .split_once('@')
+        .unwrap()
+        .0;
+    userinfo.split_once(':').unwrap().1.to_owned()
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    operator: EmulatorHandle,
+    target: EmulatorHandle,
+    /// The target's token the Connector's Secret holds.
+    target_token: String,
+    role: Process,
+    proxy: SocketAddr,
+    client: kube::Client,
+}
+
+impl Env {
+    async fn start() -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let operator = Emulator::start(Options::default()).await.unwrap();
+        let target = Emulator::start(Options::default()).await.unwrap();
+        let home = dir.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        let admin = operator.kubeconfig_path().to_owned();
+        let k = |args: &[&str], stdin: Option<&str>| kubectl(&admin, &home, args, stdin);
+        ok(
+            k(
+                &["apply", "-f", repo("crds/connectors").to_str().unwrap()],
+                None,
+            ),
+            "installing the connector CRDs",
+        );
+        ok(
+            k(&["create", "namespace", "tuna-system"], None),
+            "namespace",
+        );
+        ok(
+            k(
+                &[
+                    "apply",
+                    "-f",
+                    repo("examples/connectors/rbac.yaml").to_str().unwrap(),
+                ],
+                None,
+            ),
+            "the role's RBAC",
+        );
+        ok(k(&["create", "namespace", NS], None), "namespace");
+        let role_token =
+            operator.token_for_service_account("tuna-system", "tuna-operator-connectors");
+        let role_kubeconfig = dir.path().join("role.kubeconfig");
+        operator
+            .write_kubeconfig(&role_kubeconfig, &role_token)
+            .unwrap();
+
+        // The target: a reader that may list and watch pods, and some pods.
+        let target_admin = target.kubeconfig_path().to_owned();
+        let t = |args: &[&str], stdin: Option<&str>| kubectl(&target_admin, &home, args, stdin);
+        ok(t(&["apply", "-f", "-"], Some(TARGET_RBAC)), "target RBAC");
+        ok(t(&["apply", "-f", "-"], Some(TARGET_PODS)), "target pods");
+        let target_token = ok(
+            t(
+                &[
+                    "-n",
+                    "default",
+                    "create",
+                    "token",
+                    "reader",
+                    "--duration",
+                    "2h",
+                ],
+                None,
+            ),
+            "the target's token",
+        )
+        .trim()
+        .to_owned();
+
+        let target_ca = dir.path().join("target-ca.pem");
+        std::fs::write(&target_ca, target.ca_pem().unwrap()).unwrap();
+        let args: Vec<String> = [
+            "--log-format",
+            "json",
+            "connectors",
+            "--proxy-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--probe-listen",
+            "127.0.0.1:0",
+            "--resync-interval",
+            "1s",
+            "--namespace",
+            "tuna-system",
+        ]
+        .map(String::from)
+        .to_vec();
+        let role = Process::spawn(
+            dir.path(),
+            "connectors",
+            &operator_bin(),
+            &args,
+            &[
+                ("KUBECONFIG", role_kubeconfig.display().to_string()),
+                ("POD_NAME", "tuna-operator-connectors-0".into()),
+                // The target's CA is a system root of the role's host.
+                ("SSL_CERT_FILE", target_ca.display().to_string()),
+            ],
+        );
+        let proxy = proxy_addr(&role).await;
+        let client = operator.client().await.unwrap();
+        Self {
+            dir,
+            operator,
+            target,
+            target_token,
+            role,
+            proxy,
+            client,
+        }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    /// kubectl as the operator cluster's admin.
+    fn op(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        kubectl(self.operator.kubeconfig_path(), &self.home(), args, stdin)
+    }
+
+    /// kubectl as the target's admin.
+    fn tgt(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        kubectl(self.target.kubeconfig_path(), &self.home(), args, stdin)
+    }
+
+    /// `tuna-operator connector kubeconfig …` as the operator cluster's admin
+    /// (a person or a CI job), with the proxy at its test address.
+    fn mint_kubeconfig(&self, service_account: &str) -> String {
+        let out = std::process::Command::new(operator_bin())
+            .args([
+                "connector",
+                "kubeconfig",
+                "-n",
+                NS,
+                "k8s-connector",
+                "--service-account",
+                service_account,
+                "--duration",
+                "30m",
+                "--proxy-url",
+                &format!("http://{}", self.proxy),
+            ])
+            .env("KUBECONFIG", self.operator.kubeconfig_path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "connector kubeconfig: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Writes `text` as a kubeconfig file and returns its path.
+    fn kubeconfig_file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// kubectl with a rendered kubeconfig: through the proxy.
+    fn via(&self, kubeconfig: &Path, args: &[&str]) -> Output {
+        let home = self.dir.path().join("home-via");
+        std::fs::create_dir_all(&home).unwrap();
+        kubectl(kubeconfig, &home, args, None)
+    }
+
+    async fn connector(&self, what: &str, cond: impl Fn(&Connector) -> bool) -> Connector {
+        wait_for(&self.client, NS, "k8s-connector", what, &[&self.role], cond).await
+    }
+}
+
+/// Waits until the role logs where its proxy listens.
+async fn proxy_addr(role: &Process) -> SocketAddr {
+    let found = tokio::time::timeout(WAIT, async {
+        loop {
+            for line in role.log().lines() {
+                if let Ok(v) = serde_json::from_str::<Value>(line)
+                    && v["fields"]["message"] == "connector proxy listening"
+                {
+                    return v["fields"]["addr"].as_str().unwrap().parse().unwrap();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("the proxy never listened:\n{}", role.log()))
+}
+
+const TARGET_RBAC: &str = "apiVersion: v1
+kind: ServiceAccount
+metadata: {name: reader, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: pod-reader}
+rules:
+- apiGroups: ['']
+  resources: [pods]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: reader-pods}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: pod-reader}
+subjects:
+- {kind: ServiceAccount, name: reader, namespace: default}
+- {kind: ServiceAccount, name: reader2, namespace: default}
+";
+
+const TARGET_PODS: &str = "apiVersion: v1
+kind: Pod
+metadata: {name: web-7d4f9, namespace: default}
+spec: {containers: [{name: web, image: nginx}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: coredns-5d78c, namespace: kube-system}
+spec: {containers: [{name: coredns, image: coredns}]}
+";
+
+fn condition(c: &Connector, type_: &str) -> Option<(String, String, String)> {
+    let status = c.status.as_ref()?;
+    let cond = status.conditions.condition(type_)?;
+    Some((
+        cond.status.clone(),
+        cond.reason.clone(),
+        cond.message.clone(),
+    ))
+}
+
+fn is(c: &Connector, type_: &str, status: &str, reason: &str) -> bool {
+    condition(c, type_).is_some_and(|(s, r, _)| s == status && r == reason)
+}
+
+fn ready(c: &Connector) -> bool {
+    is(c, "Ready", "True", "Ready")
+}
+
+/// The whole journey, in the order a user meets it; every step says what it
+/// proves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reaches_the_target_through_the_connector_without_its_credentials() {
+    let env = Env::start().await;
+
+    // --- The quick start, as written. -------------------------------------
+    let manifests = quick_start(&env.target_token, env.target.url());
+    ok(
+        env.op(&["apply", "-n", NS, "-f", "-"], Some(&manifests)),
+        "apply the quick start",
+    );
+    let connector = env.connector("Ready", ready).await;
+    let get = ok(
+        env.op(&["get", "connector", "k8s-connector", "-n", NS], None),
+        "get",
+    );
+    let lines: Vec<Vec<&str>> = get
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["NAME", "CLASS", "ADDRESS", "READY", "AGE"],
+        "{get}"
+    );
+    assert_eq!(
+        &lines[1][..4],
+        ["k8s-connector", "k8s", env.target.url(), "True"],
+        "{get}"
+    );
+    let wide = ok(
+        env.op(&["get", "connector", "-n", NS, "-o", "wide"], None),
+        "get -o wide",
+    );
+    assert!(wide.lines().next().unwrap().contains("REASON"), "{wide}");
+    let address = connector.status.as_ref().unwrap().proxy.as_ref().unwrap();
+    let address = address.http_address.as_ref().unwrap();
+    assert_eq!(
+        address.url.as_deref(),
+        Some("http://c-k8s-connector.k8s-connector-demo.svc.cluster.local")
+    );
+    for type_ in [
+        "ConnectorClassReady",
+        "SecretReady",
+        "LivenessReady",
+        "AuthReady",
+        "ProxyServiceReady",
+    ] {
+        assert_eq!(
+            condition(&connector, type_).unwrap().0,
+            "True",
+            "{type_}: {connector:?}"
+        );
+    }
+    let service = ok(
+        env.op(
+            &["get", "service", "c-k8s-connector", "-n", NS, "-o", "json"],
+            None,
+        ),
+        "service",
+    );
+    let service: Value = serde_json::from_str(&service).unwrap();
+    assert_eq!(service["spec"]["type"], "ExternalName");
+    assert_eq!(
+        service["spec"]["externalName"],
+        "tuna-operator-connectors.tuna-system.svc.cluster.local"
+    );
+    assert_eq!(
+        service["metadata"]["ownerReferences"][0]["kind"],
+        "Connector"
+    );
+    let class = ok(
+        env.op(&["get", "connectorclass", "k8s"], None),
+        "get connectorclass",
+    );
+    assert!(class.lines().nth(1).unwrap().contains("True"), "{class}");
+    let explain = ok(env.op(&["explain", "connector.spec"], None), "explain");
+    assert!(
+        explain.contains("connectorClassName") && explain.contains("caCertSecretRef"),
+        "{explain}"
+    );
+
+    // --- A kubeconfig for a workload of the namespace. ---------------------
+    ok(
+        env.op(&["-n", NS, "create", "serviceaccount", "k8s-access"], None),
+        "the workload's SA",
+    );
+    let rendered = env.mint_kubeconfig("k8s-access");
+    assert!(
+        !rendered.contains(&env.target_token),
+        "the real token is not in the kubeconfig"
+    );
+    let v: Value = serde_saphyr::from_str(&rendered).unwrap();
+    assert_eq!(v["users"][0]["user"]["token"], "fake-token");
+    assert_eq!(v["clusters"][0]["cluster"]["server"], env.target.url());
+    let proxy_url = v["clusters"][0]["cluster"]["proxy-url"].as_str().unwrap();
+    assert!(
+        proxy_url.starts_with("http://k8s-connector-demo%2Fk8s-connector:"),
+        "{proxy_url}"
+    );
+    let workload = env.kubeconfig_file("workload.kubeconfig", &rendered);
+
+    // kubectl lists the target's pods through the proxy, as the reader.
+    let pods = ok(
+        env.via(&workload, &["get", "pods", "--all-namespaces"]),
+        "get pods -A",
+    );
+    assert!(
+        pods.contains("web-7d4f9") && pods.contains("coredns-5d78c"),
+        "{pods}"
+    );
+    let list = env
+        .target
+        .wait_for_audit(|e| e.resource == "pods" && e.verb == "list" && e.namespace.is_empty())
+        .await;
+    assert_eq!(
+        list.user, "system:serviceaccount:default:reader",
+        "the real token was injected"
+    );
+
+    // A watch streams: a pod created meanwhile shows up.
+    let mut watch = tokio::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&workload)
+        .args(["get", "pods", "-n", "default", "--watch", "-o", "name"])
+        .env("HOME", env.dir.path().join("home-via"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    env.target
+        .wait_for_audit(|e| e.resource == "pods" && e.verb == "watch" && e.namespace == "default")
+        .await;
+    ok(
+        env.tgt(
+            &["apply", "-f", "-"],
+            Some("apiVersion: v1\nkind: Pod\nmetadata: {name: watched, namespace: default}\nspec: {containers: [{name: c, image: busybox}]}\n"),
+        ),
+        "a new pod on the target",
+    );
+    let seen = tokio::time::timeout(WAIT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.trim() == "pod/watched" {
+                return;
+            }
+        }
+        panic!("the watch ended before the new pod");
+    })
+    .await;
+    assert!(seen.is_ok(), "the watch saw the new pod");
+    let _ = watch.kill().await;
+
+    // --- Refusals. ---------------------------------------------------------
+    // A wrong password: 407, and kubectl says so.
+    let token = password_of(&rendered);
+    let wrong = env.kubeconfig_file("wrong.kubeconfig", &rendered.replace(&token, "not-a-token"));
+    let err = fails(env.via(&wrong, &["get", "pods", "-A"]), "a wrong password");
+    assert!(err.contains("Proxy Authentication Required"), "{err}");
+    // An expired one: the same.
+    let fresh = env.mint_kubeconfig("k8s-access");
+    assert!(env.operator.expire_token(&password_of(&fresh)));
+    let expired = env.kubeconfig_file("expired.kubeconfig", &fresh);
+    let err = fails(
+        env.via(&expired, &["get", "pods", "-A"]),
+        "an expired password",
+    );
+    assert!(err.contains("Proxy Authentication Required"), "{err}");
+    // A token for the API server's audience (not the proxy's) is no password.
+    let api_token = env.operator.token_for_service_account(NS, "k8s-access");
+    let api_aud = env.kubeconfig_file(
+        "api-audience.kubeconfig",
+        &rendered.replace(&token, &api_token),
+    );
+    let err = fails(
+        env.via(&api_aud, &["get", "pods", "-A"]),
+        "an API-audience token",
+    );
+    assert!(err.contains("Proxy Authentication Required"), "{err}");
+    // A ServiceAccount of another namespace: 403.
+    ok(env.op(&["create", "namespace", "other"], None), "namespace");
+    ok(
+        env.op(
+            &["-n", "other", "create", "serviceaccount", "intruder"],
+            None,
+        ),
+        "sa",
+    );
+    let intruder = ok(
+        env.op(
+            &[
+                "-n",
+                "other",
+                "create",
+                "token",
+                "intruder",
+                "--audience",
+                "connectors.alauda.io",
+            ],
+            None,
+        ),
+        "intruder token",
+    );
+    let other_ns = env.kubeconfig_file(
+        "other.kubeconfig",
+        &rendered.replace(&token, intruder.trim()),
+    );
+    let err = fails(
+        env.via(&other_ns, &["get", "pods", "-A"]),
+        "another namespace's token",
+    );
+    assert!(err.contains("Forbidden"), "{err}");
+    // …unless RBAC lets it get the Connector (a SubjectAccessReview says so).
+    ok(
+        env.op(
+            &["apply", "-f", "-"],
+            Some(&format!(
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: use-k8s-connector, namespace: {NS}}}\nrules:\n- {{apiGroups: [connectors.alauda.io], resources: [connectors], resourceNames: [k8s-connector], verbs: [get]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: intruder-uses-k8s-connector, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: use-k8s-connector}}\nsubjects: [{{kind: ServiceAccount, name: intruder, namespace: other}}]\n"
+            )),
+        ),
+        "RBAC for the other namespace",
+    );
+    // The refusal above is cached for a few seconds; wait for the grant.
+    let granted = tokio::time::timeout(WAIT, async {
+        loop {
+            if env.via(&other_ns, &["get", "pods", "-A"]).status.success() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await;
+    assert!(
+        granted.is_ok(),
+        "RBAC on the Connector lets another namespace in:\n{}",
+        env.role.log()
+    );
+    // A CONNECT to another address than the connector's: 403.
+    let elsewhere = env.kubeconfig_file(
+        "elsewhere.kubeconfig",
+        &rendered.replace(env.target.url(), env.operator.url()),
+    );
+    let err = fails(
+        env.via(&elsewhere, &["get", "pods", "-A"]),
+        "another address",
+    );
+    assert!(err.contains("Forbidden"), "{err}");
+
+    // --- Conditions follow the Secret, the address and the target token. ---
+    let secret_doc = |type_: &str, token: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: k8s-secret, namespace: {NS}}}\ntype: {type_}\nstringData: {{token: {token}}}\n"
+        )
+    };
+    for round in 0..2 {
+        ok(
+            env.op(&["-n", NS, "delete", "secret", "k8s-secret"], None),
+            "delete the Secret",
+        );
+        let c = env
+            .connector("SecretNotFound", |c| {
+                is(c, "SecretReady", "False", "SecretNotFound")
+            })
+            .await;
+        assert!(is(&c, "Ready", "False", "SecretNotFound"), "{c:?}");
+        if round == 0 {
+            ok(
+                env.op(
+                    &["apply", "-f", "-"],
+                    Some(&secret_doc("Opaque", &env.target_token)),
+                ),
+                "an Opaque Secret",
+            );
+            env.connector("SecretTypeMismatch", |c| {
+                is(c, "SecretReady", "False", "SecretTypeMismatch")
+            })
+            .await;
+            ok(
+                env.op(&["-n", NS, "delete", "secret", "k8s-secret"], None),
+                "delete it",
+            );
+        }
+        ok(
+            env.op(
+                &["apply", "-f", "-"],
+                Some(&secret_doc(
+                    "connectors.cpaas.io/bearer-token",
+                    &env.target_token,
+                )),
+            ),
+            "the right Secret",
+        );
+        env.connector("Ready again", ready).await;
+    }
+    // A wrong address: an address nothing listens on.
+    let closed = tokio::net::TcpSocket::new_v4().unwrap();
+    closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let nowhere = format!("https://{}", closed.local_addr().unwrap());
+    let patch = |address: &str| format!("{{\"spec\":{{\"address\":\"{address}\"}}}}");
+    ok(
+        env.op(
+            &[
+                "-n",
+                NS,
+                "patch",
+                "connector",
+                "k8s-connector",
+                "--type",
+                "merge",
+                "-p",
+                &patch(&nowhere),
+            ],
+            None,
+        ),
+        "a wrong address",
+    );
+    let c = env
+        .connector("Unreachable", |c| {
+            is(c, "LivenessReady", "False", "Unreachable")
+        })
+        .await;
+    assert!(is(&c, "Ready", "False", "Unreachable"), "{c:?}");
+    ok(
+        env.op(
+            &[
+                "-n",
+                NS,
+                "patch",
+                "connector",
+                "k8s-connector",
+                "--type",
+                "merge",
+                "-p",
+                &patch(env.target.url()),
+            ],
+            None,
+        ),
+        "the right address",
+    );
+    env.connector("Ready again", ready).await;
+    // A CA that did not sign the target's certificate.
+    ok(
+        env.op(
+            &[
+                "-n",
+                NS,
+                "create",
+                "secret",
+                "generic",
+                "target-ca",
+                "--from-literal",
+                &format!("ca.crt={}", env.operator.ca_pem().unwrap()),
+            ],
+            None,
+        ),
+        "a wrong CA",
+    );
+    ok(
+        env.op(
+            &[
+                "-n",
+                NS,
+                "patch",
+                "connector",
+                "k8s-connector",
+                "--type",
+                "merge",
+                "-p",
+                "{\"spec\":{\"caCertSecretRef\":{\"name\":\"target-ca\"}}}",
+            ],
+            None,
+        ),
+        "caCertSecretRef",
+    );
+    env.connector("TLSVerificationFailed", |c| {
+        is(c, "LivenessReady", "False", "TLSVerificationFailed")
+    })
+    .await;
+    let right_ca = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: target-ca, namespace: {NS}}}\nstringData:\n  ca.crt: |\n{}",
+        env.target
+            .ca_pem()
+            .unwrap()
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    );
+    ok(
+        env.op(&["replace", "-f", "-"], Some(&right_ca)),
+        "the right CA",
+    );
+    let c = env.connector("Ready with its CA", ready).await;
+    assert!(is(&c, "CACertReady", "True", "CACertReady"), "{c:?}");
+    // The target revokes the token (its ServiceAccount is deleted).
+    ok(
+        env.tgt(
+            &["-n", "default", "delete", "serviceaccount", "reader"],
+            None,
+        ),
+        "revoke",
+    );
+    let c = env
+        .connector("Unauthorized", |c| {
+            is(c, "AuthReady", "False", "Unauthorized")
+        })
+        .await;
+    let (_, _, message) = condition(&c, "AuthReady").unwrap();
+    assert!(message.contains("401"), "the server's answer: {message}");
+    assert!(is(&c, "Ready", "False", "Unauthorized"), "{c:?}");
+    let err = fails(
+        env.via(&workload, &["get", "pods", "-A"]),
+        "with a revoked target token",
+    );
+    assert!(err.contains("Unauthorized"), "{err}");
+    // A new token in the Secret: Ready at once (the Secret's change triggers).
+    ok(
+        env.tgt(
+            &["-n", "default", "create", "serviceaccount", "reader2"],
+            None,
+        ),
+        "a new reader",
+    );
+    let new_token = ok(
+        env.tgt(
+            &[
+                "-n",
+                "default",
+                "create",
+                "token",
+                "reader2",
+                "--duration",
+                "2h",
+            ],
+            None,
+        ),
+        "its token",
+    )
+    .trim()
+    .to_owned();
+    ok(
+        env.op(
+            &["apply", "-f", "-"],
+            Some(&secret_doc("connectors.cpaas.io/bearer-token", &new_token)),
+        ),
+        "the new token",
+    );
+    env.connector("Ready with the new token", ready).await;
+    ok(
+        env.via(&workload, &["get", "pods", "-A"]),
+        "kubectl works again",
+    );
+    let describe = ok(
+        env.op(&["describe", "connector", "k8s-connector", "-n", NS], None),
+        "describe",
+    );
+    for reason in [
+        "SecretNotFound",
+        "SecretTypeMismatch",
+        "Unreachable",
+        "TLSVerificationFailed",
+        "Unauthorized",
+        "Ready",
+    ] {
+        assert!(
+            describe.contains(reason),
+            "{reason} in the events:\n{describe}"
+        );
+    }
+
+    // --- Deleted: its Service goes with it, and the proxy forgets it. ------
+    ok(
+        env.op(&["-n", NS, "delete", "connector", "k8s-connector"], None),
+        "delete",
+    );
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(env.client.clone(), NS);
+    let collected = tokio::time::timeout(
+        WAIT,
+        kube::runtime::wait::await_condition(
+            services,
+            "c-k8s-connector",
+            kube::runtime::wait::conditions::is_deleted(""),
+        ),
+    )
+    .await;
+    assert!(
+        matches!(collected, Ok(Ok(_))),
+        "the Service goes with its Connector"
+    );
+    // The role learns of the deletion from its watch; nothing outside shows
+    // when, so the proxy is asked until it answers 403.
+    let forgotten = tokio::time::timeout(WAIT, async {
+        loop {
+            let out = env.via(&workload, &["get", "pods", "-A"]);
+            if String::from_utf8_lossy(&out.stderr).contains("Forbidden") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        forgotten.is_ok(),
+        "the proxy forgets a deleted Connector:\n{}",
+        env.role.log()
+    );
+
+    // --- No secret anywhere it should not be. -------------------------------
+    let events = ok(
+        env.op(&["get", "events", "-A", "-o", "json"], None),
+        "events",
+    );
+    let status = ok(
+        env.op(&["get", "connector", "-n", NS, "-o", "json"], None),
+        "status",
+    );
+    let log = env.role.log();
+    for secret in [&env.target_token, &new_token, &token] {
+        assert!(!events.contains(secret.as_str()), "a token in the events");
+        assert!(
+            !status.contains(secret.as_str()),
+            "a token in the Connector"
+        );
+        assert!(!log.contains(secret.as_str()), "a token in the role's log");
+    }
+
+    // --- The RBAC of examples/connectors/rbac.yaml: enough, and all used. ---
+    let used: BTreeSet<(String, String, String)> = env
+        .operator
+        .audit_entries()
+        .into_iter()
+        .filter(|e| e.user == ROLE_SA && e.path.is_empty())
+        .map(|e| {
+            assert!(e.code != 403, "the role was refused {e:?}");
+            let resource = if e.subresource.is_empty() {
+                e.resource
+            } else {
+                format!("{}/{}", e.resource, e.subresource)
+            };
+            (e.group, resource, e.verb)
+        })
+        .collect();
+    let granted =
+        rbac_rules(&std::fs::read_to_string(repo("examples/connectors/rbac.yaml")).unwrap());
+    assert_eq!(used, granted, "used (left) and granted (right) differ");
+}
+
+/// Every (group, resource, verb) the RBAC manifest grants.
+fn rbac_rules(yaml: &str) -> BTreeSet<(String, String, String)> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).unwrap();
+    let mut out = BTreeSet::new();
+    for doc in docs {
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        out.insert((
+                            group.as_str().unwrap().to_owned(),
+                            resource.as_str().unwrap().to_owned(),
+                            verb.as_str().unwrap().to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
