@@ -59,7 +59,9 @@
 //!   authentication.k8s.io/v1 selfsubjectreviews; authorization.k8s.io/v1 subjectaccessreviews,
 //!   selfsubjectaccessreviews and selfsubjectrulesreviews.
 //! - **Verbs**: get, list (label selectors incl. set-based, field selectors `metadata.name`,
-//!   `metadata.namespace`, `involvedObject.*`/`regarding.*` for events, `limit`/`continue`),
+//!   `metadata.namespace`, `involvedObject.*`/`regarding.*` for events, `limit`/`continue`:
+//!   every page from one snapshot at the first page's resourceVersion, rebuilt from the watch
+//!   history, else 410 Gone),
 //!   watch (`resourceVersion` resumption from a 20 000-event history, else 410 Gone; bookmarks;
 //!   `timeoutSeconds`; `sendInitialEvents`), create, update, patch (merge, JSON patch incl.
 //!   `test`, strategic merge for built-in kinds, server-side apply), delete (finalizers →

@@ -822,19 +822,34 @@ fn resource_request(
         }
         ("list", None) => {
             let (labels, fields) = selectors(query, &rt.resource)?;
-            let mut items: Vec<Value> = st
-                .list(&rt, rp.namespace.as_deref())
+            // Every page of a paged list comes from one snapshot, at the first
+            // page's resourceVersion, which each page reports (the token
+            // carries it, as the API server's does).
+            let cont = query
+                .get("continue")
+                .filter(|c| !c.is_empty())
+                .map(|c| ContinueToken::decode(c))
+                .transpose()?;
+            let snapshot_rv = cont.as_ref().map_or(st.rv, |c| c.rv);
+            let snapshot = st
+                .list_at(&rt, rp.namespace.as_deref(), snapshot_rv)
+                .ok_or_else(|| {
+                    ApiError::gone(
+                        "The provided continue parameter is too old to display a consistent list result. \
+                         You can start a new list without the continue parameter.",
+                    )
+                })?;
+            let mut items: Vec<Value> = snapshot
                 .into_iter()
                 .filter(|o| labels.matches(o) && fields.matches(o))
                 .map(|o| from_stored(&rt, o))
                 .collect();
-            if let Some(c) = query.get("continue").filter(|c| !c.is_empty()) {
-                // The token is the last "namespace/name" returned; items are ordered by
-                // (namespace, name), and namespaces cannot contain '/'.
-                let (cns, cname) = c.split_once('/').unwrap_or(("", c.as_str()));
+            if let Some(c) = &cont {
+                // Items are ordered by (namespace, name); namespaces cannot contain '/'.
+                let (cns, cname) = c.start.split_once('/').unwrap_or(("", c.start.as_str()));
                 items.retain(|o| (meta_str(o, "namespace"), meta_str(o, "name")) > (cns, cname));
             }
-            let mut meta = json!({"resourceVersion": st.rv.to_string()});
+            let mut meta = json!({"resourceVersion": snapshot_rv.to_string()});
             if let Some(limit) = query
                 .get("limit")
                 .and_then(|l| l.parse::<usize>().ok())
@@ -843,15 +858,22 @@ fn resource_request(
                 let rest = items.len() - limit;
                 items.truncate(limit);
                 let last = items.last().expect("limit > 0");
-                meta["continue"] = json!(format!(
-                    "{}/{}",
-                    meta_str(last, "namespace"),
-                    meta_str(last, "name")
-                ));
+                meta["continue"] = json!(
+                    ContinueToken {
+                        v: "meta.k8s.io/v1".into(),
+                        rv: snapshot_rv,
+                        start: format!(
+                            "{}/{}",
+                            meta_str(last, "namespace"),
+                            meta_str(last, "name")
+                        ),
+                    }
+                    .encode()
+                );
                 meta["remainingItemCount"] = json!(rest);
             }
             if table {
-                let mut t = table::table(&rt, &items, &st.rv.to_string(), include, true);
+                let mut t = table::table(&rt, &items, &snapshot_rv.to_string(), include, true);
                 t["metadata"] = meta;
                 return Ok(json_response(200, &t));
             }
@@ -1187,6 +1209,33 @@ fn watch(
         live,
     );
     stream_response(Body::from_stream(stream))
+}
+
+/// A paged list's `continue` token: the snapshot's resourceVersion and the
+/// last key returned, base64 (URL-safe) of JSON as the API server's are.
+#[derive(Serialize, Deserialize)]
+struct ContinueToken {
+    v: String,
+    rv: u64,
+    start: String,
+}
+
+impl ContinueToken {
+    fn encode(&self) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(self).expect("a token serialises"))
+    }
+
+    fn decode(s: &str) -> Result<Self, ApiError> {
+        use base64::Engine;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s.trim_end_matches('='))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<ContinueToken>(&b).ok())
+            .filter(|t| t.v == "meta.k8s.io/v1")
+            .ok_or_else(|| ApiError::bad_request(format!("continue key is not valid: {s:?}")))
+    }
 }
 
 fn stream_response(body: Body) -> Response<Body> {

@@ -324,6 +324,53 @@ impl State {
             .unwrap_or_default()
     }
 
+    /// The objects of `rt` in `ns` as they were at resourceVersion `rv`, the
+    /// consistent snapshot a paged list serves every page from (etcd's MVCC
+    /// read at the first page's revision): the current objects with every
+    /// later change of that resource undone from the watch history. `None`
+    /// when the history no longer reaches back to `rv` (the API server's
+    /// "continue parameter is too old", after compaction).
+    pub fn list_at(&self, rt: &ResourceType, ns: Option<&str>, rv: u64) -> Option<Vec<Value>> {
+        if rv >= self.rv {
+            return Some(self.list(rt, ns));
+        }
+        match self.history.front() {
+            Some(first) if first.rv <= rv + 1 => {}
+            _ => return None,
+        }
+        let mut objects: BTreeMap<(String, String), Value> = self
+            .objects
+            .get(&rt.storage)
+            .map(|m| {
+                m.iter()
+                    .filter(|((n, _), _)| ns.is_none_or(|x| x == n))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for ev in self.history.iter().rev().take_while(|e| e.rv > rv) {
+            if ev.storage != rt.storage {
+                continue;
+            }
+            let key = (
+                meta_str(&ev.object, "namespace").to_string(),
+                meta_str(&ev.object, "name").to_string(),
+            );
+            if ns.is_some_and(|x| x != key.0) {
+                continue;
+            }
+            match (ev.kind, &ev.prev) {
+                (EventKind::Added, _) | (_, None) => {
+                    objects.remove(&key);
+                }
+                (_, Some(prev)) => {
+                    objects.insert(key, prev.clone());
+                }
+            }
+        }
+        Some(objects.into_values().collect())
+    }
+
     pub fn list_storage(&self, storage: &str) -> impl Iterator<Item = &Value> {
         self.objects
             .get(storage)

@@ -4,7 +4,7 @@ mod common;
 
 use std::process::Stdio;
 
-use common::{Kubectl, Widget, emulator, write};
+use common::{Kubectl, Widget, emulator, emulator_with, write};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Resource, ResourceExt};
@@ -846,4 +846,102 @@ async fn token_requests_have_a_floor_and_tokens_an_audience() {
         out["status"]["error"].as_str().unwrap().contains("expired"),
         "{out}"
     );
+}
+
+/// A paged list is one consistent snapshot, as the API server serves it
+/// from etcd at the first page's revision: later pages show the objects as
+/// they were then (a change or deletion after the first page is not in
+/// them) and every page reports that resourceVersion, so that a client
+/// that lists in pages and then watches from the list's resourceVersion
+/// (kube-runtime's reflector, client-go's) misses no event. A token older
+/// than the kept history is 410 Gone; a malformed one 400; kubectl's own
+/// `--chunk-size` paging lists everything.
+#[tokio::test]
+async fn paged_lists_are_one_snapshot() {
+    let emu = emulator_with(Options {
+        watch_history: 50,
+        ..Options::default()
+    })
+    .await;
+    let k = Kubectl::new(emu.kubeconfig_path());
+    for name in ["a", "b", "c"] {
+        k.ok(&["create", "configmap", name, "--from-literal=v=1"])
+            .await;
+    }
+    let page = |url: String| {
+        let k = &k;
+        async move {
+            serde_json::from_str::<serde_json::Value>(&k.ok(&["get", "--raw", &url]).await).unwrap()
+        }
+    };
+    let base = "/api/v1/namespaces/default/configmaps?limit=1";
+    let first = page(base.to_string()).await;
+    let rv = first["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(first["items"][0]["metadata"]["name"], "a");
+    assert_eq!(first["metadata"]["remainingItemCount"], 2);
+    // After the first page: c changes, b goes, d comes.
+    k.ok(&["patch", "configmap", "c", "-p", r#"{"data":{"v":"2"}}"#])
+        .await;
+    k.ok(&["delete", "configmap", "b"]).await;
+    k.ok(&["create", "configmap", "d", "--from-literal=v=1"])
+        .await;
+
+    let mut names = vec![];
+    let mut token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    loop {
+        let p = page(format!("{base}&continue={token}")).await;
+        assert_eq!(p["metadata"]["resourceVersion"], rv.as_str(), "{p}");
+        let item = &p["items"][0];
+        names.push(item["metadata"]["name"].as_str().unwrap().to_string());
+        if item["metadata"]["name"] == "c" {
+            assert_eq!(item["data"]["v"], "1", "c as it was at {rv}: {item}");
+        }
+        match p["metadata"]["continue"].as_str() {
+            Some(t) => token = t.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(names, ["b", "c"], "the snapshot's objects, not today's");
+    // A fresh list sees today's objects, at today's resourceVersion.
+    let now = page("/api/v1/namespaces/default/configmaps".into()).await;
+    let now_names: Vec<_> = now["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(now_names, ["a", "c", "d"]);
+    assert_ne!(now["metadata"]["resourceVersion"], rv.as_str());
+    // kubectl's own paging.
+    let out = k
+        .ok(&["get", "configmaps", "--chunk-size=1", "-o", "name"])
+        .await;
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["configmap/a", "configmap/c", "configmap/d"]
+    );
+
+    // Once the history has moved past the snapshot, its token is too old.
+    for i in 0..60 {
+        k.ok(&["label", "configmap", "a", &format!("n={i}"), "--overwrite"])
+            .await;
+    }
+    let gone = k
+        .fails(&[
+            "get",
+            "--raw",
+            &format!(
+                "{base}&continue={token_a}",
+                token_a = first["metadata"]["continue"].as_str().unwrap()
+            ),
+        ])
+        .await;
+    assert!(gone.contains("too old"), "{gone}");
+    let bad = k
+        .fails(&["get", "--raw", &format!("{base}&continue=bm90LWEtdG9rZW4")])
+        .await;
+    assert!(bad.contains("continue key is not valid"), "{bad}");
 }
