@@ -854,15 +854,18 @@ pub fn agent(cluster: &Cluster, edge: &Edge, name: &str, extra: &[&str]) -> Proc
 }
 
 /// `tuna-operator controller` against the cluster and the edge.
+/// Short intervals by default; a flag in `extra` replaces its default.
 pub fn controller(cluster: &Cluster, edge: &Edge, name: &str, extra: &[&str]) -> Process {
-    let mut args = vec![
-        "--resync-interval",
-        "2s",
-        "--dns-recheck-interval",
-        "1s",
-        "--leader-election-lease-duration",
-        "3s",
-    ];
+    let mut args = vec![];
+    for (flag, value) in [
+        ("--resync-interval", "2s"),
+        ("--dns-recheck-interval", "1s"),
+        ("--leader-election-lease-duration", "3s"),
+    ] {
+        if !extra.contains(&flag) {
+            args.extend([flag, value]);
+        }
+    }
     args.extend_from_slice(extra);
     operator(
         cluster,
