@@ -122,6 +122,25 @@ fn memory(pid: u32) -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// What the resident set is made of: anonymous memory (heap, stacks, the
+/// allocator's reserve), file-backed pages (the binary's code), threads.
+fn memory_detail(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    format!(
+        "anon {:.1} MiB + file {:.1} MiB, {} threads",
+        field("RssAnon:") / 1024.0,
+        field("RssFile:") / 1024.0,
+        field("Threads:")
+    )
+}
+
 /// TCP connections of `pid` to `port` (its sockets matched in /proc/net/tcp).
 fn connections_to(pid: u32, port: u16) -> usize {
     let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -247,6 +266,9 @@ async fn world(args: &Args) -> World {
         "1000000",
         "--api-rate-per-second",
         "1000000",
+        // The defaults (100 TCP endpoints an account) are for a shared edge.
+        "--quota-tcp-endpoints",
+        "20000",
         "--addresses-file",
         addresses.to_str().unwrap(),
     ]
@@ -490,9 +512,10 @@ async fn main() {
             let all = started.elapsed();
             let agent_port: u16 = w.addr("agent").rsplit(':').next().unwrap().parse().unwrap();
             let (rss, hwm) = memory(agent.pid());
+            let detail = memory_detail(agent.pid());
             let (edge_rss, _) = memory(w.edge.child.id().unwrap());
             println!(
-                "agent: {n} http Tunnels: created in {created:.2?}, all Ready=True after {all:.2?}; agent RSS {rss:.1} MiB (peak {hwm:.1} MiB), {} connection(s) to the edge, {} fds; edge RSS {edge_rss:.1} MiB",
+                "agent: {n} http Tunnels: created in {created:.2?}, all Ready=True after {all:.2?}; agent RSS {rss:.1} MiB ({detail}; peak {hwm:.1} MiB), {} connection(s) to the edge, {} fds; edge RSS {edge_rss:.1} MiB",
                 connections_to(agent.pid(), agent_port),
                 fds(agent.pid())
             );
