@@ -101,7 +101,12 @@
 //!   requests; a TokenReview authenticates a token whose audiences meet `spec.audiences`
 //!   (default: the API audience) and answers the intersection; static tokens count as
 //!   API-audience tokens. TokenRequest refuses `expirationSeconds` under 600 or over 2³²
-//!   (422, as the API server).
+//!   (422, as the API server). A TokenRequest may bind the token to a Pod
+//!   (`spec.boundObjectRef`, kind `Pod`, as the API server documents it): the Pod must exist
+//!   (404), match the reference's `uid` (409) and run as that ServiceAccount (400); the token
+//!   stops authenticating once that Pod is gone or replaced, and a TokenReview of it names
+//!   the Pod in `user.extra` (`authentication.kubernetes.io/pod-name`, `…/pod-uid`). Other
+//!   kinds of bound objects (Secret, Node) are refused with 400.
 //!   Aggregated ClusterRoles (`aggregationRule`) are expanded; of the default roles only
 //!   `cluster-admin` exists. Discovery, OpenAPI and the self reviews are open to every
 //!   authenticated user. A list/watch with `fieldSelector=metadata.name=X` is authorized as a
@@ -388,9 +393,15 @@ impl EmulatorHandle {
                 &WriteOptions::default(),
             );
         }
-        st.issue_sa_token(namespace, name, None, vec![store::API_AUDIENCE.to_owned()])
-            .map(|(t, _)| t)
-            .unwrap_or_default()
+        st.issue_sa_token(
+            namespace,
+            name,
+            None,
+            vec![store::API_AUDIENCE.to_owned()],
+            None,
+        )
+        .map(|(t, _)| t)
+        .unwrap_or_default()
     }
 
     /// Writes a kubeconfig acting as a ServiceAccount (see [`Self::token_for_service_account`]).
@@ -422,6 +433,7 @@ impl EmulatorHandle {
                 identity: id,
                 expires: None,
                 audiences: None,
+                bound_pod: None,
             },
         );
         token

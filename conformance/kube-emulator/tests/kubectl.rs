@@ -847,3 +847,118 @@ async fn token_requests_have_a_floor_and_tokens_an_audience() {
         "{out}"
     );
 }
+
+/// `kubectl create token --bound-object-kind Pod`: as the API server, the
+/// Pod must exist, match the uid and run as the ServiceAccount; the token
+/// names the Pod in a TokenReview and dies with it.
+#[tokio::test]
+async fn tokens_bound_to_a_pod_die_with_it() {
+    let emu = emulator().await;
+    let k = Kubectl::new(emu.kubeconfig_path());
+    k.ok(&["create", "namespace", "apps"]).await;
+    k.ok(&["-n", "apps", "create", "serviceaccount", "bot"])
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let pod = write(
+        dir.path(),
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: runner, namespace: apps}\nspec:\n  serviceAccountName: bot\n  containers: [{name: c, image: busybox}]\n",
+    );
+    k.ok(&["apply", "-f", pod.to_str().unwrap()]).await;
+    let uid = k
+        .ok(&[
+            "-n",
+            "apps",
+            "get",
+            "pod",
+            "runner",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+        .await;
+    let bound = |name: &str, uid: &str| {
+        let mut args = vec![
+            "-n".to_owned(),
+            "apps".into(),
+            "create".into(),
+            "token".into(),
+            "bot".into(),
+            "--audience".into(),
+            "connectors.example.com".into(),
+            "--bound-object-kind".into(),
+            "Pod".into(),
+            "--bound-object-name".into(),
+            name.into(),
+        ];
+        if !uid.is_empty() {
+            args.extend(["--bound-object-uid".into(), uid.to_owned()]);
+        }
+        args
+    };
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let missing = k.fails(&refs(&bound("gone", ""))).await;
+    assert!(missing.contains("pods \"gone\" not found"), "{missing}");
+    let wrong_uid = k.fails(&refs(&bound("runner", "0000"))).await;
+    assert!(
+        wrong_uid.contains("does not match the UID in record"),
+        "{wrong_uid}"
+    );
+    k.ok(&["-n", "apps", "create", "serviceaccount", "other"])
+        .await;
+    let mut other = bound("runner", &uid);
+    other[4] = "other".into();
+    let other_sa = k.fails(&refs(&other)).await;
+    assert!(
+        other_sa.contains("different serviceaccount name"),
+        "{other_sa}"
+    );
+    let token = k.ok(&refs(&bound("runner", &uid))).await;
+    let token = token.trim().to_owned();
+    let review = || {
+        let manifest = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": ["connectors.example.com"]}});
+        write(dir.path(), "review.json", &manifest.to_string())
+    };
+    let path = review();
+    let out: serde_json::Value = serde_json::from_str(
+        &k.ok(&[
+            "create",
+            "--validate=false",
+            "-f",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(out["status"]["authenticated"], true, "{out}");
+    assert_eq!(
+        out["status"]["user"]["extra"]["authentication.kubernetes.io/pod-name"],
+        json!(["runner"])
+    );
+    assert_eq!(
+        out["status"]["user"]["extra"]["authentication.kubernetes.io/pod-uid"],
+        json!([uid])
+    );
+    k.ok(&["-n", "apps", "delete", "pod", "runner", "--wait=false"])
+        .await;
+    let out: serde_json::Value = serde_json::from_str(
+        &k.ok(&[
+            "create",
+            "--validate=false",
+            "-f",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_ne!(
+        out["status"]["authenticated"], true,
+        "the pod is gone: {out}"
+    );
+}
