@@ -297,9 +297,10 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     let rpcs: Vec<i32> = caps
         .capabilities
         .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(node_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type),
-            None => None,
+        .filter_map(|c| {
+            c.r#type
+                .as_ref()
+                .map(|node_service_capability::Type::Rpc(rpc)| rpc.r#type)
         })
         .collect();
     assert_eq!(
@@ -459,7 +460,8 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         err.message()
     );
     assert!(!intruder_target.exists(), "a refused pod gets no files");
-    let table: &[(&[(&str, &str)], Code, &str)] = &[
+    type Case<'a> = (&'a [(&'a str, &'a str)], Code, &'a str);
+    let table: &[Case] = &[
         (
             &[("configuration.names", "kubeconfig")],
             Code::InvalidArgument,

@@ -275,7 +275,8 @@ mod tests {
 
     #[test]
     fn connector_forms() {
-        let table: &[(&[(&str, &str)], Option<(&str, &str)>)] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], Option<(&'a str, &'a str)>);
+        let table: &[Case] = &[
             (
                 &[("connector.name", "c")],
                 Some(("k8s-connector-demo", "c")),

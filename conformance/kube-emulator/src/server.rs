@@ -1219,6 +1219,51 @@ fn stream_response(body: Body) -> Response<Body> {
         .expect("valid response")
 }
 
+/// `(name, uid)` of the Pod a TokenRequest's `spec.boundObjectRef` binds the
+/// token to, checked as the API server checks it; `None` without a reference.
+fn bind_to_pod(
+    st: &store::State,
+    ns: &str,
+    service_account: &str,
+    reference: &Value,
+) -> Result<Option<(String, String)>, ApiError> {
+    if reference.is_null() {
+        return Ok(None);
+    }
+    let kind = reference["kind"].as_str().unwrap_or_default();
+    let api_version = reference["apiVersion"].as_str().unwrap_or("v1");
+    if kind != "Pod" || api_version != "v1" {
+        return Err(ApiError::bad_request(format!(
+            "cannot bind token to object of type {api_version}, Kind={kind} (the emulator binds to v1 Pods only)"
+        )));
+    }
+    let name = reference["name"].as_str().unwrap_or_default();
+    let pod = st
+        .get_opt("/pods", ns, name)
+        .ok_or_else(|| ApiError::not_found("pods", name))?;
+    let uid = meta_str(pod, "uid").to_owned();
+    if let Some(want) = reference["uid"].as_str().filter(|u| !u.is_empty())
+        && want != uid
+    {
+        return Err(ApiError::conflict(
+            "pods",
+            name,
+            &format!(
+                "the UID in the bound object reference ({want}) does not match the UID in record. The object might have been deleted and then recreated"
+            ),
+        ));
+    }
+    let runs_as = pod["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or("default");
+    if runs_as != service_account {
+        return Err(ApiError::bad_request(format!(
+            "cannot bind token for serviceaccount \"{service_account}\" to pod running with different serviceaccount name."
+        )));
+    }
+    Ok(Some((name.to_owned(), uid)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1280,49 +1325,4 @@ mod tests {
             assert_eq!(route(path), want, "{path}");
         }
     }
-}
-
-/// `(name, uid)` of the Pod a TokenRequest's `spec.boundObjectRef` binds the
-/// token to, checked as the API server checks it; `None` without a reference.
-fn bind_to_pod(
-    st: &store::State,
-    ns: &str,
-    service_account: &str,
-    reference: &Value,
-) -> Result<Option<(String, String)>, ApiError> {
-    if reference.is_null() {
-        return Ok(None);
-    }
-    let kind = reference["kind"].as_str().unwrap_or_default();
-    let api_version = reference["apiVersion"].as_str().unwrap_or("v1");
-    if kind != "Pod" || api_version != "v1" {
-        return Err(ApiError::bad_request(format!(
-            "cannot bind token to object of type {api_version}, Kind={kind} (the emulator binds to v1 Pods only)"
-        )));
-    }
-    let name = reference["name"].as_str().unwrap_or_default();
-    let pod = st
-        .get_opt("/pods", ns, name)
-        .ok_or_else(|| ApiError::not_found("pods", name))?;
-    let uid = meta_str(pod, "uid").to_owned();
-    if let Some(want) = reference["uid"].as_str().filter(|u| !u.is_empty())
-        && want != uid
-    {
-        return Err(ApiError::conflict(
-            "pods",
-            name,
-            &format!(
-                "the UID in the bound object reference ({want}) does not match the UID in record. The object might have been deleted and then recreated"
-            ),
-        ));
-    }
-    let runs_as = pod["spec"]["serviceAccountName"]
-        .as_str()
-        .unwrap_or("default");
-    if runs_as != service_account {
-        return Err(ApiError::bad_request(format!(
-            "cannot bind token for serviceaccount \"{service_account}\" to pod running with different serviceaccount name."
-        )));
-    }
-    Ok(Some((name.to_owned(), uid)))
 }
