@@ -46,13 +46,14 @@
 //! ## Contract
 //!
 //! - **Storage**: one global resourceVersion; `uid`, `creationTimestamp`, `generation` (for
-//!   CRs, ingresses, ingressclasses, deployments, poddisruptionbudgets and CRDs: bumped when anything outside
+//!   CRs, ingresses, ingressclasses, deployments, daemonsets, csidrivers, poddisruptionbudgets and CRDs: bumped when anything outside
 //!   metadata changes, status excluded when a status subresource exists); optimistic concurrency (409 on a stale `metadata.resourceVersion`); a write that
 //!   changes nothing keeps the resourceVersion and emits no watch event.
 //! - **Kinds**: core v1 namespaces, services, secrets, configmaps, serviceaccounts (+`token`),
 //!   events, endpoints, pods (stored only); events.k8s.io/v1 events (same storage as core events);
 //!   networking.k8s.io/v1 ingresses (+status), ingressclasses; coordination.k8s.io/v1 leases;
-//!   apps/v1 deployments (stored only; nothing runs); policy/v1 poddisruptionbudgets (+status,
+//!   apps/v1 deployments and daemonsets (+status, stored only; nothing runs);
+//!   storage.k8s.io/v1 csidrivers (stored only); policy/v1 poddisruptionbudgets (+status,
 //!   stored only); discovery.k8s.io/v1 endpointslices;
 //!   apiextensions.k8s.io/v1 CRDs (served immediately, discovery and OpenAPI included);
 //!   rbac.authorization.k8s.io/v1; authentication.k8s.io/v1 tokenreviews;

@@ -962,3 +962,36 @@ async fn tokens_bound_to_a_pod_die_with_it() {
         "the pod is gone: {out}"
     );
 }
+
+/// What a CSI driver's chart installs: a DaemonSet (apps/v1) and a
+/// CSIDriver (storage.k8s.io/v1, cluster-scoped), typed like the API server
+/// (an unknown field is refused by `kubectl apply`'s strict validation).
+#[tokio::test]
+async fn daemonsets_and_csidrivers_apply_and_read_back() {
+    let emu = emulator().await;
+    let k = Kubectl::new(emu.kubeconfig_path());
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write(
+        dir.path(),
+        "driver.yaml",
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: example-csi}\nspec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Ephemeral], requiresRepublish: true}\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: node-plugin, namespace: default}\nspec:\n  selector: {matchLabels: {app: node-plugin}}\n  template:\n    metadata: {labels: {app: node-plugin}}\n    spec: {containers: [{name: plugin, image: busybox}]}\n",
+    );
+    k.ok(&["apply", "-f", manifest.to_str().unwrap()]).await;
+    let driver: serde_json::Value = serde_json::from_str(
+        &k.ok(&["get", "csidriver", "example-csi", "-o", "json"])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(driver["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
+    assert_eq!(driver["spec"]["requiresRepublish"], true);
+    assert!(driver["metadata"]["namespace"].is_null(), "cluster-scoped");
+    let ds = k.ok(&["get", "ds", "-n", "default", "-o", "name"]).await;
+    assert_eq!(ds.trim(), "daemonset.apps/node-plugin");
+    let typo = write(
+        dir.path(),
+        "typo.yaml",
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: typo-csi}\nspec: {attachRequird: false}\n",
+    );
+    let err = k.fails(&["apply", "-f", typo.to_str().unwrap()]).await;
+    assert!(err.contains("attachRequird"), "{err}");
+}
