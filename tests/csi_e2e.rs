@@ -13,7 +13,7 @@
 
 mod support;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,27 +21,20 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use serde_json::Value;
-use support::connectors::{Env, NS, ok, quick_start, rbac_rules, repo};
+use support::connectors::{
+    Env, NS, Pod, channel, ok, publish_request, quick_start, rbac_rules, repo,
+};
 use support::{Process, WAIT, operator_bin};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tuna_operator::csi::proto::identity_client::IdentityClient;
 use tuna_operator::csi::proto::node_client::NodeClient;
 use tuna_operator::csi::proto::{
-    GetPluginInfoRequest, NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodePublishVolumeRequest,
-    NodeUnpublishVolumeRequest, ProbeRequest, VolumeCapability, node_service_capability,
-    volume_capability,
+    GetPluginInfoRequest, NodeGetCapabilitiesRequest, NodeGetInfoRequest,
+    NodeUnpublishVolumeRequest, ProbeRequest, node_service_capability, volume_capability,
 };
 
 const CSI_SA: &str = "system:serviceaccount:tuna-system:tuna-operator-csi";
-
-/// A pod of the operator's cluster, as kubelet knows it.
-struct Pod {
-    name: String,
-    namespace: String,
-    uid: String,
-    service_account: String,
-}
 
 /// Applies a pod and reads its uid.
 fn create_pod(env: &Env, namespace: &str, name: &str, service_account: &str) -> Pod {
@@ -127,22 +120,6 @@ async fn start_plugin(env: &Env, name: &str, extra: &[&str]) -> Plugin {
     Plugin { process, socket }
 }
 
-/// A gRPC channel over the plugin's Unix socket, as kubelet dials it.
-async fn channel(socket: &Path) -> Channel {
-    let socket = socket.to_owned();
-    Endpoint::try_from("http://csi.invalid")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let socket = socket.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-        .expect("connecting to the plugin's socket")
-}
-
 /// The target path kubelet would give this pod's volume; its parent exists.
 fn target_of(env: &Env, pod: &Pod) -> PathBuf {
     let parent = env.dir.path().join(format!(
@@ -151,47 +128,6 @@ fn target_of(env: &Env, pod: &Pod) -> PathBuf {
     ));
     std::fs::create_dir_all(&parent).unwrap();
     parent.join("mount")
-}
-
-/// What kubelet sends to publish `pod`'s inline volume with `attributes`.
-fn publish_request(
-    pod: &Pod,
-    target: &Path,
-    attributes: &[(&str, &str)],
-) -> NodePublishVolumeRequest {
-    let mut context: HashMap<String, String> = attributes
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    for (k, v) in [
-        ("csi.storage.k8s.io/pod.name", &pod.name),
-        ("csi.storage.k8s.io/pod.namespace", &pod.namespace),
-        ("csi.storage.k8s.io/pod.uid", &pod.uid),
-        (
-            "csi.storage.k8s.io/serviceAccount.name",
-            &pod.service_account,
-        ),
-        ("csi.storage.k8s.io/ephemeral", &"true".to_owned()),
-    ] {
-        context.entry(k.to_owned()).or_insert_with(|| v.clone());
-    }
-    NodePublishVolumeRequest {
-        volume_id: format!("csi-{}", pod.uid),
-        publish_context: HashMap::new(),
-        staging_target_path: String::new(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(VolumeCapability {
-            access_type: Some(volume_capability::AccessType::Mount(
-                volume_capability::MountVolume::default(),
-            )),
-            access_mode: Some(volume_capability::AccessMode {
-                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-            }),
-        }),
-        readonly: true,
-        secrets: HashMap::new(),
-        volume_context: context,
-    }
 }
 
 /// The documentation's volume attributes.

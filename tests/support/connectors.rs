@@ -3,7 +3,7 @@
 //! role's RBAC, the target API server with a reader and some pods, and the
 //! real `tuna-operator connectors` process with its proxy.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use kube_emulator::{Emulator, EmulatorHandle, Options};
 use serde_json::Value;
+use tonic::transport::{Channel, Endpoint};
 use tuna_crds::Connector;
+use tuna_operator::csi::proto::{NodePublishVolumeRequest, VolumeCapability, volume_capability};
 
 use super::{Process, WAIT, operator_bin, wait_for};
 
@@ -357,4 +359,69 @@ pub fn rbac_rules(yaml: &str) -> BTreeSet<(String, String, String)> {
         }
     }
     out
+}
+
+/// A pod of the operator's cluster, as kubelet knows it.
+pub struct Pod {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub service_account: String,
+}
+
+/// A gRPC channel over the plugin's Unix socket, as kubelet dials it.
+pub async fn channel(socket: &Path) -> Channel {
+    let socket = socket.to_owned();
+    Endpoint::try_from("http://csi.invalid")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .expect("connecting to the plugin's socket")
+}
+
+/// What kubelet sends to publish `pod`'s inline volume with `attributes`.
+pub fn publish_request(
+    pod: &Pod,
+    target: &Path,
+    attributes: &[(&str, &str)],
+) -> NodePublishVolumeRequest {
+    let mut context: HashMap<String, String> = attributes
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    for (k, v) in [
+        ("csi.storage.k8s.io/pod.name", &pod.name),
+        ("csi.storage.k8s.io/pod.namespace", &pod.namespace),
+        ("csi.storage.k8s.io/pod.uid", &pod.uid),
+        (
+            "csi.storage.k8s.io/serviceAccount.name",
+            &pod.service_account,
+        ),
+        ("csi.storage.k8s.io/ephemeral", &"true".to_owned()),
+    ] {
+        context.entry(k.to_owned()).or_insert_with(|| v.clone());
+    }
+    NodePublishVolumeRequest {
+        volume_id: format!("csi-{}", pod.uid),
+        publish_context: HashMap::new(),
+        staging_target_path: String::new(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Mount(
+                volume_capability::MountVolume::default(),
+            )),
+            access_mode: Some(volume_capability::AccessMode {
+                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+        }),
+        readonly: true,
+        secrets: HashMap::new(),
+        volume_context: context,
+    }
 }
