@@ -136,6 +136,31 @@ const DOCUMENTED: &[(&str, &str)] = &[
     ("configuration.names", "kubeconfig"),
 ];
 
+/// The documentation's examples carry exactly [`DOCUMENTED`], read-only.
+fn check_examples_use_the_documented_volume() {
+    for (file, spec) in [
+        ("examples/connectors/job.yaml", "/spec/template/spec"),
+        ("examples/connectors/inspect-pod.yaml", "/spec"),
+    ] {
+        let doc: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(repo(file)).unwrap()).unwrap();
+        let csi = &doc.pointer(spec).unwrap()["volumes"][0]["csi"];
+        assert_eq!(csi["driver"], "connectors-csi", "{file}");
+        assert_eq!(csi["readOnly"], true, "{file}");
+        let attributes: BTreeSet<(String, String)> = csi["volumeAttributes"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect();
+        let documented: BTreeSet<(String, String)> = DOCUMENTED
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        assert_eq!(attributes, documented, "{file}");
+    }
+}
+
 fn files_of(target: &Path) -> BTreeSet<String> {
     std::fs::read_dir(target)
         .unwrap()
@@ -454,7 +479,43 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
             "inline ephemeral",
         ),
     ];
-    let other_pod = create_pod(&env, NS, "inspect-k8s-access", "default");
+    // The documentation's inspect Pod, applied as written.
+    check_examples_use_the_documented_volume();
+    ok(
+        env.op(
+            &[
+                "apply",
+                "-n",
+                NS,
+                "-f",
+                repo("examples/connectors/inspect-pod.yaml")
+                    .to_str()
+                    .unwrap(),
+            ],
+            None,
+        ),
+        "the inspect Pod",
+    );
+    let other_pod = Pod {
+        name: "inspect-k8s-access".into(),
+        namespace: NS.into(),
+        uid: ok(
+            env.op(
+                &[
+                    "-n",
+                    NS,
+                    "get",
+                    "pod",
+                    "inspect-k8s-access",
+                    "-o",
+                    "jsonpath={.metadata.uid}",
+                ],
+                None,
+            ),
+            "its uid",
+        ),
+        service_account: "default".into(),
+    };
     let other_target = target_of(&env, &other_pod);
     for (attrs, code, message) in table {
         let err = node
