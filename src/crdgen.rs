@@ -1,11 +1,14 @@
 //! `tuna-operator crdgen`: writes the CRDs derived from `tuna-crds` into the Helm
 //! chart, or (`--check`) fails when the checked-in files differ from them.
 //!
-//! Two families, each in its own folder: the `k8s.tuna.am` CRDs (the chart's
-//! `crds/`), and the connector family (`connectors.alauda.io`: the Connector
-//! and ConnectorClass CRDs in `crds/connectors/`, the built-in `k8s`
-//! ConnectorClass in `crds/connectors/builtin/`, a manifest to apply after
-//! the CRDs are established).
+//! Two families: the `k8s.tuna.am` CRDs, and the connector family
+//! (`connectors.alauda.io`: the Connector and ConnectorClass CRDs in
+//! `crds/connectors/`, the built-in `k8s` ConnectorClass in
+//! `crds/connectors/builtin/`, a manifest to apply after the CRDs are
+//! established). The chart's `crds/` holds both families' CRDs: Helm cannot
+//! make `crds/` conditional, and CRDs without the connectors role are inert
+//! (`connectors.enabled` deploys the role, which applies the built-in class
+//! itself).
 //!
 //! The chart's `crds/` folder is generated, never edited: Helm installs it before
 //! anything else, and a hand edit would silently diverge from what the operator's
@@ -28,6 +31,8 @@ pub const BUILTIN_CLASSES_OUT_DIR: &str = "crds/connectors/builtin";
 pub enum Family {
     /// The `k8s.tuna.am` CRDs.
     Tuna,
+    /// The chart's `crds/`: the `k8s.tuna.am` CRDs and the connector family's.
+    Chart,
     /// The Connector and ConnectorClass CRDs.
     Connectors,
     /// The built-in ConnectorClass objects.
@@ -38,6 +43,11 @@ impl Family {
     fn render(self) -> Result<Vec<tuna_crds::RenderedCrd>, tuna_crds::Error> {
         match self {
             Family::Tuna => tuna_crds::render_all(),
+            Family::Chart => {
+                let mut all = tuna_crds::render_all()?;
+                all.extend(tuna_crds::render_connectors()?);
+                Ok(all)
+            }
             Family::Connectors => tuna_crds::render_connectors(),
             Family::BuiltinClasses => tuna_crds::render_builtin_classes(),
         }
@@ -86,7 +96,7 @@ impl std::fmt::Display for Drift {
 /// Runs the subcommand.
 pub fn run(args: CrdgenArgs) -> anyhow::Result<()> {
     let folders = [
-        (Family::Tuna, &args.out_dir),
+        (Family::Chart, &args.out_dir),
         (Family::Connectors, &args.connectors_out_dir),
         (Family::BuiltinClasses, &args.builtin_classes_out_dir),
     ];
@@ -117,9 +127,9 @@ pub fn run(args: CrdgenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes every generated CRD of group `k8s.tuna.am` into `dir` (see [`write_of`]).
+/// Writes the chart's CRDs (both families) into `dir` (see [`write_of`]).
 pub fn write(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    write_of(Family::Tuna, dir)
+    write_of(Family::Chart, dir)
 }
 
 /// Writes the generated files of `family` into `dir` (created if absent),
@@ -142,9 +152,9 @@ pub fn write_of(family: Family, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-/// Compares `dir` with the generated CRDs of group `k8s.tuna.am` (see [`drift_of`]).
+/// Compares `dir` with the chart's generated CRDs (see [`drift_of`]).
 pub fn drift(dir: &Path) -> anyhow::Result<Vec<Drift>> {
-    drift_of(Family::Tuna, dir)
+    drift_of(Family::Chart, dir)
 }
 
 /// Compares `dir` with the generated files of `family`. Only `*.yaml` files

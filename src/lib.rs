@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod connectors;
 pub mod controllers;
 pub mod crdgen;
+pub mod csi;
 pub mod desired;
 pub mod edge_api;
 pub mod explain;

@@ -72,6 +72,8 @@ enum Command {
     /// Work with one Connector (print a kubeconfig for it).
     #[command(subcommand)]
     Connector(tuna_operator::connectors::cli::ConnectorCommand),
+    /// Run the connectors-csi node plugin (kubeconfigs of Connectors mounted into pods).
+    Csi(Box<tuna_operator::csi::CsiArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -94,6 +96,9 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(tuna_operator::connectors::role::run(*args))
         }
         Command::Connector(cmd) => tuna_operator::connectors::cli::run(cmd),
+        Command::Csi(args) => {
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::csi::node::run(*args))
+        }
         Command::Edge(cli) => {
             let _ = rustls::crypto::ring::default_provider().install_default();
             tokio::runtime::Runtime::new()?.block_on(tuna_tunnel::edge::cli::run(*cli))

@@ -148,12 +148,12 @@ async fn kubectl_within(cluster: &Cluster, args: &[&str]) -> String {
     text(&out)
 }
 
-/// The Deployments of the installed release, by name.
+/// The Deployments (and DaemonSets) of the installed release, by name.
 fn installed_deployments(cluster: &Cluster) -> BTreeMap<String, Value> {
     let manifest = helm(cluster, &["get", "manifest", RELEASE, "-n", NAMESPACE]);
     documents(&manifest)
         .into_iter()
-        .filter(|d| d["kind"] == "Deployment")
+        .filter(|d| d["kind"] == "Deployment" || d["kind"] == "DaemonSet")
         .map(|d| (d["metadata"]["name"].as_str().unwrap().to_owned(), d))
         .collect()
 }
@@ -187,15 +187,20 @@ async fn pod_of(cluster: &Cluster, deploy: &Value, pod_name: &str) -> Pod {
             .iter()
             .find(|v| v["name"] == m["name"])
             .expect("mounted volume exists");
+        let target = dir.join(m["name"].as_str().unwrap());
+        std::fs::create_dir_all(&target).unwrap();
+        if volume["hostPath"].is_object() {
+            // A node directory (the CSI plugin's): a directory of this "node".
+            mounts.push((m["mountPath"].as_str().unwrap().to_owned(), target));
+            continue;
+        }
         let cm_name = volume["configMap"]["name"]
             .as_str()
-            .expect("only ConfigMap volumes");
+            .expect("only ConfigMap and hostPath volumes");
         let cm = config_maps
             .get(cm_name)
             .await
             .expect("the mounted ConfigMap");
-        let target = dir.join(m["name"].as_str().unwrap());
-        std::fs::create_dir_all(&target).unwrap();
         for (k, v) in cm.data.unwrap_or_default() {
             std::fs::write(target.join(k), v).unwrap();
         }
@@ -213,8 +218,11 @@ async fn pod_of(cluster: &Cluster, deploy: &Value, pod_name: &str) -> Pod {
             if a.starts_with("--probe-listen=") {
                 return "--probe-listen=127.0.0.1:0".to_owned();
             }
+            if a.starts_with("--proxy-listen=") {
+                return "--proxy-listen=127.0.0.1:0".to_owned();
+            }
             mounts.iter().fold(a, |a, (mount, target)| {
-                a.replace(mount.as_str(), target.to_str().unwrap())
+                a.replacen(&format!("{mount}/"), &format!("{}/", target.display()), 1)
             })
         })
         .collect();
@@ -227,6 +235,7 @@ async fn pod_of(cluster: &Cluster, deploy: &Value, pod_name: &str) -> Pod {
             match path {
                 "metadata.name" => pod_name.to_owned(),
                 "metadata.namespace" => NAMESPACE.to_owned(),
+                "spec.nodeName" => "node-1".to_owned(),
                 other => panic!("fieldRef {other} is not resolved by this test"),
             }
         } else if let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() {
@@ -293,11 +302,22 @@ async fn run_pod(cluster: &Cluster, pod: &Pod, name: &str) -> Process {
         }
     })
     .await;
-    assert!(
-        ready.is_ok(),
-        "{name} never became ready:\n{}",
-        process.log()
-    );
+    if ready.is_err() {
+        let readyz = match probe_addr(&process.log()) {
+            Some(probe) => http_get(probe, "localhost", "/readyz").await.1,
+            None => "no probe listener".into(),
+        };
+        let failed: Vec<String> = cluster
+            .audit()
+            .iter()
+            .filter(|e| e["code"].as_u64().is_some_and(|c| c == 401 || c == 403))
+            .map(|e| e.to_string())
+            .collect();
+        panic!(
+            "{name} never became ready (/readyz: {readyz}):\n{}\nrefused requests: {failed:#?}",
+            process.log()
+        );
+    }
     process
 }
 
@@ -848,4 +868,282 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         .filter(|t| !t.expired)
         .collect();
     assert!(tokens.is_empty(), "{tokens:?}");
+}
+
+/// Every rule bound to `service_account` in `manifest` was used by it, and
+/// nothing it asked for was refused; `unexercised` lists (verb, resource)
+/// pairs the journey cannot reach, each still granted.
+fn assert_least_privilege(
+    audit: &[Value],
+    manifest: &[Value],
+    component: &str,
+    service_account: &str,
+    unexercised: &[(&str, &str)],
+) {
+    let user = format!("system:serviceaccount:{NAMESPACE}:{service_account}");
+    let mine: Vec<&Value> = audit
+        .iter()
+        .filter(|e| e["user"] == user.as_str())
+        .collect();
+    assert!(!mine.is_empty(), "{component} made no request as {user}");
+    let refused: Vec<String> = mine
+        .iter()
+        .filter(|e| e["code"] == 403 || e["code"] == 401)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{component}: refused requests (a missing rule): {refused:#?}"
+    );
+    let used: BTreeSet<(String, String)> = mine
+        .iter()
+        .filter(|e| !e["resource"].as_str().unwrap_or("").is_empty())
+        .map(|e| request_of(e))
+        .collect();
+    let grants = granted(manifest, service_account);
+    let unused: Vec<&(String, String)> = grants
+        .iter()
+        .filter(|(verb, resource)| {
+            !used.contains(&(verb.clone(), resource.clone()))
+                && !unexercised.iter().any(|(v, r)| v == verb && r == resource)
+        })
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "{component}: granted but never used: {unused:?}\nused: {used:?}"
+    );
+    for (v, r) in unexercised {
+        assert!(
+            grants.contains(&(v.to_string(), r.to_string())),
+            "{component}: {v} {r} is not granted"
+        );
+    }
+}
+
+/// `--set connectors.enabled=true`: the connectors role and the CSI node
+/// plugin run with the installed Deployment's and DaemonSet's arguments and
+/// their ServiceAccounts' tokens; the documentation's Connector becomes
+/// Ready, kubelet's publish (real CSI gRPC on the plugin's socket) writes a
+/// kubeconfig that the real kubectl uses through the proxy, for a pod of the
+/// Connector's namespace and one of another namespace that RBAC lets in;
+/// the audit proves both components' rules sufficient and minimal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privilege() {
+    use support::connectors::{
+        NS, Pod as KubeletPod, TARGET_PODS, TARGET_RBAC, channel, kubectl, ok, proxy_addr,
+        publish_request, quick_start,
+    };
+    use tuna_crds::Connector;
+    use tuna_operator::csi::proto::node_client::NodeClient;
+
+    let cluster = Cluster::start().await;
+    let home = cluster.path("home");
+    std::fs::create_dir_all(&home).unwrap();
+    // The target API server: a reader's token and some pods.
+    let target = kube_emulator::Emulator::start(kube_emulator::Options::default())
+        .await
+        .unwrap();
+    let t =
+        |args: &[&str], stdin: Option<&str>| kubectl(target.kubeconfig_path(), &home, args, stdin);
+    ok(t(&["apply", "-f", "-"], Some(TARGET_RBAC)), "target RBAC");
+    ok(t(&["apply", "-f", "-"], Some(TARGET_PODS)), "target pods");
+    let target_token = ok(
+        t(
+            &[
+                "-n",
+                "default",
+                "create",
+                "token",
+                "reader",
+                "--duration",
+                "2h",
+            ],
+            None,
+        ),
+        "the target's token",
+    )
+    .trim()
+    .to_owned();
+    let target_ca = cluster.path("target-ca.pem");
+    std::fs::write(&target_ca, target.ca_pem().unwrap()).unwrap();
+
+    let chart = chart_dir();
+    let installed = helm(
+        &cluster,
+        &[
+            "install",
+            RELEASE,
+            chart.to_str().unwrap(),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+            "--set",
+            "credentials.apiKey=test-api-key",
+            "--set",
+            "connectors.enabled=true",
+        ],
+    );
+    assert!(installed.contains("STATUS: deployed"), "{installed}");
+    cluster.kubectl_ok(&["get", "csidriver", "connectors-csi"]);
+    let workloads = installed_deployments(&cluster);
+
+    // The connectors role, as its Deployment says (the target's CA is a
+    // system root of its node).
+    let mut role_pod = pod_of(
+        &cluster,
+        &workloads["tuna-operator-connectors"],
+        "tuna-operator-connectors-6c8d9-q2w4e",
+    )
+    .await;
+    role_pod
+        .env
+        .push(("SSL_CERT_FILE".into(), target_ca.display().to_string()));
+    let role = run_pod(&cluster, &role_pod, "connectors").await;
+    let proxy = proxy_addr(&role).await;
+    cluster.kubectl_ok(&["create", "namespace", NS]);
+    let applied = cluster.kubectl_stdin(
+        &["apply", "-n", NS, "-f", "-"],
+        Some(&quick_start(&target_token, target.url())),
+    );
+    assert!(applied.status.success(), "{}", text(&applied));
+    let client = cluster.client().await;
+    wait_for(
+        &client,
+        NS,
+        "k8s-connector",
+        "Ready",
+        &[&role],
+        |c: &Connector| {
+            c.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        },
+    )
+    .await;
+
+    // The CSI plugin, as its DaemonSet says; the proxy at its test address.
+    let csi_pod = pod_of(
+        &cluster,
+        &workloads["tuna-operator-csi"],
+        "tuna-operator-csi-node-1",
+    )
+    .await;
+    let endpoint = csi_pod
+        .args
+        .iter()
+        .find_map(|a| a.strip_prefix("--endpoint=unix://"))
+        .expect("--endpoint")
+        .to_owned();
+    let mut args = csi_pod.args.clone();
+    args.push(format!("--proxy-url=http://{proxy}"));
+    // `$(NODE_NAME)` is kubelet's expansion of the env var.
+    for a in &mut args {
+        *a = a.replace("$(NODE_NAME)", "node-1");
+    }
+    let mut env: Vec<(&str, String)> = csi_pod
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    env.push(("KUBECONFIG", csi_pod.kubeconfig.display().to_string()));
+    let plugin = Process::spawn(
+        cluster.dir.path(),
+        "csi",
+        &support::operator_bin(),
+        &args,
+        &env,
+    );
+    let listening = tokio::time::timeout(WAIT, async {
+        while !plugin.log().contains("CSI plugin listening") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(listening.is_ok(), "{}", plugin.log());
+    let mut node = NodeClient::new(channel(std::path::Path::new(&endpoint)).await);
+
+    // Pods as kubelet knows them: the documentation's Job in the Connector's
+    // namespace, and a pod of another namespace that RBAC lets in.
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: {NS}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: other}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: other}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: use-k8s-connector, namespace: {NS}}}\nrules:\n- {{apiGroups: [connectors.alauda.io], resources: [connectors], resourceNames: [k8s-connector], verbs: [get]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: other-uses-k8s-connector, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: use-k8s-connector}}\nsubjects: [{{kind: ServiceAccount, name: reader, namespace: other}}]\n"
+    ));
+    let mut published = Vec::new();
+    for (namespace, name, sa) in [
+        (NS, "k8s-access-x7k2p", "default"),
+        ("other", "reporter", "reader"),
+    ] {
+        cluster.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{serviceAccountName: {sa}, containers: [{{name: kubectl, image: bitnami/kubectl:1.30.1}}]}}\n"
+        ));
+        let uid = cluster.kubectl_ok(&[
+            "-n",
+            namespace,
+            "get",
+            "pod",
+            name,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ]);
+        let pod = KubeletPod {
+            name: name.into(),
+            namespace: namespace.into(),
+            uid,
+            service_account: sa.into(),
+        };
+        let target_path = cluster.path(&format!(
+            "kubelet/pods/{}/volumes/kubernetes.io~csi/kubeconfig/mount",
+            pod.uid
+        ));
+        std::fs::create_dir_all(target_path.parent().unwrap()).unwrap();
+        node.node_publish_volume(publish_request(
+            &pod,
+            &target_path,
+            &[
+                ("connector.name", "k8s-connector"),
+                ("connector.namespace", NS),
+                ("configuration.names", "kubeconfig"),
+            ],
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("publish for {namespace}/{name}: {e:?}\n{}", plugin.log()));
+        let pods = ok(
+            kubectl(
+                &target_path.join("kubeconfig"),
+                &home,
+                &["get", "pods", "--all-namespaces"],
+                None,
+            ),
+            "kubectl with the published kubeconfig",
+        );
+        assert!(pods.contains("web-7d4f9"), "{pods}");
+        published.push(target_path);
+    }
+
+    // ---- the audit: both components' rules sufficient and minimal ----
+    let manifest = documents(&helm(
+        &cluster,
+        &["get", "manifest", RELEASE, "-n", NAMESPACE],
+    ));
+    let audit = cluster.audit();
+    assert_least_privilege(
+        &audit,
+        &manifest,
+        "connectors",
+        &role_pod.service_account,
+        &[(
+            // kube's Recorder patches an event repeated within 6 minutes.
+            "patch",
+            "events.k8s.io/events",
+        )],
+    );
+    assert_least_privilege(&audit, &manifest, "csi", &csi_pod.service_account, &[]);
+    for p in [&role, &plugin] {
+        assert!(
+            !p.log().contains(&target_token),
+            "{} logged the target's token",
+            p.name
+        );
+    }
 }

@@ -132,6 +132,11 @@ agentManager:
   serviceAccount: {annotations: {example.com/role: tunnels}}
 "#,
     ),
+    // The README's connector install: --set connectors.enabled=true.
+    (
+        "connectors",
+        "credentials:\n  apiKey: test-api-key\nconnectors:\n  enabled: true\n",
+    ),
     (
         "minimal-without-rbac",
         r#"credentials: {existingSecret: tuna-api-key}
@@ -172,7 +177,8 @@ fn renders_validate_against_kubernetes_1_32_and_match_the_golden_files() {
             .iter()
             .filter(|k| *k == "CustomResourceDefinition")
             .count(),
-        3
+        5,
+        "three k8s.tuna.am CRDs and the connector family's two"
     );
     validate(&with_crds).unwrap_or_else(|e| panic!("with CRDs: {e}"));
     // The validator is no rubber stamp: a misspelt field fails.
@@ -323,6 +329,98 @@ fn the_rendered_objects_have_the_documented_shape() {
     );
     assert_eq!(env["HTTPS_PROXY"]["value"], "http://proxy.internal:3128");
     assert!(!docs.keys().any(|(k, _)| k == "Secret"));
+}
+
+/// `connectors.enabled`: the role with its proxy Service, the CSIDriver and
+/// the node DaemonSet with the registrar, privileges kept to what writing
+/// into kubelet's volume directories needs; nothing of it by default.
+#[test]
+fn connectors_render_when_enabled_with_the_least_privileges() {
+    let home = tempfile::tempdir().unwrap();
+    let off = by_kind_name(&documents(&template(home.path(), CASES[0].1, &[]).unwrap()));
+    assert!(
+        !off.keys()
+            .any(|(_, name)| name.contains("connectors") || name.contains("csi")),
+        "off by default: {:?}",
+        off.keys().collect::<Vec<_>>()
+    );
+    let case = CASES.iter().find(|(n, _)| *n == "connectors").unwrap().1;
+    let docs = by_kind_name(&documents(&template(home.path(), case, &[]).unwrap()));
+    let role = &docs[&("Deployment".into(), "tuna-operator-connectors".into())];
+    let args = container(role)["args"].to_string();
+    for flag in [
+        "\"connectors\"",
+        "--proxy-listen=0.0.0.0:3128",
+        "--proxy-service=tuna-operator-connectors",
+        "--ca-secret=tuna-operator-connectors-ca",
+    ] {
+        assert!(args.contains(flag), "{flag} in {args}");
+    }
+    assert!(
+        !env_of(role).contains_key("TUNA_API_KEY"),
+        "the role needs no API key"
+    );
+    let service = &docs[&("Service".into(), "tuna-operator-connectors".into())];
+    assert_eq!(service["spec"]["ports"][0]["port"], 80);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "proxy");
+    let driver = &docs[&("CSIDriver".into(), "connectors-csi".into())];
+    assert_eq!(
+        driver["spec"],
+        serde_json::json!({"attachRequired": false, "podInfoOnMount": true,
+            "volumeLifecycleModes": ["Ephemeral"], "requiresRepublish": true, "fsGroupPolicy": "File"})
+    );
+    let ds = &docs[&("DaemonSet".into(), "tuna-operator-csi".into())];
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "tuna-operator-csi");
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 2, "the plugin and the registrar");
+    for c in containers {
+        let sc = &c["securityContext"];
+        assert_eq!(sc["privileged"], false, "{}", c["name"]);
+        assert_eq!(sc["allowPrivilegeEscalation"], false);
+        assert_eq!(sc["readOnlyRootFilesystem"], true);
+        assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+        for m in c["volumeMounts"].as_array().unwrap() {
+            assert_ne!(m["mountPropagation"], "Bidirectional", "nothing is mounted");
+        }
+    }
+    assert_eq!(
+        containers[0]["securityContext"]["capabilities"]["add"],
+        serde_json::json!(["CHOWN"])
+    );
+    assert!(
+        containers[0]["args"]
+            .to_string()
+            .contains("--endpoint=unix:///csi/csi.sock")
+    );
+    assert!(
+        containers[1]["args"].to_string().contains(
+            "--kubelet-registration-path=/var/lib/kubelet/plugins/connectors-csi/csi.sock"
+        )
+    );
+    let rules = docs[&("ClusterRole".into(), "tuna-operator-csi".into())]["rules"].clone();
+    assert_eq!(
+        rules,
+        serde_json::json!([
+            {"apiGroups": ["connectors.alauda.io"], "resources": ["connectors"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+        ])
+    );
+    // Paths are values.
+    let moved = by_kind_name(&documents(
+        &template(
+            home.path(),
+            &format!("{case}  csi: {{kubeletDir: /data/kubelet}}\n"),
+            &[],
+        )
+        .unwrap(),
+    ));
+    let ds = moved[&("DaemonSet".into(), "tuna-operator-csi".into())].to_string();
+    assert!(
+        ds.contains("/data/kubelet/pods") && ds.contains("/data/kubelet/plugins_registry"),
+        "{ds}"
+    );
 }
 
 /// Wrong values fail, each with a message that says what to change.

@@ -183,12 +183,7 @@ impl KubeAuthorizer {
         namespace: &str,
         name: &str,
     ) -> Result<(), ConnectRefusal> {
-        let own = format!("system:serviceaccount:{namespace}:");
-        if caller
-            .username
-            .strip_prefix(&own)
-            .is_some_and(|sa| !sa.is_empty() && !sa.contains(':'))
-        {
+        if is_service_account_of(&caller.username, namespace) {
             return Ok(());
         }
         let key = (
@@ -199,7 +194,20 @@ impl KubeAuthorizer {
         let allowed = match self.access.get(&key) {
             Some(allowed) => allowed,
             None => {
-                let allowed = self.review_access(caller, namespace, name).await?;
+                let subject = Subject {
+                    username: caller.username.clone(),
+                    uid: caller.uid.clone(),
+                    groups: caller.groups.clone(),
+                    extra: caller.extra.clone(),
+                };
+                let allowed = may_get_connector(&self.client, &subject, namespace, name)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, "SubjectAccessReview failed");
+                        ConnectRefusal::Unavailable(format!(
+                            "the proxy cannot check rights now (SubjectAccessReview failed: {e}); try again"
+                        ))
+                    })?;
                 self.access.put(
                     key,
                     allowed,
@@ -211,48 +219,103 @@ impl KubeAuthorizer {
         if allowed {
             Ok(())
         } else {
-            Err(ConnectRefusal::Forbidden(format!(
-                "{} may not use connector {namespace}/{name}: only ServiceAccounts of namespace {namespace}, and whoever may get the Connector, may",
-                caller.username
+            Err(ConnectRefusal::Forbidden(refusal(
+                &caller.username,
+                namespace,
+                name,
             )))
         }
     }
+}
 
-    async fn review_access(
-        &self,
-        caller: &Caller,
-        namespace: &str,
-        name: &str,
-    ) -> Result<bool, ConnectRefusal> {
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(caller.username.clone()),
-                uid: caller.uid.clone(),
-                groups: Some(caller.groups.clone()),
-                extra: Some(caller.extra.clone()),
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some(tuna_crds::CONNECTORS_GROUP.to_owned()),
-                    resource: Some("connectors".into()),
-                    verb: Some("get".into()),
-                    namespace: Some(namespace.to_owned()),
-                    name: Some(name.to_owned()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "SubjectAccessReview failed");
-                ConnectRefusal::Unavailable(format!(
-                    "the proxy cannot check rights now (SubjectAccessReview failed: {e}); try again"
-                ))
-            })?;
-        Ok(answer.status.is_some_and(|s| s.allowed))
+/// Who asks to use a connector (a TokenReview's user, or a pod's
+/// ServiceAccount as the CSI driver knows it).
+#[derive(Debug, Clone, Default)]
+pub struct Subject {
+    /// `system:serviceaccount:<ns>:<name>` for ServiceAccounts.
+    pub username: String,
+    /// The user's UID, when known.
+    pub uid: Option<String>,
+    /// The user's groups.
+    pub groups: Vec<String>,
+    /// The user's extra attributes.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl Subject {
+    /// ServiceAccount `namespace/name`, with the groups the API server gives
+    /// every ServiceAccount.
+    pub fn service_account(namespace: &str, name: &str) -> Self {
+        Self {
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".into(),
+            ],
+            ..Self::default()
+        }
     }
+}
+
+/// The rule of the first half: `username` is a ServiceAccount of `namespace`.
+pub fn is_service_account_of(username: &str, namespace: &str) -> bool {
+    let own = format!("system:serviceaccount:{namespace}:");
+    username
+        .strip_prefix(&own)
+        .is_some_and(|sa| !sa.is_empty() && !sa.contains(':'))
+}
+
+/// What a refused user is told.
+pub fn refusal(username: &str, namespace: &str, name: &str) -> String {
+    format!(
+        "{username} may not use connector {namespace}/{name}: only ServiceAccounts of namespace {namespace}, and whoever may get the Connector, may"
+    )
+}
+
+/// The whole rule: a ServiceAccount of the connector's namespace, or anyone a
+/// `SubjectAccessReview` allows to `get` the Connector (no cache).
+pub async fn may_use_connector(
+    client: &Client,
+    subject: &Subject,
+    namespace: &str,
+    name: &str,
+) -> Result<bool, kube::Error> {
+    if is_service_account_of(&subject.username, namespace) {
+        return Ok(true);
+    }
+    may_get_connector(client, subject, namespace, name).await
+}
+
+/// Whether `subject` may `get` Connector `namespace/name` (SubjectAccessReview).
+async fn may_get_connector(
+    client: &Client,
+    subject: &Subject,
+    namespace: &str,
+    name: &str,
+) -> Result<bool, kube::Error> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(subject.username.clone()),
+            uid: subject.uid.clone(),
+            groups: Some(subject.groups.clone()),
+            extra: Some(subject.extra.clone()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(tuna_crds::CONNECTORS_GROUP.to_owned()),
+                resource: Some("connectors".into()),
+                verb: Some("get".into()),
+                namespace: Some(namespace.to_owned()),
+                name: Some(name.to_owned()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
 /// `<namespace>/<connector>` of the proxy user name.

@@ -24,6 +24,8 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+pub mod connectors;
+
 /// How long any wait of a test may take before it fails (with logs).
 pub const WAIT: Duration = Duration::from_secs(30);
 

@@ -214,3 +214,18 @@ volumeMounts:
     readOnly: true
 {{- end }}
 {{- end -}}
+
+{{/* The Secret holding the connector proxy's CA. */}}
+{{- define "tuna.connectorsCaSecret" -}}
+{{- default (printf "%s-connectors-ca" (include "tuna.fullname" .)) .Values.connectors.caSecretName -}}
+{{- end -}}
+
+{{/* The node directory of the CSI plugin's socket. */}}
+{{- define "tuna.csiPluginDir" -}}
+{{- default (printf "%s/plugins/connectors-csi" .Values.connectors.csi.kubeletDir) .Values.connectors.csi.pluginDir -}}
+{{- end -}}
+
+{{/* kubelet's plugin registration directory. */}}
+{{- define "tuna.csiRegistrationDir" -}}
+{{- default (printf "%s/plugins_registry" .Values.connectors.csi.kubeletDir) .Values.connectors.csi.registrationDir -}}
+{{- end -}}

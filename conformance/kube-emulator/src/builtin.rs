@@ -94,7 +94,9 @@ pub fn decode_metadata(obj: &Value) -> Result<Vec<String>, String> {
 
 /// Decodes a stored-form object of a built-in kind. `Ok(None)` for kinds without a typed check.
 pub fn decode(rt: &ResourceType, obj: &Value) -> Result<Option<Decoded>, String> {
-    use k8s_openapi::api::{apps, coordination, core, discovery, networking, policy, rbac};
+    use k8s_openapi::api::{
+        apps, coordination, core, discovery, networking, policy, rbac, storage,
+    };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     let typed = match (rt.group.as_str(), rt.resource.as_str()) {
         // Both event APIs are stored in the core form.
@@ -110,6 +112,8 @@ pub fn decode(rt: &ResourceType, obj: &Value) -> Result<Option<Decoded>, String>
         ("networking.k8s.io", "ingressclasses") => roundtrip::<networking::v1::IngressClass>(obj),
         ("coordination.k8s.io", "leases") => roundtrip::<coordination::v1::Lease>(obj),
         ("apps", "deployments") => roundtrip::<apps::v1::Deployment>(obj),
+        ("apps", "daemonsets") => roundtrip::<apps::v1::DaemonSet>(obj),
+        ("storage.k8s.io", "csidrivers") => roundtrip::<storage::v1::CSIDriver>(obj),
         ("policy", "poddisruptionbudgets") => roundtrip::<policy::v1::PodDisruptionBudget>(obj),
         ("discovery.k8s.io", "endpointslices") => roundtrip::<discovery::v1::EndpointSlice>(obj),
         ("apiextensions.k8s.io", "customresourcedefinitions") => {

@@ -46,13 +46,14 @@
 //! ## Contract
 //!
 //! - **Storage**: one global resourceVersion; `uid`, `creationTimestamp`, `generation` (for
-//!   CRs, ingresses, ingressclasses, deployments, poddisruptionbudgets and CRDs: bumped when anything outside
+//!   CRs, ingresses, ingressclasses, deployments, daemonsets, csidrivers, poddisruptionbudgets and CRDs: bumped when anything outside
 //!   metadata changes, status excluded when a status subresource exists); optimistic concurrency (409 on a stale `metadata.resourceVersion`); a write that
 //!   changes nothing keeps the resourceVersion and emits no watch event.
 //! - **Kinds**: core v1 namespaces, services, secrets, configmaps, serviceaccounts (+`token`),
 //!   events, endpoints, pods (stored only); events.k8s.io/v1 events (same storage as core events);
 //!   networking.k8s.io/v1 ingresses (+status), ingressclasses; coordination.k8s.io/v1 leases;
-//!   apps/v1 deployments (stored only; nothing runs); policy/v1 poddisruptionbudgets (+status,
+//!   apps/v1 deployments and daemonsets (+status, stored only; nothing runs);
+//!   storage.k8s.io/v1 csidrivers (stored only); policy/v1 poddisruptionbudgets (+status,
 //!   stored only); discovery.k8s.io/v1 endpointslices;
 //!   apiextensions.k8s.io/v1 CRDs (served immediately, discovery and OpenAPI included);
 //!   rbac.authorization.k8s.io/v1; authentication.k8s.io/v1 tokenreviews;
@@ -103,7 +104,12 @@
 //!   requests; a TokenReview authenticates a token whose audiences meet `spec.audiences`
 //!   (default: the API audience) and answers the intersection; static tokens count as
 //!   API-audience tokens. TokenRequest refuses `expirationSeconds` under 600 or over 2³²
-//!   (422, as the API server).
+//!   (422, as the API server). A TokenRequest may bind the token to a Pod
+//!   (`spec.boundObjectRef`, kind `Pod`, as the API server documents it): the Pod must exist
+//!   (404), match the reference's `uid` (409) and run as that ServiceAccount (400); the token
+//!   stops authenticating once that Pod is gone or replaced, and a TokenReview of it names
+//!   the Pod in `user.extra` (`authentication.kubernetes.io/pod-name`, `…/pod-uid`). Other
+//!   kinds of bound objects (Secret, Node) are refused with 400.
 //!   Aggregated ClusterRoles (`aggregationRule`) are expanded; of the default roles only
 //!   `cluster-admin` exists. Discovery, OpenAPI and the self reviews are open to every
 //!   authenticated user. A list/watch with `fieldSelector=metadata.name=X` is authorized as a
@@ -390,9 +396,15 @@ impl EmulatorHandle {
                 &WriteOptions::default(),
             );
         }
-        st.issue_sa_token(namespace, name, None, vec![store::API_AUDIENCE.to_owned()])
-            .map(|(t, _)| t)
-            .unwrap_or_default()
+        st.issue_sa_token(
+            namespace,
+            name,
+            None,
+            vec![store::API_AUDIENCE.to_owned()],
+            None,
+        )
+        .map(|(t, _)| t)
+        .unwrap_or_default()
     }
 
     /// Writes a kubeconfig acting as a ServiceAccount (see [`Self::token_for_service_account`]).
@@ -424,6 +436,7 @@ impl EmulatorHandle {
                 identity: id,
                 expires: None,
                 audiences: None,
+                bound_pod: None,
             },
         );
         token

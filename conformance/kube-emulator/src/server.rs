@@ -166,6 +166,14 @@ impl State {
             if meta_str(sa, "uid") != id.uid {
                 return Err(invalid());
             }
+            if let Some((pod, uid)) = &issued.bound_pod {
+                let alive = self
+                    .get_opt("/pods", ns, pod)
+                    .is_some_and(|p| meta_str(p, "uid") == uid);
+                if !alive {
+                    return Err("invalid bearer token, service account token has been invalidated (its pod is gone)".into());
+                }
+            }
         }
         let has: Vec<String> = issued
             .audiences
@@ -191,6 +199,7 @@ impl State {
         name: &str,
         expiration_seconds: Option<i64>,
         audiences: Vec<String>,
+        bound_pod: Option<(String, String)>,
     ) -> Option<(String, Option<jiff::Timestamp>)> {
         let sa = self.get_opt("/serviceaccounts", ns, name)?;
         let uid = meta_str(sa, "uid").to_string();
@@ -213,6 +222,7 @@ impl State {
                 identity: id,
                 expires: exp,
                 audiences: Some(audiences),
+                bound_pod,
             },
         );
         Some((token, exp))
@@ -658,8 +668,9 @@ fn resource_request(
             if audiences.is_empty() {
                 audiences.push(store::API_AUDIENCE.to_owned());
             }
+            let bound_pod = bind_to_pod(&st, &ns, &name, &req["spec"]["boundObjectRef"])?;
             let (token, exp) = st
-                .issue_sa_token(&ns, &name, Some(seconds), audiences.clone())
+                .issue_sa_token(&ns, &name, Some(seconds), audiences.clone(), bound_pod)
                 .ok_or_else(|| ApiError::not_found("serviceaccounts", &name))?;
             let mut out = json!({"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
                 "metadata": {"name": name, "namespace": ns, "creationTimestamp": store::now()},
@@ -697,7 +708,17 @@ fn resource_request(
                     .unwrap_or_default();
                 match shared.review(&st, &tok, &audiences) {
                     Ok((id, audiences)) => {
-                        json!({"authenticated": true, "user": {"username": id.username, "uid": id.uid, "groups": id.groups}, "audiences": audiences})
+                        let mut user =
+                            json!({"username": id.username, "uid": id.uid, "groups": id.groups});
+                        if let Some((pod, uid)) =
+                            st.tokens.get(&tok).and_then(|t| t.bound_pod.clone())
+                        {
+                            user["extra"] = json!({
+                                "authentication.kubernetes.io/pod-name": [pod],
+                                "authentication.kubernetes.io/pod-uid": [uid],
+                            });
+                        }
+                        json!({"authenticated": true, "user": user, "audiences": audiences})
                     }
                     Err(error) => json!({"authenticated": false, "error": error}),
                 }
@@ -1245,6 +1266,51 @@ fn stream_response(body: Body) -> Response<Body> {
         .header(header::CACHE_CONTROL, "no-cache, private")
         .body(body)
         .expect("valid response")
+}
+
+/// `(name, uid)` of the Pod a TokenRequest's `spec.boundObjectRef` binds the
+/// token to, checked as the API server checks it; `None` without a reference.
+fn bind_to_pod(
+    st: &store::State,
+    ns: &str,
+    service_account: &str,
+    reference: &Value,
+) -> Result<Option<(String, String)>, ApiError> {
+    if reference.is_null() {
+        return Ok(None);
+    }
+    let kind = reference["kind"].as_str().unwrap_or_default();
+    let api_version = reference["apiVersion"].as_str().unwrap_or("v1");
+    if kind != "Pod" || api_version != "v1" {
+        return Err(ApiError::bad_request(format!(
+            "cannot bind token to object of type {api_version}, Kind={kind} (the emulator binds to v1 Pods only)"
+        )));
+    }
+    let name = reference["name"].as_str().unwrap_or_default();
+    let pod = st
+        .get_opt("/pods", ns, name)
+        .ok_or_else(|| ApiError::not_found("pods", name))?;
+    let uid = meta_str(pod, "uid").to_owned();
+    if let Some(want) = reference["uid"].as_str().filter(|u| !u.is_empty())
+        && want != uid
+    {
+        return Err(ApiError::conflict(
+            "pods",
+            name,
+            &format!(
+                "the UID in the bound object reference ({want}) does not match the UID in record. The object might have been deleted and then recreated"
+            ),
+        ));
+    }
+    let runs_as = pod["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap_or("default");
+    if runs_as != service_account {
+        return Err(ApiError::bad_request(format!(
+            "cannot bind token for serviceaccount \"{service_account}\" to pod running with different serviceaccount name."
+        )));
+    }
+    Ok(Some((name.to_owned(), uid)))
 }
 
 #[cfg(test)]

@@ -97,6 +97,9 @@ pub struct IssuedToken {
     /// tokens that know no audience (static users), which the API server
     /// accepts for its own audience only.
     pub audiences: Option<Vec<String>>,
+    /// `(name, uid)` of the Pod a TokenRequest bound it to
+    /// (`spec.boundObjectRef`): the token dies with that Pod.
+    pub bound_pod: Option<(String, String)>,
 }
 
 /// The store proper. All access goes through one mutex held by [`crate::server`].

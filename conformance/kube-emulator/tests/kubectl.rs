@@ -945,3 +945,151 @@ async fn paged_lists_are_one_snapshot() {
         .await;
     assert!(bad.contains("continue key is not valid"), "{bad}");
 }
+
+/// `kubectl create token --bound-object-kind Pod`: as the API server, the
+/// Pod must exist, match the uid and run as the ServiceAccount; the token
+/// names the Pod in a TokenReview and dies with it.
+#[tokio::test]
+async fn tokens_bound_to_a_pod_die_with_it() {
+    let emu = emulator().await;
+    let k = Kubectl::new(emu.kubeconfig_path());
+    k.ok(&["create", "namespace", "apps"]).await;
+    k.ok(&["-n", "apps", "create", "serviceaccount", "bot"])
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let pod = write(
+        dir.path(),
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: runner, namespace: apps}\nspec:\n  serviceAccountName: bot\n  containers: [{name: c, image: busybox}]\n",
+    );
+    k.ok(&["apply", "-f", pod.to_str().unwrap()]).await;
+    let uid = k
+        .ok(&[
+            "-n",
+            "apps",
+            "get",
+            "pod",
+            "runner",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+        .await;
+    let bound = |name: &str, uid: &str| {
+        let mut args = vec![
+            "-n".to_owned(),
+            "apps".into(),
+            "create".into(),
+            "token".into(),
+            "bot".into(),
+            "--audience".into(),
+            "connectors.example.com".into(),
+            "--bound-object-kind".into(),
+            "Pod".into(),
+            "--bound-object-name".into(),
+            name.into(),
+        ];
+        if !uid.is_empty() {
+            args.extend(["--bound-object-uid".into(), uid.to_owned()]);
+        }
+        args
+    };
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let missing = k.fails(&refs(&bound("gone", ""))).await;
+    assert!(missing.contains("pods \"gone\" not found"), "{missing}");
+    let wrong_uid = k.fails(&refs(&bound("runner", "0000"))).await;
+    assert!(
+        wrong_uid.contains("does not match the UID in record"),
+        "{wrong_uid}"
+    );
+    k.ok(&["-n", "apps", "create", "serviceaccount", "other"])
+        .await;
+    let mut other = bound("runner", &uid);
+    other[4] = "other".into();
+    let other_sa = k.fails(&refs(&other)).await;
+    assert!(
+        other_sa.contains("different serviceaccount name"),
+        "{other_sa}"
+    );
+    let token = k.ok(&refs(&bound("runner", &uid))).await;
+    let token = token.trim().to_owned();
+    let review = || {
+        let manifest = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token, "audiences": ["connectors.example.com"]}});
+        write(dir.path(), "review.json", &manifest.to_string())
+    };
+    let path = review();
+    let out: serde_json::Value = serde_json::from_str(
+        &k.ok(&[
+            "create",
+            "--validate=false",
+            "-f",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(out["status"]["authenticated"], true, "{out}");
+    assert_eq!(
+        out["status"]["user"]["extra"]["authentication.kubernetes.io/pod-name"],
+        json!(["runner"])
+    );
+    assert_eq!(
+        out["status"]["user"]["extra"]["authentication.kubernetes.io/pod-uid"],
+        json!([uid])
+    );
+    k.ok(&["-n", "apps", "delete", "pod", "runner", "--wait=false"])
+        .await;
+    let out: serde_json::Value = serde_json::from_str(
+        &k.ok(&[
+            "create",
+            "--validate=false",
+            "-f",
+            path.to_str().unwrap(),
+            "-o",
+            "json",
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_ne!(
+        out["status"]["authenticated"], true,
+        "the pod is gone: {out}"
+    );
+}
+
+/// What a CSI driver's chart installs: a DaemonSet (apps/v1) and a
+/// CSIDriver (storage.k8s.io/v1, cluster-scoped), typed like the API server
+/// (an unknown field is refused by `kubectl apply`'s strict validation).
+#[tokio::test]
+async fn daemonsets_and_csidrivers_apply_and_read_back() {
+    let emu = emulator().await;
+    let k = Kubectl::new(emu.kubeconfig_path());
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write(
+        dir.path(),
+        "driver.yaml",
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: example-csi}\nspec: {attachRequired: false, podInfoOnMount: true, volumeLifecycleModes: [Ephemeral], requiresRepublish: true}\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: node-plugin, namespace: default}\nspec:\n  selector: {matchLabels: {app: node-plugin}}\n  template:\n    metadata: {labels: {app: node-plugin}}\n    spec: {containers: [{name: plugin, image: busybox}]}\n",
+    );
+    k.ok(&["apply", "-f", manifest.to_str().unwrap()]).await;
+    let driver: serde_json::Value = serde_json::from_str(
+        &k.ok(&["get", "csidriver", "example-csi", "-o", "json"])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(driver["spec"]["volumeLifecycleModes"], json!(["Ephemeral"]));
+    assert_eq!(driver["spec"]["requiresRepublish"], true);
+    assert!(driver["metadata"]["namespace"].is_null(), "cluster-scoped");
+    let ds = k.ok(&["get", "ds", "-n", "default", "-o", "name"]).await;
+    assert_eq!(ds.trim(), "daemonset.apps/node-plugin");
+    let typo = write(
+        dir.path(),
+        "typo.yaml",
+        "apiVersion: storage.k8s.io/v1\nkind: CSIDriver\nmetadata: {name: typo-csi}\nspec: {attachRequird: false}\n",
+    );
+    let err = k.fails(&["apply", "-f", typo.to_str().unwrap()]).await;
+    assert!(err.contains("attachRequird"), "{err}");
+}

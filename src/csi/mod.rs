@@ -1,0 +1,161 @@
+//! `tuna-operator csi`: the `connectors-csi` node plugin. kubelet mounts a
+//! connector's kubeconfig into a pod as an inline CSI volume:
+//!
+//! ```yaml
+//! volumes:
+//! - name: kubeconfig
+//!   csi:
+//!     readOnly: true
+//!     driver: connectors-csi
+//!     volumeAttributes:
+//!       connector.name: "k8s-connector"
+//!       configuration.names: "kubeconfig"
+//! ```
+//!
+//! The plugin serves the CSI v1 Identity and Node services over a Unix
+//! socket (gRPC, tonic; the protocol compiled from `csi.proto` by
+//! `build.rs` with protox). For each `NodePublishVolume` it
+//!
+//! 1. reads the attributes and the pod's identity ([`attributes`]);
+//! 2. reads the Connector, and checks that the pod's ServiceAccount may use
+//!    it — the connector proxy's own rule
+//!    ([`crate::connectors::authorizer::may_use_connector`]): a pod that may
+//!    not gets `PERMISSION_DENIED` and no files;
+//! 3. mints a token of the pod's ServiceAccount with a TokenRequest bound to
+//!    the pod (the proxy's audience, `token.expiration`);
+//! 4. renders the configurations with the connector family's one renderer
+//!    ([`crate::connectors::kubeconfig`]) plus the built-in files, and writes
+//!    them atomically into `target_path` ([`volume`]).
+//!
+//! A repeated call with the same request is answered from the volume's
+//! state without calling the API server, until the token has lived
+//! `--rotate-after-percent` of its lifetime: then (kubelet calls again
+//! periodically, `requiresRepublish: true`) a new token replaces it.
+//! `NodeUnpublishVolume` removes the directory.
+//!
+//! Nothing is mounted: an inline volume of this driver is the directory the
+//! plugin fills, which kubelet hands to the pod's containers.
+
+pub mod attributes;
+pub mod node;
+pub mod volume;
+
+/// The code `tonic-prost-build` generated from `csi.proto` (package `csi.v1`).
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    tonic::include_proto!("csi.v1");
+}
+
+use std::path::PathBuf;
+
+/// The driver's name (`GetPluginInfo`, the CSIDriver object).
+pub const DRIVER_NAME: &str = "connectors-csi";
+
+/// Why a CSI call failed; each variant is one gRPC status code.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    /// A missing or malformed request field or attribute.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The connector (or the pod's ServiceAccount) does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The pod may not use the connector.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The connector cannot be served by this driver as it is (another class).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Another call on the same volume is in progress.
+    #[error("{0}")]
+    Aborted(String),
+    /// The API server cannot be reached, or the connector is not ready yet:
+    /// kubelet retries.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Something the user cannot fix from the pod (the plugin's own RBAC,
+    /// the node's file system).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<CsiError> for tonic::Status {
+    fn from(e: CsiError) -> Self {
+        use tonic::Code;
+        let code = match &e {
+            CsiError::InvalidArgument(_) => Code::InvalidArgument,
+            CsiError::NotFound(_) => Code::NotFound,
+            CsiError::PermissionDenied(_) => Code::PermissionDenied,
+            CsiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            CsiError::Aborted(_) => Code::Aborted,
+            CsiError::Unavailable(_) => Code::Unavailable,
+            CsiError::Internal(_) => Code::Internal,
+        };
+        tonic::Status::new(code, e.to_string())
+    }
+}
+
+/// Flags of `tuna-operator csi`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CsiArgs {
+    /// The CSI endpoint: `unix:///csi/csi.sock` (or a plain path).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "CSI_ENDPOINT",
+        default_value = "unix:///csi/csi.sock"
+    )]
+    pub endpoint: String,
+    /// This node's name (`NodeGetInfo`); in the chart, `spec.nodeName`.
+    #[arg(long, value_name = "NODE", env = "NODE_NAME")]
+    pub node_id: String,
+    /// A republish replaces the token once it has lived this share of its
+    /// lifetime (kubelet republishes every minute or two).
+    #[arg(long, value_name = "PERCENT", default_value_t = 80, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rotate_after_percent: u8,
+    /// Proxy URL written into kubeconfigs instead of the Connector's
+    /// `status.proxy.httpAddress.url` (`http://host[:port]`), for nodes
+    /// whose pods cannot resolve the cluster's DNS names (tests, debugging).
+    #[arg(long, value_name = "URL")]
+    pub proxy_url: Option<String>,
+}
+
+/// The socket path of `endpoint` (`unix:///path`, `unix:/path` or `/path`).
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, CsiError> {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .unwrap_or(endpoint);
+    if !path.starts_with('/') {
+        return Err(CsiError::InvalidArgument(format!(
+            "--endpoint {endpoint:?} is not unix:///<absolute path>"
+        )));
+    }
+    Ok(PathBuf::from(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        for (endpoint, path) in [
+            ("unix:///csi/csi.sock", "/csi/csi.sock"),
+            ("unix:/csi/csi.sock", "/csi/csi.sock"),
+            ("/csi/csi.sock", "/csi/csi.sock"),
+        ] {
+            assert_eq!(socket_path(endpoint).unwrap(), PathBuf::from(path));
+        }
+        for bad in ["tcp://1.2.3.4:5", "unix://relative", "csi.sock"] {
+            assert!(socket_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn errors_are_status_codes() {
+        let status: tonic::Status = CsiError::PermissionDenied("no".into()).into();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert_eq!(status.message(), "no");
+    }
+}

@@ -1,0 +1,529 @@
+//! The CSI Identity and Node services of `connectors-csi`, and the server
+//! that runs them on the Unix socket.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tuna_crds::{Connector, K8S_CLASS};
+use tuna_proxy::Credential;
+
+use super::attributes::VolumeRequest;
+use super::proto::identity_server::{Identity, IdentityServer};
+use super::proto::node_server::{Node, NodeServer};
+use super::proto::{self, node_service_capability, volume_capability};
+use super::volume::{self, Ownership, VolumeFile, VolumeState};
+use super::{CsiArgs, CsiError, DRIVER_NAME};
+use crate::connectors::authorizer::{Subject, may_use_connector, refusal};
+use crate::connectors::kubeconfig::{self, KubeconfigInput, RenderError};
+use crate::connectors::role::DEFAULT_AUDIENCE;
+
+/// The built-in files every volume gets (unless excluded with `!name`).
+pub const TOKEN_FILE: &str = "context.token";
+/// The proxy's CA, PEM.
+pub const PROXY_CA_FILE: &str = "context.proxy.caCert";
+/// The proxy's URL (without credentials).
+pub const PROXY_ADDRESS_FILE: &str = "connector.status.proxyAddress";
+
+/// What the Node service needs.
+#[derive(Clone)]
+pub struct NodeContext {
+    client: Client,
+    node_id: String,
+    rotate_after_percent: u8,
+    proxy_url: Option<String>,
+    /// Volumes with a call in progress: a second call on one gets ABORTED,
+    /// as the CSI spec recommends.
+    busy: Arc<Mutex<HashSet<String>>>,
+}
+
+impl NodeContext {
+    /// The services' context for `args`, reading the cluster with `client`.
+    pub fn new(client: Client, args: &CsiArgs) -> Self {
+        Self {
+            client,
+            node_id: args.node_id.clone(),
+            rotate_after_percent: args.rotate_after_percent,
+            proxy_url: args.proxy_url.clone(),
+            busy: Arc::default(),
+        }
+    }
+}
+
+/// Marks a volume busy while it lives.
+struct BusyGuard {
+    busy: Arc<Mutex<HashSet<String>>>,
+    volume_id: String,
+}
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.volume_id);
+    }
+}
+
+impl NodeContext {
+    fn claim(&self, volume_id: &str) -> Result<BusyGuard, CsiError> {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if !busy.insert(volume_id.to_owned()) {
+            return Err(CsiError::Aborted(format!(
+                "another operation on volume {volume_id} is in progress"
+            )));
+        }
+        Ok(BusyGuard {
+            busy: Arc::clone(&self.busy),
+            volume_id: volume_id.to_owned(),
+        })
+    }
+}
+
+/// The Identity service.
+pub struct IdentityService;
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _: Request<proto::GetPluginInfoRequest>,
+    ) -> Result<Response<proto::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(proto::GetPluginInfoResponse {
+            name: DRIVER_NAME.into(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            manifest: Default::default(),
+        }))
+    }
+
+    /// No Controller service: inline volumes need none.
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<proto::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<proto::GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(proto::GetPluginCapabilitiesResponse {
+            capabilities: vec![],
+        }))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<proto::ProbeRequest>,
+    ) -> Result<Response<proto::ProbeResponse>, Status> {
+        Ok(Response::new(proto::ProbeResponse { ready: Some(true) }))
+    }
+}
+
+/// The Node service.
+pub struct NodeService {
+    ctx: NodeContext,
+}
+
+impl NodeService {
+    /// The service with `ctx`.
+    pub fn new(ctx: NodeContext) -> Self {
+        Self { ctx }
+    }
+}
+
+/// A stable digest of what a publish asks for (not of the token).
+fn request_digest(request: &proto::NodePublishVolumeRequest, group: Option<u32>) -> String {
+    let context: BTreeMap<&String, &String> = request.volume_context.iter().collect();
+    let text = serde_json::json!({
+        "context": context,
+        "readonly": request.readonly,
+        "group": group,
+    })
+    .to_string();
+    let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn io_error(what: &str, target: &Path, e: std::io::Error) -> CsiError {
+    CsiError::Internal(format!("{what} {}: {e}", target.display()))
+}
+
+fn kube_error(what: String, e: kube::Error) -> CsiError {
+    match &e {
+        kube::Error::Api(status) if status.code == 404 => {
+            CsiError::NotFound(format!("{what}: {}", status.message))
+        }
+        kube::Error::Api(status) if status.code == 403 => CsiError::Internal(format!(
+            "{what}: the plugin's ServiceAccount was refused ({}): check the RBAC of the chart's csi component",
+            status.message
+        )),
+        kube::Error::Api(status)
+            if status.code == 409 || status.code == 400 || status.code == 422 =>
+        {
+            CsiError::FailedPrecondition(format!("{what}: {}", status.message))
+        }
+        _ => CsiError::Unavailable(format!("{what}: {e}; kubelet will retry")),
+    }
+}
+
+/// The group of a publish: the pod's `fsGroup`, as kubelet passes it.
+fn mount_group(request: &proto::NodePublishVolumeRequest) -> Result<Option<u32>, CsiError> {
+    let capability = request
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| CsiError::InvalidArgument("volume_capability is required".into()))?;
+    match &capability.access_type {
+        Some(volume_capability::AccessType::Mount(mount)) => {
+            let group = mount.volume_mount_group.trim();
+            if group.is_empty() {
+                return Ok(None);
+            }
+            group.parse().map(Some).map_err(|_| {
+                CsiError::InvalidArgument(format!(
+                    "volume_mount_group {group:?} is not a numeric group id"
+                ))
+            })
+        }
+        Some(volume_capability::AccessType::Block(_)) => Err(CsiError::InvalidArgument(
+            "connectors-csi serves file systems, not block volumes".into(),
+        )),
+        None => Err(CsiError::InvalidArgument(
+            "volume_capability has no access type (mount)".into(),
+        )),
+    }
+}
+
+impl NodeService {
+    async fn publish(&self, request: proto::NodePublishVolumeRequest) -> Result<(), CsiError> {
+        if request.volume_id.is_empty() {
+            return Err(CsiError::InvalidArgument("volume_id is required".into()));
+        }
+        if request.target_path.is_empty() {
+            return Err(CsiError::InvalidArgument("target_path is required".into()));
+        }
+        let target = PathBuf::from(&request.target_path);
+        if !target.is_absolute() {
+            return Err(CsiError::InvalidArgument(format!(
+                "target_path {:?} is not absolute",
+                request.target_path
+            )));
+        }
+        let group = mount_group(&request)?;
+        let asked = VolumeRequest::parse(&request.volume_context)?;
+        let _busy = self.ctx.claim(&request.volume_id)?;
+        let digest = request_digest(&request, group);
+        let now = volume::unix_now();
+        if let Some(state) = volume::read_state(&target)
+            && state.volume_id == request.volume_id
+            && state.request == digest
+        {
+            let lifetime = state.expires_at.saturating_sub(state.issued_at);
+            let rotate_at =
+                state.issued_at + lifetime * u64::from(self.ctx.rotate_after_percent) / 100;
+            if now < rotate_at {
+                return Ok(());
+            }
+            tracing::info!(volume = %request.volume_id, pod = %format!("{}/{}", asked.pod.namespace, asked.pod.name), "rotating the token");
+        }
+        match self.render(&asked).await {
+            Ok((files, expires_at)) => {
+                let state = VolumeState {
+                    volume_id: request.volume_id.clone(),
+                    request: digest,
+                    issued_at: now,
+                    expires_at,
+                };
+                let ownership = Ownership {
+                    group,
+                    readonly: request.readonly,
+                };
+                volume::write_volume(&target, &files, ownership, &state)
+                    .map_err(|e| io_error("writing the volume at", &target, e))?;
+                tracing::info!(
+                    volume = %request.volume_id,
+                    pod = %format!("{}/{}", asked.pod.namespace, asked.pod.name),
+                    connector = %format!("{}/{}", asked.connector_namespace, asked.connector_name),
+                    files = files.len(),
+                    "published"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                // A pod that may no longer use the connector keeps no token.
+                if matches!(e, CsiError::PermissionDenied(_) | CsiError::NotFound(_)) {
+                    volume::remove_volume(&target)
+                        .map_err(|e| io_error("removing the volume at", &target, e))?;
+                }
+                tracing::warn!(volume = %request.volume_id, error = %e, "publish refused");
+                Err(e)
+            }
+        }
+    }
+
+    /// The files of `asked` and when their token expires (Unix seconds).
+    async fn render(&self, asked: &VolumeRequest) -> Result<(Vec<VolumeFile>, u64), CsiError> {
+        let (ns, name) = (&asked.connector_namespace, &asked.connector_name);
+        let connector = Api::<Connector>::namespaced(self.ctx.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_error(format!("reading connector {ns}/{name}"), e))?
+            .ok_or_else(|| {
+                CsiError::NotFound(format!(
+                    "there is no connector {ns}/{name} (volumeAttributes connector.name / connector.namespace)"
+                ))
+            })?;
+        let subject = Subject::service_account(&asked.pod.namespace, &asked.pod.service_account);
+        let allowed = may_use_connector(&self.ctx.client, &subject, ns, name)
+            .await
+            .map_err(|e| {
+                kube_error(
+                    "checking who may use the connector (SubjectAccessReview)".into(),
+                    e,
+                )
+            })?;
+        if !allowed {
+            return Err(CsiError::PermissionDenied(format!(
+                "pod {}/{}: {}",
+                asked.pod.namespace,
+                asked.pod.name,
+                refusal(&subject.username, ns, name)
+            )));
+        }
+        if connector.spec.connector_class_name != K8S_CLASS {
+            return Err(CsiError::FailedPrecondition(format!(
+                "connector {ns}/{name} is of class {:?}: connectors-csi renders the k8s class only",
+                connector.spec.connector_class_name
+            )));
+        }
+        let render_error = |e: RenderError| match e {
+            RenderError::UnknownConfiguration(_) => {
+                CsiError::InvalidArgument(format!("configuration.names: {e}"))
+            }
+            RenderError::NoProxyAddress(_) => CsiError::Unavailable(e.to_string()),
+            _ => CsiError::FailedPrecondition(e.to_string()),
+        };
+        // What the connector lacks fails before a token is minted for nothing.
+        KubeconfigInput::from_connector(
+            &connector,
+            Credential::new(""),
+            self.ctx.proxy_url.as_deref(),
+        )
+        .map_err(render_error)?;
+        let configurations = if asked.files.configurations.is_empty() {
+            vec![tuna_crds::KUBECONFIG_CONFIGURATION.to_owned()]
+        } else {
+            asked.files.configurations.clone()
+        };
+        for c in &configurations {
+            if c != tuna_crds::KUBECONFIG_CONFIGURATION {
+                return Err(render_error(RenderError::UnknownConfiguration(c.clone())));
+            }
+        }
+        let audience = connector
+            .status
+            .as_ref()
+            .and_then(|s| s.proxy.as_ref())
+            .and_then(|p| p.http_address.as_ref())
+            .and_then(|a| a.audience.clone())
+            .unwrap_or_else(|| DEFAULT_AUDIENCE.to_owned());
+        let (token, expires_at) = self.mint_token(asked, audience).await?;
+        let input =
+            KubeconfigInput::from_connector(&connector, token, self.ctx.proxy_url.as_deref())
+                .map_err(render_error)?;
+        let mut files = Vec::new();
+        for c in &configurations {
+            for f in kubeconfig::render_configuration(c, &input).map_err(render_error)? {
+                files.push(VolumeFile {
+                    name: f.name,
+                    contents: f.contents.into_bytes(),
+                });
+            }
+        }
+        let proxy_url = format!("http://{}", input.proxy_host);
+        for (file, contents) in [
+            (TOKEN_FILE, input.token.expose().to_owned()),
+            (PROXY_CA_FILE, input.proxy_ca_pem.clone()),
+            (PROXY_ADDRESS_FILE, proxy_url),
+        ] {
+            if !files.iter().any(|f| f.name == file) {
+                files.push(VolumeFile {
+                    name: file.into(),
+                    contents: contents.into_bytes(),
+                });
+            }
+        }
+        for excluded in &asked.files.excluded {
+            if !files.iter().any(|f| &f.name == excluded) {
+                let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+                return Err(CsiError::InvalidArgument(format!(
+                    "configuration.names: !{excluded} excludes no file (the files are: {})",
+                    names.join(", ")
+                )));
+            }
+        }
+        files.retain(|f| !asked.files.excluded.contains(&f.name));
+        Ok((files, expires_at))
+    }
+
+    /// A token of the pod's ServiceAccount for `audience`, bound to the pod
+    /// (it dies with the pod), and when it expires.
+    async fn mint_token(
+        &self,
+        asked: &VolumeRequest,
+        audience: String,
+    ) -> Result<(Credential, u64), CsiError> {
+        let pod = &asked.pod;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![audience],
+                expiration_seconds: Some(asked.token_expiration.as_secs() as i64),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod.name.clone()),
+                    uid: Some(pod.uid.clone()),
+                }),
+            },
+            ..Default::default()
+        };
+        let issued = Api::<ServiceAccount>::namespaced(self.ctx.client.clone(), &pod.namespace)
+            .create_token_request(&pod.service_account, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                kube_error(
+                    format!(
+                        "minting a token of ServiceAccount {}/{} for pod {} (TokenRequest)",
+                        pod.namespace, pod.service_account, pod.name
+                    ),
+                    e,
+                )
+            })?;
+        let status = issued
+            .status
+            .filter(|s| !s.token.is_empty())
+            .ok_or_else(|| CsiError::Unavailable("the TokenRequest answered no token".into()))?;
+        let fallback = volume::unix_now() + asked.token_expiration.as_secs();
+        let expires_at =
+            u64::try_from(status.expiration_timestamp.0.as_second()).unwrap_or(fallback);
+        Ok((Credential::new(status.token), expires_at))
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_publish_volume(
+        &self,
+        request: Request<proto::NodePublishVolumeRequest>,
+    ) -> Result<Response<proto::NodePublishVolumeResponse>, Status> {
+        self.publish(request.into_inner()).await?;
+        Ok(Response::new(proto::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<proto::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
+        let request = request.into_inner();
+        if request.volume_id.is_empty() {
+            return Err(CsiError::InvalidArgument("volume_id is required".into()).into());
+        }
+        if request.target_path.is_empty() || !Path::new(&request.target_path).is_absolute() {
+            return Err(
+                CsiError::InvalidArgument("target_path must be an absolute path".into()).into(),
+            );
+        }
+        let _busy = self.ctx.claim(&request.volume_id)?;
+        let target = PathBuf::from(&request.target_path);
+        volume::remove_volume(&target)
+            .map_err(|e| io_error("removing the volume at", &target, e))?;
+        tracing::info!(volume = %request.volume_id, "unpublished");
+        Ok(Response::new(proto::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<proto::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
+        // VOLUME_MOUNT_GROUP: kubelet passes the pod's fsGroup with each
+        // publish instead of changing the files' owner itself afterwards
+        // (which a rotation would undo).
+        let rpc = node_service_capability::Rpc {
+            r#type: node_service_capability::rpc::Type::VolumeMountGroup as i32,
+        };
+        Ok(Response::new(proto::NodeGetCapabilitiesResponse {
+            capabilities: vec![proto::NodeServiceCapability {
+                r#type: Some(node_service_capability::Type::Rpc(rpc)),
+            }],
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<proto::NodeGetInfoRequest>,
+    ) -> Result<Response<proto::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(proto::NodeGetInfoResponse {
+            node_id: self.ctx.node_id.clone(),
+            max_volumes_per_node: 0,
+            accessible_topology: None,
+        }))
+    }
+}
+
+/// Serves Identity and Node on the Unix socket `socket` until `shutdown`.
+/// A stale socket file is replaced; the socket is removed at the end.
+pub async fn serve(
+    socket: &Path,
+    ctx: NodeContext,
+    shutdown: CancellationToken,
+) -> Result<(), CsiError> {
+    if let Some(parent) = socket.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| io_error("creating the socket's directory", parent, e))?;
+    }
+    match std::fs::remove_file(socket) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io_error("removing the old socket", socket, e));
+        }
+        _ => {}
+    }
+    let listener =
+        tokio::net::UnixListener::bind(socket).map_err(|e| io_error("listening on", socket, e))?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        // kubelet and the registrar run as root: no one else may call.
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| io_error("restricting", socket, e))?;
+    }
+    tracing::info!(socket = %socket.display(), "CSI plugin listening");
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    let result = tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(60))
+        .add_service(IdentityServer::new(IdentityService))
+        .add_service(NodeServer::new(NodeService::new(ctx)))
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .await;
+    let _ = std::fs::remove_file(socket);
+    result.map_err(|e| CsiError::Internal(format!("the gRPC server failed: {e}")))
+}
+
+/// Runs `tuna-operator csi` until SIGTERM/SIGINT.
+pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let socket = super::socket_path(&args.endpoint)?;
+    let client = crate::cluster::client()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            crate::roles::shutdown_signal().await;
+            tracing::info!("shutting down");
+            shutdown.cancel();
+        });
+    }
+    serve(&socket, NodeContext::new(client, &args), shutdown).await?;
+    Ok(())
+}
