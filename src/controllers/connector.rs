@@ -895,25 +895,6 @@ fn uses_secret(connector: &Connector, name: &str) -> bool {
     auth == Some(name) || ca == Some(name)
 }
 
-/// Waits until `store` is filled. kube-runtime's `Store::wait_until_ready`
-/// keeps the waker of one waiter only (a oneshot receiver behind a mutex),
-/// and the Controller waits on its own store too: a second waiter may never
-/// be woken (the role then never became ready). Asking again now and then
-/// reads the memoized answer.
-async fn until_ready<K: Clone + kube::Resource + 'static>(
-    store: &kube::runtime::reflector::Store<K>,
-) -> bool
-where
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        match tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready()).await {
-            Ok(result) => return result.is_ok(),
-            Err(_) => continue,
-        }
-    }
-}
-
 /// Runs the Connector controller until `shutdown`; `synced` is told once
 /// the Connector and ConnectorClass stores are filled.
 pub async fn run(
@@ -971,7 +952,7 @@ pub async fn run(
     {
         let (connectors, classes) = (connectors.clone(), classes.clone());
         tokio::spawn(async move {
-            if until_ready(&connectors).await && until_ready(&classes).await {
+            if super::store_ready(&connectors).await && super::store_ready(&classes).await {
                 let _ = synced.send(());
             }
         });

@@ -63,6 +63,24 @@ pub fn controller_config() -> kube::runtime::controller::Config {
     kube::runtime::controller::Config::default().concurrency(CONCURRENCY)
 }
 
+/// Waits until `store` is filled (false if its writer went away).
+/// kube-runtime's `Store::wait_until_ready` keeps the waker of one waiter
+/// only (a oneshot receiver behind a mutex), and a Controller waits on its
+/// own store too: a second waiter may never be woken (the connectors role
+/// never became ready). Asking again now and then reads the memoized answer.
+pub async fn store_ready<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: Clone + kube::Resource + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        match tokio::time::timeout(Duration::from_millis(200), store.wait_until_ready()).await {
+            Ok(result) => return result.is_ok(),
+            Err(_) => continue,
+        }
+    }
+}
+
 /// Field manager of every status the operator writes.
 pub const FIELD_MANAGER: &str = "tuna-operator";
 /// `reportingController` of events (the `From` column of `kubectl describe`).
@@ -399,6 +417,26 @@ pub fn reason_of(error: &EdgeError, fallback: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// kube-runtime wakes only the last waiter of a store; ours must still
+    /// be answered when another waiter (a Controller) polled after it.
+    #[tokio::test]
+    async fn store_ready_is_answered_when_another_waiter_polled_last() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::runtime::{reflector, watcher};
+        let (reader, mut writer) = reflector::store::<ConfigMap>();
+        let ours = tokio::spawn({
+            let reader = reader.clone();
+            async move { store_ready(&reader).await }
+        });
+        tokio::task::yield_now().await; // ours polls first
+        let mut other = Box::pin(reader.wait_until_ready());
+        assert!(futures::poll!(&mut other).is_pending());
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let answered = tokio::time::timeout(Duration::from_secs(10), ours).await;
+        assert!(matches!(answered, Ok(Ok(true))), "{answered:?}");
+    }
 
     #[test]
     fn backoff_grows_per_object_and_resets() {

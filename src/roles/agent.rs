@@ -316,15 +316,16 @@ pub async fn serve(
         let state = Arc::clone(&state);
         let ready = ready.clone();
         async move {
-            let synced = futures::future::try_join5(
-                tunnels.wait_until_ready(),
-                ingresses.wait_until_ready(),
-                classes.wait_until_ready(),
-                domains.wait_until_ready(),
-                tcp_endpoints.wait_until_ready(),
-            )
-            .await;
-            if synced.is_err() {
+            // Not `wait_until_ready` directly: the controllers wait on the
+            // tunnel and ingress stores too (see `controllers::store_ready`).
+            let (a, b, c, d, e) = futures::join!(
+                controllers::store_ready(&tunnels),
+                controllers::store_ready(&ingresses),
+                controllers::store_ready(&classes),
+                controllers::store_ready(&domains),
+                controllers::store_ready(&tcp_endpoints),
+            );
+            if !(a && b && c && d && e) {
                 return;
             }
             ready.send_replace(Readiness::Ready);
