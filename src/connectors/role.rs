@@ -31,9 +31,9 @@ use super::proxy_ca;
 use super::targets::ProxyTargets;
 use crate::controllers::connector::{self, ConnectorContext, ConnectorOptions, FIELD_MANAGER};
 use crate::controllers::{Backoff, FIELD_MANAGER as STATUS_MANAGER};
-use crate::health::{self, Readiness};
+use crate::health::Readiness;
 use crate::metrics::Metrics;
-use crate::roles::{ServeArgs, instance_name, parse_duration, shutdown_signal};
+use crate::roles::{ServeArgs, instance_name, parse_duration};
 
 /// The default audience of proxy passwords (ServiceAccount tokens).
 pub const DEFAULT_AUDIENCE: &str = "connectors.alauda.io";
@@ -290,26 +290,7 @@ pub async fn run(args: ConnectorsArgs) -> anyhow::Result<()> {
             out
         })
     };
-    let (probe, metrics_addr) = health::start(
-        args.serve.probe_listen,
-        args.serve.metrics_listen,
-        ready_rx,
-        render,
-    )
-    .await?;
-    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
-    let client = crate::cluster::client()
-        .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        });
-    }
+    let (client, shutdown) = crate::roles::start(&args.serve, ready_rx, render).await?;
     let result = serve(args, client, metrics, proxy.clone(), ready_tx, shutdown).await;
     // Open proxy connections (watches, exec sessions) drain.
     proxy.shutdown().await;

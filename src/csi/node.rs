@@ -510,20 +510,9 @@ pub async fn serve(
 
 /// Runs `tuna-operator csi` until SIGTERM/SIGINT.
 pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
-    use anyhow::Context as _;
     let socket = super::socket_path(&args.endpoint)?;
-    let client = crate::cluster::client()
-        .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            crate::roles::shutdown_signal().await;
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        });
-    }
+    let client = crate::roles::cluster_client().await?;
+    let shutdown = crate::roles::shutdown_on_signal();
     serve(&socket, NodeContext::new(client, &args), shutdown).await?;
     Ok(())
 }

@@ -27,11 +27,11 @@ use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_proxy::{ProxyConfig, ProxyCore};
 use tuna_tunnel::agent::{AgentConfig, Trust};
 
-use super::{EdgeArgs, ServeArgs, edge_api, instance_name, shutdown_signal};
+use super::{EdgeArgs, ServeArgs, edge_api, instance_name};
 use crate::controllers::agent_state::{AgentOptions, AgentState, Stores, labels};
 use crate::controllers::{self, Context, error_policy, ingress, tunnel};
 use crate::edge_api::{ErrorClass, gone_is_ok};
-use crate::health::{self, Readiness};
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 use crate::publisher::{Publisher, TunnelKey};
 use crate::translate::service::UpstreamPolicy;
@@ -495,26 +495,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let (metrics, publisher) = (Arc::clone(&metrics), publisher.clone());
         Arc::new(move || render_metrics(&metrics, &publisher))
     };
-    let (probe, metrics_addr) = health::start(
-        args.serve.probe_listen,
-        args.serve.metrics_listen,
-        ready_rx,
-        render,
-    )
-    .await?;
-    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
-    let client = crate::cluster::client()
-        .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        });
-    }
+    let (client, shutdown) = super::start(&args.serve, ready_rx, render).await?;
     let result = serve(
         args.edge,
         args.agent,

@@ -3,14 +3,12 @@
 
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 use super::agent::{self, AgentFlags};
 use super::controller::{self, ControllerFlags};
-use super::{EdgeArgs, ServeArgs, shutdown_signal};
-use crate::health::{self, Readiness};
+use super::{EdgeArgs, ServeArgs};
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 
 /// Flags of `tuna-operator all`: those of both roles.
@@ -36,26 +34,7 @@ pub async fn run(args: AllArgs) -> anyhow::Result<()> {
         let (metrics, publisher) = (Arc::clone(&metrics), publisher.clone());
         Arc::new(move || agent::render_metrics(&metrics, &publisher))
     };
-    let (probe, metrics_addr) = health::start(
-        args.serve.probe_listen,
-        args.serve.metrics_listen,
-        ready_rx,
-        render,
-    )
-    .await?;
-    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
-    let client = crate::cluster::client()
-        .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        });
-    }
+    let (client, shutdown) = super::start(&args.serve, ready_rx, render).await?;
     let (controller_ready, mut controller_rx) =
         watch::channel(Readiness::NotReady("controller starting".into()));
     let (agent_ready, mut agent_rx) =

@@ -11,9 +11,9 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{EdgeArgs, ServeArgs, edge_api, instance_name, parse_duration, shutdown_signal};
+use super::{EdgeArgs, ServeArgs, edge_api, instance_name, parse_duration};
 use crate::controllers::{Context, domain, tcpendpoint};
-use crate::health::{self, Readiness};
+use crate::health::Readiness;
 use crate::metrics::Metrics;
 
 /// Default name of the controller's leader-election Lease.
@@ -175,26 +175,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         let metrics = Arc::clone(&metrics);
         Arc::new(move || metrics.render())
     };
-    let (probe, metrics_addr) = health::start(
-        args.serve.probe_listen,
-        args.serve.metrics_listen,
-        ready_rx,
-        render,
-    )
-    .await?;
-    tracing::info!(%probe, metrics = %metrics_addr, "probes and metrics listening");
-    let client = crate::cluster::client()
-        .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
-    let shutdown = CancellationToken::new();
-    {
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
-            shutdown.cancel();
-        });
-    }
+    let (client, shutdown) = super::start(&args.serve, ready_rx, render).await?;
     serve(
         args.edge,
         args.controller,

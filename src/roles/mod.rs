@@ -17,9 +17,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tuna_tunnel::api::{ClientOptions, Secret, TunaClient, WhoAmI};
 
 use crate::edge_api::{EdgeApi, RemoteEdge};
+use crate::health::{self, MetricsRenderer, Readiness};
 use crate::metrics::{MeteredEdge, Metrics};
 
 /// The environment variable holding the API key (when `--api-key-file` is not given).
@@ -140,6 +143,40 @@ fn pick_instance_name() -> String {
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "tuna-operator".into());
     format!("{host}-{:06x}", rand::rng().random::<u32>() & 0xff_ffff)
+}
+
+/// What every role does before its reconcilers start: `/healthz` + `/readyz`
+/// and `/metrics` listening (readiness from `ready`, the body from `render`),
+/// the Kubernetes client, and a token that SIGTERM/SIGINT cancels.
+pub async fn start(
+    serve: &ServeArgs,
+    ready: watch::Receiver<Readiness>,
+    render: MetricsRenderer,
+) -> anyhow::Result<(kube::Client, CancellationToken)> {
+    let (probe, metrics) =
+        health::start(serve.probe_listen, serve.metrics_listen, ready, render).await?;
+    tracing::info!(%probe, %metrics, "probes and metrics listening");
+    Ok((cluster_client().await?, shutdown_on_signal()))
+}
+
+/// The Kubernetes client as kube-rs infers it (`KUBECONFIG`, else in-cluster).
+pub async fn cluster_client() -> anyhow::Result<kube::Client> {
+    use anyhow::Context as _;
+    crate::cluster::client()
+        .await
+        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")
+}
+
+/// A token cancelled on SIGINT or SIGTERM (logged once).
+pub fn shutdown_on_signal() -> CancellationToken {
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        token.cancel();
+    });
+    shutdown
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -143,25 +143,9 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    shutdown_signal().await;
+    crate::roles::shutdown_signal().await;
     println!("Stopping: closing tunnels and revoking their tokens…");
     standalone.shutdown().await;
     demo_stop.cancel();
     Ok(())
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        if let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
