@@ -16,29 +16,24 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use tuna_crds::{ConditionStatus, DnsRecord, Domain, DomainStatus, ReclaimPolicy};
+use tuna_crds::{ConditionStatus, DnsRecord, Domain, DomainStatus};
 use tuna_tunnel::api::{self, CreateDomain, Reserved};
 
 use super::{
-    Context, Error, apply_status, error_policy, key_of, ready, ready_of, reason_of, resync,
+    Context, Error, apply_status, kept_because, key_of, ready, ready_of, reason_of,
+    reconcile_reservation, release_reservation, resync, run_reserving,
 };
 use crate::desired::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
-use crate::edge_api::{ErrorClass, gone_is_ok};
-use crate::metrics::ReconcileTimer;
+use crate::edge_api::ErrorClass;
 use crate::translate::domain::DesiredDomain;
 use crate::translate::service::ServiceIndex;
-
-/// The finalizer on every Domain and TCPEndpoint the controller reserved for.
-pub const FINALIZER: &str = "k8s.tuna.am/reservation";
 
 /// What to reserve for `domain`, given every Domain of the cluster (pure).
 pub fn desired(
@@ -309,48 +304,15 @@ async fn cleanup(domain: Arc<Domain>, ctx: &Context) -> Result<Action, Error> {
         // Never reserved by this Domain (invalid, or a duplicate): nothing to release.
         return Ok(Action::await_change());
     };
-    if status.adopted || domain.spec.reclaim_policy == ReclaimPolicy::Retain {
-        let why = if status.adopted {
-            "it was adopted"
-        } else {
-            "reclaimPolicy is Retain"
-        };
-        ctx.event(
-            domain.as_ref(),
-            EventType::Normal,
-            "Retained",
-            "Release",
-            format!("{fqdn} stays reserved at the edge: {why}"),
-        )
-        .await;
-        return Ok(Action::await_change());
-    }
-    match gone_is_ok(ctx.edge.delete_domain(&fqdn).await) {
-        Ok(()) => {
-            ctx.event(
-                domain.as_ref(),
-                EventType::Normal,
-                "Released",
-                "Release",
-                format!("{fqdn} was released at the edge"),
-            )
-            .await;
-            Ok(Action::await_change())
-        }
-        Err(e) => {
-            ctx.event(
-                domain.as_ref(),
-                EventType::Warning,
-                "ReleaseFailed",
-                "Release",
-                format!(
-                    "{e}; retrying with backoff (to give up, remove the finalizer {FINALIZER}: see the README)"
-                ),
-            )
-            .await;
-            Err(Error::Edge(e))
-        }
-    }
+    let kept = kept_because(status.adopted, domain.spec.reclaim_policy);
+    release_reservation(
+        ctx,
+        domain.as_ref(),
+        &fqdn,
+        kept,
+        ctx.edge.delete_domain(&fqdn),
+    )
+    .await
 }
 
 /// One reconcile of a Domain (see the module docs).
@@ -359,21 +321,13 @@ pub async fn reconcile(
     ctx: Arc<Context>,
     store: Store<Domain>,
 ) -> Result<Action, Error> {
-    let timer = ReconcileTimer::start(&ctx.metrics, "Domain");
-    let api: Api<Domain> = Api::namespaced(
-        ctx.client.clone(),
-        domain.namespace().as_deref().unwrap_or("default"),
-    );
-    let result = finalizer(&api, FINALIZER, domain, |event| async {
+    reconcile_reservation(&ctx, "Domain", domain, |event| async {
         match event {
             Finalizer::Apply(d) => apply(d, &ctx, &store).await,
             Finalizer::Cleanup(d) => cleanup(d, &ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    timer.finish(result.is_ok());
-    result
 }
 
 /// Runs the Domain controller until `shutdown` resolves.
@@ -381,23 +335,7 @@ pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let api = Api::<Domain>::all(ctx.client.clone());
-    let controller =
-        Controller::new(api, watcher::Config::default()).with_config(super::controller_config());
-    let store = controller.store();
-    controller
-        .graceful_shutdown_on(shutdown)
-        .run(
-            move |d, ctx| reconcile(d, ctx, store.clone()),
-            error_policy::<Domain>,
-            ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "Domain controller");
-            }
-        })
-        .await;
+    run_reserving(ctx, "Domain", shutdown, reconcile).await;
 }
 
 #[cfg(test)]

@@ -304,6 +304,122 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
+/// The finalizer of the reserving kinds (Domain, TCPEndpoint): the
+/// reservation is released (or kept) before the object goes.
+pub const RESERVATION_FINALIZER: &str = "k8s.tuna.am/reservation";
+
+/// One reconcile of a reserving kind: the finalizer added first, then
+/// `handle` with [`Finalizer::Apply`](kube::runtime::finalizer::Event::Apply)
+/// or, once deleted, [`Finalizer::Cleanup`](kube::runtime::finalizer::Event::Cleanup);
+/// timed into the metrics as `kind`.
+pub async fn reconcile_reservation<K, F, Fut>(
+    ctx: &Context,
+    kind: &'static str,
+    obj: Arc<K>,
+    handle: F,
+) -> Result<Action, Error>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + Debug,
+    F: FnOnce(kube::runtime::finalizer::Event<K>) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, Error>>,
+{
+    let timer = crate::metrics::ReconcileTimer::start(&ctx.metrics, kind);
+    let api: Api<K> = Api::namespaced(
+        ctx.client.clone(),
+        obj.namespace().as_deref().unwrap_or("default"),
+    );
+    let result = kube::runtime::finalizer(&api, RESERVATION_FINALIZER, obj, handle)
+        .await
+        .map_err(|e| Error::Finalizer(Box::new(e)));
+    timer.finish(result.is_ok());
+    result
+}
+
+/// Why a deleted object's reservation stays at the edge, if it does.
+pub fn kept_because(adopted: bool, policy: tuna_crds::ReclaimPolicy) -> Option<&'static str> {
+    if adopted {
+        Some("it was adopted")
+    } else if policy == tuna_crds::ReclaimPolicy::Retain {
+        Some("reclaimPolicy is Retain")
+    } else {
+        None
+    }
+}
+
+/// The cleanup of a reserving kind: `what` (e.g. `alias pg`) stays reserved
+/// when `kept` says why, else `delete` releases it (gone counts as
+/// released); an event either way, and a failure retries with backoff.
+pub async fn release_reservation<K>(
+    ctx: &Context,
+    obj: &K,
+    what: &str,
+    kept: Option<&str>,
+    delete: impl std::future::Future<Output = Result<(), EdgeError>>,
+) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()>,
+{
+    if let Some(why) = kept {
+        let note = format!("{what} stays reserved at the edge: {why}");
+        ctx.event(obj, EventType::Normal, "Retained", "Release", note)
+            .await;
+        return Ok(Action::await_change());
+    }
+    match crate::edge_api::gone_is_ok(delete.await) {
+        Ok(()) => {
+            let note = format!("{what} was released at the edge");
+            ctx.event(obj, EventType::Normal, "Released", "Release", note)
+                .await;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            let note = format!(
+                "{e}; retrying with backoff (to give up, remove the finalizer {RESERVATION_FINALIZER}: see the README)"
+            );
+            ctx.event(obj, EventType::Warning, "ReleaseFailed", "Release", note)
+                .await;
+            Err(Error::Edge(e))
+        }
+    }
+}
+
+/// Runs the controller of a reserving kind until `shutdown` resolves: every
+/// object of the cluster, [`controller_config`], [`error_policy`];
+/// `reconcile` gets the kind's own store for the cross-object rules.
+pub async fn run_reserving<K, R, Fut>(
+    ctx: Arc<Context>,
+    kind: &'static str,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    reconcile: R,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    R: Fn(Arc<K>, Arc<Context>, kube::runtime::reflector::Store<K>) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    use futures::StreamExt as _;
+    let api = Api::<K>::all(ctx.client.clone());
+    let controller = kube::runtime::Controller::new(api, kube::runtime::watcher::Config::default())
+        .with_config(controller_config());
+    let store = controller.store();
+    controller
+        .graceful_shutdown_on(shutdown)
+        .run(
+            move |obj, ctx| reconcile(obj, ctx, store.clone()),
+            error_policy::<K>,
+            ctx,
+        )
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, kind, "controller");
+            }
+        })
+        .await;
+}
+
 /// The object's key for backoff and logs: `namespace/name`.
 pub fn key_of<K: Resource>(obj: &K) -> String {
     format!(

@@ -11,25 +11,22 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use tuna_crds::{ConditionStatus, ReclaimPolicy, TcpEndpoint, TcpEndpointStatus};
+use tuna_crds::{ConditionStatus, TcpEndpoint, TcpEndpointStatus};
 use tuna_tunnel::api::{self, CreateTcpEndpoint, Reserved};
 
-use super::domain::FINALIZER;
 use super::{
-    Context, Error, apply_status, error_policy, key_of, ready, ready_of, reason_of, resync,
+    Context, Error, apply_status, kept_because, key_of, ready, ready_of, reason_of,
+    reconcile_reservation, release_reservation, resync, run_reserving,
 };
 use crate::desired::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
-use crate::edge_api::{ErrorClass, gone_is_ok};
-use crate::metrics::ReconcileTimer;
+use crate::edge_api::ErrorClass;
 use crate::translate::service::ServiceIndex;
 
 /// What to reserve for `endpoint`, given every TCPEndpoint (pure).
@@ -225,49 +222,17 @@ async fn cleanup(endpoint: Arc<TcpEndpoint>, ctx: &Context) -> Result<Action, Er
     if status.port.is_none() {
         return Ok(Action::await_change());
     }
-    let alias = endpoint.spec.alias.clone();
-    if status.adopted || endpoint.spec.reclaim_policy == ReclaimPolicy::Retain {
-        let why = if status.adopted {
-            "it was adopted"
-        } else {
-            "reclaimPolicy is Retain"
-        };
-        ctx.event(
-            endpoint.as_ref(),
-            EventType::Normal,
-            "Retained",
-            "Release",
-            format!("alias {alias} stays reserved at the edge: {why}"),
-        )
-        .await;
-        return Ok(Action::await_change());
-    }
-    match gone_is_ok(ctx.edge.delete_tcp_endpoint(&alias).await) {
-        Ok(()) => {
-            ctx.event(
-                endpoint.as_ref(),
-                EventType::Normal,
-                "Released",
-                "Release",
-                format!("alias {alias} was released at the edge"),
-            )
-            .await;
-            Ok(Action::await_change())
-        }
-        Err(e) => {
-            ctx.event(
-                endpoint.as_ref(),
-                EventType::Warning,
-                "ReleaseFailed",
-                "Release",
-                format!(
-                    "{e}; retrying with backoff (to give up, remove the finalizer {FINALIZER}: see the README)"
-                ),
-            )
-            .await;
-            Err(Error::Edge(e))
-        }
-    }
+    let alias = &endpoint.spec.alias;
+    let kept = kept_because(status.adopted, endpoint.spec.reclaim_policy);
+    let what = format!("alias {alias}");
+    release_reservation(
+        ctx,
+        endpoint.as_ref(),
+        &what,
+        kept,
+        ctx.edge.delete_tcp_endpoint(alias),
+    )
+    .await
 }
 
 /// One reconcile of a TCPEndpoint (see the module docs).
@@ -276,21 +241,13 @@ pub async fn reconcile(
     ctx: Arc<Context>,
     store: Store<TcpEndpoint>,
 ) -> Result<Action, Error> {
-    let timer = ReconcileTimer::start(&ctx.metrics, "TCPEndpoint");
-    let api: Api<TcpEndpoint> = Api::namespaced(
-        ctx.client.clone(),
-        endpoint.namespace().as_deref().unwrap_or("default"),
-    );
-    let result = finalizer(&api, FINALIZER, endpoint, |event| async {
+    reconcile_reservation(&ctx, "TCPEndpoint", endpoint, |event| async {
         match event {
             Finalizer::Apply(e) => apply(e, &ctx, &store).await,
             Finalizer::Cleanup(e) => cleanup(e, &ctx).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
-    timer.finish(result.is_ok());
-    result
 }
 
 /// Runs the TCPEndpoint controller until `shutdown` resolves.
@@ -298,23 +255,7 @@ pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let api = Api::<TcpEndpoint>::all(ctx.client.clone());
-    let controller =
-        Controller::new(api, watcher::Config::default()).with_config(super::controller_config());
-    let store = controller.store();
-    controller
-        .graceful_shutdown_on(shutdown)
-        .run(
-            move |e, ctx| reconcile(e, ctx, store.clone()),
-            error_policy::<TcpEndpoint>,
-            ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "TCPEndpoint controller");
-            }
-        })
-        .await;
+    run_reserving(ctx, "TCPEndpoint", shutdown, reconcile).await;
 }
 
 #[cfg(test)]
