@@ -200,16 +200,7 @@ async fn the_documentation_ingress_routes_by_segment_and_changes_without_reconne
         "my-app",
         "load balancer hostname",
         &env.procs(),
-        |i: &Ingress| {
-            i.status
-                .as_ref()
-                .and_then(|s| s.load_balancer.as_ref())
-                .and_then(|l| l.ingress.as_ref())
-                .is_some_and(|l| {
-                    l.iter()
-                        .any(|e| e.hostname.as_deref() == Some("my-app.tuna.test"))
-                })
-        },
+        |i: &Ingress| support::load_balancer_hostnames(i).contains(&"my-app.tuna.test"),
     )
     .await;
     assert!(i.status.is_some());

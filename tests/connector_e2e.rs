@@ -13,14 +13,13 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::Value;
 use support::WAIT;
 use support::connectors::{
-    Env, NS, ROLE_SA, fails, ok, password_of, quick_start, rbac_rules, repo,
+    Env, NS, ROLE_SA, fails, ok, password_of, quick_start, rbac_rules, rbac_used, repo,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tuna_crds::{Connector, ConnectorConditions};
@@ -572,21 +571,7 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
     }
 
     // --- The RBAC of examples/connectors/rbac.yaml: enough, and all used. ---
-    let used: BTreeSet<(String, String, String)> = env
-        .operator
-        .audit_entries()
-        .into_iter()
-        .filter(|e| e.user == ROLE_SA && e.path.is_empty())
-        .map(|e| {
-            assert!(e.code != 403, "the role was refused {e:?}");
-            let resource = if e.subresource.is_empty() {
-                e.resource
-            } else {
-                format!("{}/{}", e.resource, e.subresource)
-            };
-            (e.group, resource, e.verb)
-        })
-        .collect();
+    let used = rbac_used(&env.operator, ROLE_SA);
     let granted =
         rbac_rules(&std::fs::read_to_string(repo("examples/connectors/rbac.yaml")).unwrap());
     assert_eq!(used, granted, "used (left) and granted (right) differ");

@@ -22,7 +22,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 use support::connectors::{
-    Env, NS, Pod, channel, ok, publish_request, quick_start, rbac_rules, repo,
+    Env, NS, Pod, channel, ok, publish_request, quick_start, rbac_rules, rbac_used, repo,
 };
 use support::{Process, WAIT, operator_bin};
 use tonic::Code;
@@ -625,21 +625,7 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     }
 
     // --- The RBAC of examples/connectors/csi-rbac.yaml: enough, all used. --
-    let used: BTreeSet<(String, String, String)> = env
-        .operator
-        .audit_entries()
-        .into_iter()
-        .filter(|e| e.user == CSI_SA && e.path.is_empty())
-        .map(|e| {
-            assert!(e.code != 403, "the plugin was refused {e:?}");
-            let resource = if e.subresource.is_empty() {
-                e.resource
-            } else {
-                format!("{}/{}", e.resource, e.subresource)
-            };
-            (e.group, resource, e.verb)
-        })
-        .collect();
+    let used = rbac_used(&env.operator, CSI_SA);
     let granted =
         rbac_rules(&std::fs::read_to_string(repo("examples/connectors/csi-rbac.yaml")).unwrap());
     assert_eq!(used, granted, "used (left) and granted (right) differ");

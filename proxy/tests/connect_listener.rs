@@ -237,6 +237,38 @@ fn client_via(env: &Env, user: &str, password: &str) -> reqwest::Client {
 }
 
 /// Sends a raw CONNECT and returns the response head.
+/// A CONNECT to `target` with a good password, then TLS over it trusting only
+/// the proxy CA, for the CONNECT IP (its IP SAN), offering `alpn`.
+async fn tls_through_proxy(
+    env: &Env,
+    target: SocketAddr,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let (head, tcp) = raw_connect(
+        env.proxy,
+        &format!(
+            "CONNECT {target} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\n",
+            basic("team/conn:good")
+        ),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    let mut roots = rustls::RootCertStore::empty();
+    use rustls::pki_types::pem::PemObject;
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_slice(env.ca.cert_pem.as_bytes()).unwrap())
+        .unwrap();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("TLS with a certificate of the proxy CA for its IP SAN")
+}
+
 async fn raw_connect(proxy: SocketAddr, head: &str) -> (String, TcpStream) {
     let mut tcp = TcpStream::connect(proxy).await.unwrap();
     tcp.write_all(head.as_bytes()).await.unwrap();
@@ -363,31 +395,7 @@ async fn refusals_carry_the_status_a_proxy_client_expects() {
 #[tokio::test]
 async fn tls_is_intercepted_with_a_certificate_of_the_proxy_ca() {
     let env = env(ConnectLimits::default(), None).await;
-    let (head, tcp) = raw_connect(
-        env.proxy,
-        &format!(
-            "CONNECT {} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\n",
-            env.api,
-            basic("team/conn:good")
-        ),
-    )
-    .await;
-    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::pem::PemObject;
-    roots
-        .add(rustls::pki_types::CertificateDer::from_pem_slice(env.ca.cert_pem.as_bytes()).unwrap())
-        .unwrap();
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let tls = connector
-        .connect(name, tcp)
-        .await
-        .expect("IP SAN of the proxy CA");
+    let tls = tls_through_proxy(&env, env.api, &[b"h2", b"http/1.1"]).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
 
     // A request naming another host on this tunnel is not forwarded.
@@ -435,31 +443,7 @@ async fn watches_stream_through() {
 #[tokio::test]
 async fn upgrades_pass_both_ways() {
     let env = env(ConnectLimits::default(), None).await;
-    let (head, tcp) = raw_connect(
-        env.proxy,
-        &format!(
-            "CONNECT {} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\n",
-            env.ws,
-            basic("team/conn:good")
-        ),
-    )
-    .await;
-    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
-    let mut roots = rustls::RootCertStore::empty();
-    use rustls::pki_types::pem::PemObject;
-    roots
-        .add(rustls::pki_types::CertificateDer::from_pem_slice(env.ca.cert_pem.as_bytes()).unwrap())
-        .unwrap();
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(
-            rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
+    let tls = tls_through_proxy(&env, env.ws, &[]).await;
     let request = format!("wss://{}/api/v1/namespaces/default/pods/p/exec", env.ws)
         .into_client_request()
         .unwrap();

@@ -339,6 +339,24 @@ metadata: {name: coredns-5d78c, namespace: kube-system}
 spec: {containers: [{name: coredns, image: coredns}]}
 ";
 
+/// Every (group, resource, verb) `user` asked the emulator for, none refused.
+pub fn rbac_used(emulator: &EmulatorHandle, user: &str) -> BTreeSet<(String, String, String)> {
+    emulator
+        .audit_entries()
+        .into_iter()
+        .filter(|e| e.user == user && e.path.is_empty())
+        .map(|e| {
+            assert!(e.code != 403, "{user} was refused {e:?}");
+            let resource = if e.subresource.is_empty() {
+                e.resource
+            } else {
+                format!("{}/{}", e.resource, e.subresource)
+            };
+            (e.group, resource, e.verb)
+        })
+        .collect()
+}
+
 /// Every (group, resource, verb) the RBAC manifest grants.
 pub fn rbac_rules(yaml: &str) -> BTreeSet<(String, String, String)> {
     let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).unwrap();

@@ -567,6 +567,19 @@ where
     }
 }
 
+/// The hostnames in the Ingress's `status.loadBalancer.ingress`.
+pub fn load_balancer_hostnames(ingress: &k8s_openapi::api::networking::v1::Ingress) -> Vec<&str> {
+    ingress
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|l| l.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.hostname.as_deref())
+        .collect()
+}
+
 /// The `Ready` condition of a status's conditions, as (status, reason, message).
 pub fn ready_of(
     conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],

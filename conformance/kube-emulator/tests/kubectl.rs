@@ -783,18 +783,7 @@ async fn token_requests_have_a_floor_and_tokens_an_audience() {
     assert!(denied.contains("Unauthorized"), "{denied}");
     // A review for its audience authenticates it, and says for which.
     let path = review(proxy_token, &["connectors.example.com", "other"]);
-    let out: serde_json::Value = serde_json::from_str(
-        &k.ok(&[
-            "create",
-            "--validate=false",
-            "-f",
-            path.to_str().unwrap(),
-            "-o",
-            "json",
-        ])
-        .await,
-    )
-    .unwrap();
+    let out = k.create_json(&path).await;
     assert_eq!(out["status"]["authenticated"], true, "{out}");
     assert_eq!(
         out["status"]["user"]["username"],
@@ -806,18 +795,7 @@ async fn token_requests_have_a_floor_and_tokens_an_audience() {
     );
     // A review for the API server's audience (the default) does not.
     let path = review(proxy_token, &[]);
-    let out: serde_json::Value = serde_json::from_str(
-        &k.ok(&[
-            "create",
-            "--validate=false",
-            "-f",
-            path.to_str().unwrap(),
-            "-o",
-            "json",
-        ])
-        .await,
-    )
-    .unwrap();
+    let out = k.create_json(&path).await;
     assert_ne!(out["status"]["authenticated"], true, "{out}");
     assert!(
         out["status"]["error"]
@@ -829,18 +807,7 @@ async fn token_requests_have_a_floor_and_tokens_an_audience() {
     // Expired: nothing.
     assert!(emu.expire_token(proxy_token));
     let path = review(proxy_token, &["connectors.example.com"]);
-    let out: serde_json::Value = serde_json::from_str(
-        &k.ok(&[
-            "create",
-            "--validate=false",
-            "-f",
-            path.to_str().unwrap(),
-            "-o",
-            "json",
-        ])
-        .await,
-    )
-    .unwrap();
+    let out = k.create_json(&path).await;
     assert_ne!(out["status"]["authenticated"], true, "{out}");
     assert!(
         out["status"]["error"].as_str().unwrap().contains("expired"),
@@ -1020,18 +987,7 @@ async fn tokens_bound_to_a_pod_die_with_it() {
         write(dir.path(), "review.json", &manifest.to_string())
     };
     let path = review();
-    let out: serde_json::Value = serde_json::from_str(
-        &k.ok(&[
-            "create",
-            "--validate=false",
-            "-f",
-            path.to_str().unwrap(),
-            "-o",
-            "json",
-        ])
-        .await,
-    )
-    .unwrap();
+    let out = k.create_json(&path).await;
     assert_eq!(out["status"]["authenticated"], true, "{out}");
     assert_eq!(
         out["status"]["user"]["extra"]["authentication.kubernetes.io/pod-name"],
@@ -1043,18 +999,7 @@ async fn tokens_bound_to_a_pod_die_with_it() {
     );
     k.ok(&["-n", "apps", "delete", "pod", "runner", "--wait=false"])
         .await;
-    let out: serde_json::Value = serde_json::from_str(
-        &k.ok(&[
-            "create",
-            "--validate=false",
-            "-f",
-            path.to_str().unwrap(),
-            "-o",
-            "json",
-        ])
-        .await,
-    )
-    .unwrap();
+    let out = k.create_json(&path).await;
     assert_ne!(
         out["status"]["authenticated"], true,
         "the pod is gone: {out}"

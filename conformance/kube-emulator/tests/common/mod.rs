@@ -129,6 +129,16 @@ impl Kubectl {
         }
     }
 
+    /// `kubectl create --validate=false -f PATH -o json` (a review, say: the
+    /// server's answer is the object), parsed.
+    pub async fn create_json(&self, path: &Path) -> serde_json::Value {
+        let path = path.to_str().expect("UTF-8 path");
+        let out = self
+            .ok(&["create", "--validate=false", "-f", path, "-o", "json"])
+            .await;
+        serde_json::from_str(&out).expect("kubectl printed JSON")
+    }
+
     /// Runs and requires failure; returns stderr.
     pub fn fails(&self, args: &[&str]) -> impl std::future::Future<Output = String> + use<> {
         let label = format!("{args:?}");
