@@ -33,8 +33,12 @@ use tuna_tunnel::wire::{Binding, BoundTarget, TunnelToken};
 use crate::edge_api::{EdgeApi, EdgeError, ErrorClass, MintedToken, gone_is_ok};
 use crate::translate::service::{ResolvedUpstream, UpstreamScheme};
 
-/// Lifetime asked for each tunnel token; renewed at a third of it.
+/// Default lifetime asked for each tunnel token; renewed at a third of it.
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
+
+/// The shortest token lifetime a publisher asks for: renewal runs at a third
+/// of it, and the edge counts lifetimes in whole seconds.
+pub const MIN_TOKEN_TTL: Duration = Duration::from_secs(3);
 
 /// What one tunnel serves: an HTTP host, or the TCP endpoint of a tcp Tunnel.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -219,6 +223,27 @@ struct Inner {
     keep_tokens: std::sync::atomic::AtomicBool,
     entries: Mutex<HashMap<TunnelKey, Entry>>,
     retry: RetryPolicy,
+    /// Lifetime asked for each token (renewed at a third of it).
+    token_ttl: Duration,
+}
+
+/// How a publisher talks to the edge API.
+#[derive(Debug, Clone, Copy)]
+pub struct PublisherOptions {
+    /// Backoff of the tunnel tasks' edge API calls.
+    pub retry: RetryPolicy,
+    /// Lifetime asked for each tunnel token, renewed at a third of it (at
+    /// least [`MIN_TOKEN_TTL`]).
+    pub token_ttl: Duration,
+}
+
+impl Default for PublisherOptions {
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            token_ttl: TOKEN_TTL,
+        }
+    }
 }
 
 /// Backoff of a tunnel task's edge API calls.
@@ -254,14 +279,14 @@ impl Publisher {
     /// Starts the agent's connection to the edge (`config`: address, trust,
     /// name) with its streams going into `proxy`, and a publisher over both.
     pub fn start(proxy: ProxyCore, config: AgentConfig) -> Result<Self, tuna_tunnel::wire::Error> {
-        Self::start_with_retry(proxy, config, RetryPolicy::default())
+        Self::start_with(proxy, config, PublisherOptions::default())
     }
 
-    /// Same, with an explicit retry policy for edge API calls.
-    pub fn start_with_retry(
+    /// Same, with explicit options for the edge API calls.
+    pub fn start_with(
         proxy: ProxyCore,
         config: AgentConfig,
-        retry: RetryPolicy,
+        options: PublisherOptions,
     ) -> Result<Self, tuna_tunnel::wire::Error> {
         let streams = proxy.clone();
         let agent = Agent::start(config, move |stream, meta| {
@@ -274,7 +299,8 @@ impl Publisher {
                 changes: tokio::sync::broadcast::channel(4096).0,
                 keep_tokens: std::sync::atomic::AtomicBool::new(false),
                 entries: Mutex::new(HashMap::new()),
-                retry,
+                retry: options.retry,
+                token_ttl: options.token_ttl.max(MIN_TOKEN_TTL),
             }),
         })
     }
@@ -577,7 +603,7 @@ async fn run_tunnel(
         );
         let minted = tokio::select! {
             _ = stop.cancelled() => break,
-            m = spec.edge.create_token(&spec.labels, std::slice::from_ref(&binding), TOKEN_TTL) => m,
+            m = spec.edge.create_token(&spec.labels, std::slice::from_ref(&binding), inner.token_ttl) => m,
         };
         let minted = match minted {
             Ok(m) => m,
@@ -739,7 +765,7 @@ async fn serve(
     held: &mut Option<(Arc<dyn EdgeApi>, MintedToken)>,
 ) -> Restart {
     let mut current = spec.clone();
-    let renew_every = TOKEN_TTL / 3;
+    let renew_every = inner.token_ttl / 3;
     let mut renew =
         tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
     renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -834,7 +860,7 @@ async fn serve(
             }
             _ = renew.tick() => {
                 let Some((edge, token)) = held.as_mut() else { continue };
-                match edge.renew_token(&token.id, TOKEN_TTL).await {
+                match edge.renew_token(&token.id, inner.token_ttl).await {
                     Ok(expires_at) => token.expires_at = expires_at,
                     Err(e) => match e.class() {
                         ErrorClass::Retryable | ErrorClass::RateLimited(_) => {
@@ -864,7 +890,11 @@ async fn remint_in_place(
     let binding = spec.serving.binding();
     let minted = spec
         .edge
-        .create_token(&spec.labels, std::slice::from_ref(&binding), TOKEN_TTL)
+        .create_token(
+            &spec.labels,
+            std::slice::from_ref(&binding),
+            inner.token_ttl,
+        )
         .await?;
     if let Err(e) = inner.agent.set_token(&key.id(), minted.token.clone()).await {
         tracing::warn!(tunnel = %key, error = %e, "could not hand the new token to the agent");

@@ -775,6 +775,59 @@ async fn ready_follows_the_connection_to_the_edge() {
     assert_eq!(status, 200);
 }
 
+/// Tunnel tokens are short-lived and renewed in place: with
+/// `--tunnel-token-ttl 6s` (renewed every 2 s) against the test edge, which
+/// re-checks every grant every 2 s and closes a tunnel whose token expired,
+/// the tunnel serves without one failed request for three lifetimes on its
+/// first token, whose expiry moves forward; it never stops being Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnel_tokens_are_renewed_in_place_before_they_expire() {
+    const TTL: u64 = 6;
+    let env = Env::start(&["--tunnel-token-ttl", "6s"]).await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("web", web, None));
+    env.cluster.apply("apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {name: web}\nspec: {subdomain: web, upstream: {url: 'http://web:8080'}}\n");
+    env.tunnel("web", "Ready", ready_true).await;
+    let token_of_web = |tokens: Vec<tuna_tunnel::api::Token>| {
+        tokens
+            .into_iter()
+            .find(|t| t.info.labels.get("k8s.tuna.am/name").map(String::as_str) == Some("web"))
+            .expect("the tunnel's token")
+    };
+    let first = token_of_web(env.tokens().await);
+    let now = tuna_tunnel::api::Timestamp::now().unix_seconds();
+    assert!(
+        first.expires_at.unix_seconds() <= now + TTL as i64,
+        "the token lives --tunnel-token-ttl: {first:?}"
+    );
+
+    // Three lifetimes of traffic, a request every 200 ms: none fails.
+    let started = tokio::time::Instant::now();
+    let mut pace = tokio::time::interval(Duration::from_millis(200));
+    let mut served = 0;
+    while started.elapsed() < Duration::from_secs(3 * TTL) {
+        pace.tick().await;
+        let (status, body) = http_get(env.http(), "web.tuna.test", "/").await;
+        assert_eq!(
+            status,
+            200,
+            "request {served}, {:?} in: {body}\n--- agent ---\n{}",
+            started.elapsed(),
+            env.agent.log()
+        );
+        served += 1;
+    }
+    let last = token_of_web(env.tokens().await);
+    assert_eq!(last.id, first.id, "renewed in place, not replaced");
+    assert!(
+        last.expires_at.unix_seconds() >= first.expires_at.unix_seconds() + 2 * TTL as i64,
+        "the expiry moved forward: {first:?} then {last:?}"
+    );
+    let t = env.tunnel("web", "still Ready", ready_true).await;
+    let events = events_of(&env.cluster, "default", "Tunnel", "web");
+    assert!(!events.contains_key("TunnelStopped"), "{events:?} {t:?}");
+}
+
 /// Which Ingresses are ours and who owns a host: the default IngressClass
 /// takes class-less Ingresses, the legacy annotation is honoured, a domain of
 /// the account needs no Domain, Ingresses of one namespace merge on a host,

@@ -62,6 +62,22 @@ pub struct AgentFlags {
     /// kube-system namespace.
     #[arg(long, value_name = "ID")]
     pub cluster_id: Option<String>,
+    /// Lifetime of each tunnel's token at the edge (e.g. `1h`, `15m`; at
+    /// least 3s). The agent renews it at a third of its lifetime; a token
+    /// that leaks stops working this long after the agent stops renewing it.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_token_ttl)]
+    pub tunnel_token_ttl: std::time::Duration,
+}
+
+fn parse_token_ttl(s: &str) -> Result<std::time::Duration, String> {
+    let ttl = super::parse_duration(s)?;
+    if ttl < crate::publisher::MIN_TOKEN_TTL {
+        return Err(format!(
+            "{s:?} is too short: tunnel tokens live at least {}s",
+            crate::publisher::MIN_TOKEN_TTL.as_secs()
+        ));
+    }
+    Ok(ttl)
 }
 
 /// Flags of `tuna-operator agent`.
@@ -474,7 +490,11 @@ pub fn agent_config(edge: &EdgeArgs, flags: &AgentFlags) -> AgentConfig {
 /// The publisher (proxy core + the agent's connection) of the agent role.
 pub fn publisher(edge: &EdgeArgs, flags: &AgentFlags) -> anyhow::Result<Publisher> {
     let proxy = ProxyCore::new(ProxyConfig::default());
-    Publisher::start(proxy, agent_config(edge, flags))
+    let options = crate::publisher::PublisherOptions {
+        token_ttl: flags.tunnel_token_ttl,
+        ..Default::default()
+    };
+    Publisher::start_with(proxy, agent_config(edge, flags), options)
         .map_err(|e| anyhow::anyhow!("starting the tunnel agent: {e}"))
 }
 
