@@ -527,11 +527,13 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                 }
             }
             if proxy_routes.is_empty() {
-                let _ = proxy.remove_host(host);
+                let _ = proxy.withdraw_host(host).await;
                 return Err(warnings.join("; "));
             }
+            // Thousands of tunnels installing at once share table builds.
             let issues = proxy
-                .set_host_routes(host, proxy_routes)
+                .update_host_routes(host, proxy_routes)
+                .await
                 .map_err(|e| e.to_string())?;
             warnings.extend(issues.iter().map(|i| i.to_string()));
             Ok(warnings)
@@ -546,10 +548,10 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
     }
 }
 
-fn uninstall(proxy: &ProxyCore, serving: &Serving) {
+async fn uninstall(proxy: &ProxyCore, serving: &Serving) {
     match serving {
         Serving::Http { host, .. } => {
-            let _ = proxy.remove_host(host);
+            let _ = proxy.withdraw_host(host).await;
         }
         Serving::Tcp { endpoint, .. } => {
             proxy.remove_tcp_service(endpoint);
@@ -693,7 +695,7 @@ async fn run_tunnel(
         }
     }
     if let Some(serving) = installed.take() {
-        uninstall(&inner.proxy, &serving);
+        uninstall(&inner.proxy, &serving).await;
     }
     let _ = inner.agent.detach(&id).await;
     let keep = inner.keep_tokens.load(std::sync::atomic::Ordering::SeqCst)
@@ -814,7 +816,7 @@ async fn serve(
             }
             TransportState::Refused(r) | TransportState::Closed(r) => {
                 if let Some(serving) = installed.take() {
-                    uninstall(&inner.proxy, &serving);
+                    uninstall(&inner.proxy, &serving).await;
                 }
                 tracing::warn!(tunnel = %key, code = %r.code, message = %r.message, "the edge refused the tunnel");
                 report(
@@ -849,7 +851,7 @@ async fn serve(
                     || next.labels != current.labels;
                 if rebind {
                     if let Some(serving) = installed.take() {
-                        uninstall(&inner.proxy, &serving);
+                        uninstall(&inner.proxy, &serving).await;
                     }
                     return Restart::Respec;
                 }

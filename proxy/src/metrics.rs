@@ -124,6 +124,8 @@ pub(crate) struct Metrics {
     pub(crate) fast_path_requests: AtomicU64,
     /// Connections the fast path handed to Pingora.
     pub(crate) pingora_handoffs: AtomicU64,
+    /// Route tables built and made live.
+    pub(crate) route_table_builds: AtomicU64,
     connect_outcomes: [AtomicU64; ConnectOutcome::ALL.len()],
     /// Intercepted CONNECT connections open now.
     pub(crate) connect_active: AtomicI64,
@@ -247,7 +249,13 @@ impl Metrics {
             );
         }
 
-        let gauges: [(&str, &str, &str, i64); 11] = [
+        let gauges: [(&str, &str, &str, i64); 12] = [
+            (
+                "tuna_proxy_route_table_builds_total",
+                "counter",
+                "Route tables built and made live (concurrent changes share one build).",
+                self.route_table_builds.load(Relaxed) as i64,
+            ),
             (
                 "tuna_proxy_connect_connections_active",
                 "gauge",

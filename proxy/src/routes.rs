@@ -199,7 +199,9 @@ pub(crate) struct Snapshot {
 
 #[derive(Debug)]
 struct HostEntry {
-    routes: Vec<HttpRoute>,
+    /// The host's routes, compiled once when they are set: a change of one
+    /// host rebuilds no other host's backends (peers, round-robin position).
+    specs: Vec<RouteSpec<Arc<CompiledBackend>>>,
     stats: Arc<HostStats>,
 }
 
@@ -208,6 +210,28 @@ struct HostEntry {
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     hosts: BTreeMap<String, HostEntry>,
+    /// Counts the changes: a snapshot built from generation `g` holds every
+    /// change up to `g`.
+    pub(crate) generation: u64,
+}
+
+/// A registry's routes at one generation, to build a [`Snapshot`] from
+/// without holding the registry.
+pub(crate) struct Collected {
+    pub(crate) generation: u64,
+    specs: Vec<RouteSpec<Arc<CompiledBackend>>>,
+    hosts: Vec<(String, Arc<HostStats>)>,
+}
+
+impl Collected {
+    /// Builds the table (milliseconds at 10 000 hosts).
+    pub(crate) fn build(self) -> Result<Snapshot> {
+        let (table, _) = RouteTable::build(self.specs)?;
+        Ok(Snapshot {
+            table,
+            hosts: self.hosts,
+        })
+    }
 }
 
 impl Registry {
@@ -233,25 +257,35 @@ impl Registry {
             .get(&key)
             .map(|e| e.stats.clone())
             .unwrap_or_default();
-        let (_, issues) = RouteTable::build(specs_of(&key, &routes, &stats, config))?;
-        self.hosts.insert(key, HostEntry { routes, stats });
+        let specs = specs_of(&key, &routes, &stats, config);
+        let (_, issues) = RouteTable::build(specs.clone())?;
+        self.hosts.insert(key, HostEntry { specs, stats });
+        self.generation += 1;
         Ok(issues)
     }
 
     pub(crate) fn remove_host(&mut self, host: &str) -> Result<bool> {
         let key = canonical_host(host)?;
-        Ok(self.hosts.remove(&key).is_some())
+        let removed = self.hosts.remove(&key).is_some();
+        if removed {
+            self.generation += 1;
+        }
+        Ok(removed)
     }
 
-    pub(crate) fn compile(&self, config: &ProxyConfig) -> Result<Snapshot> {
-        let mut specs = Vec::new();
+    /// Every host's compiled routes as of now (clones of shared parts).
+    pub(crate) fn collect(&self) -> Collected {
+        let mut specs = Vec::with_capacity(self.hosts.len());
         let mut hosts = Vec::with_capacity(self.hosts.len());
         for (host, entry) in &self.hosts {
-            specs.extend(specs_of(host, &entry.routes, &entry.stats, config));
+            specs.extend(entry.specs.iter().cloned());
             hosts.push((host.clone(), entry.stats.clone()));
         }
-        let (table, _) = RouteTable::build(specs)?;
-        Ok(Snapshot { table, hosts })
+        Collected {
+            generation: self.generation,
+            specs,
+            hosts,
+        }
     }
 }
 

@@ -122,3 +122,72 @@ async fn routes_swap_live_without_failed_requests() {
     assert!(total >= CLIENTS * MIN_REQUESTS_PER_CLIENT);
     assert!(swaps_done.load(SeqCst) >= 100);
 }
+
+/// Hundreds of hosts set at once through `update_host_routes` (as the agent
+/// does when thousands of Tunnels arrive): each host serves the moment its
+/// call returns, the callers share table builds instead of one build each,
+/// and `withdraw_host` takes each host away by the time it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_updates_are_live_on_return_and_share_builds() {
+    const HOSTS: usize = 300;
+    let backend = echo_backend("many").await;
+    let (core, addr) = proxy(ProxyConfig::default()).await;
+    let get = move |host: String| {
+        let client = client();
+        async move {
+            let resp = client
+                .get(format!("http://{addr}/"))
+                .header(HOST, host)
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        }
+    };
+    let builds_before = metric(&core, "tuna_proxy_route_table_builds_total");
+    let tasks: Vec<_> = (0..HOSTS)
+        .map(|i| {
+            let core = core.clone();
+            tokio::spawn(async move {
+                let host = format!("h{i}.example.com");
+                let issues = core
+                    .update_host_routes(&host, vec![route("/", PathType::Prefix, &[backend])])
+                    .await
+                    .unwrap();
+                assert!(issues.is_empty(), "{issues:?}");
+                assert_eq!(get(host.clone()).await, 200, "{host} not live on return");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let builds = metric(&core, "tuna_proxy_route_table_builds_total") - builds_before;
+    assert!(
+        (1..HOSTS as i64).contains(&builds),
+        "{builds} table builds for {HOSTS} concurrent changes"
+    );
+    assert_eq!(core.hosts().len(), HOSTS);
+
+    let tasks: Vec<_> = (0..HOSTS)
+        .map(|i| {
+            let core = core.clone();
+            tokio::spawn(async move {
+                let host = format!("h{i}.example.com");
+                assert!(core.withdraw_host(&host).await.unwrap());
+                assert_eq!(get(host.clone()).await, 404, "{host} still served");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(core.hosts().is_empty());
+    // A synchronous change after the coalesced ones is live too.
+    core.set_host_routes(
+        "last.example.com",
+        vec![route("/", PathType::Prefix, &[backend])],
+    )
+    .unwrap();
+    assert_eq!(get("last.example.com".into()).await, 200);
+}
