@@ -195,12 +195,12 @@ cat > "$WORK/tuna/manifests/bench.yaml" <<YAML
 apiVersion: v1
 kind: Service
 metadata: {name: web}
-spec: {externalName: 127.0.0.1, ports: [{name: http, port: $NGINX_PORT}]}
+spec: {type: ExternalName, externalName: 127.0.0.1, ports: [{name: http, port: $NGINX_PORT}]}
 ---
 apiVersion: v1
 kind: Service
 metadata: {name: iperf}
-spec: {externalName: 127.0.0.1, ports: [{name: iperf, port: $IPERF_PORT}]}
+spec: {type: ExternalName, externalName: 127.0.0.1, ports: [{name: iperf, port: $IPERF_PORT}]}
 ---
 apiVersion: k8s.tuna.am/v1alpha1
 kind: Domain

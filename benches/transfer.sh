@@ -57,7 +57,7 @@ cat > "$WORK/manifests/transfer.yaml" <<YAML
 apiVersion: v1
 kind: Service
 metadata: {name: echo}
-spec: {externalName: 127.0.0.1, ports: [{name: echo, port: $ECHO_PORT}]}
+spec: {type: ExternalName, externalName: 127.0.0.1, ports: [{name: echo, port: $ECHO_PORT}]}
 ---
 apiVersion: k8s.tuna.am/v1alpha1
 kind: TCPEndpoint
