@@ -108,31 +108,28 @@ impl Proc {
     }
 }
 
-/// (VmRSS, VmHWM) in MiB.
-fn memory(pid: u32) -> (f64, f64) {
+/// The numeric fields of `/proc/PID/status` (kB for sizes), 0 when absent.
+fn status_fields(pid: u32) -> impl Fn(&str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
+    move |name: &str| {
         status
             .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
             .unwrap_or(0.0)
-            / 1024.0
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+/// (VmRSS, VmHWM) in MiB.
+fn memory(pid: u32) -> (f64, f64) {
+    let field = status_fields(pid);
+    (field("VmRSS:") / 1024.0, field("VmHWM:") / 1024.0)
 }
 
 /// What the resident set is made of: anonymous memory (heap, stacks, the
 /// allocator's reserve), file-backed pages (the binary's code), threads.
 fn memory_detail(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let field = status_fields(pid);
     format!(
         "anon {:.1} MiB + file {:.1} MiB, {} threads",
         field("RssAnon:") / 1024.0,

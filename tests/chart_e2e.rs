@@ -895,8 +895,8 @@ fn assert_least_privilege(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privilege() {
     use support::connectors::{
-        NS, Pod as KubeletPod, TARGET_PODS, TARGET_RBAC, channel, kubectl, ok, proxy_addr,
-        publish_request, quick_start,
+        NS, Pod as KubeletPod, channel, kubectl, ok, proxy_addr, publish_request, quick_start,
+        seed_target,
     };
     use tuna_crds::Connector;
     use tuna_operator::csi::proto::node_client::NodeClient;
@@ -908,27 +908,7 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
     let target = kube_emulator::Emulator::start(kube_emulator::Options::default())
         .await
         .unwrap();
-    let t =
-        |args: &[&str], stdin: Option<&str>| kubectl(target.kubeconfig_path(), &home, args, stdin);
-    ok(t(&["apply", "-f", "-"], Some(TARGET_RBAC)), "target RBAC");
-    ok(t(&["apply", "-f", "-"], Some(TARGET_PODS)), "target pods");
-    let target_token = ok(
-        t(
-            &[
-                "-n",
-                "default",
-                "create",
-                "token",
-                "reader",
-                "--duration",
-                "2h",
-            ],
-            None,
-        ),
-        "the target's token",
-    )
-    .trim()
-    .to_owned();
+    let target_token = seed_target(&target, &home);
     let target_ca = cluster.path("target-ca.pem");
     std::fs::write(&target_ca, target.ca_pem().unwrap()).unwrap();
 

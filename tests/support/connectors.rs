@@ -162,27 +162,7 @@ impl Env {
             .unwrap();
 
         // The target: a reader that may list and watch pods, and some pods.
-        let target_admin = target.kubeconfig_path().to_owned();
-        let t = |args: &[&str], stdin: Option<&str>| kubectl(&target_admin, &home, args, stdin);
-        ok(t(&["apply", "-f", "-"], Some(TARGET_RBAC)), "target RBAC");
-        ok(t(&["apply", "-f", "-"], Some(TARGET_PODS)), "target pods");
-        let target_token = ok(
-            t(
-                &[
-                    "-n",
-                    "default",
-                    "create",
-                    "token",
-                    "reader",
-                    "--duration",
-                    "2h",
-                ],
-                None,
-            ),
-            "the target's token",
-        )
-        .trim()
-        .to_owned();
+        let target_token = seed_target(&target, &home);
 
         let target_ca = dir.path().join("target-ca.pem");
         std::fs::write(&target_ca, target.ca_pem().unwrap()).unwrap();
@@ -338,6 +318,29 @@ kind: Pod
 metadata: {name: coredns-5d78c, namespace: kube-system}
 spec: {containers: [{name: coredns, image: coredns}]}
 ";
+
+/// Seeds a target API server: a `reader` that may list and watch pods
+/// ([`TARGET_RBAC`]), some pods ([`TARGET_PODS`]); returns a 2 h token of
+/// the reader.
+pub fn seed_target(target: &EmulatorHandle, home: &Path) -> String {
+    let t =
+        |args: &[&str], stdin: Option<&str>| kubectl(target.kubeconfig_path(), home, args, stdin);
+    ok(t(&["apply", "-f", "-"], Some(TARGET_RBAC)), "target RBAC");
+    ok(t(&["apply", "-f", "-"], Some(TARGET_PODS)), "target pods");
+    let token = t(
+        &[
+            "-n",
+            "default",
+            "create",
+            "token",
+            "reader",
+            "--duration",
+            "2h",
+        ],
+        None,
+    );
+    ok(token, "the target's token").trim().to_owned()
+}
 
 /// Every (group, resource, verb) `user` asked the emulator for, none refused.
 pub fn rbac_used(emulator: &EmulatorHandle, user: &str) -> BTreeSet<(String, String, String)> {
