@@ -406,17 +406,18 @@ impl ProxyCore {
     fn publish(&self, collected: crate::routes::Collected) -> Result<()> {
         let generation = collected.generation;
         let snapshot = collected.build()?;
+        // Every build counts, also one a newer snapshot overtook.
+        self.inner
+            .shared
+            .metrics
+            .route_table_builds
+            .fetch_add(1, Ordering::Relaxed);
         let _publishing = lock(&self.inner.publishing);
         if self.inner.live_generation.load(Ordering::Acquire) < generation {
             self.inner.shared.snapshot.store(Arc::new(snapshot));
             self.inner
                 .live_generation
                 .store(generation, Ordering::Release);
-            self.inner
-                .shared
-                .metrics
-                .route_table_builds
-                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -253,7 +253,7 @@ impl Metrics {
             (
                 "tuna_proxy_route_table_builds_total",
                 "counter",
-                "Route tables built and made live (concurrent changes share one build).",
+                "Route tables built (concurrent async changes share one build).",
                 self.route_table_builds.load(Relaxed) as i64,
             ),
             (
