@@ -13,14 +13,17 @@
 //! - **TCPEndpoints** reserve aliases; the oldest wins, others `DuplicateAlias`.
 //! - **Tunnels**, oldest first: an http Tunnel owns its host; a younger Tunnel
 //!   with the same host is `HostConflict`; a host reserved by a Domain of another
-//!   namespace is refused. A tcp Tunnel may use a TCPEndpoint of its own
+//!   namespace is refused, and so is an account host that an older Ingress of
+//!   another namespace serves (`HostOwnedByOtherNamespace`: a host no Domain
+//!   reserves belongs to the namespace of its oldest claimant, Tunnel or
+//!   Ingress). A tcp Tunnel may use a TCPEndpoint of its own
 //!   namespace only; two tcp Tunnels on one endpoint: the younger is
 //!   `TcpEndpointInUse`. With [`PlanOptions::require_tcp_endpoint_objects`]
 //!   (standalone: there is no account to hold other reservations) an alias no
 //!   TCPEndpoint declares is `TcpEndpointNotFound`; otherwise it is left to the
 //!   edge, which knows the account's reservations.
 //! - **Ingresses** (of our class): host ownership by namespace (the Domain's
-//!   namespace, else the oldest claimant's), hosts must be reserved (a Domain of
+//!   namespace, else the oldest claimant's, counting the Tunnels published), hosts must be reserved (a Domain of
 //!   the namespace or an account host), rules on a Tunnel's host are skipped
 //!   (`HostUsedByTunnel`), backends are resolved against the Services, and the
 //!   route table of each host is built here exactly as the proxy core will build
@@ -416,6 +419,15 @@ fn created(meta: &ObjectMeta) -> i64 {
         .map_or(i64::MAX, |t| t.0.as_second())
 }
 
+/// The age and names that decide conflicts across kinds (see [`age_order`]).
+fn tie_break_of(meta: &ObjectMeta) -> TieBreak {
+    TieBreak {
+        created: created(meta),
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+    }
+}
+
 /// Oldest first, then by namespace and name: the order every conflict is decided in.
 fn age_order<K: kube::Resource>(objects: &[Arc<K>]) -> Vec<&Arc<K>> {
     let mut sorted: Vec<&Arc<K>> = objects.iter().collect();
@@ -477,6 +489,30 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
     }
     out.tcp_endpoints = endpoints;
 
+    // Ingresses are translated before Tunnels are planned: a host on the account
+    // that no Domain reserves belongs to the namespace of its oldest claimant,
+    // Tunnel or Ingress, so an Ingress's claim counts against younger Tunnels.
+    let ingress_routes =
+        ingress::translate_each(inputs.ingresses.iter().map(|i| &**i), &options.ingress);
+    let ingress_claims = ingress::oldest_claims(ingress_routes.specs.iter().filter(|s| {
+        let host = s.host.to_ascii_lowercase();
+        !reservations.domains.contains_key(&host) && reservations.account.contains(&host)
+    }));
+    let older_ingress = |t: &Tunnel, host: &str, namespace: &str| -> Option<Refusal> {
+        let (claim, owner) = ingress_claims.get(host)?;
+        (owner != namespace && *claim < tie_break_of(&t.metadata)).then(|| {
+            Refusal::new(
+                ObjectRef::of(Kind::Tunnel, &t.metadata),
+                Reason::Tunnel(TunnelReason::HostOwnedByOtherNamespace),
+                format!(
+                    "host {host} belongs to namespace {owner:?}: Ingress {owner}/{} published it first",
+                    claim.name
+                ),
+            )
+        })
+    };
+    let mut tunnel_claims: BTreeMap<String, ingress::HostClaim> = BTreeMap::new();
+
     // Tunnels, oldest first.
     let tunnel_options = TunnelOptions {
         base_domain: options.base_domain.clone(),
@@ -496,7 +532,15 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     && let Some(host) = tunnel_host(t, &options.base_domain)
                     && !tunnel_hosts.contains_key(&host)
                 {
+                    if let Some(refusal) = older_ingress(t, &host, &object.namespace) {
+                        out.refusals.push(refusal);
+                        continue;
+                    }
                     tunnel_hosts.insert(host.clone(), object.clone());
+                    tunnel_claims.insert(
+                        host.clone(),
+                        (tie_break_of(&t.metadata), object.namespace.clone()),
+                    );
                     let route = tunnel_route(t, &host, None);
                     out.hosts.insert(
                         host,
@@ -524,7 +568,15 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     ));
                     continue;
                 }
+                if let Some(refusal) = older_ingress(t, host, &desired.namespace) {
+                    out.refusals.push(refusal);
+                    continue;
+                }
                 tunnel_hosts.insert(host.clone(), object.clone());
+                tunnel_claims.insert(
+                    host.clone(),
+                    (tie_break_of(&t.metadata), desired.namespace.clone()),
+                );
                 out.hosts.insert(
                     host.clone(),
                     HostPlan {
@@ -571,8 +623,9 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
         out.tunnels.insert(object, desired);
     }
 
+    let routes = ingress::settle_ownership(ingress_routes, &reservations.domains, &tunnel_claims);
     plan_ingresses(
-        inputs,
+        routes,
         services,
         options,
         &reservations,
@@ -583,7 +636,7 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
 }
 
 fn plan_ingresses(
-    inputs: &Inputs<'_>,
+    routes: ingress::IngressRoutes,
     services: &dyn ServiceLookup,
     options: &PlanOptions,
     reservations: &HostReservations,
@@ -593,11 +646,6 @@ fn plan_ingresses(
     // Ingresses of other classes come back as `OtherIngressClass` refusals; a
     // cluster provider does not report those (they belong to other controllers).
     let ingress_ref = |namespace: &str, name: &str| ObjectRef::new(Kind::Ingress, namespace, name);
-    let routes = ingress::translate(
-        inputs.ingresses.iter().map(|i| &**i),
-        &options.ingress,
-        &reservations.domains,
-    );
     let (routes, unreserved) = reserved_routes(routes, reservations);
     for s in &routes.skipped {
         out.refusals.push(Refusal {
@@ -724,8 +772,9 @@ fn plan_ingresses(
     }
 }
 
-/// The public host of an http Tunnel with a valid subdomain.
-fn tunnel_host(tunnel: &Tunnel, base_domain: &str) -> Option<String> {
+/// The public host of an http Tunnel with a valid subdomain (`base_domain` in
+/// lower case, as [`PlanOptions`] holds it).
+pub fn tunnel_host(tunnel: &Tunnel, base_domain: &str) -> Option<String> {
     if tunnel.spec.protocol != tuna_crds::TunnelProtocol::Http {
         return None;
     }
@@ -848,6 +897,96 @@ spec: {subdomain: web, upstream: {url: 'http://web:80'}}
             host.routes[0].backend.upstream.as_ref().unwrap().host,
             "10.0.0.1"
         );
+    }
+
+    /// A host on the account that no Domain reserves belongs to the namespace of
+    /// its oldest claimant, Tunnel or Ingress: a younger Tunnel of another
+    /// namespace cannot take it from an Ingress (issue 19, item 5), nor a
+    /// younger Ingress from a Tunnel; in one namespace the Tunnel still wins.
+    #[test]
+    fn account_hosts_belong_to_the_oldest_claimant_across_kinds() {
+        let ingress = |ns: &str, created: &str| {
+            objects::<Ingress>(&format!(
+                "
+metadata: {{name: site, namespace: {ns}, creationTimestamp: '{created}'}}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: web.tuna.test
+    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}
+"
+            ))
+        };
+        let tunnel = |ns: &str, created: &str| {
+            objects::<Tunnel>(&format!(
+                "metadata: {{name: takeover, namespace: {ns}, creationTimestamp: '{created}'}}\nspec: {{subdomain: web, upstream: {{url: 'http://web:80'}}}}"
+            ))
+        };
+        let mut options = PlanOptions::cluster("tuna.test");
+        options.account_hosts.insert("web.tuna.test".into());
+        let plan_with =
+            |options: &PlanOptions, ingresses: &[Arc<Ingress>], tunnels: &[Arc<Tunnel>]| {
+                let inputs = Inputs {
+                    ingresses,
+                    tunnels,
+                    ..Inputs::default()
+                };
+                plan(&inputs, &services(SERVICES), options)
+            };
+        let run = |ingresses: &[Arc<Ingress>], tunnels: &[Arc<Tunnel>]| {
+            plan_with(&options, ingresses, tunnels)
+        };
+        let (old, young) = ("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z");
+
+        // The older Ingress of blog keeps the host; the Tunnel of shop is refused.
+        let p = run(&ingress("blog", old), &tunnel("shop", young));
+        let host = &p.hosts["web.tuna.test"];
+        assert_eq!(
+            host.source,
+            HostSource::Ingresses(vec![ObjectRef::new(Kind::Ingress, "blog", "site")])
+        );
+        assert_eq!(
+            reasons(&p),
+            vec![(
+                "Tunnel shop/takeover".to_owned(),
+                "HostOwnedByOtherNamespace"
+            )]
+        );
+        assert!(p.refusals[0].message.contains("Ingress blog/site"), "{p:?}");
+        assert!(p.tunnels.is_empty());
+
+        // The older Tunnel keeps the host against a younger Ingress of another namespace.
+        let p = run(&ingress("blog", young), &tunnel("shop", old));
+        assert_eq!(
+            p.hosts["web.tuna.test"].source,
+            HostSource::Tunnel(ObjectRef::new(Kind::Tunnel, "shop", "takeover"))
+        );
+        assert_eq!(
+            reasons(&p),
+            vec![(
+                "Ingress blog/site rule 0 path 0".to_owned(),
+                "HostOwnedByOtherNamespace"
+            )]
+        );
+
+        // One namespace: the Tunnel publishes the host whatever the ages.
+        let p = run(&ingress("shop", old), &tunnel("shop", young));
+        assert_eq!(
+            reasons(&p),
+            vec![(
+                "Ingress shop/site rule 0 path 0".to_owned(),
+                "HostUsedByTunnel"
+            )]
+        );
+
+        // A host the account does not hold: the Ingress cannot serve it, so it
+        // does not keep the Tunnel out.
+        let p = plan_with(
+            &PlanOptions::cluster("tuna.test"),
+            &ingress("blog", old),
+            &tunnel("shop", young),
+        );
+        assert!(p.tunnels.len() == 1, "{:?}", reasons(&p));
     }
 
     /// The table of refusals for Ingresses: every cross-kind rule, each named

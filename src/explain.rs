@@ -113,6 +113,23 @@ pub struct ExplainJson {
     pub port: Option<ServicePort>,
     /// Everything not routed, and why.
     pub skipped: Vec<SkippedJson>,
+    /// http Tunnels for this URL's host that do not publish it, and why (for
+    /// example `HostOwnedByOtherNamespace`, `HostConflict`); left out when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refused_tunnels: Vec<RefusedTunnelJson>,
+}
+
+/// An http Tunnel for the explained host that is not published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusedTunnelJson {
+    /// Namespace of the Tunnel.
+    pub namespace: String,
+    /// Name of the Tunnel.
+    pub name: String,
+    /// Machine-readable reason, the Tunnel's `Ready` reason.
+    pub reason: String,
+    /// For a human.
+    pub message: String,
 }
 
 /// One skipped item in the JSON output.
@@ -310,6 +327,26 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Resu
         .filter(|r| r.object.kind == Kind::Ingress)
         .map(SkippedJson::from)
         .collect();
+    let host_lower = host.to_ascii_lowercase();
+    let refused_tunnels: Vec<RefusedTunnelJson> = snapshot
+        .tunnels
+        .iter()
+        .filter(|t| {
+            crate::desired::tunnel_host(t, &options.base_domain).as_deref()
+                == Some(host_lower.as_str())
+        })
+        .flat_map(|t| {
+            let object = crate::desired::ObjectRef::of(Kind::Tunnel, &t.metadata);
+            plan.refusals_of(&object)
+                .map(|r| RefusedTunnelJson {
+                    namespace: r.object.namespace.clone(),
+                    name: r.object.name.clone(),
+                    reason: r.reason.as_str().to_owned(),
+                    message: r.message.clone(),
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
 
     let why = table.explain(&host, &path);
     let json = match &why.winner {
@@ -323,6 +360,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Resu
             service: m.backend.service.as_ref().map(|s| s.name.clone()),
             port: m.backend.service.as_ref().map(|s| s.port.clone()),
             skipped,
+            refused_tunnels,
         },
         None => ExplainJson {
             matched: false,
@@ -334,6 +372,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Resu
             service: None,
             port: None,
             skipped,
+            refused_tunnels,
         },
     };
     let notes = Notes {
@@ -437,6 +476,16 @@ fn render_text(
                 let _ = write!(at, " path {path}");
             }
             let _ = writeln!(out, "  - {at}: {}: {}", s.reason, s.message);
+        }
+    }
+    if !json.refused_tunnels.is_empty() {
+        let _ = writeln!(out, "\nTunnels refused for this host:");
+        for t in &json.refused_tunnels {
+            let _ = writeln!(
+                out,
+                "  - Tunnel {}/{}: {}: {}",
+                t.namespace, t.name, t.reason, t.message
+            );
         }
     }
     if notes.no_ingress {

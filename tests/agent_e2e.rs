@@ -941,6 +941,166 @@ async fn classes_account_domains_merging_ownership_and_headless_services() {
     );
 }
 
+/// A host on the account that no Domain reserves belongs to the namespace of
+/// its oldest claimant, whatever its kind: a Tunnel of another namespace does
+/// not take over the host an older Ingress serves. It is refused (`Ready`
+/// False, a warning event), the Ingress keeps serving, `route explain` shows
+/// why, and once the Ingress is gone the Tunnel gets the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingress_serves() {
+    let env = Env::start(&[]).await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let thief = http_backend("thief", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("web", web, None));
+    env.cluster.kubectl_ok(&["create", "namespace", "other"]);
+    env.cluster.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: thief, namespace: other}}\nspec: {{clusterIP: {}, ports: [{{port: {}}}]}}\n",
+        thief.ip(),
+        thief.port()
+    ));
+    env.edge
+        .client()
+        .create_domain(&tuna_tunnel::api::CreateDomain {
+            subdomain: Some("owned".into()),
+            domain: None,
+        })
+        .await
+        .unwrap();
+    let ingress = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: site}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: owned.tuna.test\n    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 8080}}}}]}\n";
+    env.cluster.apply(ingress);
+    let backend_of = |body: &str| {
+        serde_json::from_str::<Value>(body)
+            .ok()
+            .and_then(|b| b["backend"].as_str().map(str::to_owned))
+    };
+    let serves = |backend: &'static str| {
+        let http = env.http();
+        async move {
+            tokio::time::timeout(support::WAIT, async {
+                loop {
+                    let (status, body) = http_get(http, "owned.tuna.test", "/").await;
+                    if status == 200 && backend_of(&body).as_deref() == Some(backend) {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await
+            .is_ok()
+        }
+    };
+    assert!(serves("web").await, "the Ingress: {}", env.agent.log());
+
+    let tunnel = "apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {name: takeover, namespace: other}\nspec: {subdomain: owned, upstream: {url: 'http://thief:8080'}}\n";
+    env.cluster.apply(tunnel);
+    let t: Tunnel = wait_for(
+        &env.client,
+        "other",
+        "takeover",
+        "refused HostOwnedByOtherNamespace",
+        &env.procs(),
+        |t| refused(t, "HostOwnedByOtherNamespace"),
+    )
+    .await;
+    let (_, _, message) = tunnel_ready(&t).unwrap();
+    assert!(message.contains("Ingress default/site"), "{message}");
+    let warned = tokio::time::timeout(support::WAIT, async {
+        loop {
+            if events_of(&env.cluster, "other", "Tunnel", "takeover")
+                .contains_key("HostOwnedByOtherNamespace")
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        warned.is_ok(),
+        "{:?}",
+        events_of(&env.cluster, "other", "Tunnel", "takeover")
+    );
+    // Still the Ingress's backend, on every request.
+    for _ in 0..5 {
+        let (status, body) = http_get(env.http(), "owned.tuna.test", "/").await;
+        assert_eq!(
+            (status, backend_of(&body).as_deref()),
+            (200, Some("web")),
+            "{body}"
+        );
+    }
+    // route explain, from the same objects as files, plans as the agent did.
+    let dir = env.cluster.dir.path().join("takeover");
+    std::fs::create_dir_all(&dir).unwrap();
+    let created = |kind: &str, ns: &str, name: &str| {
+        env.cluster
+            .kubectl_ok(&[
+                "get",
+                kind,
+                name,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.creationTimestamp}",
+            ])
+            .trim()
+            .to_owned()
+    };
+    let with_created = |manifest: &str, ts: String| {
+        manifest.replacen(
+            "metadata: {",
+            &format!("metadata: {{creationTimestamp: '{ts}', "),
+            1,
+        )
+    };
+    std::fs::write(
+        dir.join("objects.yaml"),
+        format!(
+            "{}---\n{}",
+            with_created(ingress, created("ingress", "default", "site")),
+            with_created(tunnel, created("tunnel", "other", "takeover"))
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(support::operator_bin())
+        .args(["route", "explain", "-f"])
+        .arg(&dir)
+        .args([
+            "--base-domain",
+            "tuna.test",
+            "--account-domain",
+            "owned.tuna.test",
+            "-o",
+            "json",
+            "https://owned.tuna.test/",
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(json["ingress"], "site", "{json}");
+    assert_eq!(json["refusedTunnels"][0]["name"], "takeover", "{json}");
+    assert_eq!(
+        json["refusedTunnels"][0]["reason"], "HostOwnedByOtherNamespace",
+        "{json}"
+    );
+
+    // The Ingress gone, the host is free: the Tunnel publishes it.
+    env.cluster
+        .kubectl_ok(&["delete", "ingress", "site", "--wait=false"]);
+    wait_for(
+        &env.client,
+        "other",
+        "takeover",
+        "Ready",
+        &env.procs(),
+        ready_true,
+    )
+    .await;
+    assert!(serves("thief").await, "the Tunnel: {}", env.agent.log());
+}
+
 /// The subdomain an agent reserved for a Tunnel is released when the Tunnel
 /// is deleted, even after the agent restarted (an upgrade) and the edge calls
 /// the reservation "existing".

@@ -16,6 +16,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -30,29 +31,40 @@ use crate::desired::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
 use crate::edge_api::{EdgeApi, ErrorClass, gone_is_ok};
 use crate::metrics::ReconcileTimer;
 use crate::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::translate::service::{ServiceIndex, UpstreamHost, UpstreamPolicy, parse_upstream_url};
+use crate::translate::service::{ServiceIndex, UpstreamHost, parse_upstream_url};
 use crate::translate::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint};
 
+/// The objects that compete with a Tunnel for its host or endpoint.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Competitors<'a> {
+    /// Tunnels of the same protocol and host or endpoint (the Tunnel among them).
+    pub tunnels: &'a [Arc<Tunnel>],
+    /// Ingresses with a rule for the Tunnel's host: an older one of another
+    /// namespace owns an account host against the Tunnel.
+    pub ingresses: &'a [Arc<Ingress>],
+    /// Domains.
+    pub domains: &'a [Arc<Domain>],
+    /// TCPEndpoints.
+    pub tcp_endpoints: &'a [Arc<TcpEndpoint>],
+}
+
 /// What a Tunnel asks for, given the objects that compete with it (pure).
+/// `options` are the agent's plan options (base domain, upstream policy, the
+/// account's hosts, the Ingress class).
 pub fn desired(
     tunnel: &Tunnel,
-    competitors: &[Arc<Tunnel>],
-    domains: &[Arc<Domain>],
-    tcp_endpoints: &[Arc<TcpEndpoint>],
+    competitors: Competitors<'_>,
     services: &ServiceIndex,
-    base_domain: &str,
-    policy: UpstreamPolicy,
+    options: &PlanOptions,
 ) -> Result<DesiredTunnel, Box<Refusal>> {
     let me = ObjectRef::of(Kind::Tunnel, &tunnel.metadata);
-    let mut options = PlanOptions::cluster(base_domain);
-    options.policy = policy;
     let inputs = Inputs {
-        tunnels: competitors,
-        domains,
-        tcp_endpoints,
-        ..Inputs::default()
+        tunnels: competitors.tunnels,
+        ingresses: competitors.ingresses,
+        domains: competitors.domains,
+        tcp_endpoints: competitors.tcp_endpoints,
     };
-    let plan = plan(&inputs, services, &options);
+    let plan = plan(&inputs, services, options);
     if let Some(r) = plan.refusals_of(&me).next() {
         return Err(Box::new(r.clone()));
     }
@@ -292,15 +304,31 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
     }
     let domains = state.stores.domains.state();
     let endpoints = state.stores.tcp_endpoints.state();
-    let desired = match desired(
-        tunnel,
-        &competitors,
-        &domains,
-        &endpoints,
-        &state.services.snapshot(),
-        &who.base_domain,
-        state.options.policy,
-    ) {
+    let mut options = PlanOptions::cluster(&who.base_domain);
+    options.policy = state.options.policy;
+    // Ingresses on the same host: on an account host, the oldest claimant's
+    // namespace owns it, whatever its kind.
+    let mut claiming: Vec<Arc<Ingress>> = Vec::new();
+    if let Some(host) = crate::desired::tunnel_host(tunnel, &options.base_domain) {
+        claiming = state
+            .stores
+            .ingresses
+            .state()
+            .into_iter()
+            .filter(|i| super::ingress::rule_hosts(i).contains(&host))
+            .collect();
+        if !claiming.is_empty() {
+            options.ingress = state.ingress_options();
+            options.account_hosts = state.account_hosts().await;
+        }
+    }
+    let competitors = Competitors {
+        tunnels: &competitors,
+        ingresses: &claiming,
+        domains: &domains,
+        tcp_endpoints: &endpoints,
+    };
+    let desired = match desired(tunnel, competitors, &state.services.snapshot(), &options) {
         Ok(d) => d,
         Err(refusal) => {
             withdraw(state, &me, None).await;
@@ -486,6 +514,7 @@ pub fn owners_of(state: &AgentState, key: &TunnelKey) -> BTreeSet<ObjectRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::translate::service::UpstreamPolicy;
 
     fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
         yaml.split("\n---\n")
@@ -525,12 +554,12 @@ mod tests {
             ));
             let got = desired(
                 &tunnel[0],
-                &tunnel,
-                &[],
-                &[],
+                Competitors {
+                    tunnels: &tunnel,
+                    ..Competitors::default()
+                },
                 &svc,
-                "tuna.test",
-                UpstreamPolicy::cluster(),
+                &PlanOptions::cluster("tuna.test"),
             )
             .map(|d| d.upstream.authority())
             .map_err(|r| r.reason.as_str());
@@ -540,14 +569,16 @@ mod tests {
                 && want != Err("ServiceNotFound")
                 && want != Err("InvalidUpstreamUrl")
             {
+                let mut options = PlanOptions::cluster("tuna.test");
+                options.policy = UpstreamPolicy::cluster_allow_external();
                 let allowed = desired(
                     &tunnel[0],
-                    &tunnel,
-                    &[],
-                    &[],
+                    Competitors {
+                        tunnels: &tunnel,
+                        ..Competitors::default()
+                    },
                     &svc,
-                    "tuna.test",
-                    UpstreamPolicy::cluster_allow_external(),
+                    &options,
                 );
                 assert!(
                     allowed.is_ok(),

@@ -299,7 +299,19 @@ pub async fn serve(
     let ingress_stream = watcher(Api::<Ingress>::all(client.clone()), config)
         .default_backoff()
         .reflect(ingress_writer)
-        .touched_objects();
+        .touched_objects()
+        .map({
+            // An Ingress's claim on an account host decides younger Tunnels of
+            // other namespaces (HostOwnedByOtherNamespace), and its deletion
+            // frees the host for them.
+            let state = Arc::clone(&state);
+            move |i| {
+                if let Ok(i) = &i {
+                    trigger_tunnels_on(&state, &ingress::rule_hosts(i));
+                }
+                i
+            }
+        });
     let ingress_controller = Controller::for_stream(ingress_stream, ingresses.clone())
         .with_config(controllers::controller_config())
         .reconcile_on(triggers(ingress_rx))
@@ -379,6 +391,23 @@ fn trigger_key(state: &AgentState, key: &TunnelKey) {
             let _ = state
                 .ingress_triggers
                 .send(KubeRef::new(&claimant.name).within(&claimant.namespace));
+        }
+    }
+}
+
+/// Re-reconciles the http Tunnels that publish one of `hosts`.
+fn trigger_tunnels_on(state: &AgentState, hosts: &BTreeSet<String>) {
+    if hosts.is_empty() {
+        return;
+    }
+    let base = state
+        .ctx
+        .edge_info_now()
+        .map(|w| w.base_domain.to_ascii_lowercase())
+        .unwrap_or_default();
+    for t in state.stores.tunnels.state() {
+        if crate::desired::tunnel_host(&t, &base).is_some_and(|h| hosts.contains(&h)) {
+            let _ = state.tunnel_triggers.send(KubeRef::from_obj(t.as_ref()));
         }
     }
 }

@@ -516,8 +516,9 @@ fn service_ref(
 
 /// Translates a set of Ingresses into one set of route specs, as the
 /// controller builds its table: each Ingress via [`translate_one`], then host
-/// ownership. `domain_owners` maps hosts reserved by a Domain to the Domain's
-/// namespace; other hosts belong to the namespace of their oldest claimant.
+/// ownership ([`settle_ownership`] with no other claimants). `domain_owners`
+/// maps hosts reserved by a Domain to the Domain's namespace; other hosts
+/// belong to the namespace of their oldest claimant.
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -531,38 +532,71 @@ pub fn translate<'a>(
     options: &TranslateOptions,
     domain_owners: &BTreeMap<String, String>,
 ) -> IngressRoutes {
+    settle_ownership(
+        translate_each(ingresses, options),
+        domain_owners,
+        &BTreeMap::new(),
+    )
+}
+
+/// Each Ingress via [`translate_one`], concatenated; no ownership settled yet.
+pub fn translate_each<'a>(
+    ingresses: impl IntoIterator<Item = &'a Ingress>,
+    options: &TranslateOptions,
+) -> IngressRoutes {
     let mut all = IngressRoutes::default();
     for ingress in ingresses {
         let one = translate_one(ingress, options);
         all.specs.extend(one.specs);
         all.skipped.extend(one.skipped);
     }
-    // Owner of each host: the Domain's namespace, else the oldest claimant's.
-    let mut owners: BTreeMap<String, (TieBreak, String)> = BTreeMap::new();
-    for spec in &all.specs {
-        let host = spec.host.to_ascii_lowercase();
-        if let Some(ns) = domain_owners.get(&host) {
-            owners.insert(
-                host,
-                (
-                    TieBreak {
-                        created: i64::MIN,
-                        ..TieBreak::default()
-                    },
-                    ns.clone(),
-                ),
-            );
-            continue;
-        }
+    all
+}
+
+/// A claim on a host by an object that is not an Ingress (an http Tunnel):
+/// its age and names, and its namespace.
+pub type HostClaim = (TieBreak, String);
+
+/// The oldest claim of each host among `specs` (by [`TieBreak`]: oldest, then
+/// namespace, then name).
+pub fn oldest_claims<'a>(
+    specs: impl IntoIterator<Item = &'a RouteSpec<ServiceRef>>,
+) -> BTreeMap<String, HostClaim> {
+    let mut owners: BTreeMap<String, HostClaim> = BTreeMap::new();
+    for spec in specs {
         let claim = (spec.tie_break.clone(), spec.origin.namespace.clone());
         owners
-            .entry(host)
+            .entry(spec.host.to_ascii_lowercase())
             .and_modify(|c| {
                 if claim < *c {
                     *c = claim.clone()
                 }
             })
             .or_insert(claim);
+    }
+    owners
+}
+
+/// Settles who owns each host the routes name and skips the routes of other
+/// namespaces (`HostOwnedByOtherNamespace`). A host reserved by a Domain
+/// (`domain_owners`) belongs to the Domain's namespace; any other host to the
+/// namespace of its oldest claimant, among these Ingresses and `other_claims`
+/// (the http Tunnels that publish a host), so that no tenant takes over a host
+/// an older object of another namespace serves.
+pub fn settle_ownership(
+    mut all: IngressRoutes,
+    domain_owners: &BTreeMap<String, String>,
+    other_claims: &BTreeMap<String, HostClaim>,
+) -> IngressRoutes {
+    let mut owners = oldest_claims(&all.specs);
+    for (host, owner) in owners.iter_mut() {
+        if let Some(ns) = domain_owners.get(host) {
+            owner.1 = ns.clone();
+        } else if let Some(other) = other_claims.get(host)
+            && *other < *owner
+        {
+            *owner = other.clone();
+        }
     }
     let mut kept = Vec::with_capacity(all.specs.len());
     for spec in all.specs {

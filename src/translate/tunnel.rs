@@ -88,7 +88,8 @@ pub enum TunnelReason {
     SchemeMismatch,
     /// The TCPEndpoint alias belongs to another namespace.
     TcpEndpointOwnedByOtherNamespace,
-    /// The host is reserved by a Domain of another namespace.
+    /// The host belongs to another namespace: its Domain, or an older Ingress
+    /// on an account host.
     HostOwnedByOtherNamespace,
     /// The upstream was refused (see [`UpstreamReason`]).
     Upstream(UpstreamReason),
