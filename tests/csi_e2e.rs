@@ -700,6 +700,20 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
             "nothing left beside it"
         );
     }
+    // The links the pod planted reached nothing, through every publish
+    // and the unpublish.
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "another pod's token"
+    );
+    assert_eq!(
+        std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(
+        std::fs::read_to_string(cache.join("data")).unwrap(),
+        "cache"
+    );
     let err = node
         .node_unpublish_volume(NodeUnpublishVolumeRequest {
             volume_id: String::new(),
