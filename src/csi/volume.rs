@@ -339,7 +339,9 @@ pub fn read_state(target: &Path) -> Option<VolumeState> {
     let fd = rustix::fs::openat(
         &dir,
         STATE,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        // NONBLOCK and NOCTTY: a FIFO or a terminal planted there neither
+        // blocks the plugin nor becomes its controlling terminal.
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
         Mode::empty(),
     )
     .ok()?;
@@ -789,6 +791,29 @@ mod tests {
         remove_volume(&n.target).unwrap();
         assert!(fs::symlink_metadata(&n.target).is_err(), "the link is gone");
         assert_eq!(snapshot(&n.other_pod), before, "and only the link");
+    }
+
+    /// A FIFO planted as `..state.json` is not read (it would block).
+    #[test]
+    fn a_fifo_state_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("mount");
+        let own = Ownership {
+            group: None,
+            readonly: false,
+        };
+        write_volume(&target, &[file("a", "1")], own, &state(1)).unwrap();
+        fs::remove_file(target.join(STATE)).unwrap();
+        let target_dir = open_target(&target, false).unwrap().unwrap();
+        rustix::fs::mkfifoat(&target_dir, STATE, Mode::from_raw_mode(0o600)).unwrap();
+        assert!(read_state(&target).is_none());
+        write_volume(&target, &[file("a", "2")], own, &state(2)).unwrap();
+        assert_eq!(
+            read_state(&target).unwrap(),
+            state(2),
+            "replaced by the file"
+        );
+        remove_volume(&target).unwrap();
     }
 
     #[test]
