@@ -895,8 +895,8 @@ fn assert_least_privilege(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privilege() {
     use support::connectors::{
-        NS, Pod as KubeletPod, channel, kubectl, ok, proxy_addr, publish_request, quick_start,
-        seed_target,
+        NS, Pod as KubeletPod, channel, kubectl, kubelet_tokens, ok, proxy_addr, publish_request,
+        quick_start, seed_target, with_tokens,
     };
     use tuna_crds::Connector;
     use tuna_operator::csi::proto::node_client::NodeClient;
@@ -1020,7 +1020,7 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
         ("other", "reporter", "reader"),
     ] {
         cluster.apply(&format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{serviceAccountName: {sa}, containers: [{{name: kubectl, image: bitnami/kubectl:1.30.1}}]}}\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{nodeName: node-1, serviceAccountName: {sa}, containers: [{{name: kubectl, image: bitnami/kubectl:1.30.1}}]}}\n"
         ));
         let uid = cluster.kubectl_ok(&[
             "-n",
@@ -1042,14 +1042,19 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
             pod.uid
         ));
         std::fs::create_dir_all(target_path.parent().unwrap()).unwrap();
-        node.node_publish_volume(publish_request(
-            &pod,
-            &target_path,
-            &[
-                ("connector.name", "k8s-connector"),
-                ("connector.namespace", NS),
-                ("configuration.names", "kubeconfig"),
-            ],
+        // As kubelet does for the CSIDriver's tokenRequests.
+        let (tokens, _) = kubelet_tokens(&client, &pod).await;
+        node.node_publish_volume(with_tokens(
+            publish_request(
+                &pod,
+                &target_path,
+                &[
+                    ("connector.name", "k8s-connector"),
+                    ("connector.namespace", NS),
+                    ("configuration.names", "kubeconfig"),
+                ],
+            ),
+            &tokens,
         ))
         .await
         .unwrap_or_else(|e| panic!("publish for {namespace}/{name}: {e:?}\n{}", plugin.log()));
@@ -1084,6 +1089,16 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
         )],
     );
     assert_least_privilege(&audit, &manifest, "csi", &csi_pod.service_account, &[]);
+    let csi_user = format!(
+        "system:serviceaccount:{NAMESPACE}:{}",
+        csi_pod.service_account
+    );
+    assert!(
+        !audit
+            .iter()
+            .any(|e| e["user"] == csi_user.as_str() && e["subresource"] == "token"),
+        "the CSI plugin minted a token"
+    );
     for p in [&role, &plugin] {
         assert!(
             !p.log().contains(&target_token),

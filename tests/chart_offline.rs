@@ -367,7 +367,18 @@ fn connectors_render_when_enabled_with_the_least_privileges() {
     assert_eq!(
         driver["spec"],
         serde_json::json!({"attachRequired": false, "podInfoOnMount": true,
-            "volumeLifecycleModes": ["Ephemeral"], "requiresRepublish": true, "fsGroupPolicy": "File"})
+            "volumeLifecycleModes": ["Ephemeral"], "requiresRepublish": true, "fsGroupPolicy": "File",
+            "tokenRequests": [{"audience": "connectors.alauda.io", "expirationSeconds": 1800}]})
+    );
+    // kubelet's tokens are for the audience the proxy's TokenReview accepts.
+    assert!(
+        args.contains(&format!(
+            "--token-audience={}",
+            driver["spec"]["tokenRequests"][0]["audience"]
+                .as_str()
+                .unwrap()
+        )),
+        "{args}"
     );
     let ds = &docs[&("DaemonSet".into(), "tuna-operator-csi".into())];
     let pod = &ds["spec"]["template"]["spec"];
@@ -403,9 +414,13 @@ fn connectors_render_when_enabled_with_the_least_privileges() {
         rules,
         serde_json::json!([
             {"apiGroups": ["connectors.alauda.io"], "resources": ["connectors"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]},
             {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
         ])
+    );
+    assert!(
+        !containers[0]["args"].to_string().contains("rotate"),
+        "kubelet renews the tokens"
     );
     // Paths are values.
     let moved = by_kind_name(&documents(

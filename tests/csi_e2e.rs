@@ -5,7 +5,9 @@
 //! the real `tuna-operator csi` process runs with exactly the RBAC of
 //! `examples/connectors/csi-rbac.yaml` and its ServiceAccount's token, the
 //! real connectors role serves the proxy, and the real `kubectl` uses the
-//! kubeconfig the plugin wrote.
+//! kubeconfig the plugin wrote. The test does what kubelet does for the
+//! CSIDriver's `tokenRequests`: a TokenRequest bound to the pod, with its
+//! own identity, passed in `csi.storage.k8s.io/serviceAccount.tokens`.
 //!
 //! What only a real kubelet shows is not here: the registration through the
 //! node-driver-registrar, the bind mount into the container, the periodic
@@ -22,11 +24,11 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 use support::connectors::{
-    Env, NS, Pod, channel, ok, publish_request, quick_start, rbac_rules, rbac_used, repo,
+    Env, KUBELET_TOKENS, NS, Pod, channel, kubelet_tokens, ok, publish_request, quick_start,
+    rbac_rules, rbac_used, repo, with_tokens,
 };
 use support::{Process, WAIT, operator_bin};
 use tonic::Code;
-use tonic::transport::Channel;
 use tuna_operator::csi::proto::identity_client::IdentityClient;
 use tuna_operator::csi::proto::node_client::NodeClient;
 use tuna_operator::csi::proto::{
@@ -36,10 +38,11 @@ use tuna_operator::csi::proto::{
 
 const CSI_SA: &str = "system:serviceaccount:tuna-system:tuna-operator-csi";
 
-/// Applies a pod and reads its uid.
-fn create_pod(env: &Env, namespace: &str, name: &str, service_account: &str) -> Pod {
+/// Applies a pod running on `node` (as the scheduler binds it) and reads
+/// its uid.
+fn create_pod(env: &Env, namespace: &str, name: &str, service_account: &str, node: &str) -> Pod {
     let manifest = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  serviceAccountName: {service_account}\n  restartPolicy: Never\n  containers:\n  - name: kubectl\n    image: bitnami/kubectl:1.30.1\n    env: [{{name: KUBECONFIG, value: /opt/kube/kubeconfig}}]\n    volumeMounts: [{{name: kubeconfig, mountPath: /opt/kube}}]\n  volumes:\n  - name: kubeconfig\n    csi:\n      readOnly: true\n      driver: connectors-csi\n      volumeAttributes: {{connector.name: k8s-connector, connector.namespace: {NS}, configuration.names: kubeconfig}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  nodeName: {node}\n  serviceAccountName: {service_account}\n  restartPolicy: Never\n  containers:\n  - name: kubectl\n    image: bitnami/kubectl:1.30.1\n    env: [{{name: KUBECONFIG, value: /opt/kube/kubeconfig}}]\n    volumeMounts: [{{name: kubeconfig, mountPath: /opt/kube}}]\n  volumes:\n  - name: kubeconfig\n    csi:\n      readOnly: true\n      driver: connectors-csi\n      volumeAttributes: {{connector.name: k8s-connector, connector.namespace: {NS}, configuration.names: kubeconfig}}\n"
     );
     ok(env.op(&["apply", "-f", "-"], Some(&manifest)), "a pod");
     let uid = ok(
@@ -277,11 +280,15 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         env.op(&["-n", NS, "create", "serviceaccount", "default"], None),
         "the namespace's default ServiceAccount",
     );
-    let job = create_pod(&env, NS, "k8s-access-x7k2p", "default");
+    let job = create_pod(&env, NS, "k8s-access-x7k2p", "default", "node-1");
     let target = target_of(&env, &job);
-    node.node_publish_volume(publish_request(&job, &target, DOCUMENTED))
-        .await
-        .unwrap();
+    let (tokens, kubelet_token) = kubelet_tokens(&env.client, &job).await;
+    node.node_publish_volume(with_tokens(
+        publish_request(&job, &target, DOCUMENTED),
+        &tokens,
+    ))
+    .await
+    .unwrap();
     assert_eq!(
         files_of(&target),
         [
@@ -317,6 +324,7 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     let dir_mode = std::fs::metadata(&target).unwrap().permissions().mode();
     assert_eq!(dir_mode & 0o777, 0o555, "readonly: no write bits");
     let token = token_of(&target);
+    assert_eq!(token, kubelet_token, "the token kubelet passed");
     assert!(
         kubeconfig.contains(&token),
         "the proxy password is the pod's token"
@@ -342,31 +350,69 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         "{pods}"
     );
 
-    // --- A repeated call is idempotent: same files, no new token. ---------
-    let minted = |env: &Env| {
+    // --- A repeated call is idempotent: same files, no API call. ----------
+    let requests = |env: &Env| {
         env.operator
             .audit_entries()
             .into_iter()
-            .filter(|e| e.user == CSI_SA && e.subresource == "token")
+            .filter(|e| e.user == CSI_SA)
             .count()
     };
-    let before = minted(&env);
-    node.node_publish_volume(publish_request(&job, &target, DOCUMENTED))
-        .await
-        .unwrap();
+    let before = requests(&env);
+    node.node_publish_volume(with_tokens(
+        publish_request(&job, &target, DOCUMENTED),
+        &tokens,
+    ))
+    .await
+    .unwrap();
     assert_eq!(token_of(&target), token, "the same token");
-    assert_eq!(minted(&env), before, "no TokenRequest for a fresh volume");
+    assert_eq!(requests(&env), before, "no API call for a fresh volume");
 
-    // --- Republish rotates the token (a plugin that rotates at once). -----
-    let rotating = start_plugin(&env, "csi-rotating", &["--rotate-after-percent", "0"]).await;
-    let mut rotating_node = NodeClient::new(channel_of(&rotating).await);
+    // --- The pod plants links in its volume (as root in its container) ----
+    // aiming at another pod's Secret volume and emptyDir on the node; the
+    // republish with kubelet's renewed token leaves them untouched.
+    let other_uid = env.dir.path().join("kubelet/pods/another-pod-uid/volumes");
+    let secret = other_uid.join("kubernetes.io~secret/token/token");
+    let cache = other_uid.join("kubernetes.io~empty-dir/cache");
+    std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(&secret, "another pod's token").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::write(cache.join("data"), "cache").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink(&secret, target.join("..state.tmp")).unwrap();
+    std::fs::remove_file(target.join("..data")).unwrap();
+    std::os::unix::fs::symlink(&cache, target.join("..data")).unwrap();
+
+    // --- kubelet renews the token and republishes: the new one is written.
     let old_kubeconfig = env.kubeconfig_file("old.kubeconfig", &kubeconfig);
-    rotating_node
-        .node_publish_volume(publish_request(&job, &target, DOCUMENTED))
-        .await
-        .unwrap();
-    let new_token = token_of(&target);
-    assert_ne!(new_token, token, "republish minted a new token");
+    let (renewed, new_token) = kubelet_tokens(&env.client, &job).await;
+    node.node_publish_volume(with_tokens(
+        publish_request(&job, &target, DOCUMENTED),
+        &renewed,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        token_of(&target),
+        new_token,
+        "republish wrote the renewed token"
+    );
+    assert_ne!(new_token, token);
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "another pod's token",
+        "nothing written through ..state.tmp"
+    );
+    assert_eq!(
+        std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(
+        std::fs::read_to_string(cache.join("data")).unwrap(),
+        "cache",
+        "nothing removed through ..data"
+    );
     ok(
         env.via(&target.join("kubeconfig"), &["get", "pods", "-A"]),
         "kubectl with the rotated kubeconfig",
@@ -392,7 +438,6 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         env.via(&target.join("kubeconfig"), &["get", "pods", "-A"]),
         "the rotated kubeconfig still works",
     );
-    drop(rotating);
 
     // --- Refusals: no files, the right codes. -----------------------------
     ok(env.op(&["create", "namespace", "other"], None), "namespace");
@@ -403,15 +448,19 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         ),
         "sa",
     );
-    let intruder = create_pod(&env, "other", "intruder", "intruder");
+    let intruder = create_pod(&env, "other", "intruder", "intruder", "node-1");
     let intruder_target = target_of(&env, &intruder);
     let attrs = [
         ("connector.name", "k8s-connector"),
         ("connector.namespace", NS),
         ("configuration.names", "kubeconfig"),
     ];
+    let (intruder_tokens, _) = kubelet_tokens(&env.client, &intruder).await;
     let err = node
-        .node_publish_volume(publish_request(&intruder, &intruder_target, &attrs))
+        .node_publish_volume(with_tokens(
+            publish_request(&intruder, &intruder_target, &attrs),
+            &intruder_tokens,
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
@@ -479,21 +528,16 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
             "inline ephemeral",
         ),
     ];
-    // The documentation's inspect Pod, applied as written.
+    // The documentation's inspect Pod, applied as written, on node-1 (what
+    // the scheduler's binding sets: the emulator runs no scheduler).
     check_examples_use_the_documented_volume();
+    let mut inspect: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo("examples/connectors/inspect-pod.yaml")).unwrap(),
+    )
+    .unwrap();
+    inspect["spec"]["nodeName"] = "node-1".into();
     ok(
-        env.op(
-            &[
-                "apply",
-                "-n",
-                NS,
-                "-f",
-                repo("examples/connectors/inspect-pod.yaml")
-                    .to_str()
-                    .unwrap(),
-            ],
-            None,
-        ),
+        env.op(&["apply", "-n", NS, "-f", "-"], Some(&inspect.to_string())),
         "the inspect Pod",
     );
     let other_pod = Pod {
@@ -517,9 +561,13 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         service_account: "default".into(),
     };
     let other_target = target_of(&env, &other_pod);
+    let (other_tokens, _) = kubelet_tokens(&env.client, &other_pod).await;
     for (attrs, code, message) in table {
         let err = node
-            .node_publish_volume(publish_request(&other_pod, &other_target, attrs))
+            .node_publish_volume(with_tokens(
+                publish_request(&other_pod, &other_target, attrs),
+                &other_tokens,
+            ))
             .await
             .unwrap_err();
         assert_eq!(err.code(), *code, "{attrs:?}: {err:?}");
@@ -530,6 +578,43 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         );
         assert!(!other_target.exists(), "{attrs:?}: no files");
     }
+    // No token from kubelet (a CSIDriver without tokenRequests), or none
+    // for the proxy's audience: kubelet is told to retry, no files.
+    for (tokens, message) in [
+        (None, "tokenRequests"),
+        (
+            Some(r#"{"vault":{"token":"t","expirationTimestamp":"2030-01-01T00:00:00Z"}}"#),
+            "no token for the audience",
+        ),
+    ] {
+        let mut request = publish_request(&other_pod, &other_target, DOCUMENTED);
+        if let Some(tokens) = tokens {
+            request = with_tokens(request, tokens);
+        }
+        let err = node.node_publish_volume(request).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+        assert!(err.message().contains(message), "{}", err.message());
+        assert!(!other_target.exists(), "no files");
+    }
+    // A pod of another node: this node's plugin does not publish it.
+    let elsewhere = create_pod(&env, NS, "on-node-2", "default", "node-2");
+    let elsewhere_target = target_of(&env, &elsewhere);
+    let (elsewhere_tokens, _) = kubelet_tokens(&env.client, &elsewhere).await;
+    let err = node
+        .node_publish_volume(with_tokens(
+            publish_request(&elsewhere, &elsewhere_target, DOCUMENTED),
+            &elsewhere_tokens,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message()
+            .contains("runs on node \"node-2\", not on this plugin's node \"node-1\""),
+        "{}",
+        err.message()
+    );
+    assert!(!elsewhere_target.exists(), "no files");
     let mut no_pod_info = publish_request(&other_pod, &other_target, DOCUMENTED);
     no_pod_info
         .volume_context
@@ -553,17 +638,26 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     assert_eq!(err.code(), Code::InvalidArgument);
 
     // --- Two publishes at once, of different volumes, don't interfere. ----
+    // One with kubelet's tokens in `secrets` (Kubernetes 1.35 with
+    // serviceAccountTokenInSecrets: only there, not in volume_context).
+    let mut in_secrets = publish_request(&other_pod, &other_target, DOCUMENTED);
+    in_secrets
+        .secrets
+        .insert(KUBELET_TOKENS.into(), other_tokens.clone());
     let (mut node_a, mut node_b) = (node.clone(), node.clone());
     let (a, b) = tokio::join!(
-        node_a.node_publish_volume(publish_request(&other_pod, &other_target, DOCUMENTED)),
-        node_b.node_publish_volume(publish_request(
-            &job,
-            &target,
-            &[
-                ("connectors", &format!("{NS}/k8s-connector")),
-                ("configuration.names", "kubeconfig,!context.proxy.caCert"),
-                ("token.expiration", "1h"),
-            ]
+        node_a.node_publish_volume(in_secrets),
+        node_b.node_publish_volume(with_tokens(
+            publish_request(
+                &job,
+                &target,
+                &[
+                    ("connectors", &format!("{NS}/k8s-connector")),
+                    ("configuration.names", "kubeconfig,!context.proxy.caCert"),
+                    ("token.expiration", "1h"),
+                ]
+            ),
+            &renewed
         )),
     );
     a.unwrap();
@@ -606,6 +700,20 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
             "nothing left beside it"
         );
     }
+    // The links the pod planted reached nothing, through every publish
+    // and the unpublish.
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "another pod's token"
+    );
+    assert_eq!(
+        std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+    assert_eq!(
+        std::fs::read_to_string(cache.join("data")).unwrap(),
+        "cache"
+    );
     let err = node
         .node_unpublish_volume(NodeUnpublishVolumeRequest {
             volume_id: String::new(),
@@ -624,13 +732,17 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         );
     }
 
-    // --- The RBAC of examples/connectors/csi-rbac.yaml: enough, all used. --
+    // --- The plugin minted no token; its RBAC (examples/connectors/
+    // csi-rbac.yaml): enough, all used. ------------------------------------
+    let minted: Vec<_> = env
+        .operator
+        .audit_entries()
+        .into_iter()
+        .filter(|e| e.user == CSI_SA && e.subresource == "token")
+        .collect();
+    assert!(minted.is_empty(), "the plugin minted tokens: {minted:?}");
     let used = rbac_used(&env.operator, CSI_SA);
     let granted =
         rbac_rules(&std::fs::read_to_string(repo("examples/connectors/csi-rbac.yaml")).unwrap());
     assert_eq!(used, granted, "used (left) and granted (right) differ");
-}
-
-async fn channel_of(plugin: &Plugin) -> Channel {
-    channel(&plugin.socket).await
 }

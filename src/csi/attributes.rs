@@ -9,12 +9,16 @@
 //! | `connector.namespace` | its namespace; default: the pod's |
 //! | `connectors` | `ns/name` or `name`: the newer form (one connector per volume) |
 //! | `configuration.names` | comma list of configurations to render (default: all of the class); `!file` leaves a file out |
-//! | `token.expiration` | lifetime of the pod's token, default `30m`, at least `10m` |
+//! | `token.expiration` | accepted for compatibility (a duration, `10m` to `24h`), not used: the token is kubelet's, its lifetime the CSIDriver's `tokenRequests[].expirationSeconds` |
 //! | `csi.storage.k8s.io/pod.name`, `pod.namespace`, `pod.uid`, `serviceAccount.name` | the pod, from kubelet |
 //! | `csi.storage.k8s.io/ephemeral` | `true` for inline volumes: the only kind served |
+//! | `csi.storage.k8s.io/serviceAccount.tokens` | the pod's tokens kubelet requested (`tokenRequests`), in `secrets` (Kubernetes 1.35 with `serviceAccountTokenInSecrets`) or here |
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::TokenRequestStatus;
+use tuna_proxy::Credential;
 
 use super::CsiError;
 
@@ -28,8 +32,12 @@ pub const POD_UID: &str = "csi.storage.k8s.io/pod.uid";
 pub const POD_SERVICE_ACCOUNT: &str = "csi.storage.k8s.io/serviceAccount.name";
 /// `"true"` for an inline ephemeral volume, from kubelet.
 pub const EPHEMERAL: &str = "csi.storage.k8s.io/ephemeral";
+/// The pod's ServiceAccount tokens kubelet requested for the CSIDriver's
+/// `tokenRequests`: JSON `{"<audience>": {"token", "expirationTimestamp"}}`.
+pub const SERVICE_ACCOUNT_TOKENS: &str = "csi.storage.k8s.io/serviceAccount.tokens";
 
-/// Default lifetime of the pod's token.
+/// Default of `token.expiration` (the chart's CSIDriver asks kubelet for
+/// tokens of this lifetime too).
 pub const DEFAULT_EXPIRATION: Duration = Duration::from_secs(30 * 60);
 /// The API server refuses TokenRequests under ten minutes.
 pub const MIN_EXPIRATION: Duration = Duration::from_secs(10 * 60);
@@ -68,7 +76,8 @@ pub struct VolumeRequest {
     pub connector_name: String,
     /// What to write.
     pub files: FileSelection,
-    /// Lifetime of the pod's token.
+    /// `token.expiration`: checked and kept for compatibility; the token's
+    /// lifetime is the CSIDriver's `tokenRequests[].expirationSeconds`.
     pub token_expiration: Duration,
     /// The pod.
     pub pod: PodIdentity,
@@ -231,6 +240,65 @@ pub fn parse_expiration(value: &str) -> Result<Duration, CsiError> {
     Ok(duration)
 }
 
+/// The pod's token for one audience, as kubelet passed it.
+pub struct PodToken {
+    /// The token (a proxy password).
+    pub token: Credential,
+    /// When it expires (Unix seconds).
+    pub expires_at: u64,
+}
+
+/// kubelet's `serviceAccount.tokens` of a publish: from `secrets` first
+/// (Kubernetes 1.35 puts them only there with
+/// `serviceAccountTokenInSecrets: true`), else from `volume_context`.
+/// Missing: the CSIDriver has no `tokenRequests`, or kubelet could not get
+/// a token yet — `UNAVAILABLE`, kubelet retries.
+pub fn service_account_tokens<'a>(
+    secrets: &'a HashMap<String, String>,
+    context: &'a HashMap<String, String>,
+) -> Result<&'a str, CsiError> {
+    secrets
+        .get(SERVICE_ACCOUNT_TOKENS)
+        .or_else(|| context.get(SERVICE_ACCOUNT_TOKENS))
+        .map(String::as_str)
+        .filter(|t| !t.trim().is_empty())
+        .ok_or_else(|| {
+            CsiError::Unavailable(format!(
+                "kubelet passed no ServiceAccount token ({SERVICE_ACCOUNT_TOKENS}): the CSIDriver connectors-csi must declare tokenRequests for the connector proxy's audience (the chart does); kubelet will retry"
+            ))
+        })
+}
+
+/// The token for `audience` in kubelet's `tokens` JSON. An expired or
+/// missing one is `UNAVAILABLE` (kubelet brings a fresh one at the next
+/// republish). Error messages never quote the JSON: it holds tokens.
+pub fn pod_token(tokens: &str, audience: &str, now: u64) -> Result<PodToken, CsiError> {
+    let map: BTreeMap<String, TokenRequestStatus> =
+        serde_json::from_str(tokens).map_err(|e| {
+            CsiError::InvalidArgument(format!(
+                "{SERVICE_ACCOUNT_TOKENS} is not kubelet's map of audience to {{token, expirationTimestamp}} (line {}, column {})",
+                e.line(),
+                e.column()
+            ))
+        })?;
+    let Some(status) = map.get(audience).filter(|s| !s.token.is_empty()) else {
+        let audiences: Vec<&str> = map.keys().map(String::as_str).collect();
+        return Err(CsiError::Unavailable(format!(
+            "kubelet passed no token for the audience {audience:?} (only for {audiences:?}): add it to the CSIDriver connectors-csi's tokenRequests (the chart's connectors.tokenAudience); kubelet will retry"
+        )));
+    };
+    let expires_at = u64::try_from(status.expiration_timestamp.0.as_second()).unwrap_or(0);
+    if expires_at <= now {
+        return Err(CsiError::Unavailable(format!(
+            "the token kubelet passed for the audience {audience:?} has expired; kubelet will retry with a fresh one"
+        )));
+    }
+    Ok(PodToken {
+        token: Credential::new(status.token.clone()),
+        expires_at,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,5 +427,58 @@ mod tests {
         let err = VolumeRequest::parse(&context(&[("connector.name", "c"), (EPHEMERAL, "false")]))
             .unwrap_err();
         assert!(err.to_string().contains("inline ephemeral"), "{err}");
+    }
+
+    #[test]
+    fn kubelet_tokens() {
+        let now = 1_799_000_000;
+        let json = r#"{"connectors.alauda.io":{"token":"t-proxy","expirationTimestamp":"2027-01-15T08:00:00Z"},"":{"token":"t-api","expirationTimestamp":"2027-01-15T08:00:00Z"}}"#;
+        let map = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        // From volume_context, and from secrets first (Kubernetes 1.35).
+        let context = map(&[(SERVICE_ACCOUNT_TOKENS, json)]);
+        assert_eq!(
+            service_account_tokens(&HashMap::new(), &context).unwrap(),
+            json
+        );
+        let secrets = map(&[(SERVICE_ACCOUNT_TOKENS, "{}")]);
+        assert_eq!(service_account_tokens(&secrets, &context).unwrap(), "{}");
+        let err = service_account_tokens(&HashMap::new(), &HashMap::new()).unwrap_err();
+        assert!(matches!(err, CsiError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("tokenRequests"), "{err}");
+
+        let token = pod_token(json, "connectors.alauda.io", now).unwrap();
+        assert_eq!(token.token.expose(), "t-proxy");
+        // 2027-01-15T08:00:00Z
+        assert_eq!(token.expires_at, 1_800_000_000);
+        type Case<'a> = (&'a str, &'a str, u64, &'a str);
+        let refusals: &[Case] = &[
+            (json, "other.example", now, "only for"),
+            (json, "connectors.alauda.io", 1_800_000_000, "expired"),
+            (
+                r#"{"connectors.alauda.io":{"token":"","expirationTimestamp":"2027-01-15T08:00:00Z"}}"#,
+                "connectors.alauda.io",
+                now,
+                "no token",
+            ),
+            (
+                r#"{"connectors.alauda.io":"t-secret"}"#,
+                "connectors.alauda.io",
+                now,
+                "not kubelet's map",
+            ),
+            ("t-secret", "connectors.alauda.io", now, "not kubelet's map"),
+        ];
+        for (tokens, audience, at, message) in refusals {
+            let err = pod_token(tokens, audience, *at).err().expect("refused");
+            assert!(err.to_string().contains(message), "{tokens}: {err}");
+            for secret in ["t-proxy", "t-api", "t-secret"] {
+                assert!(!err.to_string().contains(secret), "a token in {err}");
+            }
+        }
     }
 }

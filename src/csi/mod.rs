@@ -16,21 +16,26 @@
 //! socket (gRPC, tonic; the protocol compiled from `csi.proto` by
 //! `build.rs` with protox). For each `NodePublishVolume` it
 //!
-//! 1. reads the attributes and the pod's identity ([`attributes`]);
-//! 2. reads the Connector, and checks that the pod's ServiceAccount may use
+//! 1. reads the attributes, the pod's identity and the pod's token that
+//!    kubelet requested for the CSIDriver's `tokenRequests` — bound to the
+//!    pod, for the proxy's audience ([`attributes`]);
+//! 2. reads the Pod: it must run on this node (`--node-id`) with the uid
+//!    and ServiceAccount kubelet names;
+//! 3. reads the Connector, and checks that the pod's ServiceAccount may use
 //!    it — the connector proxy's own rule
 //!    ([`crate::connectors::authorizer::may_use_connector`]): a pod that may
 //!    not gets `PERMISSION_DENIED` and no files;
-//! 3. mints a token of the pod's ServiceAccount with a TokenRequest bound to
-//!    the pod (the proxy's audience, `token.expiration`);
 //! 4. renders the configurations with the connector family's one renderer
 //!    ([`crate::connectors::kubeconfig`]) plus the built-in files, and writes
-//!    them atomically into `target_path` ([`volume`]).
+//!    them atomically into `target_path` ([`volume`]), never following a
+//!    link the pod planted there.
 //!
-//! A repeated call with the same request is answered from the volume's
-//! state without calling the API server, until the token has lived
-//! `--rotate-after-percent` of its lifetime: then (kubelet calls again
-//! periodically, `requiresRepublish: true`) a new token replaces it.
+//! The plugin mints no token: its ServiceAccount may not create any
+//! (`serviceaccounts/token`), so owning one node's plugin gives no
+//! ServiceAccount's token. A repeated call with the same request and token
+//! is answered from the volume's state without calling the API server;
+//! kubelet renews the token at 80 % of its lifetime and republishes
+//! (`requiresRepublish: true`), and the new token replaces the old one.
 //! `NodeUnpublishVolume` removes the directory.
 //!
 //! Nothing is mounted: an inline volume of this driver is the directory the
@@ -106,13 +111,10 @@ pub struct CsiArgs {
         default_value = "unix:///csi/csi.sock"
     )]
     pub endpoint: String,
-    /// This node's name (`NodeGetInfo`); in the chart, `spec.nodeName`.
+    /// This node's name (`NodeGetInfo`); in the chart, `spec.nodeName`. A
+    /// pod of another node is refused.
     #[arg(long, value_name = "NODE", env = "NODE_NAME")]
     pub node_id: String,
-    /// A republish replaces the token once it has lived this share of its
-    /// lifetime (kubelet republishes every minute or two).
-    #[arg(long, value_name = "PERCENT", default_value_t = 80, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub rotate_after_percent: u8,
     /// Proxy URL written into kubeconfigs instead of the Connector's
     /// `status.proxy.httpAddress.url` (`http://host[:port]`), for nodes
     /// whose pods cannot resolve the cluster's DNS names (tests, debugging).

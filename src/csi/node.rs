@@ -6,16 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tuna_crds::{Connector, K8S_CLASS};
-use tuna_proxy::Credential;
 
-use super::attributes::VolumeRequest;
+use super::attributes::{self, VolumeRequest};
 use super::proto::identity_server::{Identity, IdentityServer};
 use super::proto::node_server::{Node, NodeServer};
 use super::proto::{self, node_service_capability, volume_capability};
@@ -37,7 +35,6 @@ pub const PROXY_ADDRESS_FILE: &str = "connector.status.proxyAddress";
 pub struct NodeContext {
     client: Client,
     node_id: String,
-    rotate_after_percent: u8,
     proxy_url: Option<String>,
     /// Volumes with a call in progress: a second call on one gets ABORTED,
     /// as the CSI spec recommends.
@@ -50,7 +47,6 @@ impl NodeContext {
         Self {
             client,
             node_id: args.node_id.clone(),
-            rotate_after_percent: args.rotate_after_percent,
             proxy_url: args.proxy_url.clone(),
             busy: Arc::default(),
         }
@@ -133,13 +129,24 @@ impl NodeService {
     }
 }
 
-/// A stable digest of what a publish asks for (not of the token).
-fn request_digest(request: &proto::NodePublishVolumeRequest, group: Option<u32>) -> String {
-    let context: BTreeMap<&String, &String> = request.volume_context.iter().collect();
+/// A stable digest of what a publish asks for and of kubelet's tokens: a
+/// republish with a new token (kubelet renews it at 80 % of its lifetime)
+/// or other attributes is written anew. Only the digest is kept.
+fn request_digest(
+    request: &proto::NodePublishVolumeRequest,
+    group: Option<u32>,
+    tokens: &str,
+) -> String {
+    let context: BTreeMap<&String, &String> = request
+        .volume_context
+        .iter()
+        .filter(|(k, _)| k.as_str() != attributes::SERVICE_ACCOUNT_TOKENS)
+        .collect();
     let text = serde_json::json!({
         "context": context,
         "readonly": request.readonly,
         "group": group,
+        "tokens": tokens,
     })
     .to_string();
     let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
@@ -180,11 +187,17 @@ fn mount_group(request: &proto::NodePublishVolumeRequest) -> Result<Option<u32>,
             if group.is_empty() {
                 return Ok(None);
             }
-            group.parse().map(Some).map_err(|_| {
-                CsiError::InvalidArgument(format!(
-                    "volume_mount_group {group:?} is not a numeric group id"
-                ))
-            })
+            // (u32::MAX is -1, "no group", to chown.)
+            group
+                .parse()
+                .ok()
+                .filter(|g| *g != u32::MAX)
+                .map(Some)
+                .ok_or_else(|| {
+                    CsiError::InvalidArgument(format!(
+                        "volume_mount_group {group:?} is not a numeric group id"
+                    ))
+                })
         }
         Some(volume_capability::AccessType::Block(_)) => Err(CsiError::InvalidArgument(
             "connectors-csi serves file systems, not block volumes".into(),
@@ -212,22 +225,20 @@ impl NodeService {
         }
         let group = mount_group(&request)?;
         let asked = VolumeRequest::parse(&request.volume_context)?;
+        let tokens = attributes::service_account_tokens(&request.secrets, &request.volume_context)?;
         let _busy = self.ctx.claim(&request.volume_id)?;
-        let digest = request_digest(&request, group);
+        let digest = request_digest(&request, group, tokens);
         let now = volume::unix_now();
+        // kubelet republishes every minute or so: the same request with the
+        // same token is already on disk, and costs no API call.
         if let Some(state) = volume::read_state(&target)
             && state.volume_id == request.volume_id
             && state.request == digest
+            && now < state.expires_at
         {
-            let lifetime = state.expires_at.saturating_sub(state.issued_at);
-            let rotate_at =
-                state.issued_at + lifetime * u64::from(self.ctx.rotate_after_percent) / 100;
-            if now < rotate_at {
-                return Ok(());
-            }
-            tracing::info!(volume = %request.volume_id, pod = %format!("{}/{}", asked.pod.namespace, asked.pod.name), "rotating the token");
+            return Ok(());
         }
-        match self.render(&asked).await {
+        match self.render(&asked, tokens, now).await {
             Ok((files, expires_at)) => {
                 let state = VolumeState {
                     volume_id: request.volume_id.clone(),
@@ -262,8 +273,53 @@ impl NodeService {
         }
     }
 
-    /// The files of `asked` and when their token expires (Unix seconds).
-    async fn render(&self, asked: &VolumeRequest) -> Result<(Vec<VolumeFile>, u64), CsiError> {
+    /// The pod kubelet names runs on this node, with that uid and
+    /// ServiceAccount: a plugin publishes only for its own node's pods.
+    async fn check_pod(&self, asked: &VolumeRequest) -> Result<(), CsiError> {
+        let pod = &asked.pod;
+        let (ns, name) = (&pod.namespace, &pod.name);
+        let found = Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| kube_error(format!("reading pod {ns}/{name}"), e))?
+            .ok_or_else(|| CsiError::NotFound(format!("there is no pod {ns}/{name}")))?;
+        let uid = found.metadata.uid.unwrap_or_default();
+        if uid != pod.uid {
+            return Err(CsiError::FailedPrecondition(format!(
+                "pod {ns}/{name} has the uid {uid}, not {} as the request says: it was replaced",
+                pod.uid
+            )));
+        }
+        let spec = found.spec.unwrap_or_default();
+        let node = spec.node_name.unwrap_or_default();
+        if node != self.ctx.node_id {
+            return Err(CsiError::FailedPrecondition(format!(
+                "pod {ns}/{name} runs on node {node:?}, not on this plugin's node {:?} (--node-id): a node's plugin publishes only the pods of its node",
+                self.ctx.node_id
+            )));
+        }
+        let service_account = spec
+            .service_account_name
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".into());
+        if service_account != pod.service_account {
+            return Err(CsiError::FailedPrecondition(format!(
+                "pod {ns}/{name} runs as ServiceAccount {service_account}, not {} as the request says",
+                pod.service_account
+            )));
+        }
+        Ok(())
+    }
+
+    /// The files of `asked` with kubelet's `tokens`, and when their token
+    /// expires (Unix seconds).
+    async fn render(
+        &self,
+        asked: &VolumeRequest,
+        tokens: &str,
+        now: u64,
+    ) -> Result<(Vec<VolumeFile>, u64), CsiError> {
+        self.check_pod(asked).await?;
         let (ns, name) = (&asked.connector_namespace, &asked.connector_name);
         let connector = Api::<Connector>::namespaced(self.ctx.client.clone(), ns)
             .get_opt(name)
@@ -304,13 +360,6 @@ impl NodeService {
             RenderError::NoProxyAddress(_) => CsiError::Unavailable(e.to_string()),
             _ => CsiError::FailedPrecondition(e.to_string()),
         };
-        // What the connector lacks fails before a token is minted for nothing.
-        KubeconfigInput::from_connector(
-            &connector,
-            Credential::new(""),
-            self.ctx.proxy_url.as_deref(),
-        )
-        .map_err(render_error)?;
         let configurations = if asked.files.configurations.is_empty() {
             vec![tuna_crds::KUBECONFIG_CONFIGURATION.to_owned()]
         } else {
@@ -328,9 +377,9 @@ impl NodeService {
             .and_then(|p| p.http_address.as_ref())
             .and_then(|a| a.audience.clone())
             .unwrap_or_else(|| DEFAULT_AUDIENCE.to_owned());
-        let (token, expires_at) = self.mint_token(asked, audience).await?;
+        let token = attributes::pod_token(tokens, &audience, now)?;
         let input =
-            KubeconfigInput::from_connector(&connector, token, self.ctx.proxy_url.as_deref())
+            KubeconfigInput::from_connector(&connector, token.token, self.ctx.proxy_url.as_deref())
                 .map_err(render_error)?;
         let mut files = Vec::new();
         for c in &configurations {
@@ -364,50 +413,7 @@ impl NodeService {
             }
         }
         files.retain(|f| !asked.files.excluded.contains(&f.name));
-        Ok((files, expires_at))
-    }
-
-    /// A token of the pod's ServiceAccount for `audience`, bound to the pod
-    /// (it dies with the pod), and when it expires.
-    async fn mint_token(
-        &self,
-        asked: &VolumeRequest,
-        audience: String,
-    ) -> Result<(Credential, u64), CsiError> {
-        let pod = &asked.pod;
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec![audience],
-                expiration_seconds: Some(asked.token_expiration.as_secs() as i64),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(pod.name.clone()),
-                    uid: Some(pod.uid.clone()),
-                }),
-            },
-            ..Default::default()
-        };
-        let issued = Api::<ServiceAccount>::namespaced(self.ctx.client.clone(), &pod.namespace)
-            .create_token_request(&pod.service_account, &PostParams::default(), &request)
-            .await
-            .map_err(|e| {
-                kube_error(
-                    format!(
-                        "minting a token of ServiceAccount {}/{} for pod {} (TokenRequest)",
-                        pod.namespace, pod.service_account, pod.name
-                    ),
-                    e,
-                )
-            })?;
-        let status = issued
-            .status
-            .filter(|s| !s.token.is_empty())
-            .ok_or_else(|| CsiError::Unavailable("the TokenRequest answered no token".into()))?;
-        let fallback = volume::unix_now() + asked.token_expiration.as_secs();
-        let expires_at =
-            u64::try_from(status.expiration_timestamp.0.as_second()).unwrap_or(fallback);
-        Ok((Credential::new(status.token), expires_at))
+        Ok((files, token.expires_at))
     }
 }
 

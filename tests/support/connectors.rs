@@ -446,3 +446,54 @@ pub fn publish_request(
         volume_context: context,
     }
 }
+
+/// kubelet's key for the pod's tokens (`volume_context`, or `secrets` on
+/// Kubernetes 1.35 with `serviceAccountTokenInSecrets`).
+pub const KUBELET_TOKENS: &str = "csi.storage.k8s.io/serviceAccount.tokens";
+
+/// What kubelet does for the CSIDriver's `tokenRequests` (the chart's:
+/// audience `connectors.alauda.io`, 1800 s): a TokenRequest for the pod's
+/// ServiceAccount bound to the pod, made with `client` (the test's admin,
+/// as kubelet makes it with its own identity); returns kubelet's JSON
+/// `{"<audience>": {"token", "expirationTimestamp"}}` and the token.
+pub async fn kubelet_tokens(client: &kube::Client, pod: &Pod) -> (String, String) {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec!["connectors.alauda.io".into()],
+            expiration_seconds: Some(1800),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                uid: Some(pod.uid.clone()),
+            }),
+        },
+        ..Default::default()
+    };
+    let status = kube::Api::<ServiceAccount>::namespaced(client.clone(), &pod.namespace)
+        .create_token_request(&pod.service_account, &Default::default(), &request)
+        .await
+        .expect("kubelet's TokenRequest")
+        .status
+        .expect("a token");
+    let json = serde_json::json!({"connectors.alauda.io": {
+        "token": status.token,
+        "expirationTimestamp": status.expiration_timestamp,
+    }});
+    (json.to_string(), status.token)
+}
+
+/// `request` with kubelet's `tokens` in its `volume_context`.
+pub fn with_tokens(
+    mut request: NodePublishVolumeRequest,
+    tokens: &str,
+) -> NodePublishVolumeRequest {
+    request
+        .volume_context
+        .insert(KUBELET_TOKENS.into(), tokens.into());
+    request
+}
