@@ -363,12 +363,11 @@ impl ProxyHttp for Router {
         }
 
         if let Some(live) = stream_scope(session).and_then(|s| s.pinned.clone()) {
-            let pinned = match live.current().await {
+            let pinned = match live.for_request().await {
                 Ok(pinned) => pinned,
                 Err(refusal) => {
                     // Revoked while the connection was open: this request
                     // is told why, and the connection ends with it.
-                    live.answering();
                     session.set_keepalive(None);
                     let mut body = refusal.message().to_owned();
                     body.push('\n');

@@ -6,7 +6,7 @@
 //! `valid_until` allows.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
@@ -38,6 +38,8 @@ pub(crate) struct LiveGrant {
     state: tokio::sync::Mutex<Result<Current, ConnectRefusal>>,
     /// A request was answered with the refusal: its response is under way.
     answered: AtomicBool,
+    /// Requests waiting for the grant (for a re-check under way).
+    waiting: AtomicUsize,
 }
 
 impl LiveGrant {
@@ -62,6 +64,7 @@ impl LiveGrant {
             shared,
             state: tokio::sync::Mutex::new(Err(ConnectRefusal::Unavailable(String::new()))),
             answered: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
         };
         let current = live.pin(grant, None)?;
         *live.state.get_mut() = Ok(current);
@@ -153,15 +156,22 @@ impl LiveGrant {
         }
     }
 
-    /// Says that a request is answering the refusal (so the connection is
-    /// given a moment to send it before it is closed).
-    pub(crate) fn answering(&self) {
-        self.answered.store(true, Relaxed);
+    /// [`Self::current`] for a request: a refusal is the request's to
+    /// answer, and the connection is given a moment to send it before it
+    /// is closed.
+    pub(crate) async fn for_request(&self) -> Result<Arc<Pinned>, ConnectRefusal> {
+        self.waiting.fetch_add(1, Relaxed);
+        let answer = self.current().await;
+        if answer.is_err() {
+            self.answered.store(true, Relaxed);
+        }
+        self.waiting.fetch_sub(1, Relaxed);
+        answer
     }
 
-    /// Whether a request is answering the refusal.
-    pub(crate) fn answered(&self) -> bool {
-        self.answered.load(Relaxed)
+    /// Whether a request is answering the refusal, or about to.
+    pub(crate) fn answering(&self) -> bool {
+        self.answered.load(Relaxed) || self.waiting.load(Relaxed) > 0
     }
 
     /// Re-checks at every deadline, requests or not; returns the refusal

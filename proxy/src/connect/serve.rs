@@ -419,7 +419,7 @@ async fn serve(
         _ = &mut serving => {}
         refusal = live.until_refused() => {
             tracing::info!(%peer, target = %authority, status = refusal.status(), reason = refusal.message(), "CONNECT connection closed: a re-check refused it");
-            if live.answered() {
+            if live.answering() {
                 // A request is sending the refusal (its response closes
                 // the connection); it gets a moment to, no more.
                 let _ = tokio::time::timeout(config.limits.handshake_timeout, &mut serving).await;
