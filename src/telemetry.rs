@@ -1,6 +1,47 @@
 //! Logging set-up shared by every subcommand.
+//!
+//! Whatever `RUST_LOG` asks, the targets in [`CAPPED`] log at `info` at
+//! most: below it, Pingora writes request and response heads and bodies as
+//! they go over the wire (`pingora_core::protocols::http::v1::client`
+//! traces the upstream request head with the injected `Authorization`; the
+//! body parsers trace chunks; `pingora_proxy` debugs whole requests and
+//! body tasks). The cap is a filter of its own, beside `RUST_LOG`'s, so no
+//! directive — however specific — lifts it.
 
-use tracing_subscriber::EnvFilter;
+use tracing::Level;
+use tracing_subscriber::filter::{EnvFilter, FilterExt, filter_fn};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{Layer, fmt};
+
+/// Crates whose logs below `info` may hold secrets (headers, bodies):
+/// Pingora's (every crate of it, read in its sources for v0.9: heads at
+/// `debug`/`trace` in `pingora_core` and `pingora_proxy`, chunks in the
+/// body parsers).
+pub const CAPPED: &[&str] = &[
+    "pingora",
+    "pingora_cache",
+    "pingora_core",
+    "pingora_error",
+    "pingora_header_serde",
+    "pingora_http",
+    "pingora_load_balancing",
+    "pingora_pool",
+    "pingora_proxy",
+    "pingora_runtime",
+    "pingora_rustls",
+    "pingora_timeout",
+];
+
+/// Whether an event of `target` at `level` may be logged at all.
+pub fn allowed(target: &str, level: &Level) -> bool {
+    let capped = CAPPED.iter().any(|c| {
+        target
+            .strip_prefix(c)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    });
+    !capped || *level <= Level::INFO
+}
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -20,12 +61,36 @@ pub fn init() {
 
 /// Same as [`init`], in the given format.
 pub fn init_with(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = env.and(filter_fn(|meta| allowed(meta.target(), meta.level())));
+    let layer = fmt::layer().with_writer(std::io::stderr);
+    let layer = match format {
+        LogFormat::Text => layer.boxed(),
+        LogFormat::Json => layer.json().boxed(),
     };
+    let _ = tracing_subscriber::registry()
+        .with(layer.with_filter(filter))
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pingora_logs_at_info_at_most_whatever_the_target() {
+        for target in [
+            "pingora_core::protocols::http::v1::client",
+            "pingora_proxy",
+            "pingora_core::protocols::http::v1::body",
+        ] {
+            assert!(allowed(target, &Level::INFO), "{target}");
+            assert!(allowed(target, &Level::WARN), "{target}");
+            assert!(!allowed(target, &Level::DEBUG), "{target}");
+            assert!(!allowed(target, &Level::TRACE), "{target}");
+        }
+        for target in ["tuna_proxy::connect", "pingoraish", "kube_client", "log"] {
+            assert!(allowed(target, &Level::TRACE), "{target}");
+        }
+    }
 }

@@ -576,3 +576,522 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
         rbac_rules(&std::fs::read_to_string(repo("examples/connectors/rbac.yaml")).unwrap());
     assert_eq!(used, granted, "used (left) and granted (right) differ");
 }
+
+// ---------------------------------------------------------------------------
+// Trust of the proxy (issue 19: revocation on open connections, strangers'
+// budget, negative reviews, no secret at any log level).
+// ---------------------------------------------------------------------------
+
+mod trust {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+    use hyper::client::conn::http1::SendRequest;
+    use hyper_util::rt::TokioIo;
+    use serde_json::Value;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use super::ready;
+    use super::support::connectors::{Env, NS, ROLE_SA, ok, password_of, quick_start};
+
+    /// The documented revocation bound (docs/connector.md): the tests run the
+    /// role with a re-check interval well under it.
+    const BOUND: Duration = Duration::from_secs(10);
+
+    /// The quick start applied and Ready, ServiceAccount `k8s-access`, and a
+    /// kubeconfig of it.
+    async fn quick_start_ready(env: &Env) -> String {
+        ok(
+            env.op(
+                &["apply", "-n", NS, "-f", "-"],
+                Some(&quick_start(&env.target_token, env.target.url())),
+            ),
+            "apply the quick start",
+        );
+        env.connector("Ready", ready).await;
+        ok(
+            env.op(&["-n", NS, "create", "serviceaccount", "k8s-access"], None),
+            "the workload's SA",
+        );
+        env.mint_kubeconfig("k8s-access")
+    }
+
+    fn basic(user_pass: &str) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(user_pass)
+    }
+
+    fn target_addr(env: &Env) -> SocketAddr {
+        env.target
+            .url()
+            .strip_prefix("https://")
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// The proxy CA of a rendered kubeconfig (`certificate-authority-data`).
+    fn proxy_ca(kubeconfig: &str) -> Vec<u8> {
+        use base64::Engine;
+        let v: Value = serde_saphyr::from_str(kubeconfig).unwrap();
+        let data = v["clusters"][0]["cluster"]["certificate-authority-data"]
+            .as_str()
+            .unwrap();
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap()
+    }
+
+    /// A CONNECT with `password` from `from`, answered with its head.
+    async fn connect_from(
+        env: &Env,
+        from: std::net::Ipv4Addr,
+        password: &str,
+    ) -> (String, TcpStream) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        let mut tcp = socket.connect(env.proxy).await.unwrap();
+        let head = format!(
+            "CONNECT {} HTTP/1.1\r\nHost: {0}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+            target_addr(env),
+            basic(&format!("{NS}/k8s-connector:{password}"))
+        );
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            match tcp.read(&mut byte).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => buf.push(byte[0]),
+            }
+        }
+        (String::from_utf8_lossy(&buf).into_owned(), tcp)
+    }
+
+    /// What a Go client does with the kubeconfig: CONNECT with the
+    /// password, TLS trusting only the proxy CA (for the target's IP), then
+    /// HTTP/1.1 requests one after another on that one connection.
+    async fn connection(
+        env: &Env,
+        kubeconfig: &str,
+        password: &str,
+    ) -> (SendRequest<Empty<Bytes>>, tokio::task::JoinHandle<()>) {
+        let (head, tcp) = connect_from(env, [127, 0, 0, 1].into(), password).await;
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject;
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_slice(&proxy_ca(kubeconfig)).unwrap())
+            .unwrap();
+        let mut config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let name = rustls::pki_types::ServerName::from(target_addr(env).ip());
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .expect("TLS with the proxy's certificate");
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .unwrap();
+        let task = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        (sender, task)
+    }
+
+    fn get(env: &Env, path: &str) -> hyper::Request<Empty<Bytes>> {
+        hyper::Request::get(path)
+            .header("host", target_addr(env).to_string())
+            .header("authorization", "Bearer fake-token")
+            .body(Empty::new())
+            .unwrap()
+    }
+
+    async fn status_of(
+        sender: &mut SendRequest<Empty<Bytes>>,
+        req: hyper::Request<Empty<Bytes>>,
+    ) -> Option<(u16, String)> {
+        sender.ready().await.ok()?;
+        let resp = sender.send_request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        Some((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// Requests on the SAME connection, as fast as they are answered, until
+    /// one is refused or the connection is closed: then the connection must
+    /// be closed, all within `BOUND` of `since`. Returns the refusal, if a
+    /// request got one (rather than finding the connection closed by its
+    /// own re-check).
+    async fn refused_within_the_bound(
+        env: &Env,
+        what: &str,
+        since: Instant,
+        mut sender: SendRequest<Empty<Bytes>>,
+        conn: tokio::task::JoinHandle<()>,
+    ) -> Option<(u16, String)> {
+        let deadline = since + BOUND;
+        let refusal = tokio::time::timeout_at(deadline.into(), async {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                match status_of(&mut sender, get(env, "/api/v1/namespaces/default/pods")).await {
+                    Some((200, _)) => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "{what}: requests on the open connection still succeed after {BOUND:?}:\n{}",
+                env.role.log()
+            )
+        });
+        tokio::time::timeout_at(deadline.into(), conn)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the connection stays open after the refusal"))
+            .unwrap();
+        eprintln!(
+            "{what}: refused ({refusal:?}) and closed after {:?}",
+            since.elapsed()
+        );
+        refusal
+    }
+
+    /// The client's next CONNECT with `password` (what Go's transport does
+    /// when it finds its idle connection closed) is refused with `status`.
+    async fn reconnect_refused(env: &Env, password: &str, status: u16) {
+        let (head, _) = connect_from(env, [127, 0, 0, 1].into(), password).await;
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "a new CONNECT: {head}"
+        );
+    }
+
+    /// Revocation reaches open connections: a kept-alive connection whose
+    /// token expires, whose ServiceAccount, RoleBinding or Connector is
+    /// deleted is refused and closed within the bound — and a watch under
+    /// way is cut, without any request.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn open_connections_are_refused_within_the_bound_once_revoked() {
+        let env = Env::start_with(&["--proxy-recheck-interval", "1s"], &[]).await;
+        let kubeconfig = quick_start_ready(&env).await;
+        let pods = "/api/v1/namespaces/default/pods";
+
+        // The proxy token expires.
+        let token = password_of(&kubeconfig);
+        let (mut sender, conn) = connection(&env, &kubeconfig, &token).await;
+        assert_eq!(
+            status_of(&mut sender, get(&env, pods)).await.unwrap().0,
+            200
+        );
+        assert!(env.operator.expire_token(&token));
+        let since = Instant::now();
+        if let Some((status, body)) =
+            refused_within_the_bound(&env, "token expired", since, sender, conn).await
+        {
+            assert_eq!(status, 407, "{body}");
+        }
+        reconnect_refused(&env, &token, 407).await;
+
+        // The ServiceAccount is deleted, with a watch open on a second
+        // connection.
+        let kubeconfig = env.mint_kubeconfig("k8s-access");
+        let token = password_of(&kubeconfig);
+        let (mut sender, conn) = connection(&env, &kubeconfig, &token).await;
+        assert_eq!(
+            status_of(&mut sender, get(&env, pods)).await.unwrap().0,
+            200
+        );
+        let (mut watcher, watch_conn) = connection(&env, &kubeconfig, &token).await;
+        let resp = watcher
+            .send_request(get(&env, &format!("{pods}?watch=true")))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut watch = resp.into_body();
+        ok(
+            env.op(&["-n", NS, "delete", "serviceaccount", "k8s-access"], None),
+            "delete the ServiceAccount",
+        );
+        let since = Instant::now();
+        let cut = tokio::time::timeout_at((since + BOUND).into(), async {
+            while let Some(Ok(_)) = watch.frame().await {}
+        })
+        .await;
+        assert!(
+            cut.is_ok(),
+            "the watch is cut within {BOUND:?}:\n{}",
+            env.role.log()
+        );
+        tokio::time::timeout_at((since + BOUND).into(), watch_conn)
+            .await
+            .expect("the watch's connection is closed")
+            .unwrap();
+        if let Some((status, body)) =
+            refused_within_the_bound(&env, "ServiceAccount deleted", since, sender, conn).await
+        {
+            assert_eq!(status, 407, "{body}");
+        }
+        reconnect_refused(&env, &token, 407).await;
+
+        // A ServiceAccount of another namespace that RBAC lets in: its
+        // RoleBinding is deleted.
+        ok(env.op(&["create", "namespace", "other"], None), "namespace");
+        ok(
+            env.op(&["-n", "other", "create", "serviceaccount", "guest"], None),
+            "sa",
+        );
+        ok(
+            env.op(
+                &["apply", "-f", "-"],
+                Some(&format!(
+                    "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: use-k8s-connector, namespace: {NS}}}\nrules:\n- {{apiGroups: [connectors.alauda.io], resources: [connectors], resourceNames: [k8s-connector], verbs: [get]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: guest-uses-k8s-connector, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: use-k8s-connector}}\nsubjects: [{{kind: ServiceAccount, name: guest, namespace: other}}]\n"
+                )),
+            ),
+            "RBAC for the guest",
+        );
+        let guest = ok(
+            env.op(
+                &[
+                    "-n",
+                    "other",
+                    "create",
+                    "token",
+                    "guest",
+                    "--audience",
+                    "connectors.alauda.io",
+                ],
+                None,
+            ),
+            "guest token",
+        );
+        let (mut sender, conn) = connection(&env, &kubeconfig, guest.trim()).await;
+        assert_eq!(
+            status_of(&mut sender, get(&env, pods)).await.unwrap().0,
+            200
+        );
+        ok(
+            env.op(
+                &[
+                    "-n",
+                    NS,
+                    "delete",
+                    "rolebinding",
+                    "guest-uses-k8s-connector",
+                ],
+                None,
+            ),
+            "delete the RoleBinding",
+        );
+        let since = Instant::now();
+        if let Some((status, body)) =
+            refused_within_the_bound(&env, "RoleBinding deleted", since, sender, conn).await
+        {
+            assert_eq!(status, 403, "{body}");
+            assert!(body.contains("may not use connector"), "{body}");
+        }
+        reconnect_refused(&env, guest.trim(), 403).await;
+
+        // The Connector is deleted.
+        ok(
+            env.op(
+                &["-n", NS, "create", "serviceaccount", "k8s-access-2"],
+                None,
+            ),
+            "another SA",
+        );
+        let kubeconfig = env.mint_kubeconfig("k8s-access-2");
+        let token = password_of(&kubeconfig);
+        let (mut sender, conn) = connection(&env, &kubeconfig, &token).await;
+        assert_eq!(
+            status_of(&mut sender, get(&env, pods)).await.unwrap().0,
+            200
+        );
+        ok(
+            env.op(&["-n", NS, "delete", "connector", "k8s-connector"], None),
+            "delete the Connector",
+        );
+        let since = Instant::now();
+        if let Some((status, body)) =
+            refused_within_the_bound(&env, "Connector deleted", since, sender, conn).await
+        {
+            assert_eq!(status, 403, "{body}");
+        }
+        reconnect_refused(&env, &token, 403).await;
+    }
+
+    /// Whether the proxy closed `tcp` within `within`.
+    async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(within, tcp.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
+    /// Idle sockets that never authenticate cannot lock kubectl out: they
+    /// hold places of their own budget, a few per address (the attacker's
+    /// come from 127.0.0.2; Linux routes all of 127/8 to lo), and kubectl —
+    /// from 127.0.0.1, with credentials — still gets through while they are
+    /// open. (Before: 4 idle sockets took all of `--proxy-max-connections 4`.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_sockets_without_credentials_do_not_lock_kubectl_out() {
+        let env = Env::start_with(
+            &[
+                "--proxy-max-connections",
+                "4",
+                "--proxy-max-unauthenticated",
+                "8",
+                "--proxy-max-unauthenticated-per-ip",
+                "4",
+            ],
+            &[],
+        )
+        .await;
+        let kubeconfig = quick_start_ready(&env).await;
+        let workload = env.kubeconfig_file("workload.kubeconfig", &kubeconfig);
+        let attacker: std::net::Ipv4Addr = [127, 0, 0, 2].into();
+        let mut idle = Vec::new();
+        for _ in 0..4 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::from((attacker, 0))).unwrap();
+            idle.push(socket.connect(env.proxy).await.unwrap());
+        }
+        // The address's fifth is closed at once (the handshake timeout is 10 s).
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((attacker, 0))).unwrap();
+        let mut fifth = socket.connect(env.proxy).await.unwrap();
+        assert!(closed_within(&mut fifth, Duration::from_secs(5)).await);
+        let pods = ok(
+            env.via(&workload, &["get", "pods", "--all-namespaces"]),
+            "kubectl while idle sockets are open",
+        );
+        assert!(pods.contains("web-7d4f9"), "{pods}");
+        for tcp in &mut idle {
+            assert!(
+                !closed_within(tcp, Duration::from_millis(50)).await,
+                "an idle socket was closed before kubectl was done: kubectl got through only once they timed out"
+            );
+        }
+    }
+
+    fn reviews(env: &Env) -> usize {
+        env.operator
+            .audit_entries()
+            .iter()
+            .filter(|e| e.user == ROLE_SA && e.resource == "tokenreviews" && e.verb == "create")
+            .count()
+    }
+
+    /// Wrong passwords are reviewed once each (the refusal is cached, and
+    /// concurrent CONNECTs share the review), and distinct ones no more than
+    /// the budget allows: the rest are answered 429 with Retry-After, without
+    /// a review. Counted in the operator cluster's audit log.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrong_passwords_cost_one_token_review_each_within_a_budget() {
+        let env = Env::start_with(
+            &[
+                "--proxy-token-reviews-per-second",
+                "1",
+                "--proxy-token-review-burst",
+                "3",
+            ],
+            &[],
+        )
+        .await;
+        let before = reviews(&env);
+        let local: std::net::Ipv4Addr = [127, 0, 0, 1].into();
+        let same =
+            futures::future::join_all((0..20).map(|_| connect_from(&env, local, "not-a-token")))
+                .await;
+        for (head, _) in &same {
+            assert!(head.starts_with("HTTP/1.1 407 "), "{head}");
+        }
+        assert_eq!(
+            reviews(&env) - before,
+            1,
+            "20 CONNECTs with one wrong password, one TokenReview"
+        );
+        let started = Instant::now();
+        let distinct = futures::future::join_all((0..20).map(|i| {
+            let env = &env;
+            async move { connect_from(env, local, &format!("not-a-token-{i}")).await }
+        }))
+        .await;
+        let elapsed = started.elapsed().as_secs() + 1;
+        let reviewed = reviews(&env) - before - 1;
+        let mut limited = 0;
+        for (head, _) in &distinct {
+            if head.starts_with("HTTP/1.1 429 ") {
+                assert!(
+                    head.to_ascii_lowercase().contains("retry-after: "),
+                    "{head}"
+                );
+                limited += 1;
+            } else {
+                assert!(head.starts_with("HTTP/1.1 407 "), "{head}");
+            }
+        }
+        assert_eq!(
+            reviewed + limited,
+            20,
+            "each reviewed once, or refused without a review"
+        );
+        assert!(
+            reviewed as u64 <= 2 + elapsed,
+            "{reviewed} reviews: no more than the burst left (2) and 1/s over {elapsed} s"
+        );
+        assert!(limited > 0, "the budget ran out");
+    }
+
+    /// No log level prints a secret: the role at `RUST_LOG=trace` serves
+    /// kubectl, and neither the target's token, the proxy password nor the
+    /// role's own token is anywhere in its output.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_secret_reaches_the_log_at_trace() {
+        let env = Env::start_with(&[], &[("RUST_LOG", "trace".into())]).await;
+        let kubeconfig = quick_start_ready(&env).await;
+        let workload = env.kubeconfig_file("workload.kubeconfig", &kubeconfig);
+        ok(
+            env.via(&workload, &["get", "pods", "--all-namespaces"]),
+            "kubectl through the proxy",
+        );
+        let role_kubeconfig: Value = serde_saphyr::from_str(
+            &std::fs::read_to_string(env.dir.path().join("role.kubeconfig")).unwrap(),
+        )
+        .unwrap();
+        let role_token = role_kubeconfig["users"][0]["user"]["token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let log = env.role.log();
+        assert!(
+            log.contains("pingora") || log.contains("TRACE"),
+            "the role logged at trace"
+        );
+        for (secret, what) in [
+            (env.target_token.clone(), "the target's token"),
+            (password_of(&kubeconfig), "the proxy password"),
+            (role_token, "the role's own token"),
+        ] {
+            if let Some(at) = log.find(&secret) {
+                // What led up to it, without the secret itself.
+                let line_start = log[..at].rfind('\n').map_or(0, |i| i + 1);
+                let mut from = line_start.max(at.saturating_sub(300));
+                while !log.is_char_boundary(from) {
+                    from += 1;
+                }
+                let line = &log[from..at];
+                panic!("{what} is in the role's log at trace: {line}<the secret>");
+            }
+        }
+    }
+}

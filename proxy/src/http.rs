@@ -53,8 +53,8 @@ pub(crate) struct StreamScope {
     /// the host of a CONNECT).
     pub(crate) host: Arc<str>,
     /// For an intercepted CONNECT: where every request goes, whatever the
-    /// route table says.
-    pub(crate) pinned: Option<Arc<Pinned>>,
+    /// route table says, as long as the grant holds (checked again when due).
+    pub(crate) pinned: Option<Arc<crate::connect::LiveGrant>>,
 }
 
 /// The upstream of an intercepted CONNECT ([`crate::connect`]) and the
@@ -362,7 +362,18 @@ impl ProxyHttp for Router {
                 .await;
         }
 
-        if let Some(pinned) = stream_scope(session).and_then(|s| s.pinned.clone()) {
+        if let Some(live) = stream_scope(session).and_then(|s| s.pinned.clone()) {
+            let pinned = match live.for_request().await {
+                Ok(pinned) => pinned,
+                Err(refusal) => {
+                    // Revoked while the connection was open: this request
+                    // is told why, and the connection ends with it.
+                    session.set_keepalive(None);
+                    let mut body = refusal.message().to_owned();
+                    body.push('\n');
+                    return self.answer(session, ctx, refusal.status(), body).await;
+                }
+            };
             tracing::debug!(parent: &ctx.span, grant = %pinned.label, "pinned upstream");
             ctx.rr_start = pinned.backend.start_index();
             ctx.backend = Some(pinned.backend.clone());

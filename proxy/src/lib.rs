@@ -151,7 +151,8 @@ use tokio_util::task::TaskTracker;
 pub use config::{DownstreamLimits, ProxyConfig, UpstreamTimeouts};
 pub use connect::{
     Authority, CaPem, ConnectAuthorizer, ConnectConfig, ConnectGrant, ConnectLimits,
-    ConnectRefusal, ConnectRequest, Credential, InterceptCa, ProxyCredentials, UpstreamTarget,
+    ConnectRefusal, ConnectRequest, Credential, InterceptCa, MIN_RECHECK, ProxyCredentials,
+    UpstreamTarget,
 };
 pub use error::{Error, Result};
 pub use routes::{HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol};

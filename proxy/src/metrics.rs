@@ -75,10 +75,17 @@ pub(crate) enum ConnectOutcome {
     Timeout,
     TlsFailed,
     OverLimit,
+    /// Closed at accept: too many connections not granted yet (in all, or
+    /// from the client's address).
+    UnauthenticatedOverLimit,
+    /// Refused with 429: the authorizer would not check it now.
+    TooManyRequests,
+    /// A granted connection whose re-check refused it (and closed it).
+    Revoked,
 }
 
 impl ConnectOutcome {
-    const ALL: [ConnectOutcome; 8] = [
+    const ALL: [ConnectOutcome; 11] = [
         Self::Granted,
         Self::Unauthenticated,
         Self::Forbidden,
@@ -87,6 +94,9 @@ impl ConnectOutcome {
         Self::Timeout,
         Self::TlsFailed,
         Self::OverLimit,
+        Self::UnauthenticatedOverLimit,
+        Self::TooManyRequests,
+        Self::Revoked,
     ];
 
     fn label(self) -> &'static str {
@@ -99,6 +109,9 @@ impl ConnectOutcome {
             Self::Timeout => "timeout",
             Self::TlsFailed => "tls_failed",
             Self::OverLimit => "over_limit",
+            Self::UnauthenticatedOverLimit => "unauthenticated_over_limit",
+            Self::TooManyRequests => "too_many_requests",
+            Self::Revoked => "revoked",
         }
     }
 }

@@ -156,6 +156,12 @@ impl ConnectAuthorizer for TableAuthorizer {
                     "system:serviceaccount:other:default may not use team/conn".into(),
                 ));
             }
+            (_, "busy") => {
+                return Err(ConnectRefusal::TooManyRequests {
+                    message: "too many reviews; try again".into(),
+                    retry_after: Duration::from_millis(1500),
+                });
+            }
             _ => return Err(ConnectRefusal::Unauthenticated("invalid token".into())),
         }
         let target = self.targets.get(&request.authority).ok_or_else(|| {
@@ -165,7 +171,36 @@ impl ConnectAuthorizer for TableAuthorizer {
             target: target.clone(),
             authorization: Credential::new("Bearer real-token"),
             label: "team/conn".into(),
+            valid_until: std::time::Instant::now() + Duration::from_secs(3600),
         })
+    }
+}
+
+/// A test authorizer whose answer the test flips: the table's answer, valid
+/// for `valid_for`, until `revoked` is set; then a refusal.
+struct FlippingAuthorizer {
+    table: TableAuthorizer,
+    valid_for: Duration,
+    revoked: std::sync::atomic::AtomicBool,
+    /// Told of every re-check (a permit is kept if no one waits yet).
+    rechecked: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl ConnectAuthorizer for FlippingAuthorizer {
+    async fn authorize(&self, request: ConnectRequest) -> Result<ConnectGrant, ConnectRefusal> {
+        if self.revoked.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ConnectRefusal::Forbidden("team/conn was revoked".into()));
+        }
+        let mut grant = self.table.authorize(request).await?;
+        grant.valid_until = std::time::Instant::now() + self.valid_for;
+        Ok(grant)
+    }
+
+    async fn reauthorize(&self, request: ConnectRequest) -> Result<ConnectGrant, ConnectRefusal> {
+        let answer = self.authorize(request).await;
+        self.rechecked.notify_one();
+        answer
     }
 }
 
@@ -186,6 +221,17 @@ struct Env {
 }
 
 async fn env(limits: ConnectLimits, upstream_ca: Option<Vec<u8>>) -> Env {
+    env_with(limits, upstream_ca, |targets| {
+        Arc::new(TableAuthorizer { targets })
+    })
+    .await
+}
+
+async fn env_with(
+    limits: ConnectLimits,
+    upstream_ca: Option<Vec<u8>>,
+    authorizer: impl FnOnce(HashMap<Authority, Arc<UpstreamTarget>>) -> Arc<dyn ConnectAuthorizer>,
+) -> Env {
     let pki = target_pki();
     let (tx, rx) = mpsc::channel(8);
     let api = api_backend(&pki, Arc::new(Mutex::new(Some(rx)))).await;
@@ -203,7 +249,7 @@ async fn env(limits: ConnectLimits, upstream_ca: Option<Vec<u8>>) -> Env {
         .add_connect_listener(
             "127.0.0.1:0".parse().unwrap(),
             ConnectConfig {
-                authorizer: Arc::new(TableAuthorizer { targets }),
+                authorizer: authorizer(targets),
                 ca: Arc::new(InterceptCa::from_pem(&ca).unwrap()),
                 limits,
             },
@@ -366,6 +412,13 @@ async fn refusals_carry_the_status_a_proxy_client_expects() {
             "405",
         ),
         ("CONNECT nohost HTTP/1.1\r\n\r\n".to_owned(), "400"),
+        (
+            format!(
+                "CONNECT {target} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\n",
+                basic("team/conn:busy")
+            ),
+            "429",
+        ),
     ];
     for (request, status) in cases {
         let (head, _) = raw_connect(env.proxy, &request).await;
@@ -373,6 +426,12 @@ async fn refusals_carry_the_status_a_proxy_client_expects() {
             head.starts_with(&format!("HTTP/1.1 {status} ")),
             "{request:?} → {head}"
         );
+        if status == "429" {
+            assert!(
+                head.to_ascii_lowercase().contains("retry-after: 2\r\n"),
+                "whole seconds, rounded up: {head}"
+            );
+        }
         if status == "407" {
             assert!(
                 head.to_ascii_lowercase()
@@ -479,7 +538,7 @@ async fn the_targets_certificate_is_verified_against_the_grants_ca() {
 #[tokio::test]
 async fn connections_and_handshakes_are_bounded() {
     let limits = ConnectLimits {
-        max_connections: 1,
+        max_unauthenticated: 1,
         handshake_timeout: Duration::from_millis(500),
         ..ConnectLimits::default()
     };
@@ -503,8 +562,228 @@ async fn connections_and_handshakes_are_bounded() {
     assert_eq!(
         metric(
             &env.core,
-            "tuna_proxy_connect_requests_total{outcome=\"over_limit\"}"
+            "tuna_proxy_connect_requests_total{outcome=\"unauthenticated_over_limit\"}"
         ),
         1
+    );
+}
+
+/// A TCP connection to `proxy` from the loopback address `from` (Linux
+/// routes all of 127.0.0.0/8 to lo): another client, as the proxy sees it.
+async fn connect_from(from: std::net::Ipv4Addr, proxy: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from((from, 0))).unwrap();
+    socket.connect(proxy).await.unwrap()
+}
+
+/// Whether the proxy closed `tcp` (EOF or reset) within `within`.
+async fn closed_within(tcp: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(within, tcp.read(&mut buf)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// Sockets that never authenticate hold places of their own budget, at
+/// most `max_unauthenticated_per_ip` per address: one address's idle
+/// sockets do not keep another client out, and granted connections do not
+/// count against strangers (nor strangers against them).
+#[tokio::test]
+async fn idle_strangers_do_not_lock_out_a_client_with_credentials() {
+    let limits = ConnectLimits {
+        max_connections: 2,
+        max_unauthenticated: 4,
+        max_unauthenticated_per_ip: 2,
+        ..ConnectLimits::default()
+    };
+    let env = env(limits, None).await;
+    let attacker = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(connect_from(attacker, env.proxy).await);
+    }
+    // Over the address's cap: closed at once (long before the 10 s
+    // handshake timeout).
+    let mut third = connect_from(attacker, env.proxy).await;
+    assert!(closed_within(&mut third, Duration::from_secs(5)).await);
+    // A client from another address with credentials gets through, twice
+    // (two granted connections, while the strangers hold theirs).
+    let first = client_via(&env, "team/conn", "good");
+    let second = client_via(&env, "team/conn", "good");
+    for client in [&first, &second] {
+        let resp = client
+            .get(format!("https://{}/version", env.api))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    // The strangers' sockets are still open: they were not evicted for it.
+    for tcp in &mut idle {
+        assert!(!closed_within(tcp, Duration::from_millis(50)).await);
+    }
+    // The granted budget (2) is full: a third grant is answered 503.
+    let (head, _) = raw_connect(
+        env.proxy,
+        &format!(
+            "CONNECT {} HTTP/1.1\r\nProxy-Authorization: Basic {}\r\n\r\n",
+            env.api,
+            basic("team/conn:good")
+        ),
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    assert_eq!(
+        metric(
+            &env.core,
+            "tuna_proxy_connect_requests_total{outcome=\"unauthenticated_over_limit\"}"
+        ),
+        1
+    );
+}
+
+/// TLS through a CONNECT as `team/conn:good`, then an HTTP/1.1 connection
+/// on it: requests go one after another on the SAME connection.
+async fn http1_through_proxy(
+    env: &Env,
+    target: SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let tls = tls_through_proxy(env, target, &[b"http/1.1"]).await;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (sender, conn)
+}
+
+fn get(target: SocketAddr, path: &str) -> Request<Full<Bytes>> {
+    Request::get(path)
+        .header("host", target.to_string())
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+/// Revocation reaches open connections: once the authorizer's answer flips,
+/// the next request on a kept-alive connection is refused with the
+/// refusal's status and the connection is closed; a watch under way is cut
+/// at the next re-check, without any request.
+#[tokio::test]
+async fn an_open_connection_is_closed_once_a_re_check_refuses_it_with_a_test_authorizer() {
+    let authorizer = Arc::new(std::sync::OnceLock::<Arc<FlippingAuthorizer>>::new());
+    let slot = authorizer.clone();
+    let env = env_with(ConnectLimits::default(), None, move |targets| {
+        let a = Arc::new(FlippingAuthorizer {
+            table: TableAuthorizer { targets },
+            valid_for: Duration::from_millis(300),
+            revoked: std::sync::atomic::AtomicBool::new(false),
+            rechecked: tokio::sync::Notify::new(),
+        });
+        let _ = slot.set(a.clone());
+        a
+    })
+    .await;
+    let authorizer = authorizer.get().unwrap().clone();
+
+    // A kept-alive connection, used, then left idle past its re-check: the
+    // grant is renewed and the next request still goes through.
+    let (mut sender, conn) = http1_through_proxy(&env, env.api).await;
+    let resp = sender.send_request(get(env.api, "/version")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    let renewed =
+        tokio::time::timeout(Duration::from_secs(10), authorizer.rechecked.notified()).await;
+    assert!(renewed.is_ok(), "an idle connection is re-checked when due");
+    sender
+        .ready()
+        .await
+        .expect("still open after a granted re-check");
+    let resp = sender.send_request(get(env.api, "/version")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+
+    // A watch on a second connection.
+    let (mut watcher, watch_conn) = http1_through_proxy(&env, env.api).await;
+    let resp = watcher.send_request(get(env.api, "/watch")).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut watch = resp.into_body();
+    env.feed
+        .send("{\"type\":\"ADDED\"}\n".into())
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), watch.frame())
+        .await
+        .expect("the first event")
+        .unwrap()
+        .unwrap();
+    assert!(first.is_data());
+
+    authorizer
+        .revoked
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+
+    // The watch ends without any request: the re-check at its deadline
+    // closes the connection.
+    let cut = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match watch.frame().await {
+                Some(Ok(f)) if f.is_data() => continue,
+                _ => return,
+            }
+        }
+    })
+    .await;
+    assert!(cut.is_ok(), "a watch under way is cut once revoked");
+    tokio::time::timeout(Duration::from_secs(10), watch_conn)
+        .await
+        .expect("the watch's connection is closed")
+        .unwrap();
+
+    // The kept-alive connection: a request is refused with the refusal's
+    // status, or finds the connection closed by its own re-check (whichever
+    // comes first: both end it).
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if sender.ready().await.is_err() {
+                return None;
+            }
+            match sender.send_request(get(env.api, "/version")).await {
+                Ok(resp) if resp.status() == 200 => {
+                    resp.into_body().collect().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let body = resp.into_body().collect().await.unwrap().to_bytes();
+                    return Some((status, String::from_utf8_lossy(&body).into_owned()));
+                }
+                Err(_) => return None,
+            }
+        }
+    })
+    .await
+    .expect("refused or closed within the bound");
+    if let Some((status, body)) = refused {
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("team/conn was revoked"), "{body}");
+    }
+    tokio::time::timeout(Duration::from_secs(10), conn)
+        .await
+        .expect("the kept-alive connection is closed")
+        .unwrap();
+    assert!(
+        metric(
+            &env.core,
+            "tuna_proxy_connect_requests_total{outcome=\"revoked\"}"
+        ) >= 2
     );
 }

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tuna_crds::{ConnectorClass, ConnectorClassStatus, ConnectorCondition, builtin_k8s_class};
 use tuna_proxy::{ConnectConfig, ConnectLimits, InterceptCa, ProxyConfig, ProxyCore};
 
-use super::authorizer::KubeAuthorizer;
+use super::authorizer::{AuthorizerOptions, KubeAuthorizer};
 use super::proxy_ca;
 use super::targets::ProxyTargets;
 use crate::controllers::connector::{self, ConnectorContext, ConnectorOptions, FIELD_MANAGER};
@@ -83,9 +83,29 @@ pub struct ConnectorsFlags {
     /// A probe of a connector's address gives up after this long.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub probe_timeout: Duration,
-    /// Most open proxy connections.
+    /// Most open proxy connections that have passed their CONNECT.
     #[arg(long, value_name = "N", default_value_t = 4096)]
     pub proxy_max_connections: usize,
+    /// Most proxy connections that have not passed their CONNECT yet (their
+    /// own budget: idle sockets cannot take the places of callers with
+    /// credentials).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub proxy_max_unauthenticated: usize,
+    /// Most of those from one client address.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub proxy_max_unauthenticated_per_ip: usize,
+    /// How long a proxy decision holds: reviews are reused this long, and
+    /// an open connection is checked again after it (a revoked token,
+    /// ServiceAccount, RoleBinding or Connector is refused within it).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub proxy_recheck_interval: Duration,
+    /// TokenReviews per second for tokens the proxy has not seen valid
+    /// (more are answered 429 with Retry-After).
+    #[arg(long, value_name = "N", default_value = "20")]
+    pub proxy_token_reviews_per_second: std::num::NonZeroU32,
+    /// How many of those may come at once.
+    #[arg(long, value_name = "N", default_value = "40")]
+    pub proxy_token_review_burst: std::num::NonZeroU32,
     /// Longest silence of a target during a response (a watch without events).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     pub proxy_idle_timeout: Duration,
@@ -225,10 +245,15 @@ pub async fn serve(
         return Ok(());
     }
     let targets = Arc::new(ProxyTargets::default());
-    let authorizer = KubeAuthorizer::new(
+    let authorizer = KubeAuthorizer::with_options(
         client.clone(),
         Arc::clone(&targets),
-        flags.token_audience.clone(),
+        AuthorizerOptions {
+            recheck_interval: flags.proxy_recheck_interval,
+            reviews_per_second: flags.proxy_token_reviews_per_second,
+            review_burst: flags.proxy_token_review_burst,
+            ..AuthorizerOptions::new(flags.token_audience.clone())
+        },
     );
     let intercept = InterceptCa::from_pem(&ca).context("the proxy CA")?;
     let bound = proxy
@@ -239,6 +264,8 @@ pub async fn serve(
                 ca: Arc::new(intercept),
                 limits: ConnectLimits {
                     max_connections: flags.proxy_max_connections,
+                    max_unauthenticated: flags.proxy_max_unauthenticated,
+                    max_unauthenticated_per_ip: flags.proxy_max_unauthenticated_per_ip,
                     upstream_idle: flags.proxy_idle_timeout,
                     ..ConnectLimits::default()
                 },

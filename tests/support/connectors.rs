@@ -123,6 +123,11 @@ pub struct Env {
 
 impl Env {
     pub async fn start() -> Self {
+        Self::start_with(&[], &[]).await
+    }
+
+    /// [`Self::start`], the role with `extra_args` and `extra_env` too.
+    pub async fn start_with(extra_args: &[&str], extra_env: &[(&str, String)]) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
         let operator = Emulator::start(Options::default()).await.unwrap();
@@ -183,18 +188,18 @@ impl Env {
         ]
         .map(String::from)
         .to_vec();
-        let role = Process::spawn(
-            dir.path(),
-            "connectors",
-            &operator_bin(),
-            &args,
-            &[
-                ("KUBECONFIG", role_kubeconfig.display().to_string()),
-                ("POD_NAME", "tuna-operator-connectors-0".into()),
-                // The target's CA is a system root of the role's host.
-                ("SSL_CERT_FILE", target_ca.display().to_string()),
-            ],
-        );
+        let args: Vec<String> = args
+            .into_iter()
+            .chain(extra_args.iter().map(|a| a.to_string()))
+            .collect();
+        let mut env = vec![
+            ("KUBECONFIG", role_kubeconfig.display().to_string()),
+            ("POD_NAME", "tuna-operator-connectors-0".into()),
+            // The target's CA is a system root of the role's host.
+            ("SSL_CERT_FILE", target_ca.display().to_string()),
+        ];
+        env.extend(extra_env.iter().cloned());
+        let role = Process::spawn(dir.path(), "connectors", &operator_bin(), &args, &env);
         let proxy = proxy_addr(&role).await;
         let client = operator.client().await.unwrap();
         Self {

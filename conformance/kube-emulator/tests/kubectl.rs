@@ -804,6 +804,19 @@ async fn token_requests_have_a_floor_and_tokens_an_audience() {
             .contains("audiences"),
         "{out}"
     );
+    // A token of the API server reviewed without audiences: authenticated
+    // for the API server's own, which status.audiences names (a client that
+    // asked for its own audience must find it there).
+    let api_token = k
+        .ok(&["-n", "apps", "create", "token", "bot", "--duration", "30m"])
+        .await;
+    let out = k.create_json(&review(api_token.trim(), &[])).await;
+    assert_eq!(out["status"]["authenticated"], true, "{out}");
+    assert_eq!(
+        out["status"]["audiences"],
+        json!([kube_emulator::API_AUDIENCE]),
+        "{out}"
+    );
     // Expired: nothing.
     assert!(emu.expire_token(proxy_token));
     let path = review(proxy_token, &["connectors.example.com"]);

@@ -17,8 +17,17 @@
 //!   and within the core's header limits (`431`). `Proxy-Authorization`
 //!   must be `Basic base64(user:password)`, split at the first `:`; when it is
 //!   missing or malformed the answer is `407` with `Proxy-Authenticate`. The
-//!   authorizer's [`ConnectRefusal`] answers `407`, `403` or `503`; its
-//!   [`ConnectGrant`] answers `200 Connection Established`.
+//!   authorizer's [`ConnectRefusal`] answers `407`, `403`, `429` (with
+//!   `Retry-After`) or `503`; its [`ConnectGrant`] answers `200 Connection
+//!   Established`.
+//! - **Re-checks.** A grant holds until its [`ConnectGrant::valid_until`].
+//!   Past it, the listener asks [`ConnectAuthorizer::reauthorize`] before the
+//!   connection's next request, and at that instant even when no request
+//!   comes (a watch or an exec session may stay open for hours). A refusal
+//!   answers the request under way with the refusal's status and closes the
+//!   connection; a grant replaces the old one (new credentials, new upstream)
+//!   for the requests that follow. So a revoked caller keeps an open
+//!   connection no longer than the authorizer's `valid_until` allows.
 //! - **TLS.** Right after the `200`, the client's TLS handshake is answered
 //!   with a certificate for the CONNECT host (an IP SAN for an IP: Go sends
 //!   no SNI for IPs, so the certificate is chosen by the CONNECT target, not
@@ -32,25 +41,33 @@
 //!   `Authorization` replaced by the grant's. Responses stream (long
 //!   watches idle up to [`ConnectLimits::upstream_idle`]); upgrades (`101`:
 //!   exec, attach, port-forward) are spliced both ways.
-//! - **Bounds.** At most [`ConnectLimits::max_connections`] connections per
-//!   listener (more are closed at accept); the authorizer is given
-//!   [`ConnectLimits::authorize_timeout`] (`503` after it).
+//! - **Bounds.** A connection that has not been granted yet holds one of
+//!   [`ConnectLimits::max_unauthenticated`] places, and at most
+//!   [`ConnectLimits::max_unauthenticated_per_ip`] of them per client
+//!   address (more are closed at accept): idle sockets of one client cannot
+//!   lock the others out. A granted connection moves to the
+//!   [`ConnectLimits::max_connections`] budget (`503` when it is full). The
+//!   CONNECT head must arrive within [`ConnectLimits::handshake_timeout`],
+//!   and the authorizer is given [`ConnectLimits::authorize_timeout`] (`503`
+//!   after it).
 //! - **Secrets.** Passwords and injected credentials are [`Credential`]s:
 //!   their `Debug` prints a mask, and nothing here logs them.
 
 mod ca;
+mod recheck;
 mod serve;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::utils::tls::{WrappedX509, parse_x509};
 
 pub use ca::{CaPem, InterceptCa};
+pub(crate) use recheck::LiveGrant;
 pub(crate) use serve::accept_connect;
 
 use crate::error::{Error, Result};
@@ -176,20 +193,40 @@ pub enum ConnectRefusal {
     /// `503 Service Unavailable`: it cannot be decided now (the authority
     /// that checks credentials is unreachable, the target is not ready).
     Unavailable(String),
+    /// `429 Too Many Requests` with `Retry-After`: the authorizer will not
+    /// check this now (e.g. its budget of credential reviews is spent).
+    TooManyRequests {
+        /// What the client is told.
+        message: String,
+        /// When to try again (`Retry-After`, whole seconds, at least 1).
+        retry_after: Duration,
+    },
 }
 
 impl ConnectRefusal {
-    fn status(&self) -> u16 {
+    pub(crate) fn status(&self) -> u16 {
         match self {
             Self::Unauthenticated(_) => 407,
             Self::Forbidden(_) => 403,
             Self::Unavailable(_) => 503,
+            Self::TooManyRequests { .. } => 429,
         }
     }
 
-    fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         match self {
             Self::Unauthenticated(m) | Self::Forbidden(m) | Self::Unavailable(m) => m,
+            Self::TooManyRequests { message, .. } => message,
+        }
+    }
+
+    /// `Retry-After` in whole seconds, for the refusals that have one.
+    pub(crate) fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::TooManyRequests { retry_after, .. } => {
+                Some(retry_after.as_secs_f64().ceil().max(1.0) as u64)
+            }
+            _ => None,
         }
     }
 }
@@ -289,7 +326,18 @@ pub struct ConnectGrant {
     /// Who and what, for logs and traces (e.g. `namespace/connector` and the
     /// caller's name); never a secret.
     pub label: String,
+    /// Until when this decision holds. Past it, the listener asks
+    /// [`ConnectAuthorizer::reauthorize`] before the connection's next
+    /// request and, with no request, at that instant; a refusal closes the
+    /// connection. Set it to the authorizer's revocation bound (how long
+    /// its cached answers live), and never past the expiry of the
+    /// credentials it checked. (The listener re-checks at most every
+    /// [`MIN_RECHECK`], so a deadline in the past cannot make it spin.)
+    pub valid_until: Instant,
 }
+
+/// The shortest time between two checks of one connection.
+pub const MIN_RECHECK: Duration = Duration::from_millis(100);
 
 /// Decides CONNECTs. Implemented outside the proxy core (the operator checks
 /// the password with a TokenReview and the caller's rights with a
@@ -299,13 +347,29 @@ pub struct ConnectGrant {
 pub trait ConnectAuthorizer: Send + Sync + 'static {
     /// Grants or refuses `request`.
     async fn authorize(&self, request: ConnectRequest) -> Result<ConnectGrant, ConnectRefusal>;
+
+    /// Checks `request` again for a connection it granted before, once that
+    /// grant's [`ConnectGrant::valid_until`] has passed: the same question,
+    /// asked by a caller who was let in (an authorizer may, e.g., exempt it
+    /// from limits meant for strangers). The default asks
+    /// [`Self::authorize`].
+    async fn reauthorize(&self, request: ConnectRequest) -> Result<ConnectGrant, ConnectRefusal> {
+        self.authorize(request).await
+    }
 }
 
 /// Bounds of a CONNECT listener.
 #[derive(Debug, Clone)]
 pub struct ConnectLimits {
-    /// Most open connections; more are closed as they are accepted.
+    /// Most open granted connections; a CONNECT granted while they are all
+    /// taken is answered `503`.
     pub max_connections: usize,
+    /// Most connections that have not been granted yet (the CONNECT head
+    /// is on its way, or the authorizer is deciding); more are closed as
+    /// they are accepted.
+    pub max_unauthenticated: usize,
+    /// Most connections not granted yet from one client address.
+    pub max_unauthenticated_per_ip: usize,
     /// Time for the CONNECT head to arrive and, after the `200`, for the TLS
     /// handshake to complete.
     pub handshake_timeout: Duration,
@@ -320,6 +384,8 @@ impl Default for ConnectLimits {
     fn default() -> Self {
         Self {
             max_connections: 4096,
+            max_unauthenticated: 512,
+            max_unauthenticated_per_ip: 32,
             handshake_timeout: Duration::from_secs(10),
             authorize_timeout: Duration::from_secs(10),
             // An API server ends a watch after --min-request-timeout (30 to

@@ -2,13 +2,13 @@
 //! handshake with a certificate of the listener's CA, then the core's HTTP
 //! path pinned to the grant's upstream.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use http::HeaderValue;
 use pingora::proxy::HttpProxy;
 use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -16,16 +16,61 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{Authority, ConnectConfig, ConnectRequest, ProxyCredentials};
+use super::recheck::LiveGrant;
+use super::{Authority, ConnectConfig, ConnectRefusal, ConnectRequest, ProxyCredentials};
 use crate::conn;
-use crate::http::{Pinned, Router, StreamScope};
+use crate::http::{Router, StreamScope};
 use crate::metrics::ConnectOutcome;
-use crate::routes::CompiledBackend;
 use crate::shared::Shared;
 use crate::{Inner, Scheme};
 
 /// The realm of `Proxy-Authenticate`.
 const REALM: &str = "tuna-connectors";
+
+/// The places of connections not granted yet: in all, and per client
+/// address.
+struct Unauthenticated {
+    total: Arc<tokio::sync::Semaphore>,
+    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    max_per_ip: usize,
+}
+
+/// One connection's place among those not granted yet; given back on drop
+/// (when it is granted, refused or closed).
+struct UnauthenticatedSlot {
+    _total: tokio::sync::OwnedSemaphorePermit,
+    ip: IpAddr,
+    of: Arc<Unauthenticated>,
+}
+
+impl Unauthenticated {
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<UnauthenticatedSlot> {
+        let total = self.total.clone().try_acquire_owned().ok()?;
+        let mut per_ip = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        let n = per_ip.entry(ip).or_insert(0);
+        if *n >= self.max_per_ip {
+            return None;
+        }
+        *n += 1;
+        Some(UnauthenticatedSlot {
+            _total: total,
+            ip,
+            of: self.clone(),
+        })
+    }
+}
+
+impl Drop for UnauthenticatedSlot {
+    fn drop(&mut self) {
+        let mut per_ip = self.of.per_ip.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// Accepts CONNECT connections until `stop` (or the core's shutdown).
 pub(crate) async fn accept_connect(
@@ -34,9 +79,19 @@ pub(crate) async fn accept_connect(
     inner: Arc<Inner>,
     stop: CancellationToken,
 ) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(
+    // Strangers and granted callers have separate budgets: sockets that
+    // never authenticate cannot take the places of those that did, and one
+    // address cannot take all of the strangers' places.
+    let granted = Arc::new(tokio::sync::Semaphore::new(
         config.limits.max_connections.max(1),
     ));
+    let unauthenticated = Arc::new(Unauthenticated {
+        total: Arc::new(tokio::sync::Semaphore::new(
+            config.limits.max_unauthenticated.max(1),
+        )),
+        per_ip: Mutex::new(HashMap::new()),
+        max_per_ip: config.limits.max_unauthenticated_per_ip.max(1),
+    });
     loop {
         let (tcp, peer) = tokio::select! {
             _ = stop.cancelled() => return,
@@ -51,15 +106,16 @@ pub(crate) async fn accept_connect(
             },
         };
         let metrics = &inner.shared.metrics;
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            metrics.connect_outcome(ConnectOutcome::OverLimit);
-            tracing::debug!(%peer, "connect listener connection limit reached");
+        let Some(slot) = unauthenticated.take(peer.ip()) else {
+            metrics.connect_outcome(ConnectOutcome::UnauthenticatedOverLimit);
+            tracing::debug!(%peer, "connect listener: too many connections not granted yet");
             drop(tcp);
             continue;
         };
         let _ = tcp.set_nodelay(true);
         let local = tcp.local_addr().unwrap_or(peer);
         let config = config.clone();
+        let granted = granted.clone();
         let app = inner.app(Scheme::Https, false);
         let shared = inner.shared.clone();
         let watch = inner.shutdown_tx.subscribe();
@@ -67,10 +123,9 @@ pub(crate) async fn accept_connect(
         let cut = inner.cut.clone();
         inner.tracker.spawn(async move {
             tokio::select! {
-                _ = serve(tcp, peer, local, &config, app, shared, watch, stopping) => {}
+                _ = serve(tcp, peer, local, &config, slot, granted, app, shared, watch, stopping) => {}
                 _ = cut.cancelled() => {}
             }
-            drop(permit);
         });
     }
 }
@@ -127,6 +182,7 @@ fn parse_head(buf: &[u8], shared: &Shared) -> Head {
 fn reason(status: u16) -> &'static str {
     match status {
         403 => "Forbidden",
+        429 => "Too Many Requests",
         405 => "Method Not Allowed",
         407 => "Proxy Authentication Required",
         503 => "Service Unavailable",
@@ -137,7 +193,15 @@ fn reason(status: u16) -> &'static str {
 
 /// Answers the CONNECT itself and closes.
 async fn refuse(tcp: &mut TcpStream, status: u16, message: &str) {
+    refuse_after(tcp, status, message, None).await
+}
+
+/// [`refuse`], with `Retry-After` if given.
+async fn refuse_after(tcp: &mut TcpStream, status: u16, message: &str, retry_after: Option<u64>) {
     let mut extra = String::new();
+    if let Some(secs) = retry_after {
+        extra.push_str(&format!("retry-after: {secs}\r\n"));
+    }
     if status == 407 {
         extra.push_str(&format!("proxy-authenticate: Basic realm=\"{REALM}\"\r\n"));
     }
@@ -160,6 +224,8 @@ async fn serve(
     peer: SocketAddr,
     local: SocketAddr,
     config: &ConnectConfig,
+    slot: UnauthenticatedSlot,
+    granted: Arc<tokio::sync::Semaphore>,
     app: Arc<HttpProxy<Router>>,
     shared: Arc<Shared>,
     shutdown: ShutdownWatch,
@@ -214,21 +280,28 @@ async fn serve(
     };
     let decided = tokio::time::timeout(
         config.limits.authorize_timeout,
-        config.authorizer.authorize(request),
+        config.authorizer.authorize(request.clone()),
     )
     .await;
     let grant = match decided {
         Ok(Ok(grant)) => grant,
         Ok(Err(refusal)) => {
-            metrics.connect_outcome(match refusal.status() {
-                407 => ConnectOutcome::Unauthenticated,
-                403 => ConnectOutcome::Forbidden,
-                _ => ConnectOutcome::Unavailable,
+            metrics.connect_outcome(match refusal {
+                ConnectRefusal::Unauthenticated(_) => ConnectOutcome::Unauthenticated,
+                ConnectRefusal::Forbidden(_) => ConnectOutcome::Forbidden,
+                ConnectRefusal::TooManyRequests { .. } => ConnectOutcome::TooManyRequests,
+                ConnectRefusal::Unavailable(_) => ConnectOutcome::Unavailable,
             });
             tracing::debug!(%peer, target = %authority, status = refusal.status(), reason = refusal.message(), "CONNECT refused");
             let mut message = refusal.message().to_owned();
             message.push('\n');
-            refuse(&mut tcp, refusal.status(), &message).await;
+            refuse_after(
+                &mut tcp,
+                refusal.status(),
+                &message,
+                refusal.retry_after_secs(),
+            )
+            .await;
             return;
         }
         Err(_) => {
@@ -242,15 +315,24 @@ async fn serve(
             return;
         }
     };
-    let (server_config, authorization) = match (
-        config.ca.server_config(&authority.host),
-        HeaderValue::from_str(grant.authorization.expose()),
-    ) {
-        (Ok(c), Ok(mut a)) => {
-            a.set_sensitive(true);
-            (c, a)
-        }
-        (Err(e), _) => {
+    // Granted: the connection leaves the strangers' budget for the granted
+    // one.
+    drop(slot);
+    let Ok(_permit) = granted.try_acquire_owned() else {
+        metrics.connect_outcome(ConnectOutcome::OverLimit);
+        tracing::debug!(%peer, "connect listener connection limit reached");
+        refuse_after(
+            &mut tcp,
+            503,
+            "the proxy has too many open connections; try again\n",
+            Some(1),
+        )
+        .await;
+        return;
+    };
+    let server_config = match config.ca.server_config(&authority.host) {
+        Ok(c) => c,
+        Err(e) => {
             tracing::warn!(target = %authority, error = %e, "cannot sign a certificate for a CONNECT target");
             metrics.connect_outcome(ConnectOutcome::Unavailable);
             refuse(
@@ -261,14 +343,22 @@ async fn serve(
             .await;
             return;
         }
-        (_, Err(_)) => {
+    };
+    let live = match LiveGrant::new(
+        grant,
+        config.authorizer.clone(),
+        request,
+        config.limits.authorize_timeout,
+        config.limits.upstream_idle,
+        metrics.connect_http.clone(),
+        shared.clone(),
+    ) {
+        Ok(live) => Arc::new(live),
+        Err(refusal) => {
             metrics.connect_outcome(ConnectOutcome::Unavailable);
-            refuse(
-                &mut tcp,
-                500,
-                "the connector's credentials cannot be sent in a header\n",
-            )
-            .await;
+            let mut message = refusal.message().to_owned();
+            message.push('\n');
+            refuse(&mut tcp, 500, &message).await;
             return;
         }
     };
@@ -297,13 +387,7 @@ async fn serve(
         }
     };
     metrics.connect_outcome(ConnectOutcome::Granted);
-    tracing::debug!(%peer, target = %authority, grant = %grant.label, "CONNECT granted");
-    let backend = Arc::new(CompiledBackend::pinned(
-        &grant.target,
-        config.limits.upstream_idle,
-        metrics.connect_http.clone(),
-        &shared.config,
-    ));
+    tracing::debug!(%peer, target = %authority, grant = %live.label(), "CONNECT granted");
     // The Host of every request must name the CONNECT host, in the form the
     // codec compares (IPv6 literals keep their brackets there).
     let bound: Arc<str> = if authority.host.contains(':') {
@@ -313,14 +397,10 @@ async fn serve(
     };
     let scope = StreamScope {
         host: bound.clone(),
-        pinned: Some(Arc::new(Pinned {
-            backend,
-            authorization,
-            label: grant.label.clone().into(),
-        })),
+        pinned: Some(live.clone()),
     };
     metrics.connect_active.fetch_add(1, Relaxed);
-    conn::serve_connection(
+    let serving = conn::serve_connection(
         tls,
         peer.ip(),
         Scheme::Https,
@@ -333,8 +413,19 @@ async fn serve(
         shared.clone(),
         shutdown,
         stopping,
-    )
-    .await;
+    );
+    tokio::pin!(serving);
+    tokio::select! {
+        _ = &mut serving => {}
+        refusal = live.until_refused() => {
+            tracing::info!(%peer, target = %authority, status = refusal.status(), reason = refusal.message(), "CONNECT connection closed: a re-check refused it");
+            if live.answering() {
+                // A request is sending the refusal (its response closes
+                // the connection); it gets a moment to, no more.
+                let _ = tokio::time::timeout(config.limits.handshake_timeout, &mut serving).await;
+            }
+        }
+    }
     metrics.connect_active.fetch_sub(1, Relaxed);
 }
 
