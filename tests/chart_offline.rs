@@ -726,8 +726,7 @@ fn the_connectors_admission_policy_is_the_examples() {
     let case = CASES.iter().find(|(n, _)| *n == "connectors").unwrap().1;
     let docs = by_kind_name(&documents(&template(home.path(), case, &[]).unwrap()));
     let example = by_kind_name(&documents(
-        &std::fs::read_to_string(root().join("examples/connectors/admission-policy.yaml"))
-            .unwrap(),
+        &std::fs::read_to_string(root().join("examples/connectors/admission-policy.yaml")).unwrap(),
     ));
     let name = "tuna-operator-connectors-secret-access";
     for kind in [
@@ -746,7 +745,8 @@ fn the_connectors_admission_policy_is_the_examples() {
         .unwrap(),
     ));
     assert!(
-        !off.keys().any(|(k, _)| k.starts_with("ValidatingAdmissionPolicy")),
+        !off.keys()
+            .any(|(k, _)| k.starts_with("ValidatingAdmissionPolicy")),
         "{:?}",
         off.keys().collect::<Vec<_>>()
     );

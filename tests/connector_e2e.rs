@@ -458,7 +458,8 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
         "with a revoked target token",
     );
     assert!(err.contains("Unauthorized"), "{err}");
-    // A new token in the Secret: Ready at once (the Secret's change triggers).
+    // A new token in the Secret: Ready at the next resync (Secrets are read
+    // by get at every reconcile, not watched; --resync-interval is 1s here).
     ok(
         env.tgt(
             &["-n", "default", "create", "serviceaccount", "reader2"],
@@ -638,7 +639,9 @@ async fn attacker_server() -> AttackerServer {
                     .unwrap()
                     .push(String::from_utf8_lossy(&head).into_owned());
                 let _ = tls
-                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                    )
                     .await;
             });
         }

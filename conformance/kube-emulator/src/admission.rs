@@ -876,3 +876,177 @@ pub fn validate(rt: &ResourceType, obj: &Value) -> Vec<FieldError> {
     }
     errors
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use crate::store::WriteOptions;
+
+    fn state() -> State {
+        let (tx, _) = tokio::sync::broadcast::channel(16);
+        State::new(tx, 100)
+    }
+
+    fn user(name: &str) -> Identity {
+        Identity {
+            username: name.into(),
+            uid: "u".into(),
+            groups: vec!["system:authenticated".into()],
+            service_account: None,
+        }
+    }
+
+    fn request<'a>(
+        rt: &'a ResourceType,
+        op: Operation,
+        sub: &'a str,
+        object: Option<&'a Value>,
+        user: &'a Identity,
+    ) -> Request<'a> {
+        Request {
+            operation: op,
+            rt,
+            subresource: sub,
+            namespace: "default",
+            name: "x",
+            object,
+            old_object: None,
+            user,
+            dry_run: false,
+        }
+    }
+
+    #[test]
+    fn resource_rules_match_as_documented() {
+        let reg = Registry::new(std::iter::empty());
+        let pods = reg.lookup("", "v1", "pods").unwrap();
+        let ns = reg.lookup("", "v1", "namespaces").unwrap();
+        let u = user("a");
+        let rule = |resources: &[&str], ops: &[&str], scope: Option<&str>| {
+            let mut r = json!({"apiGroups": [""], "apiVersions": ["*"], "operations": ops, "resources": resources});
+            if let Some(s) = scope {
+                r["scope"] = json!(s);
+            }
+            r
+        };
+        let create = request(pods, Operation::Create, "", None, &u);
+        let status = request(pods, Operation::Update, "status", None, &u);
+        let namespace = request(ns, Operation::Create, "", None, &u);
+        for (r, req, want) in [
+            (rule(&["pods"], &["CREATE"], None), &create, true),
+            (rule(&["pods"], &["UPDATE"], None), &create, false),
+            (rule(&["pods"], &["*"], None), &create, true),
+            (rule(&["*"], &["*"], None), &create, true),
+            (rule(&["*"], &["*"], None), &status, false),
+            (rule(&["pods"], &["*"], None), &status, false),
+            (rule(&["pods/status"], &["*"], None), &status, true),
+            (rule(&["pods/*"], &["*"], None), &status, true),
+            (rule(&["pods/*"], &["*"], None), &create, false),
+            (rule(&["*/status"], &["*"], None), &status, true),
+            (rule(&["*/*"], &["*"], None), &status, true),
+            (rule(&["*/*"], &["*"], None), &create, true),
+            (rule(&["*"], &["*"], Some("Cluster")), &create, false),
+            (rule(&["*"], &["*"], Some("Cluster")), &namespace, true),
+            (rule(&["*"], &["*"], Some("Namespaced")), &create, true),
+        ] {
+            assert_eq!(
+                rule_matches(&r, req),
+                want,
+                "{r} {:?} {}",
+                req.operation,
+                req.subresource
+            );
+        }
+        let named = json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["pods"], "resourceNames": ["y"]});
+        assert!(!rule_matches(&named, &create));
+    }
+
+    /// The authorizer library against RBAC: resourceNames, subresources,
+    /// paths, `serviceAccount()`, decisions; an error under Fail and Ignore.
+    #[test]
+    fn the_authorizer_answers_with_rbac_for_the_requester() {
+        let mut st = state();
+        let reg = st.registry.clone();
+        let opts = WriteOptions::default();
+        for (res, obj) in [
+            (
+                "roles",
+                json!({"metadata": {"name": "r", "namespace": "default"}, "rules": [
+                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["db"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]}),
+            ),
+            (
+                "rolebindings",
+                json!({"metadata": {"name": "b", "namespace": "default"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+                "subjects": [{"kind": "User", "name": "alice"}, {"kind": "ServiceAccount", "name": "sa", "namespace": "default"}]}),
+            ),
+        ] {
+            let rt = reg.lookup("rbac.authorization.k8s.io", "v1", res).unwrap();
+            st.create(rt, "default", obj, &opts).unwrap();
+        }
+        let cm = reg.lookup("", "v1", "configmaps").unwrap();
+        let object =
+            json!({"metadata": {"name": "x", "namespace": "default"}, "data": {"s": "db"}});
+        let check = |who: &str, expr: &str, fail: bool| {
+            let u = user(who);
+            let req = request(cm, Operation::Create, "", Some(&object), &u);
+            let policy = json!({"validations": [{"expression": expr}]});
+            evaluate(&st, &req, &policy, Arc::new(Snapshot::of(&st)), fail)
+                .into_iter()
+                .map(|v| v.message)
+                .collect::<Vec<_>>()
+        };
+        let secret = |name: &str| {
+            format!(
+                "authorizer.group('').resource('secrets').namespace('default').name('{name}').check('get').allowed()"
+            )
+        };
+        assert!(check("alice", &secret("db"), true).is_empty());
+        assert_eq!(
+            check("alice", &secret("other"), true),
+            [format!("failed expression: {}", secret("other"))]
+        );
+        assert!(!check("bob", &secret("db"), true).is_empty());
+        assert!(check("root", "authorizer.group('').resource('pods').subresource('log').namespace('default').check('get').allowed() == false", true).is_empty());
+        assert!(check("alice", "authorizer.group('').resource('pods').subresource('log').namespace('default').check('get').allowed()", true).is_empty());
+        assert!(check("alice", "authorizer.group('').resource('pods').namespace('default').check('get').allowed() == false", true).is_empty());
+        assert!(check("bob", "authorizer.serviceAccount('default', 'sa').group('').resource('secrets').namespace('default').name(object.data.s).check('get').allowed()", true).is_empty());
+        assert!(
+            check(
+                "alice",
+                "authorizer.path('/healthz').check('get').allowed()",
+                true
+            )
+            .is_empty()
+        );
+        assert!(
+            check(
+                "alice",
+                &format!(
+                    "{}.reason() != ''",
+                    secret("db").trim_end_matches(".allowed()")
+                ),
+                true
+            )
+            .is_empty()
+        );
+        assert!(
+            check(
+                "alice",
+                &format!("!{}.errored()", secret("db").trim_end_matches(".allowed()")),
+                true
+            )
+            .is_empty()
+        );
+        // An expression that errs: a violation under Fail, nothing under Ignore.
+        let erring = "object.data.missing == 'x'";
+        let failed = check("alice", erring, true);
+        assert!(
+            failed[0].starts_with("expression 'object.data.missing == 'x'' resulted in error"),
+            "{failed:?}"
+        );
+        assert!(check("alice", erring, false).is_empty());
+    }
+}
