@@ -1259,6 +1259,41 @@ subjects: [{kind: User, name: alice}]
     assert_eq!(failure[0]["policy"], "team-label");
     assert_eq!(failure[0]["message"], "label team is missing");
 
+    // DELETE is judged too (object null, oldObject the stored one), also for
+    // the admin; a validation without reason is Invalid (422), which
+    // kubectl prints from the cause without a field: `is invalid: : …`, as
+    // the Kubernetes documentation of ValidatingAdmissionPolicy shows it.
+    admin
+        .ok(&["label", "configmap", "app", "protected=yes"])
+        .await;
+    let protect = write(
+        dir.path(),
+        "protect.yaml",
+        "apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: keep-protected}
+spec:
+  matchConstraints:
+    resourceRules: [{apiGroups: [''], apiVersions: [v1], operations: [DELETE], resources: [configmaps]}]
+    objectSelector: {matchLabels: {protected: 'yes'}}
+  validations:
+  - expression: object != null
+    messageExpression: \"'configmap ' + oldObject.metadata.name + ' is protected'\"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: keep-protected}
+spec: {policyName: keep-protected, validationActions: [Deny]}
+",
+    );
+    admin.ok(&["apply", "-f", protect.to_str().unwrap()]).await;
+    let kept = admin.fails(&["delete", "configmap", "app"]).await;
+    assert!(
+        kept.contains("The configmaps \"app\" is invalid: : ValidatingAdmissionPolicy 'keep-protected' with binding 'keep-protected' denied request: configmap app is protected"),
+        "{kept}"
+    );
+    admin.ok(&["delete", "configmap", "plain"]).await;
+
     // Parameters are not implemented: such a policy is refused, saying so.
     let with_params = write(
         dir.path(),
