@@ -670,6 +670,10 @@ impl State {
         let Some(user) = user else {
             return Ok(());
         };
+        // Most clusters have no policy: then a write costs no copy.
+        if self.list_storage(admission::BINDINGS).next().is_none() {
+            return Ok(());
+        }
         let object = object.map(|o| from_stored(rt, o.clone()));
         let old = old.map(|o| from_stored(rt, o.clone()));
         let verdict = admission::admit(
