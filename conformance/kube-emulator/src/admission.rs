@@ -549,10 +549,13 @@ pub fn admit(state: &State, req: &Request) -> Result<Verdict, ApiError> {
             "RequestEntityTooLarge" => (413, "RequestEntityTooLarge"),
             _ => (422, "Invalid"),
         };
-        return Err(ApiError::new(code, reason, full).with_details(json!({
+        let mut e = ApiError::new(code, reason, full).with_details(json!({
             "name": req.name, "group": req.rt.group, "kind": req.rt.resource,
             "causes": [{"message": message}],
-        })));
+        }));
+        // Warnings of other bindings go with the refusal, as on the API server.
+        e.warnings = verdict.warnings;
+        return Err(e);
     }
     if !audit_failures.is_empty() {
         verdict.audit_annotations.insert(

@@ -334,7 +334,7 @@ fn json_response(code: u16, v: &Value) -> Response<Body> {
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
-    json_response(e.code, &e.to_status())
+    with_warnings(json_response(e.code, &e.to_status()), &e.warnings)
 }
 
 fn query_map(q: Option<&str>) -> HashMap<String, String> {

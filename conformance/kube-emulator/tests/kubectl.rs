@@ -1241,6 +1241,21 @@ subjects: [{kind: User, name: alice}]
         stderr.contains("Warning: Validation failed for ValidatingAdmissionPolicy 'team-label' with binding 'team-label-warn': label team is missing"),
         "{stderr}"
     );
+    // A refusal carries the warnings of the other bindings.
+    let other = write(
+        dir.path(),
+        "other.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: other, namespace: default}\ndata: {secret: db}\n",
+    );
+    let both = bob.run(&["apply", "-f", other.to_str().unwrap()]).await;
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert!(
+        !both.status.success()
+            && stderr
+                .contains("Warning: Validation failed for ValidatingAdmissionPolicy 'team-label'")
+            && stderr.contains("bob may not get Secret db"),
+        "{stderr}"
+    );
     let entry = emu
         .audit_entries()
         .into_iter()
