@@ -968,6 +968,45 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
     )
     .await;
 
+    // ---- the chart's admission policy (issue 19, item 4) ----
+    // The quick start above passed it (as admin) and the role's status
+    // writes did; a ServiceAccount that may write Connectors but may not get
+    // the token Secret is refused.
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: editor, namespace: {NS}}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: connector-editor, namespace: {NS}}}\nrules:\n- {{apiGroups: [connectors.alauda.io], resources: [connectors], verbs: [get, create, patch]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: editor-edits-connectors, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: connector-editor}}\nsubjects: [{{kind: ServiceAccount, name: editor, namespace: {NS}}}]\n"
+    ));
+    let editor_token = cluster.kubectl_ok(&["-n", NS, "create", "token", "editor"]);
+    let admin_kubeconfig = std::fs::read_to_string(&cluster.kubeconfig).unwrap();
+    let admin: Value = serde_saphyr::from_str(&admin_kubeconfig).unwrap();
+    let editor_kubeconfig = cluster.path("editor.kubeconfig");
+    std::fs::write(
+        &editor_kubeconfig,
+        admin_kubeconfig.replace(
+            admin["users"][0]["user"]["token"].as_str().unwrap(),
+            editor_token.trim(),
+        ),
+    )
+    .unwrap();
+    let stolen = quick_start(&target_token, "https://127.0.0.1:9")
+        .split("---\n")
+        .nth(1)
+        .unwrap()
+        .replace("name: k8s-connector", "name: elsewhere");
+    let refused = kubectl(
+        &editor_kubeconfig,
+        &home,
+        &["apply", "-n", NS, "-f", "-"],
+        Some(&stolen),
+    );
+    assert!(!refused.status.success(), "{}", text(&refused));
+    assert!(
+        text(&refused).contains(&format!(
+            "connectors.connectors.alauda.io \"elsewhere\" is forbidden: ValidatingAdmissionPolicy 'tuna-operator-connectors-secret-access' with binding 'tuna-operator-connectors-secret-access' denied request: system:serviceaccount:{NS}:editor may not get Secret k8s-secret"
+        )),
+        "{}",
+        text(&refused)
+    );
+
     // The CSI plugin, as its DaemonSet says; the proxy at its test address.
     let csi_pod = pod_of(
         &cluster,

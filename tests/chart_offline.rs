@@ -730,3 +730,39 @@ async fn the_examples_pass_the_crd_schemas_and_cel_rules() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `connectors.enabled`: the chart installs the admission policy of
+/// examples/connectors/admission-policy.yaml (what tests/connector_e2e.rs
+/// proves), named for the release; `connectors.admissionPolicy.enabled=false`
+/// leaves it out.
+#[test]
+fn the_connectors_admission_policy_is_the_examples() {
+    let home = tempfile::tempdir().unwrap();
+    let case = CASES.iter().find(|(n, _)| *n == "connectors").unwrap().1;
+    let docs = by_kind_name(&documents(&template(home.path(), case, &[]).unwrap()));
+    let example = by_kind_name(&documents(
+        &std::fs::read_to_string(root().join("examples/connectors/admission-policy.yaml")).unwrap(),
+    ));
+    let name = "tuna-operator-connectors-secret-access";
+    for kind in [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        let key = (kind.to_owned(), name.to_owned());
+        assert_eq!(docs[&key]["spec"], example[&key]["spec"], "{kind}");
+    }
+    let off = by_kind_name(&documents(
+        &template(
+            home.path(),
+            &format!("{case}  admissionPolicy: {{enabled: false}}\n"),
+            &[],
+        )
+        .unwrap(),
+    ));
+    assert!(
+        !off.keys()
+            .any(|(k, _)| k.starts_with("ValidatingAdmissionPolicy")),
+        "{:?}",
+        off.keys().collect::<Vec<_>>()
+    );
+}

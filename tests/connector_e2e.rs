@@ -458,7 +458,8 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
         "with a revoked target token",
     );
     assert!(err.contains("Unauthorized"), "{err}");
-    // A new token in the Secret: Ready at once (the Secret's change triggers).
+    // A new token in the Secret: Ready at the next resync (Secrets are read
+    // by get at every reconcile, not watched; --resync-interval is 1s here).
     ok(
         env.tgt(
             &["-n", "default", "create", "serviceaccount", "reader2"],
@@ -1093,5 +1094,298 @@ mod trust {
                 panic!("{what} is in the role's log at trace: {line}<the secret>");
             }
         }
+    }
+}
+
+// ---- Connector editors and Secrets (issue 19, items 4 and 8) -------------
+
+/// An HTTPS server of the attacker's own, with a CA of its own: counts the
+/// connections it accepts and keeps every request head it reads.
+struct AttackerServer {
+    addr: std::net::SocketAddr,
+    ca_pem: String,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    heads: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+async fn attacker_server() -> AttackerServer {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, rcgen::KeyPair::generate().unwrap())
+        .unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = AttackerServer {
+        addr: listener.local_addr().unwrap(),
+        ca_pem: ca.pem(),
+        connections: Arc::new(AtomicUsize::new(0)),
+        heads: Arc::default(),
+    };
+    let (connections, heads) = (server.connections.clone(), server.heads.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            connections.fetch_add(1, Ordering::SeqCst);
+            let (acceptor, heads) = (acceptor.clone(), heads.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match tls.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => break,
+                    }
+                }
+                heads
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&head).into_owned());
+                let _ = tls
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+                    )
+                    .await;
+            });
+        }
+    });
+    server
+}
+
+/// With the admission policy of examples/connectors/admission-policy.yaml:
+/// an identity that may create and edit Connectors but may not `get` the
+/// namespace's token Secret is refused by kubectl — a new Connector naming
+/// the Secret, and a new address for an existing one — with the policy's
+/// message, and the operator never reaches its HTTPS server; the
+/// documentation's example, as written, works for a user who may read the
+/// Secret; the operator's own status writes pass. The role reads only the
+/// Secrets Connectors name, by `get`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connector_editor_cannot_make_the_operator_send_a_secret_it_may_not_read() {
+    use std::sync::atomic::Ordering;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let env = Env::start().await;
+    ok(
+        env.op(
+            &[
+                "apply",
+                "-f",
+                repo("examples/connectors/admission-policy.yaml")
+                    .to_str()
+                    .unwrap(),
+            ],
+            None,
+        ),
+        "the admission policy",
+    );
+    // alice owns the namespace's Connectors and their Secrets; mallory may
+    // write Connectors and create Secrets, and read only her own CA Secret.
+    ok(
+        env.op(
+            &["apply", "-f", "-"],
+            Some(&format!(
+                "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: connector-owner, namespace: {NS}}}
+rules:
+- {{apiGroups: [''], resources: [secrets], verbs: [get, create, update, patch]}}
+- {{apiGroups: [connectors.alauda.io], resources: [connectors], verbs: [get, list, create, update, patch]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: alice-owns-connectors, namespace: {NS}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: connector-owner}}
+subjects: [{{kind: User, name: alice}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: connector-editor, namespace: {NS}}}
+rules:
+- {{apiGroups: [connectors.alauda.io], resources: [connectors], verbs: [get, list, create, update, patch]}}
+- {{apiGroups: [''], resources: [secrets], verbs: [create]}}
+- {{apiGroups: [''], resources: [secrets], resourceNames: [mallory-ca], verbs: [get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: mallory-edits-connectors, namespace: {NS}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: connector-editor}}
+subjects: [{{kind: User, name: mallory}}]
+"
+            )),
+        ),
+        "RBAC of alice and mallory",
+    );
+    let as_user = |name: &str| {
+        let path = env.dir.path().join(format!("{name}.kubeconfig"));
+        env.operator
+            .write_kubeconfig(&path, &env.operator.token_for_user(name, &[]))
+            .unwrap();
+        path
+    };
+    let (alice, mallory) = (as_user("alice"), as_user("mallory"));
+    let home = env.home();
+    let run = |kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>| {
+        support::connectors::kubectl(kubeconfig, &home, args, stdin)
+    };
+
+    // The documentation's example as written, then with this test's token
+    // and address: alice may read the Secret, so both are admitted.
+    let example = repo("examples/connectors/k8s-connector.yaml");
+    let created = ok(
+        run(
+            &alice,
+            &["apply", "-n", NS, "-f", example.to_str().unwrap()],
+            None,
+        ),
+        "the documentation's example, as alice",
+    );
+    assert!(
+        created.contains("secret/k8s-secret created")
+            && created.contains("connector.connectors.alauda.io/k8s-connector created"),
+        "{created}"
+    );
+    ok(
+        run(
+            &alice,
+            &["apply", "-n", NS, "-f", "-"],
+            Some(&quick_start(&env.target_token, env.target.url())),
+        ),
+        "the quick start, as alice",
+    );
+    env.connector("Ready (its status written past the policy)", ready)
+        .await;
+
+    // mallory's own CA Secret, and her HTTPS server.
+    let attacker = attacker_server().await;
+    let ca_secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: mallory-ca, namespace: {NS}}}\nstringData:\n  ca.crt: |\n{}",
+        attacker
+            .ca_pem
+            .lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    );
+    ok(
+        run(&mallory, &["create", "-f", "-"], Some(&ca_secret)),
+        "mallory's CA Secret",
+    );
+    let evil = env.kubeconfig_file(
+        "evil-connector.yaml",
+        &format!(
+            "apiVersion: connectors.alauda.io/v1alpha1\nkind: Connector\nmetadata: {{name: evil, namespace: {NS}}}\nspec:\n  connectorClassName: k8s\n  address: https://{}\n  auth: {{name: bearerTokenAuth, secretRef: {{name: k8s-secret}}}}\n  caCertSecretRef: {{name: mallory-ca}}\n",
+            attacker.addr
+        ),
+    );
+    let evil = evil.to_str().unwrap();
+    let policy = "ValidatingAdmissionPolicy 'tuna-operator-connectors-secret-access' with binding 'tuna-operator-connectors-secret-access' denied request: mallory may not get Secret k8s-secret (spec.auth.secretRef): a Connector may use only Secrets its author may read";
+    let refused = fails(
+        run(&mallory, &["apply", "-f", evil], None),
+        "mallory's Connector naming the token Secret",
+    );
+    assert_eq!(
+        refused.trim(),
+        format!(
+            "Error from server (Forbidden): error when creating \"{evil}\": connectors.connectors.alauda.io \"evil\" is forbidden: {policy}"
+        )
+    );
+    // A new address (or CA) for alice's Connector: refused the same way.
+    for patch in [
+        format!("{{\"spec\":{{\"address\":\"https://{}\"}}}}", attacker.addr),
+        "{\"spec\":{\"caCertSecretRef\":{\"name\":\"mallory-ca\"}}}".to_owned(),
+    ] {
+        let refused = fails(
+            run(
+                &mallory,
+                &[
+                    "-n",
+                    NS,
+                    "patch",
+                    "connector",
+                    "k8s-connector",
+                    "--type",
+                    "merge",
+                    "-p",
+                    &patch,
+                ],
+                None,
+            ),
+            "mallory's patch of alice's Connector",
+        );
+        assert_eq!(
+            refused.trim(),
+            format!(
+                "Error from server (Forbidden): connectors.connectors.alauda.io \"k8s-connector\" is forbidden: {policy}"
+            ),
+            "{patch}"
+        );
+    }
+    // Metadata sends no Secret anywhere: a label passes.
+    ok(
+        run(
+            &mallory,
+            &["-n", NS, "label", "connector", "k8s-connector", "team=a"],
+            None,
+        ),
+        "a label by mallory",
+    );
+
+    // Two more reconciles of alice's Connector (each reads its Secret): by
+    // then a probe of an admitted address would have gone out.
+    let reads = |e: &kube_emulator::AuditEntry| {
+        e.user == ROLE_SA && e.resource == "secrets" && e.name == "k8s-secret"
+    };
+    let before = env
+        .operator
+        .audit_entries()
+        .iter()
+        .filter(|e| reads(e))
+        .count();
+    env.operator.wait_for_audit_count(before + 2, reads).await;
+    assert_eq!(
+        attacker.connections.load(Ordering::SeqCst),
+        0,
+        "the operator reached mallory's server: {:?}",
+        attacker.heads.lock().unwrap()
+    );
+    let c = env.connector("still Ready", ready).await;
+    assert_eq!(
+        c.spec.address,
+        env.target.url(),
+        "nothing mallory sent was stored"
+    );
+
+    // Item 8: the role reads Secrets only by `get` of a name a Connector (or
+    // its own CA) names; it never lists or watches them.
+    let secret_requests: Vec<(String, String)> = env
+        .operator
+        .audit_entries()
+        .into_iter()
+        .filter(|e| e.user == ROLE_SA && e.resource == "secrets")
+        .map(|e| (e.verb, e.name))
+        .collect();
+    assert!(!secret_requests.is_empty());
+    for (verb, name) in &secret_requests {
+        // (A create names no object in its path: the role's CA Secret.)
+        let named = ["k8s-secret", "tuna-operator-connectors-ca"].contains(&name.as_str());
+        assert!(
+            (verb == "get" && named) || (verb == "create" && name.is_empty()),
+            "the role asked for {verb} secret {name:?}: {secret_requests:?}"
+        );
     }
 }

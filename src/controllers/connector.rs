@@ -23,8 +23,9 @@
 //! | `Ready` | all of the above but `CACertReady` (which LivenessReady depends on) |
 //!
 //! A condition whose prerequisite failed is `Unknown` (`NotChecked`). The
-//! Connector is re-probed every `--probe-interval`, and at once when it, its
-//! class, its Secrets or its Service change.
+//! Connector is re-probed, and its Secrets read again by `get`, every
+//! `--resync-interval`, and at once when it, its class or its Service
+//! change; Secrets are not watched (a changed Secret waits for the resync).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -879,22 +880,6 @@ pub fn error_policy(
     Action::requeue(delay)
 }
 
-/// Whether `connector` reads Secret `name` (its auth Secret or CA).
-fn uses_secret(connector: &Connector, name: &str) -> bool {
-    let auth = connector
-        .spec
-        .auth
-        .as_ref()
-        .and_then(|a| a.secret_ref.as_ref())
-        .and_then(|r| r.name.as_deref());
-    let ca = connector
-        .spec
-        .ca_cert_secret_ref
-        .as_ref()
-        .map(|r| r.name.as_str());
-    auth == Some(name) || ca == Some(name)
-}
-
 /// Runs the Connector controller until `shutdown`; `synced` is told once
 /// the Connector and ConnectorClass stores are filled.
 pub async fn run(
@@ -928,26 +913,10 @@ pub async fn run(
                 .collect::<Vec<_>>()
         }
     };
-    let by_secret = {
-        let connectors = connectors.clone();
-        move |secret: kube::core::PartialObjectMeta<Secret>| {
-            let name = secret.name_any();
-            let namespace = secret.namespace();
-            connectors
-                .state()
-                .into_iter()
-                .filter(|c| c.namespace() == namespace && uses_secret(c, &name))
-                .map(|c| ObjectRef::from_obj(c.as_ref()))
-                .collect::<Vec<_>>()
-        }
-    };
-    // Metadata only: a change of a Secret is a trigger; its data is read by `get`.
-    let secret_stream = watcher(
-        Api::<kube::core::PartialObjectMeta<Secret>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .touched_objects();
+    // No watch of Secrets (not even of their metadata): the role may read
+    // only the Secrets Connectors name, by `get`, at each reconcile — on a
+    // change of the Connector and at every resync — so it never lists the
+    // Secrets of the cluster.
     let services = watcher::Config::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
     {
         let (connectors, classes) = (connectors.clone(), classes.clone());
@@ -961,7 +930,6 @@ pub async fn run(
     controller
         .owns(Api::<Service>::all(client.clone()), services)
         .watches_stream(class_stream, by_class)
-        .watches_stream(secret_stream, by_secret)
         .graceful_shutdown_on(shutdown)
         .run(
             move |c, ctx| reconcile(c, ctx, classes.clone()),

@@ -95,7 +95,8 @@ pub fn decode_metadata(obj: &Value) -> Result<Vec<String>, String> {
 /// Decodes a stored-form object of a built-in kind. `Ok(None)` for kinds without a typed check.
 pub fn decode(rt: &ResourceType, obj: &Value) -> Result<Option<Decoded>, String> {
     use k8s_openapi::api::{
-        apps, coordination, core, discovery, networking, policy, rbac, storage,
+        admissionregistration, apps, coordination, core, discovery, networking, policy, rbac,
+        storage,
     };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     let typed = match (rt.group.as_str(), rt.resource.as_str()) {
@@ -118,6 +119,12 @@ pub fn decode(rt: &ResourceType, obj: &Value) -> Result<Option<Decoded>, String>
         ("discovery.k8s.io", "endpointslices") => roundtrip::<discovery::v1::EndpointSlice>(obj),
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             roundtrip::<apiext::CustomResourceDefinition>(obj)
+        }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies") => {
+            roundtrip::<admissionregistration::v1::ValidatingAdmissionPolicy>(obj)
+        }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings") => {
+            roundtrip::<admissionregistration::v1::ValidatingAdmissionPolicyBinding>(obj)
         }
         ("rbac.authorization.k8s.io", "roles") => roundtrip::<rbac::v1::Role>(obj),
         ("rbac.authorization.k8s.io", "clusterroles") => roundtrip::<rbac::v1::ClusterRole>(obj),

@@ -43,6 +43,9 @@ pub struct ApiError {
     pub reason: &'static str,
     pub message: String,
     pub details: Option<Value>,
+    /// `Warning` headers of the refused request (admission policies bound
+    /// with `Warn`), sent with the `Status`.
+    pub warnings: Vec<String>,
 }
 
 impl ApiError {
@@ -52,6 +55,7 @@ impl ApiError {
             reason,
             message: message.into(),
             details: None,
+            warnings: Vec::new(),
         }
     }
     pub fn with_details(mut self, details: Value) -> Self {

@@ -3,8 +3,76 @@
 
 use serde_json::Value;
 
+use std::collections::HashMap;
+
 use crate::selector::LabelSelector;
 use crate::store::{Identity, State};
+
+/// Where RBAC reads Roles, ClusterRoles and their bindings from: the live
+/// store, or a [`Snapshot`] of it (for admission policies' `authorizer`,
+/// whose CEL functions must own what they read).
+pub trait RbacObjects {
+    /// The object of RBAC resource `resource` (`roles`, `clusterroles`, …).
+    fn object(&self, resource: &str, ns: &str, name: &str) -> Option<&Value>;
+    /// Every object of `resource` (in `ns` when given).
+    fn objects(&self, resource: &str, ns: Option<&str>) -> Vec<&Value>;
+}
+
+fn storage(resource: &str) -> String {
+    format!("rbac.authorization.k8s.io/{resource}")
+}
+
+impl RbacObjects for State {
+    fn object(&self, resource: &str, ns: &str, name: &str) -> Option<&Value> {
+        self.get_opt(&storage(resource), ns, name)
+    }
+    fn objects(&self, resource: &str, ns: Option<&str>) -> Vec<&Value> {
+        self.list_storage(&storage(resource))
+            .filter(|o| {
+                ns.is_none_or(|n| o["metadata"]["namespace"].as_str().unwrap_or_default() == n)
+            })
+            .collect()
+    }
+}
+
+/// A copy of the RBAC objects of a store at one moment.
+#[derive(Debug, Default)]
+pub struct Snapshot(HashMap<&'static str, Vec<Value>>);
+
+impl Snapshot {
+    pub fn of(state: &State) -> Self {
+        Snapshot(
+            [
+                "roles",
+                "clusterroles",
+                "rolebindings",
+                "clusterrolebindings",
+            ]
+            .into_iter()
+            .map(|r| (r, state.objects(r, None).into_iter().cloned().collect()))
+            .collect(),
+        )
+    }
+}
+
+impl RbacObjects for Snapshot {
+    fn object(&self, resource: &str, ns: &str, name: &str) -> Option<&Value> {
+        self.0.get(resource)?.iter().find(|o| {
+            o["metadata"]["name"].as_str() == Some(name)
+                && o["metadata"]["namespace"].as_str().unwrap_or_default() == ns
+        })
+    }
+    fn objects(&self, resource: &str, ns: Option<&str>) -> Vec<&Value> {
+        self.0
+            .get(resource)
+            .into_iter()
+            .flatten()
+            .filter(|o| {
+                ns.is_none_or(|n| o["metadata"]["namespace"].as_str().unwrap_or_default() == n)
+            })
+            .collect()
+    }
+}
 
 /// What a request wants to do, in RBAC terms.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -136,6 +204,11 @@ fn public_path(path: &str) -> bool {
 
 /// Whether `user` may do `attrs`. Admins (group `system:masters`) bypass RBAC.
 pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
+    allowed_in(state, user, attrs)
+}
+
+/// [`allowed`], reading RBAC objects from `state`.
+pub fn allowed_in(state: &dyn RbacObjects, user: &Identity, attrs: &Attributes) -> bool {
     if user.is_admin() {
         return true;
     }
@@ -163,7 +236,7 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
         .as_ref()
         .map(|r| r.namespace.as_str())
         .unwrap_or_default();
-    let (cluster, namespaced) = rules_for(state, user, namespace);
+    let (cluster, namespaced) = rules_in(state, user, namespace);
     cluster.iter().any(|r| rule_allows(r, attrs))
         || (attrs.resource.is_some() && namespaced.iter().any(|r| rule_allows(r, attrs)))
 }
@@ -171,26 +244,17 @@ pub fn allowed(state: &State, user: &Identity, attrs: &Attributes) -> bool {
 /// The rules bound to `user`: cluster-wide (ClusterRoleBindings) and, when `namespace` is not
 /// empty, those RoleBindings grant in it. Also answers SelfSubjectRulesReview.
 pub fn rules_for(state: &State, user: &Identity, namespace: &str) -> (Vec<Value>, Vec<Value>) {
-    let rt = |res: &str| {
-        state
-            .registry
-            .lookup("rbac.authorization.k8s.io", "v1", res)
-            .cloned()
-            .expect("rbac kinds are built in")
-    };
-    let (crb, cr, rb, role) = (
-        rt("clusterrolebindings"),
-        rt("clusterroles"),
-        rt("rolebindings"),
-        rt("roles"),
-    );
+    rules_in(state, user, namespace)
+}
+
+fn rules_in(state: &dyn RbacObjects, user: &Identity, namespace: &str) -> (Vec<Value>, Vec<Value>) {
     let rules_of = |kind: &str, name: &str, ns: &str| -> Vec<Value> {
         let (t, n) = if kind == "ClusterRole" {
-            (&cr, "")
+            ("clusterroles", "")
         } else {
-            (&role, ns)
+            ("roles", ns)
         };
-        let Ok(r) = state.get(t, n, name) else {
+        let Some(r) = state.object(t, n, name) else {
             return Vec::new();
         };
         let mut rules = r["rules"].as_array().cloned().unwrap_or_default();
@@ -201,8 +265,8 @@ pub fn rules_for(state: &State, user: &Identity, namespace: &str) -> (Vec<Value>
             .flatten()
         {
             let selector = label_selector_of(sel);
-            for other in state.list(&cr, None) {
-                if other["metadata"]["name"] != r["metadata"]["name"] && selector.matches(&other) {
+            for other in state.objects("clusterroles", None) {
+                if other["metadata"]["name"] != r["metadata"]["name"] && selector.matches(other) {
                     rules.extend(other["rules"].as_array().cloned().unwrap_or_default());
                 }
             }
@@ -210,7 +274,7 @@ pub fn rules_for(state: &State, user: &Identity, namespace: &str) -> (Vec<Value>
         rules
     };
     let mut cluster = Vec::new();
-    for b in state.list(&crb, None) {
+    for b in state.objects("clusterrolebindings", None) {
         if strs_obj(&b["subjects"])
             .iter()
             .any(|s| subject_matches(s, "", user))
@@ -224,7 +288,7 @@ pub fn rules_for(state: &State, user: &Identity, namespace: &str) -> (Vec<Value>
     }
     let mut namespaced = Vec::new();
     if !namespace.is_empty() {
-        for b in state.list(&rb, Some(namespace)) {
+        for b in state.objects("rolebindings", Some(namespace)) {
             if strs_obj(&b["subjects"])
                 .iter()
                 .any(|s| subject_matches(s, namespace, user))
@@ -242,7 +306,7 @@ pub fn rules_for(state: &State, user: &Identity, namespace: &str) -> (Vec<Value>
 }
 
 /// A `metav1.LabelSelector` object as a parsed selector.
-fn label_selector_of(sel: &Value) -> LabelSelector {
+pub fn label_selector_of(sel: &Value) -> LabelSelector {
     let mut terms: Vec<String> = sel["matchLabels"]
         .as_object()
         .map(|m| {

@@ -45,7 +45,15 @@ pub struct AuditEntry {
     /// `User-Agent` of the client, to tell apart components sharing a token.
     #[serde(default)]
     pub user_agent: String,
+    /// Annotations of the request (admission policies bound with `Audit`:
+    /// `validation.policy.admission.k8s.io/validation_failure`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
+
+/// Audit annotations a response carries to [`handle`]'s audit entry.
+#[derive(Debug, Clone)]
+struct AuditAnnotations(std::collections::BTreeMap<String, String>);
 
 /// State shared by every connection.
 pub struct Shared {
@@ -326,7 +334,7 @@ fn json_response(code: u16, v: &Value) -> Response<Body> {
 }
 
 fn error_response(e: &ApiError) -> Response<Body> {
-    json_response(e.code, &e.to_status())
+    with_warnings(json_response(e.code, &e.to_status()), &e.warnings)
 }
 
 fn query_map(q: Option<&str>) -> HashMap<String, String> {
@@ -390,6 +398,7 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
             path,
             code: 401,
             user_agent: user_agent(&parts.headers),
+            annotations: Default::default(),
         });
         return resp;
     };
@@ -498,6 +507,11 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
         },
         code: resp.status().as_u16(),
         user_agent: user_agent(&parts.headers),
+        annotations: resp
+            .extensions()
+            .get::<AuditAnnotations>()
+            .map(|a| a.0.clone())
+            .unwrap_or_default(),
     });
     resp
 }
@@ -575,8 +589,13 @@ fn non_resource(
     }
 }
 
-fn write_options(query: &HashMap<String, String>, sub: Option<&str>) -> WriteOptions {
+fn write_options(
+    query: &HashMap<String, String>,
+    sub: Option<&str>,
+    user: &Identity,
+) -> WriteOptions {
     WriteOptions {
+        user: Some(user.clone()),
         subresource: sub.map(String::from),
         dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
         field_validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str)),
@@ -584,6 +603,16 @@ fn write_options(query: &HashMap<String, String>, sub: Option<&str>) -> WriteOpt
         force: query.get("force").is_some_and(|f| f == "true"),
         applying: false,
     }
+}
+
+/// A write's answer with its warnings and audit annotations.
+fn written(resp: Response<Body>, st: &State) -> Response<Body> {
+    let mut resp = with_warnings(resp, &st.warnings);
+    if !st.audit_annotations.is_empty() {
+        resp.extensions_mut()
+            .insert(AuditAnnotations(st.audit_annotations.clone()));
+    }
+    resp
 }
 
 fn with_warnings(mut resp: Response<Body>, warnings: &[String]) -> Response<Body> {
@@ -927,24 +956,16 @@ fn resource_request(
         ("create", None) => {
             let obj = parse_body(body)?;
             check_kind(&rt, &obj)?;
-            let opts = write_options(query, None);
+            let opts = write_options(query, None, user);
             let out = st.create(&rt, &ns, to_stored(&rt, obj), &opts)?;
-            let warnings = st.warnings.clone();
-            Ok(with_warnings(
-                json_response(201, &from_stored(&rt, out)),
-                &warnings,
-            ))
+            Ok(written(json_response(201, &from_stored(&rt, out)), &st))
         }
         ("update", Some(name)) => {
             let obj = parse_body(body)?;
             check_kind(&rt, &obj)?;
-            let opts = write_options(query, sub);
+            let opts = write_options(query, sub, user);
             let out = st.update(&rt, &ns, name, to_stored(&rt, obj), true, &opts)?;
-            let warnings = st.warnings.clone();
-            Ok(with_warnings(
-                json_response(200, &from_stored(&rt, out)),
-                &warnings,
-            ))
+            Ok(written(json_response(200, &from_stored(&rt, out)), &st))
         }
         ("patch", Some(name)) => {
             let ct = headers
@@ -963,7 +984,7 @@ fn resource_request(
                 }
             };
             let patch = parse_body(body)?;
-            let opts = write_options(query, sub);
+            let opts = write_options(query, sub, user);
             if ptype == PatchType::Apply {
                 if opts.field_manager.as_deref().is_none_or(str::is_empty) {
                     return Err(ApiError::bad_request(
@@ -973,10 +994,9 @@ fn resource_request(
                 check_kind(&rt, &patch)?;
             }
             let (out, created) = st.patch(&rt, &ns, name, ptype, &patch, &opts)?;
-            let warnings = st.warnings.clone();
-            Ok(with_warnings(
+            Ok(written(
                 json_response(if created { 201 } else { 200 }, &from_stored(&rt, out)),
-                &warnings,
+                &st,
             ))
         }
         ("delete", Some(name)) => {
@@ -1005,11 +1025,12 @@ fn resource_request(
                 Propagation::parse(policy),
                 opts["preconditions"]["resourceVersion"].as_str(),
                 dry,
+                Some(user),
             )?;
             let pending = st.get_opt(&rt.storage, &ns, name).is_some() && !dry;
-            Ok(json_response(
-                if pending { 202 } else { 200 },
-                &from_stored(&rt, out),
+            Ok(written(
+                json_response(if pending { 202 } else { 200 }, &from_stored(&rt, out)),
+                &st,
             ))
         }
         ("deletecollection", None) => {
@@ -1034,6 +1055,7 @@ fn resource_request(
                     policy,
                     None,
                     false,
+                    Some(user),
                 )?;
                 items.push(from_stored(&rt, out));
             }

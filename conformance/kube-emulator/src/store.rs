@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use crate::admission;
 use crate::error::{ApiError, FieldError};
 use crate::patch;
 use crate::registry::{Registry, ResourceType};
@@ -58,6 +59,10 @@ pub struct WriteOptions {
     pub force: bool,
     /// Set internally for server-side apply writes (which maintain managedFields themselves).
     pub applying: bool,
+    /// Who asks: admission policies judge the write for this user. `None`
+    /// for the emulator's own writes (garbage collection, test set-up
+    /// helpers), which admission never sees.
+    pub user: Option<Identity>,
 }
 
 impl Default for WriteOptions {
@@ -69,6 +74,7 @@ impl Default for WriteOptions {
             field_manager: None,
             force: false,
             applying: false,
+            user: None,
         }
     }
 }
@@ -114,8 +120,11 @@ pub struct State {
     pub tokens: HashMap<String, IssuedToken>,
     validator: kube_cel::Validator,
     tx: broadcast::Sender<Arc<WatchEvent>>,
-    /// Warnings produced by the last write (unknown fields under `fieldValidation=Warn`).
+    /// Warnings produced by the last write (unknown fields under `fieldValidation=Warn`,
+    /// admission policies bound with `Warn`).
     pub warnings: Vec<String>,
+    /// Audit annotations of the last write (admission policies bound with `Audit`).
+    pub audit_annotations: BTreeMap<String, String>,
 }
 
 pub fn now() -> String {
@@ -253,6 +262,7 @@ impl State {
             validator: kube_cel::Validator::new(),
             tx,
             warnings: Vec::new(),
+            audit_annotations: BTreeMap::new(),
         };
         let ns_rt = s
             .registry
@@ -579,6 +589,9 @@ impl State {
                     ],
                 });
             }
+            ("admissionregistration.k8s.io", _) => {
+                errors.extend(admission::validate(rt, obj));
+            }
             _ => {}
         }
         let mut unknown_fields = Vec::new();
@@ -639,6 +652,49 @@ impl State {
         }
     }
 
+    /// Validating admission policies, for writes a user asks for: the
+    /// objects in the form the client sees.
+    #[allow(clippy::too_many_arguments)]
+    fn admission(
+        &mut self,
+        rt: &ResourceType,
+        operation: admission::Operation,
+        subresource: Option<&str>,
+        ns: &str,
+        name: &str,
+        object: Option<&Value>,
+        old: Option<&Value>,
+        user: Option<&Identity>,
+        dry_run: bool,
+    ) -> Result<(), ApiError> {
+        let Some(user) = user else {
+            return Ok(());
+        };
+        // Most clusters have no policy: then a write costs no copy.
+        if self.list_storage(admission::BINDINGS).next().is_none() {
+            return Ok(());
+        }
+        let object = object.map(|o| from_stored(rt, o.clone()));
+        let old = old.map(|o| from_stored(rt, o.clone()));
+        let verdict = admission::admit(
+            self,
+            &admission::Request {
+                operation,
+                rt,
+                subresource: subresource.unwrap_or_default(),
+                namespace: ns,
+                name,
+                object: object.as_ref(),
+                old_object: old.as_ref(),
+                user,
+                dry_run,
+            },
+        )?;
+        self.warnings.extend(verdict.warnings);
+        self.audit_annotations.extend(verdict.audit_annotations);
+        Ok(())
+    }
+
     /// POST: creates an object (stored form in, stored form out).
     pub fn create(
         &mut self,
@@ -648,6 +704,7 @@ impl State {
         opts: &WriteOptions,
     ) -> Result<Value, ApiError> {
         self.warnings.clear();
+        self.audit_annotations.clear();
         if !obj.is_object() {
             return Err(ApiError::bad_request(
                 "the body of the request must be an object",
@@ -717,6 +774,17 @@ impl State {
         } else if let Some(m) = obj["metadata"].as_object_mut() {
             m.remove("generation");
         }
+        self.admission(
+            rt,
+            admission::Operation::Create,
+            opts.subresource.as_deref(),
+            ns,
+            &name,
+            Some(&obj),
+            None,
+            opts.user.as_ref(),
+            opts.dry_run,
+        )?;
         if opts.dry_run {
             return Ok(obj);
         }
@@ -737,6 +805,7 @@ impl State {
         opts: &WriteOptions,
     ) -> Result<Value, ApiError> {
         self.warnings.clear();
+        self.audit_annotations.clear();
         let old = self.get(rt, ns, name)?;
         if !new.is_object() {
             return Err(ApiError::bad_request(
@@ -853,6 +922,17 @@ impl State {
         if !opts.applying {
             release_changed_fields(&mut new, &old);
         }
+        self.admission(
+            rt,
+            admission::Operation::Update,
+            opts.subresource.as_deref(),
+            ns,
+            name,
+            Some(&new),
+            Some(&old),
+            opts.user.as_ref(),
+            opts.dry_run,
+        )?;
         if comparable(&new) == comparable(&old) {
             // The no-op rule: nothing changed, so no new resourceVersion and no watch event.
             return Ok(old);
@@ -1046,6 +1126,7 @@ impl State {
 
     /// DELETE: with finalizers (or foreground propagation) the object only gets a
     /// deletionTimestamp; otherwise it is removed and its dependents are collected.
+    #[allow(clippy::too_many_arguments)]
     pub fn delete(
         &mut self,
         rt: &ResourceType,
@@ -1054,7 +1135,10 @@ impl State {
         propagation: Propagation,
         precondition_rv: Option<&str>,
         dry_run: bool,
+        user: Option<&Identity>,
     ) -> Result<Value, ApiError> {
+        self.warnings.clear();
+        self.audit_annotations.clear();
         let obj = self.get(rt, ns, name)?;
         if let Some(rv) = precondition_rv.filter(|rv| *rv != meta_str(&obj, "resourceVersion")) {
             return Err(ApiError::conflict(
@@ -1066,6 +1150,17 @@ impl State {
                 ),
             ));
         }
+        self.admission(
+            rt,
+            admission::Operation::Delete,
+            None,
+            ns,
+            name,
+            None,
+            Some(&obj),
+            user,
+            dry_run,
+        )?;
         if dry_run {
             return Ok(obj);
         }

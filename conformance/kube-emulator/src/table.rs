@@ -170,6 +170,18 @@ fn builtin_columns(rt: &ResourceType) -> Vec<PrinterColumn> {
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             vec![name, col("Created At", "string", 0, "@created-at")]
         }
+        ("admissionregistration.k8s.io", "validatingadmissionpolicies") => vec![
+            name,
+            col("Validations", "integer", 0, "@validations-count"),
+            col("ParamKind", "string", 0, "@param-kind"),
+            age,
+        ],
+        ("admissionregistration.k8s.io", "validatingadmissionpolicybindings") => vec![
+            name,
+            col("PolicyName", "string", 0, ".spec.policyName"),
+            col("ParamRef", "string", 0, "@param-ref"),
+            age,
+        ],
         _ => vec![name, age],
     };
     for c in &mut cols {
@@ -202,6 +214,20 @@ fn none_if_empty(s: String) -> Value {
 /// Computed cells of built-in kinds.
 fn computed(key: &str, o: &Value) -> Value {
     match key {
+        "@validations-count" => json!(o["spec"]["validations"].as_array().map_or(0, Vec::len)),
+        "@param-kind" => match o["spec"]["paramKind"]["kind"].as_str() {
+            Some(k) => json!(format!(
+                "{}/{k}",
+                o["spec"]["paramKind"]["apiVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+            )),
+            None => json!("<unset>"),
+        },
+        "@param-ref" => match o["spec"]["paramRef"]["name"].as_str() {
+            Some(n) => json!(n),
+            None => json!("<unset>"),
+        },
         "@data-count" => {
             let n = |k: &str| o[k].as_object().map(|m| m.len()).unwrap_or(0);
             json!(n("data") + n("binaryData"))
