@@ -345,6 +345,79 @@ spec:
     );
 }
 
+/// Events a user reads on an Ingress that serves nothing, and on a host it
+/// stops naming: an Ingress whose only rule has no host, and one whose only
+/// host is a wildcard, each get `RuleSkipped`; a host removed from an
+/// Ingress gets `TunnelStopped` (its tunnel stops), the other host goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingresses_without_hosts_and_removed_hosts_are_reported() {
+    let env = Env::start(&[]).await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("web", web, None));
+    let rule = |host: Option<&str>| {
+        let host = host
+            .map(|h| format!("host: \"{h}\"\n    "))
+            .unwrap_or_default();
+        format!(
+            "  - {host}http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 8080}}}}}}}}]}}\n"
+        )
+    };
+    let ingress = |name: &str, rules: &[Option<&str>]| {
+        let rules: String = rules.iter().map(|h| rule(*h)).collect();
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}}}\nspec:\n  ingressClassName: tuna\n  rules:\n{rules}"
+        )
+    };
+    env.cluster.apply(&ingress("nohost", &[None]));
+    env.cluster.apply(&ingress("wild", &[Some("*.tuna.test")]));
+    env.cluster.apply("apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: one}\nspec: {subdomain: one}\n---\napiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: two}\nspec: {subdomain: two}\n");
+    env.cluster.apply(&ingress(
+        "two-hosts",
+        &[Some("one.tuna.test"), Some("two.tuna.test")],
+    ));
+    let event = |name: &'static str, reason: &'static str, needle: &'static str| {
+        let cluster = &env.cluster;
+        async move {
+            tokio::time::timeout(support::WAIT, async {
+                loop {
+                    let events = events_of(cluster, "default", "Ingress", name);
+                    if events
+                        .get(reason)
+                        .is_some_and(|m| m.iter().any(|m| m.contains(needle)))
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no {reason} event with {needle:?} on Ingress {name}: {:?}",
+                    events_of(cluster, "default", "Ingress", name)
+                )
+            })
+        }
+    };
+    event("nohost", "RuleSkipped", "RuleWithoutHost").await;
+    event("wild", "RuleSkipped", "WildcardHost").await;
+    event("two-hosts", "TunnelConnected", "two.tuna.test").await;
+    event("two-hosts", "TunnelConnected", "one.tuna.test").await;
+    assert_eq!(http_get(env.http(), "two.tuna.test", "/").await.0, 200);
+
+    env.cluster
+        .apply(&ingress("two-hosts", &[Some("one.tuna.test")]));
+    event("two-hosts", "TunnelStopped", "two.tuna.test").await;
+    let stopped = events_of(&env.cluster, "default", "Ingress", "two-hosts");
+    assert!(
+        !stopped["TunnelStopped"]
+            .iter()
+            .any(|m| m.contains("one.tuna.test")),
+        "{stopped:?}"
+    );
+    assert_eq!(http_get(env.http(), "one.tuna.test", "/").await.0, 200);
+}
+
 /// The documentation's TCPEndpoint + tcp Tunnel: bytes are echoed through the
 /// reserved port; `status.url` is `tcp://<host>:<port>`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

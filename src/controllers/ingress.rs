@@ -70,16 +70,23 @@ fn tunnel_host(t: &Tunnel, base_domain: &str) -> Option<String> {
         .flatten()
 }
 
-/// Plans `hosts` over the objects that touch them (pure).
+/// Plans `hosts` over the objects that touch them (pure). The Ingress `me`
+/// (the one being reconciled) is planned even when it names none of `hosts`:
+/// rules without a host or with only wildcard hosts touch no host, and their
+/// refusals (`RuleWithoutHost`, `WildcardHost`) come from the plan too.
 pub fn plan_hosts(
     hosts: &BTreeSet<String>,
+    me: Option<&ObjectRef>,
     ingresses: &[Arc<Ingress>],
     tunnels: &[Arc<Tunnel>],
     domains: &[Arc<Domain>],
     services: &crate::translate::service::ServiceIndex,
     options: &PlanOptions,
 ) -> Plan {
-    let touches = |i: &Ingress| rule_hosts(i).iter().any(|h| hosts.contains(h));
+    let touches = |i: &Ingress| {
+        me.is_some_and(|me| *me == ObjectRef::of(Kind::Ingress, &i.metadata))
+            || rule_hosts(i).iter().any(|h| hosts.contains(h))
+    };
     let ingresses: Vec<Arc<Ingress>> = ingresses.iter().filter(|i| touches(i)).cloned().collect();
     let tunnels: Vec<Arc<Tunnel>> = tunnels
         .iter()
@@ -157,6 +164,7 @@ async fn apply_hosts(
     }
     let plan = plan_hosts(
         hosts,
+        me,
         &ingresses,
         &state.stores.tunnels.state(),
         &state.stores.domains.state(),
@@ -306,7 +314,9 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
         // Another controller's Ingress: nothing to report.
         return Ok(Action::await_change());
     }
-    report(state, ingress, &me, &plan, &now).await?;
+    // Hosts the Ingress no longer names are walked too: their tunnel's
+    // `TunnelStopped` is reported once.
+    report(state, ingress, &me, &plan, &affected).await?;
     ctx.backoff.reset(&super::key_of(ingress.as_ref()));
     Ok(resync(ctx.resync_interval))
 }
@@ -564,6 +574,7 @@ spec:
         assert_eq!(hosts, BTreeSet::from(["my-app.a.2na.am".to_owned()]));
         let plan = plan_hosts(
             &hosts,
+            None,
             &ingresses,
             &[],
             &domains,
@@ -579,6 +590,7 @@ spec:
         // Without the Domain the host is not reserved.
         let unreserved = plan_hosts(
             &hosts,
+            None,
             &ingresses,
             &[],
             &[],
@@ -587,6 +599,39 @@ spec:
         );
         assert!(unreserved.hosts.is_empty());
         assert_eq!(unreserved.refusals[0].reason.as_str(), "HostNotReserved");
+    }
+
+    /// An Ingress whose rules name no host (none, or only wildcards) touches
+    /// no host, yet its own reconcile plans it: its refusals are reported.
+    #[test]
+    fn an_ingress_without_hosts_is_planned_for_its_own_reconcile() {
+        let ingresses = objects::<Ingress>(
+            "metadata: {name: nohost, namespace: default}
+spec:
+  ingressClassName: tuna
+  rules:
+  - http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+---
+metadata: {name: wild, namespace: default}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: '*.a.2na.am'
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}",
+        );
+        let services = ServiceIndex::default();
+        let options = PlanOptions::cluster("a.2na.am");
+        for (ingress, reason) in [("nohost", "RuleWithoutHost"), ("wild", "WildcardHost")] {
+            let me = ObjectRef::new(Kind::Ingress, "default", ingress);
+            let i = ingresses.iter().find(|i| i.name_any() == ingress).unwrap();
+            let hosts = rule_hosts(i);
+            assert!(hosts.is_empty());
+            let plan = plan_hosts(&hosts, Some(&me), &ingresses, &[], &[], &services, &options);
+            let reasons: Vec<&str> = plan.refusals_of(&me).map(|r| r.reason.as_str()).collect();
+            assert_eq!(reasons, [reason], "{ingress}");
+            // Only `me` is planned, not every host-less Ingress.
+            assert_eq!(plan.refusals.len(), 1, "{:?}", plan.refusals);
+        }
     }
 
     #[test]
