@@ -6,7 +6,7 @@
 //! | `tuna_operator_reconcile_duration_seconds` | `kind` | histogram of reconcile time |
 //! | `tuna_operator_edge_api_calls_total` | `operation`, `outcome` (`ok`, `retryable`, `rate_limited`, `refused`, `not_found`) | calls to the edge's REST API |
 //! | `tuna_operator_leader` | — | 1 while this process holds the controller's Lease |
-//! | `tuna_operator_tunnels` | `state` | tunnels of the agent by state |
+//! | `tuna_operator_tunnels` | `state` (`pending`, `serving`, `refused`, `failed`, `disconnected`, `stopped`) | tunnels of the agent by state (recounted at most once a second) |
 //!
 //! The agent's `/metrics` appends the proxy core's own metrics (`tuna_proxy_*`).
 

@@ -168,6 +168,28 @@ pub enum TunnelState {
 }
 
 impl TunnelState {
+    /// Every state's [`TunnelState::label`], for gauges that report zeros too.
+    pub const LABELS: [&'static str; 6] = [
+        "pending",
+        "serving",
+        "refused",
+        "failed",
+        "disconnected",
+        "stopped",
+    ];
+
+    /// The state's name in metrics (`tuna_operator_tunnels{state}`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Pending { .. } => "pending",
+            Self::Serving { .. } => "serving",
+            Self::Refused { .. } => "refused",
+            Self::Failed { .. } => "failed",
+            Self::Disconnected { .. } => "disconnected",
+            Self::Stopped => "stopped",
+        }
+    }
+
     /// Settled at `revision` or later: serving that spec, or refused/failed.
     pub fn reached(&self, revision: u64) -> bool {
         match self {
@@ -396,6 +418,19 @@ impl Publisher {
             .expect("publisher lock")
             .get(key)
             .map(|e| e.state.clone())
+    }
+
+    /// How many published tunnels are in each state (every state named, zeros
+    /// included), for `tuna_operator_tunnels`.
+    pub fn count_by_state(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut counts: std::collections::BTreeMap<&'static str, usize> =
+            TunnelState::LABELS.iter().map(|l| (*l, 0)).collect();
+        for key in self.keys() {
+            if let Some(state) = self.state(&key) {
+                *counts.entry(state.borrow().label()).or_default() += 1;
+            }
+        }
+        counts
     }
 
     /// Every published tunnel.

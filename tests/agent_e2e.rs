@@ -80,6 +80,31 @@ impl Env {
         self.edge.addrs.http.expect("public HTTP listener")
     }
 
+    /// Waits until the agent's `/metrics` has `sample` (`name{labels} value`).
+    async fn agent_metric(&self, sample: &str) {
+        let addr: std::net::SocketAddr = self
+            .agent
+            .log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|l| l["fields"]["message"] == "probes and metrics listening")
+            .and_then(|l| l["fields"]["metrics"].as_str()?.parse().ok())
+            .expect("the agent's metrics address in its log");
+        let mut last = String::new();
+        let found = tokio::time::timeout(support::WAIT, async {
+            loop {
+                let (_, body) = http_get(addr, "metrics", "/metrics").await;
+                if body.lines().any(|l| l == sample) {
+                    return;
+                }
+                last = body;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        assert!(found.is_ok(), "{sample:?} not in /metrics:\n{last}");
+    }
+
     async fn tokens(&self) -> Vec<tuna_tunnel::api::Token> {
         self.edge
             .client()
@@ -133,6 +158,9 @@ async fn the_documentation_tunnel_is_published_and_revoked_on_delete() {
     assert_eq!(body["headers"]["x-forwarded-proto"], "http");
     let describe = env.cluster.kubectl_ok(&["describe", "tunnel", "web"]);
     assert!(describe.contains("TunnelConnected"), "{describe}");
+    // The documented gauge counts it (it was never set before).
+    env.agent_metric("tuna_operator_tunnels{state=\"serving\"} 1")
+        .await;
 
     // One token for this tunnel, with its owner labels.
     let tokens = env.tokens().await;
@@ -170,6 +198,8 @@ async fn the_documentation_tunnel_is_published_and_revoked_on_delete() {
     })
     .await;
     assert!(released.is_ok(), "subdomain kept: {}", env.agent.log());
+    env.agent_metric("tuna_operator_tunnels{state=\"serving\"} 0")
+        .await;
 }
 
 /// The documentation's Domain + Ingress: `/api/users` → api, `/apix` → web,

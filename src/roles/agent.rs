@@ -255,6 +255,31 @@ pub async fn serve(
         }));
     }
 
+    // tuna_operator_tunnels: recounted after tunnel state changes, at most
+    // once per second (a count walks every tunnel; thousands change at start).
+    {
+        let publisher = state.publisher.clone();
+        let metrics = Arc::clone(&state.ctx.metrics);
+        let mut changes = publisher.changes();
+        side_tasks.push(tokio::spawn(async move {
+            let set = |counts: std::collections::BTreeMap<&'static str, usize>| {
+                for (label, n) in counts {
+                    metrics.set_tunnels(label, n);
+                }
+            };
+            set(publisher.count_by_state());
+            loop {
+                match changes.recv().await {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+                tokio::time::sleep(TUNNEL_GAUGE_PERIOD).await;
+                changes = changes.resubscribe();
+                set(publisher.count_by_state());
+            }
+        }));
+    }
+
     let tunnel_stream = watcher(Api::<Tunnel>::all(client.clone()), config.clone())
         .default_backoff()
         .reflect(tunnel_writer)
@@ -394,6 +419,9 @@ fn trigger_key(state: &AgentState, key: &TunnelKey) {
         }
     }
 }
+
+/// How often at most `tuna_operator_tunnels` is recounted.
+const TUNNEL_GAUGE_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Re-reconciles the http Tunnels that publish one of `hosts`.
 fn trigger_tunnels_on(state: &AgentState, hosts: &BTreeSet<String>) {
