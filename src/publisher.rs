@@ -488,6 +488,16 @@ impl Publisher {
         self.inner.proxy.shutdown().await;
     }
 
+    /// Ends every tunnel task at once, revoking nothing — what a crash does to
+    /// them. For a handle dropped without its shutdown: its tasks must not
+    /// outlive it (they would renew or re-mint tokens a later process revokes).
+    pub fn abandon(&self) {
+        let entries = self.inner.entries.lock().unwrap_or_else(|p| p.into_inner());
+        for entry in entries.values() {
+            entry.task.abort();
+        }
+    }
+
     /// Stops every tunnel, leaving at the edge the tokens whose spec says
     /// `keep_on_shutdown` (and revoking the others), then drains the proxy: the
     /// agent's way to stop for an upgrade. The next agent process learns from

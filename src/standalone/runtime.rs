@@ -729,7 +729,14 @@ impl Standalone {
 }
 
 impl Drop for Standalone {
+    /// Without [`Standalone::shutdown`] (a crash, a test): the watch stops and
+    /// the tunnel tasks end with the handle, their tokens left at the edge for
+    /// the next start to revoke; none lives on to renew or re-mint one.
     fn drop(&mut self) {
         self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        self.publisher.abandon();
     }
 }
