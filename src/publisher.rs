@@ -243,6 +243,9 @@ struct Inner {
     /// Set by [`Publisher::shutdown_keeping_tokens`]: stopping tunnels leave
     /// their tokens for the next agent process to find.
     keep_tokens: std::sync::atomic::AtomicBool,
+    /// Set when [`Publisher::shutdown`] begins: nothing is published after it
+    /// (a late reconcile would start a tunnel and mint a token no one revokes).
+    closed: std::sync::atomic::AtomicBool,
     entries: Mutex<HashMap<TunnelKey, Entry>>,
     retry: RetryPolicy,
     /// Lifetime asked for each token (renewed at a third of it).
@@ -320,6 +323,7 @@ impl Publisher {
                 agent,
                 changes: tokio::sync::broadcast::channel(4096).0,
                 keep_tokens: std::sync::atomic::AtomicBool::new(false),
+                closed: std::sync::atomic::AtomicBool::new(false),
                 entries: Mutex::new(HashMap::new()),
                 retry: options.retry,
                 token_ttl: options.token_ttl.max(MIN_TOKEN_TTL),
@@ -350,6 +354,12 @@ impl Publisher {
     /// connection.
     pub fn publish(&self, key: TunnelKey, spec: TunnelSpec) -> (watch::Receiver<TunnelState>, u64) {
         let mut entries = self.inner.entries.lock().expect("publisher lock");
+        // Checked under the entries' lock, which shutdown takes to list the
+        // tunnels it stops: a publish either comes before (and is stopped) or
+        // after (and starts nothing).
+        if self.inner.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return (watch::channel(TunnelState::Stopped).1, 0);
+        }
         if let Some(entry) = entries.get(&key)
             && !entry.task.is_finished()
         {
@@ -482,6 +492,12 @@ impl Publisher {
 
     /// Stops every tunnel (revoking tokens), then drains the proxy.
     pub async fn shutdown(&self) {
+        {
+            let _entries = self.inner.entries.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner
+                .closed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let keys = self.keys();
         let stops: Vec<_> = keys.iter().map(|k| self.unpublish(k)).collect();
         futures::future::join_all(stops).await;
@@ -950,4 +966,54 @@ async fn remint_in_place(
         revoke(key, edge.as_ref(), &old.id).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tuna_proxy::ProxyConfig;
+    use tuna_tunnel::agent::Trust;
+
+    /// A reconcile that publishes while the agent stops (its cleanup of a
+    /// deleted Ingress, say) starts no tunnel: the token it would mint after
+    /// the shutdown's sweep was left live at the edge (chart_e2e saw one).
+    #[tokio::test]
+    async fn nothing_is_published_once_shutdown_began() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let edge: Arc<dyn EdgeApi> = Arc::new(
+            crate::standalone::edge::Embedded::open(
+                tuna_tunnel::edge::MemoryAuthority::new(),
+                "localhost",
+                20000..=20001,
+                dir.path(),
+            )
+            .unwrap(),
+        );
+        // An edge nobody listens on: the agent only dials, in the background.
+        let publisher = Publisher::start(
+            ProxyCore::new(ProxyConfig::default()),
+            AgentConfig::new("127.0.0.1:9", Trust::SystemRoots),
+        )
+        .unwrap();
+        publisher.shutdown().await;
+        let (state, _) = publisher.publish(
+            TunnelKey::Host("late.localhost".into()),
+            TunnelSpec {
+                serving: Serving::Http {
+                    host: "late.localhost".into(),
+                    routes: Vec::new(),
+                },
+                labels: BTreeMap::new(),
+                edge,
+                edge_identity: "operator".into(),
+                keep_on_shutdown: false,
+            },
+        );
+        assert_eq!(*state.borrow(), TunnelState::Stopped);
+        assert!(
+            publisher.keys().is_empty(),
+            "a tunnel started after shutdown"
+        );
+    }
 }
