@@ -565,3 +565,52 @@ fn keys_created_by_the_command_line_are_accepted_by_a_running_replica() {
         start.elapsed()
     );
 }
+
+#[test]
+fn commits_without_a_notification_arrive_by_the_poll_and_a_pruned_log_by_a_reload() {
+    let store = Fixture::postgres();
+    let Fixture::Postgres { server, url, .. } = &store else {
+        unreachable!()
+    };
+    let db = url.rsplit('/').next().unwrap();
+    let plane = store.open();
+    let owner = caller("acme");
+    let token_of = |plane: &ControlPlane| {
+        plane
+            .create_token(&owner, &CreateToken::default())
+            .unwrap()
+            .id
+    };
+    let (first, second) = (token_of(&plane), token_of(&plane));
+    let mut revocations = plane.subscribe_revocations();
+
+    // A commit of another writer that sent no NOTIFY (a lost notification,
+    // or a store without LISTEN/NOTIFY): the poll of store_head finds it.
+    server.psql(
+        db,
+        &format!(
+            "BEGIN; DELETE FROM tunnel_tokens WHERE id = '{first}'; \
+             INSERT INTO store_changes (seq, writes) \
+               SELECT seq + 1, '[{{\"DeleteToken\": \"{first}\"}}]' FROM store_head; \
+             UPDATE store_head SET seq = seq + 1; COMMIT;"
+        ),
+    );
+    let took = await_revocation(&mut revocations, &Revocation::Token(TokenId(first.clone())));
+    eprintln!("a commit without NOTIFY arrived after {took:?}");
+
+    // The change log lacks the commit (pruned): the replica reloads the
+    // tables and hears what disappeared.
+    server.psql(
+        db,
+        &format!(
+            "BEGIN; DELETE FROM tunnel_tokens WHERE id = '{second}'; \
+             UPDATE store_head SET seq = seq + 1; COMMIT;"
+        ),
+    );
+    await_revocation(
+        &mut revocations,
+        &Revocation::Token(TokenId(second.clone())),
+    );
+    assert!(plane.get_token(&owner, &second).is_err());
+    assert!(plane.get_token(&owner, &first).is_err());
+}

@@ -68,6 +68,17 @@ pub enum ControlError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// 503: a PostgreSQL store operation did not finish in time (a network
+    /// that swallows packets); the connection is dropped and retried.
+    #[error("PostgreSQL store {store}: {context}: no answer within {after:?}")]
+    StoreTimedOut {
+        /// The URL without its password.
+        store: String,
+        /// What was being done.
+        context: &'static str,
+        /// The bound.
+        after: Duration,
+    },
     /// The PostgreSQL store refused a statement (a schema it does not have,
     /// missing privileges, a constraint the decision should have kept).
     #[error("PostgreSQL store {store}: {context}: {source}")]
@@ -194,7 +205,7 @@ impl ControlError {
             Self::PortsExhausted(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, error_code::PORTS_EXHAUSTED)
             }
-            Self::StoreUnavailable { .. } => (
+            Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 error_code::STORE_UNAVAILABLE,
             ),
@@ -224,14 +235,16 @@ impl IntoResponse for ControlError {
             _ if status == StatusCode::INTERNAL_SERVER_ERROR => {
                 "internal error; see the edge's log".to_owned()
             }
-            Self::StoreUnavailable { .. } => {
-                "the edge's store is unavailable; nothing was changed, retry later".to_owned()
+            Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => {
+                "the edge's store is unavailable; retry later".to_owned()
             }
             _ => self.to_string(),
         };
         let retry_after = match &self {
             Self::RateLimited { retry_after } => Some(retry_after_seconds(*retry_after)),
-            Self::StoreUnavailable { .. } => Some(STORE_RETRY_AFTER_SECONDS),
+            Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => {
+                Some(STORE_RETRY_AFTER_SECONDS)
+            }
             _ => None,
         };
         let existing = match self {

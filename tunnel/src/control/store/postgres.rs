@@ -108,6 +108,19 @@ const CHANNEL: &str = "tuna_store";
 /// How long connecting may take before the store counts as unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The server ends a session of ours idle inside a transaction this long.
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(15);
+
+/// A write waits this long for the fleet-wide lock.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One statement runs this long at most.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A whole commit or catch-up, client side: beyond it the connection is
+/// dropped (a network that swallows packets answers no statement timeout).
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Delay between attempts to re-establish the listener connection.
 const RELISTEN_BACKOFF: Duration = Duration::from_millis(500);
 
@@ -369,7 +382,12 @@ impl Backend for Postgres {
             .runtime
             .as_ref()
             .ok_or_else(|| ControlError::Internal("the store is closing".into()))?;
-        runtime.block_on(self.shared.commit(decide))
+        runtime.block_on(async {
+            match tokio::time::timeout(OPERATION_TIMEOUT, self.shared.commit(decide)).await {
+                Ok(result) => result,
+                Err(_) => Err(self.shared.timed_out("writing").await),
+            }
+        })
     }
 }
 
@@ -441,6 +459,17 @@ impl Shared {
         result
     }
 
+    /// After an operation timed out: drops the connection (the next
+    /// operation reconnects) and says so.
+    async fn timed_out(&self, context: &'static str) -> ControlError {
+        self.writer.lock().await.client = None;
+        ControlError::StoreTimedOut {
+            store: self.name.clone(),
+            context,
+            after: OPERATION_TIMEOUT,
+        }
+    }
+
     /// The writer's connection, reconnected when it was lost.
     async fn client<'c>(&self, client: &'c mut Option<Client>) -> Result<&'c mut Client> {
         if client.as_ref().is_none_or(Client::is_closed) {
@@ -455,6 +484,11 @@ impl Shared {
 }
 
 /// Connects and drives the connection on the current runtime.
+///
+/// The session's timeouts bound what a replica cut off from the database
+/// can hold: the server ends a session idle inside a transaction (a replica
+/// that vanished while holding the write lock frees it), a write waits for
+/// the lock and a statement runs only so long (the API then answers 503).
 async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
     let (client, connection) = config.connect(NoTls).await?;
     tokio::spawn(async move {
@@ -462,6 +496,15 @@ async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
             tracing::debug!(error = %e, "store connection ended");
         }
     });
+    client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = {}; SET lock_timeout = {}; \
+             SET statement_timeout = {}",
+            IDLE_IN_TRANSACTION.as_millis(),
+            LOCK_TIMEOUT.as_millis(),
+            STATEMENT_TIMEOUT.as_millis()
+        ))
+        .await?;
     Ok(client)
 }
 
@@ -514,7 +557,13 @@ async fn poll(shared: Arc<Shared>) {
             _ = tick.tick() => {}
         }
         // Failures are logged by `refresh` and retried at the next tick.
-        let _ = shared.refresh().await;
+        if tokio::time::timeout(OPERATION_TIMEOUT, shared.refresh())
+            .await
+            .is_err()
+        {
+            let e = shared.timed_out("reading changes").await;
+            tracing::warn!(error = %e, "following the store's changes timed out; reconnecting");
+        }
     }
 }
 
@@ -542,8 +591,11 @@ async fn catch_up(
         && rows.first().map(|r| r.get::<_, i64>(0)) == Some(*seq + 1);
     if complete {
         for row in rows {
-            let writes: Vec<Write> = decode(row.get(1), "store_changes", &row.get::<_, i64>(0))?;
+            let at: i64 = row.get(0);
+            let writes: Vec<Write> = decode(row.get(1), "store_changes", &at)?;
             mirror.apply_remote(writes);
+            // Advanced per commit: a failure further on replays nothing twice.
+            *seq = at;
         }
     } else {
         // Pruned log rows, or a head behind the mirror (a restored backup):
@@ -909,8 +961,10 @@ fn classify<'n>(
             Some(code) => {
                 let class = &code.code()[..2];
                 // 08 connection, 40 rollback (serialisation, deadlock),
-                // 53 resources, 57 operator intervention (shutdown), 58 I/O.
+                // 53 resources, 55P03 lock timeout, 57 operator intervention
+                // (shutdown, statement timeout), 58 I/O.
                 matches!(class, "08" | "40" | "53" | "57" | "58")
+                    || code == &SqlState::LOCK_NOT_AVAILABLE
             }
         };
         if transient {
