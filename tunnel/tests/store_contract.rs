@@ -104,6 +104,7 @@ contract!(
     racing_creates_have_one_winner_across_replicas,
     adoption_and_conflicts_hold_across_replicas,
     revocations_reach_every_replica,
+    what_one_replica_made_the_other_finds_at_once,
 );
 
 fn caller(account: &str) -> Caller {
@@ -376,6 +377,25 @@ fn revocations_reach_every_replica(store: Fixture) {
             port: endpoint.port,
         }),
     );
+}
+
+fn what_one_replica_made_the_other_finds_at_once(store: Fixture) {
+    let (a, b) = store.pair();
+    let owner = caller("acme");
+    // No waiting between the two: the second replica's operation must not
+    // answer 404 from a copy a notification has not reached yet.
+    for i in 0..20 {
+        let token = b.create_token(&owner, &CreateToken::default()).unwrap();
+        a.revoke_token(&owner, &token.id).unwrap();
+        let domain = format!("d{i}");
+        b.create_domain(&owner, &subdomain(&domain)).unwrap();
+        a.delete_domain(&owner, &format!("{domain}.tuna.test"))
+            .unwrap();
+        b.create_tcp_endpoint(&owner, &tcp(&domain)).unwrap();
+        a.delete_tcp_endpoint(&owner, &domain).unwrap();
+        let (key, _) = b.create_key("acme", None, vec![Scope::Full]).unwrap();
+        a.revoke_key_for(&owner, &key.id).unwrap();
+    }
 }
 
 // ---- PostgreSQL only ----

@@ -246,6 +246,14 @@ pub(crate) trait Backend: Send + Sync {
         decide: &mut dyn FnMut(&State) -> Result<Vec<Write>>,
     ) -> Result<()>;
 
+    /// Brings `mirror` up to every change committed before the call (other
+    /// replicas' included). Blocks; not on an async runtime's thread.
+    fn sync(&self) -> Result<()>;
+
+    /// [`Backend::sync`] for async callers (it runs on the store's own
+    /// runtime, if it has one).
+    fn sync_async(&self) -> futures::future::BoxFuture<'static, Result<()>>;
+
     /// Where the store is, for `Debug` and logs (never a password).
     fn describe(&self) -> String;
 }
@@ -338,6 +346,20 @@ impl Store {
             Ok(writes)
         })?;
         answer.ok_or_else(|| ControlError::Internal("a store commit did not decide".into()))
+    }
+
+    /// Brings the mirror up to every change committed before the call, by
+    /// any replica (a no-op for redb, whose only writer is this process).
+    /// Operations that look at the state before they commit call it first,
+    /// so that an object another replica made a moment ago is found. Blocks.
+    pub fn sync(&self) -> Result<()> {
+        self.backend.sync()
+    }
+
+    /// [`Store::sync`] for async callers (the REST API does it before each
+    /// request: reads see every write acknowledged before, on any replica).
+    pub fn sync_async(&self) -> futures::future::BoxFuture<'static, Result<()>> {
+        self.backend.sync_async()
     }
 
     /// Sets what hears changes committed by other replicas (once; later

@@ -372,6 +372,28 @@ impl Backend for Postgres {
         format!("PostgreSQL {}", self.shared.name)
     }
 
+    fn sync(&self) -> Result<()> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| ControlError::Internal("the store is closing".into()))?;
+        runtime.block_on(Arc::clone(&self.shared).sync())
+    }
+
+    fn sync_async(&self) -> futures::future::BoxFuture<'static, Result<()>> {
+        let Some(runtime) = self.runtime.as_ref() else {
+            return Box::pin(std::future::ready(Err(ControlError::Internal(
+                "the store is closing".into(),
+            ))));
+        };
+        // Spawned on the store's runtime, awaited from the caller's.
+        let task = runtime.spawn(Arc::clone(&self.shared).sync());
+        Box::pin(async move {
+            task.await
+                .map_err(|e| ControlError::Internal(format!("catching up did not finish: {e}")))?
+        })
+    }
+
     fn commit(
         &self,
         mirror: &Mirror,
@@ -457,6 +479,33 @@ impl Shared {
             _ => {}
         }
         result
+    }
+
+    /// Catches up if the store's head moved: one round trip when it did not.
+    async fn sync(self: Arc<Self>) -> Result<()> {
+        let check = async {
+            let mut writer = self.writer.lock().await;
+            let Writer { client, seq, .. } = &mut *writer;
+            let known = *seq;
+            let client = self.client(client).await?;
+            let head: i64 = client
+                .query_one("SELECT seq FROM store_head WHERE id = 1", &[])
+                .await
+                .map_err(classify(&self.name, "reading the head"))?
+                .get(0);
+            Ok::<_, ControlError>(head != known)
+        };
+        match tokio::time::timeout(OPERATION_TIMEOUT, async {
+            if check.await? {
+                self.refresh().await?;
+            }
+            Ok(())
+        })
+        .await
+        {
+            Ok(result) => result,
+            Err(_) => Err(self.timed_out("reading changes").await),
+        }
     }
 
     /// After an operation timed out: drops the connection (the next
@@ -878,8 +927,9 @@ fn decode<T: serde::de::DeserializeOwned>(
 /// Applies the migrations this version knows and the database lacks.
 async fn migrate(client: &mut Client, name: &str) -> Result<()> {
     // Two replicas creating the table at once may collide in the catalog
-    // (23505 on pg_type, or 42P07) even with IF NOT EXISTS: the loser
-    // retries and then finds it.
+    // even with IF NOT EXISTS (23505 on pg_type's index, 42P07 duplicate
+    // table, 42710 duplicate type: all seen here): the loser retries and
+    // then finds it.
     let mut attempts = 0;
     loop {
         let created = client
@@ -897,7 +947,9 @@ async fn migrate(client: &mut Client, name: &str) -> Result<()> {
                 if attempts < 5
                     && matches!(
                         e.code(),
-                        Some(&SqlState::UNIQUE_VIOLATION) | Some(&SqlState::DUPLICATE_TABLE)
+                        Some(&SqlState::UNIQUE_VIOLATION)
+                            | Some(&SqlState::DUPLICATE_TABLE)
+                            | Some(&SqlState::DUPLICATE_OBJECT)
                     ) =>
             {
                 attempts += 1;
