@@ -105,6 +105,7 @@ contract!(
     adoption_and_conflicts_hold_across_replicas,
     revocations_reach_every_replica,
     what_one_replica_made_the_other_finds_at_once,
+    a_tunnel_may_attach_at_once_to_a_replica_that_did_not_mint_its_token,
 );
 
 fn caller(account: &str) -> Caller {
@@ -395,6 +396,43 @@ fn what_one_replica_made_the_other_finds_at_once(store: Fixture) {
         a.delete_tcp_endpoint(&owner, &domain).unwrap();
         let (key, _) = b.create_key("acme", None, vec![Scope::Full]).unwrap();
         a.revoke_key_for(&owner, &key.id).unwrap();
+    }
+}
+
+fn a_tunnel_may_attach_at_once_to_a_replica_that_did_not_mint_its_token(store: Fixture) {
+    use tuna_tunnel::edge::SessionAuthority;
+    use tuna_tunnel::wire::{Binding, TunnelToken};
+    let (a, b) = store.pair();
+    let owner = caller("acme");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for i in 0..20 {
+        // Reserved and minted through A; attached through B with no pause.
+        a.create_domain(&owner, &subdomain(&format!("t{i}")))
+            .unwrap();
+        let token = a
+            .create_token(
+                &owner,
+                &CreateToken {
+                    bindings: Bindings {
+                        hosts: vec![format!("t{i}.tuna.test")],
+                        tcp_endpoints: Vec::new(),
+                    },
+                    ..CreateToken::default()
+                },
+            )
+            .unwrap();
+        runtime.block_on(async {
+            let grant = b
+                .authenticate(&TunnelToken::new(token.token.expose()))
+                .await
+                .unwrap_or_else(|e| panic!("attempt {i}: {e:?}"));
+            b.check_binding(&grant, &Binding::http(format!("t{i}.tuna.test")))
+                .await
+                .unwrap_or_else(|e| panic!("attempt {i}: {e:?}"));
+        });
     }
 }
 
