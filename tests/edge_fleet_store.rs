@@ -108,8 +108,8 @@ async fn two_edge_replicas_share_one_postgresql_store() {
     );
 
     for edge in [&mut a, &mut b] {
-        edge.stop().await;
         let log = edge.log();
+        edge.stop().await;
         assert!(log.contains("postgres://postgres:***@127.0.0.1:"), "{log}");
         assert!(!log.contains("hunter2"), "{log}");
     }

@@ -41,6 +41,12 @@
 //! within a round trip of the notification, and well within one second
 //! without it.
 //!
+//! Reads that must see every acknowledged write (the REST API before each
+//! request; deletes and revocations before they look the object up; a
+//! tunnel token or binding this copy does not know) first call
+//! [`Backend::sync`]: one `SELECT seq FROM store_head`, and a catch-up only
+//! when it moved.
+//!
 //! The change log keeps the last [`CHANGE_LOG_KEEP`] commits; a replica
 //! further behind (or one whose log rows were pruned) reloads every table in
 //! one `REPEATABLE READ` snapshot instead, and hears what disappeared as
