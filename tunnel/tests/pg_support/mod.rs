@@ -83,7 +83,7 @@ impl PgServer {
             port: 0,
             as_postgres,
         };
-        run_ok(&mut server.command("initdb").args([
+        run_ok(server.command("initdb").args([
             "-D",
             data.to_str().unwrap(),
             "-A",
