@@ -7,7 +7,7 @@
 //! serve, and every replica accepts a key created this way within moments.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::DEFAULT_ACCOUNT;
 use super::error::{ControlError, Result};
@@ -37,13 +37,9 @@ pub enum KeysCommand {
 /// Where the edge's store is: its data dir, or the fleet's database.
 #[derive(Debug, clap::Args)]
 pub struct DataDirArgs {
-    /// The edge's data directory (holds `control.redb`).
-    #[arg(
-        long,
-        env = "TUNA_EDGE_DATA_DIR",
-        required_unless_present = "store",
-        conflicts_with = "store"
-    )]
+    /// The edge's data directory (holds `control.redb`); ignored with
+    /// `--store` (an environment shared with the edge may set both).
+    #[arg(long, env = "TUNA_EDGE_DATA_DIR", required_unless_present = "store")]
     pub data_dir: Option<PathBuf>,
     /// The fleet's PostgreSQL store, `postgres://USER[:PASSWORD]@HOST:PORT/DB`
     /// (prefer the environment variable: a command line is visible to every
@@ -61,8 +57,13 @@ impl DataDirArgs {
     /// Opens the store these flags name. Blocks (PostgreSQL: connects and
     /// migrates); not on an async runtime's thread.
     pub fn open(&self) -> Result<Store> {
-        let data_dir = self.data_dir.clone().unwrap_or_default();
-        Store::open_at(self.store.as_ref(), &data_dir)
+        match (&self.store, &self.data_dir) {
+            (Some(store), _) => Store::open_at(Some(store), Path::new("")),
+            (None, Some(data_dir)) => Store::open(data_dir),
+            (None, None) => Err(ControlError::Config(
+                "give --data-dir (the edge's redb store) or --store postgres://…".into(),
+            )),
+        }
     }
 }
 
