@@ -8,6 +8,13 @@ need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)          # pingora's zlib-ng build
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v nc >/dev/null 2>&1 || need_apt+=(netcat-openbsd)  # the README's TCP example
+# The edge's PostgreSQL store tests start their own throw-away server with the
+# server binaries (initdb, pg_ctl under `pg_config --bindir`); Debian's
+# `postgresql` package brings them, `libpq-dev` brings pg_config.
+if ! command -v pg_config >/dev/null 2>&1 || [ ! -x "$(pg_config --bindir 2>/dev/null)/initdb" ]; then
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need_apt+=(postgresql); fi
+  command -v pg_config >/dev/null 2>&1 || need_apt+=(libpq-dev)
+fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

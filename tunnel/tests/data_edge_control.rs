@@ -22,7 +22,8 @@ fn full_access_key(dir: &std::path::Path) -> String {
     let args = KeysArgs {
         command: KeysCommand::Create(CreateKeyArgs {
             data_dir: DataDirArgs {
-                data_dir: dir.to_owned(),
+                data_dir: Some(dir.to_owned()),
+                store: None,
             },
             scopes: Vec::new(),
             full_access: true,

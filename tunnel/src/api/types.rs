@@ -159,6 +159,10 @@ pub mod error_code {
     pub const RATE_LIMITED: &str = "rate_limited";
     /// 503: every port of the TCP range is taken.
     pub const PORTS_EXHAUSTED: &str = "ports_exhausted";
+    /// 503: the edge's shared store (PostgreSQL) is unreachable; the write
+    /// was not acknowledged (absent, or made if the connection died during
+    /// its commit); see `Retry-After`.
+    pub const STORE_UNAVAILABLE: &str = "store_unavailable";
     /// 500: a server-side failure (storage); retry later.
     pub const INTERNAL: &str = "internal";
 }

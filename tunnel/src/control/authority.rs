@@ -222,7 +222,17 @@ impl SessionAuthority for ControlPlane {
         &'a self,
         token: &'a TunnelToken,
     ) -> BoxFuture<'a, Result<Grant, Rejection>> {
-        Box::pin(async move { self.authenticate_tunnel(token.expose()) })
+        Box::pin(async move {
+            match self.authenticate_tunnel(token.expose()) {
+                Ok(grant) => Ok(grant),
+                // A token another replica minted a moment ago may not be in
+                // this copy yet: catch up once before refusing.
+                Err(_) if self.store().sync_async().await.is_ok() => {
+                    self.authenticate_tunnel(token.expose())
+                }
+                Err(rejection) => Err(rejection),
+            }
+        })
     }
 
     fn check_binding<'a>(
@@ -230,7 +240,16 @@ impl SessionAuthority for ControlPlane {
         grant: &'a Grant,
         binding: &'a Binding,
     ) -> BoxFuture<'a, Result<BoundTarget, Rejection>> {
-        Box::pin(async move { self.check_tunnel_binding(grant, binding) })
+        Box::pin(async move {
+            match self.check_tunnel_binding(grant, binding) {
+                Ok(target) => Ok(target),
+                // Likewise a domain or endpoint reserved elsewhere just now.
+                Err(_) if self.store().sync_async().await.is_ok() => {
+                    self.check_tunnel_binding(grant, binding)
+                }
+                Err(rejection) => Err(rejection),
+            }
+        })
     }
 
     fn refresh<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<Grant, Rejection>> {

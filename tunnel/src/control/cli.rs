@@ -1,16 +1,18 @@
 //! `tuna-operator edge keys create|list|revoke`: API keys managed on the
-//! edge's data dir.
+//! edge's data dir, or in the fleet's PostgreSQL store (`--store`).
 //!
-//! The store allows one process at a time, so these commands run while the
-//! edge is stopped; against a running edge they fail with a clear message.
+//! The redb store allows one process at a time, so these commands run while
+//! the edge is stopped; against a running edge they fail with a clear
+//! message. The PostgreSQL store is shared: they run while the replicas
+//! serve, and every replica accepts a key created this way within moments.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::DEFAULT_ACCOUNT;
 use super::error::{ControlError, Result};
 use super::keys;
-use super::store::Store;
+use super::store::{Store, StoreUrl};
 use crate::api::Scope;
 
 /// `edge keys …`.
@@ -32,12 +34,37 @@ pub enum KeysCommand {
     Revoke(RevokeKeyArgs),
 }
 
-/// The edge's data dir.
+/// Where the edge's store is: its data dir, or the fleet's database.
 #[derive(Debug, clap::Args)]
 pub struct DataDirArgs {
-    /// The edge's data directory (holds `control.redb`).
-    #[arg(long, env = "TUNA_EDGE_DATA_DIR")]
-    pub data_dir: PathBuf,
+    /// The edge's data directory (holds `control.redb`); ignored with
+    /// `--store` (an environment shared with the edge may set both).
+    #[arg(long, env = "TUNA_EDGE_DATA_DIR", required_unless_present = "store")]
+    pub data_dir: Option<PathBuf>,
+    /// The fleet's PostgreSQL store, `postgres://USER[:PASSWORD]@HOST:PORT/DB`
+    /// (prefer the environment variable: a command line is visible to every
+    /// local user).
+    #[arg(
+        long,
+        env = "TUNA_EDGE_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub store: Option<StoreUrl>,
+}
+
+impl DataDirArgs {
+    /// Opens the store these flags name. Blocks (PostgreSQL: connects and
+    /// migrates); not on an async runtime's thread.
+    pub fn open(&self) -> Result<Store> {
+        match (&self.store, &self.data_dir) {
+            (Some(store), _) => Store::open_at(Some(store), Path::new("")),
+            (None, Some(data_dir)) => Store::open(data_dir),
+            (None, None) => Err(ControlError::Config(
+                "give --data-dir (the edge's redb store) or --store postgres://…".into(),
+            )),
+        }
+    }
 }
 
 /// `keys create`.
@@ -75,7 +102,8 @@ pub struct RevokeKeyArgs {
 }
 
 /// Runs a `keys` command. The created key goes alone on `out` (so scripts
-/// can capture it); notes go to `note`.
+/// can capture it); notes go to `note`. Blocks: not on an async runtime's
+/// thread.
 pub fn run(args: &KeysArgs, out: &mut dyn Write, note: &mut dyn Write) -> Result<()> {
     let io = |source: std::io::Error| ControlError::Io {
         path: PathBuf::from("<stdout>"),
@@ -83,7 +111,7 @@ pub fn run(args: &KeysArgs, out: &mut dyn Write, note: &mut dyn Write) -> Result
     };
     match &args.command {
         KeysCommand::Create(create) => {
-            let store = Store::open(&create.data_dir.data_dir)?;
+            let store = create.data_dir.open()?;
             let mut scopes = create.scopes.clone();
             if create.full_access {
                 scopes.push(Scope::Full);
@@ -101,7 +129,7 @@ pub fn run(args: &KeysArgs, out: &mut dyn Write, note: &mut dyn Write) -> Result
             writeln!(out, "{}", secret.expose()).map_err(io)?;
         }
         KeysCommand::List(dir) => {
-            let store = Store::open(&dir.data_dir)?;
+            let store = dir.open()?;
             writeln!(
                 out,
                 "{:<18} {:<12} {:<30} {:<22} NAME",
@@ -122,7 +150,7 @@ pub fn run(args: &KeysArgs, out: &mut dyn Write, note: &mut dyn Write) -> Result
             }
         }
         KeysCommand::Revoke(revoke) => {
-            let store = Store::open(&revoke.data_dir.data_dir)?;
+            let store = revoke.data_dir.open()?;
             let (key, minted) = keys::revoke_key(&store, &revoke.id)?;
             writeln!(out, "revoked API key {} (account {})", key.id, key.account).map_err(io)?;
             if !minted.is_empty() {

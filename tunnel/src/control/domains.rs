@@ -194,6 +194,8 @@ impl ControlPlane {
     /// serving it are closed at once (the name may go to another account next).
     pub fn delete_domain(&self, caller: &Caller, name: &str) -> Result<()> {
         caller.require_any(&[Scope::TunnelsWrite])?;
+        // Another replica may have made the domain a moment ago.
+        self.store().sync()?;
         let record = self.own_domain(caller, name)?;
         let held = self.store().commit(|state| {
             // Gone already (a concurrent delete): deleting is idempotent.
@@ -223,6 +225,8 @@ impl ControlPlane {
     /// and `verificationMessage` what is missing.
     pub async fn verify_domain(&self, caller: &Caller, name: &str) -> Result<Domain> {
         caller.require_any(&[Scope::TunnelsWrite])?;
+        // Another replica may have claimed the domain a moment ago.
+        self.store().sync_async().await?;
         let record = self.own_domain(caller, name)?;
         if record.kind == DomainKind::Subdomain {
             return Ok(self.domain_view(&record));

@@ -44,6 +44,63 @@ pub enum ControlError {
         #[source]
         source: serde_json::Error,
     },
+    /// The PostgreSQL store cannot be reached at start (`--store`).
+    #[error(
+        "cannot reach the PostgreSQL store {store}: {source}; check that it runs and that the URL, user and password are right"
+    )]
+    StoreUnreachable {
+        /// The URL without its password.
+        store: String,
+        /// The client's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// 503: the PostgreSQL store is unreachable or failed transiently (a lost
+    /// connection, a server shutting down, a serialisation failure); nothing
+    /// was written, retry.
+    #[error("PostgreSQL store {store}: {context}: {source}")]
+    StoreUnavailable {
+        /// The URL without its password.
+        store: String,
+        /// What was being done.
+        context: &'static str,
+        /// The client's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// 503: a PostgreSQL store operation did not finish in time (a network
+    /// that swallows packets); the connection is dropped and retried.
+    #[error("PostgreSQL store {store}: {context}: no answer within {after:?}")]
+    StoreTimedOut {
+        /// The URL without its password.
+        store: String,
+        /// What was being done.
+        context: &'static str,
+        /// The bound.
+        after: Duration,
+    },
+    /// The PostgreSQL store refused a statement (a schema it does not have,
+    /// missing privileges, a constraint the decision should have kept).
+    #[error("PostgreSQL store {store}: {context}: {source}")]
+    Database {
+        /// The URL without its password.
+        store: String,
+        /// What was being done.
+        context: &'static str,
+        /// The client's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A row of the PostgreSQL store does not decode.
+    #[error("PostgreSQL store: row {key:?} of {table} does not decode: {message}")]
+    CorruptRow {
+        /// Its table.
+        table: &'static str,
+        /// Its key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A file (data dir, certificate, key) could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -119,6 +176,9 @@ impl ControlError {
             Self::Storage { .. }
             | Self::StoreInUse { .. }
             | Self::CorruptRecord { .. }
+            | Self::StoreUnreachable { .. }
+            | Self::Database { .. }
+            | Self::CorruptRow { .. }
             | Self::Io { .. }
             | Self::Tls(_)
             | Self::Config(_)
@@ -145,6 +205,10 @@ impl ControlError {
             Self::PortsExhausted(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, error_code::PORTS_EXHAUSTED)
             }
+            Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                error_code::STORE_UNAVAILABLE,
+            ),
         }
     }
 
@@ -167,13 +231,20 @@ impl IntoResponse for ControlError {
             // Storage details are for the edge's log, not for API callers.
             tracing::error!(error = %self, "control-plane request failed");
         }
-        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
-            "internal error; see the edge's log".to_owned()
-        } else {
-            self.to_string()
+        let message = match &self {
+            _ if status == StatusCode::INTERNAL_SERVER_ERROR => {
+                "internal error; see the edge's log".to_owned()
+            }
+            Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => {
+                "the edge's store is unavailable; retry later".to_owned()
+            }
+            _ => self.to_string(),
         };
         let retry_after = match &self {
             Self::RateLimited { retry_after } => Some(retry_after_seconds(*retry_after)),
+            Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => {
+                Some(STORE_RETRY_AFTER_SECONDS)
+            }
             _ => None,
         };
         let existing = match self {
@@ -194,6 +265,10 @@ impl IntoResponse for ControlError {
         response
     }
 }
+
+/// `Retry-After` of a `503 store_unavailable`: a reconnect is tried at the
+/// next request, so a second is enough for a server that restarts.
+const STORE_RETRY_AFTER_SECONDS: u64 = 1;
 
 /// Whole seconds for `Retry-After`, rounded up and at least 1, so a client
 /// that waits exactly that long finds a token in the bucket.

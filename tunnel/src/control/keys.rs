@@ -176,6 +176,8 @@ impl ControlPlane {
     /// caller's own key included).
     pub fn revoke_key_for(&self, caller: &Caller, id: &str) -> Result<()> {
         caller.require_any(&[Scope::Full])?;
+        // Another replica may have made the key a moment ago.
+        self.store().sync()?;
         let owned = self
             .store()
             .read()

@@ -50,7 +50,7 @@ pub use serve::{
     ClientAddr, HEADER_READ_TIMEOUT, serve_connection, serve_https, serve_tls_connection,
 };
 pub use server::ROUTES;
-pub use store::STORE_FILE;
+pub use store::{STORE_FILE, StoreUrl};
 pub use tokens::{DEFAULT_TTL_SECONDS, MAX_LIFETIME, MAX_TTL_SECONDS};
 
 use store::Store;
@@ -61,8 +61,11 @@ pub const DEFAULT_ACCOUNT: &str = "default";
 /// How the control plane is set up (the `edge` command's flags).
 #[derive(Clone, Debug)]
 pub struct ControlConfig {
-    /// Where the store (`control.redb`) lives.
+    /// Where the redb store (`control.redb`) lives without [`Self::store`].
     pub data_dir: PathBuf,
+    /// The PostgreSQL database shared by the replicas of an edge fleet
+    /// (`--store postgres://…`); `None`: the redb file in `data_dir`.
+    pub store: Option<StoreUrl>,
     /// Subdomains are reserved under it (`app.<base_domain>`).
     pub base_domain: String,
     /// The host name custom domains must CNAME to.
@@ -124,6 +127,7 @@ impl ControlConfig {
     ) -> Self {
         Self {
             data_dir: data_dir.into(),
+            store: None,
             base_domain: base_domain.into(),
             public_host: public_host.into(),
             tcp_port_range: 30000..=30999,
@@ -169,6 +173,13 @@ impl ControlPlane {
     /// Opens the store in `config.data_dir` (creating it). Fails with
     /// [`ControlError::StoreInUse`] when another process has it open.
     ///
+    /// With [`ControlConfig::store`] it opens the PostgreSQL store instead
+    /// (any number of processes may); that connects, migrates and loads,
+    /// and blocks: call it off the async runtime (`spawn_blocking`).
+    /// Changes other replicas commit reach this control plane within
+    /// moments, and revocations among them close this edge's tunnels as
+    /// local ones do.
+    ///
     /// Inside a tokio runtime it also starts the expiry watcher, which
     /// announces tokens that expire unrenewed on the revocation channel (so
     /// their tunnels close), purges tokens expired for a week and releases
@@ -176,7 +187,7 @@ impl ControlPlane {
     /// ends when the last clone of the control plane is dropped.
     pub fn open(config: ControlConfig) -> Result<Self> {
         let names = validate(&config)?;
-        let store = Store::open(&config.data_dir)?;
+        let store = Store::open_at(config.store.as_ref(), &config.data_dir)?;
         Ok(Self::with_store(config, names, store))
     }
 
@@ -200,6 +211,12 @@ impl ControlPlane {
         store: Store,
     ) -> Self {
         let (revoked, _) = broadcast::channel(1024);
+        let remote = revoked.clone();
+        store.on_remote_changes(Box::new(move |writes, released| {
+            for revocation in revocations(writes, released) {
+                let _ = remote.send(revocation);
+            }
+        }));
         let plane = Self {
             shared: Arc::new(Shared {
                 store,
@@ -251,6 +268,30 @@ impl ControlPlane {
     fn announce(&self, revocation: Revocation) {
         let _ = self.shared.revoked.send(revocation);
     }
+}
+
+/// What a change committed by another replica revokes here, as the local
+/// operations announce it: a deleted token or key closes the tunnels it
+/// opened, a released domain or port closes the tunnels serving it.
+fn revocations(writes: &[store::Write], released: &[store::TcpRecord]) -> Vec<Revocation> {
+    use crate::wire::BoundTarget;
+    let ports = released
+        .iter()
+        .map(|t| Revocation::Target(BoundTarget::Tcp { port: t.port }));
+    writes
+        .iter()
+        .filter_map(|write| match write {
+            store::Write::DeleteToken(id) => Some(Revocation::Token(TokenId(id.clone()))),
+            store::Write::DeleteKey(id) => Some(Revocation::Token(TokenId(format!(
+                "{KEY_GRANT_PREFIX}{id}"
+            )))),
+            store::Write::DeleteDomain(name) => {
+                Some(Revocation::Target(BoundTarget::Http { host: name.clone() }))
+            }
+            _ => None,
+        })
+        .chain(ports)
+        .collect()
 }
 
 /// Checks the configuration; the normalised base domain and public host.

@@ -99,6 +99,13 @@ async fn authenticate(
         tracing::debug!(%client, "REST API authentication rate limited");
         return ControlError::RateLimited { retry_after }.into_response();
     }
+    // Another replica may have committed a moment ago (a key, the object
+    // this request names): catch up first, so that the request sees every
+    // write acknowledged before it, on any replica. If the store is down,
+    // answer from this replica's copy (writes then fail with 503).
+    if let Err(e) = plane.store().sync_async().await {
+        tracing::debug!(error = %e, "catching up with the store failed; answering from this replica's copy");
+    }
     let caller = match plane.authenticate_key(presented) {
         Ok(caller) => caller,
         Err(e) => {

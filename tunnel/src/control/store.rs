@@ -1,37 +1,39 @@
 //! The control plane's persistent state: API keys, domains, TCP endpoints
-//! and tunnel tokens in one redb file (`<data dir>/control.redb`).
+//! and tunnel tokens, behind one [`Backend`] trait with two implementations:
 //!
-//! redb commits are ACID and crash-safe (copy-on-write B-trees with a
-//! checksummed two-phase commit), so a write the API acknowledged survives a
-//! crash. Records are JSON values in one table per kind: readable by a
-//! future version, and small (an edge holds thousands, not millions).
+//! - [`redb`](self::redb) (the default of a single edge and of standalone
+//!   mode): one file, `<data dir>/control.redb`, open by one process;
+//! - [`postgres`](self::postgres) (`--store postgres://…`): one PostgreSQL
+//!   database shared by every replica of an edge fleet.
 //!
-//! The whole state is mirrored in memory so that reads (and the per-request
-//! key check) never touch the disk. Writers go through [`Store::commit`],
-//! one at a time: each decides, looking at the current state, which writes
-//! to make; the writes reach the file first and the mirror only after the
-//! commit succeeded. Check-then-reserve is therefore atomic: two callers
-//! racing for one name cannot both win. Readers are blocked only while a
-//! committed change is applied to the mirror, not during the disk sync.
+//! Both keep the whole state mirrored in memory so that reads (and the
+//! per-request key check) never leave the process. Writers go through
+//! [`Store::commit`], one at a time across everything sharing the store (one
+//! process for redb, every replica for PostgreSQL): each decides, looking at
+//! a mirror that holds every change committed before, which writes to make;
+//! the writes are durable before the commit returns and reach the mirror only
+//! after they are. Check-then-reserve is therefore atomic: two callers racing
+//! for one name cannot both win, on one replica or on two. Readers are
+//! blocked only while a committed change is applied to the mirror.
+//!
+//! Changes another replica committed reach this mirror without a commit of
+//! our own too (PostgreSQL only: `LISTEN/NOTIFY` plus a poll, see
+//! [`postgres`](self::postgres)); [`Store::on_remote_changes`] hears them, so
+//! that the control plane closes the tunnels of a token revoked elsewhere.
+
+mod postgres;
+mod redb;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::path::Path;
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ControlError, Result};
 use crate::api::{Bindings, DomainKind, Scope};
 
-const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_keys");
-const DOMAINS: TableDefinition<&str, &[u8]> = TableDefinition::new("domains");
-const TCP_ENDPOINTS: TableDefinition<&str, &[u8]> = TableDefinition::new("tcp_endpoints");
-const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tunnel_tokens");
-/// Pending custom domains, keyed `"<name> <account>"`: several accounts may
-/// claim one name until one of them verifies it.
-const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("domain_claims");
+pub use self::postgres::StoreUrl;
 
 /// File name of the store inside the data dir.
 pub const STORE_FILE: &str = "control.redb";
@@ -141,8 +143,10 @@ impl State {
     }
 }
 
-/// One change to apply, to the file and then to the mirror.
-#[derive(Clone, Debug)]
+/// One change to apply, to the durable store and then to the mirror. Also
+/// the unit of the PostgreSQL change log (JSON), so renaming a variant or a
+/// field needs a migration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Write {
     /// Insert or replace a key.
     PutKey(KeyRecord),
@@ -166,92 +170,141 @@ pub enum Write {
     DeleteToken(String),
 }
 
+/// Hears the changes other replicas committed, once they are in the
+/// mirror, with the TCP endpoints they released (a `DeleteTcp` names only
+/// the alias; closing its tunnels needs the port).
+pub(crate) type RemoteChanges = Box<dyn Fn(&[Write], &[TcpRecord]) + Send + Sync>;
+
+/// The in-memory copy of the store's state.
+#[derive(Default)]
+pub(crate) struct Mirror {
+    state: RwLock<State>,
+    remote: OnceLock<RemoteChanges>,
+}
+
+impl Mirror {
+    /// A read-only look at the state (hold it briefly).
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, State> {
+        // A panic while holding the lock leaves the mirror as consistent as
+        // the store (writes reach it only after a commit), so keep going.
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies writes this process committed.
+    pub(crate) fn apply(&self, writes: Vec<Write>) {
+        let mut state = self.write();
+        for write in writes {
+            state.apply(write);
+        }
+    }
+
+    /// Applies writes another replica committed, then tells the listener.
+    pub(crate) fn apply_remote(&self, writes: Vec<Write>) {
+        let released = {
+            let mut state = self.write();
+            let released = state.released_tcp(&writes);
+            for write in writes.iter().cloned() {
+                state.apply(write);
+            }
+            released
+        };
+        if let Some(listener) = self.remote.get() {
+            listener(&writes, &released);
+        }
+    }
+
+    /// Replaces the whole state (a full reload); the listener hears what
+    /// disappeared as deletions.
+    pub(crate) fn replace(&self, new: State) {
+        let (gone, released) = {
+            let mut state = self.write();
+            let gone = state.deletions_to(&new);
+            let released = state.released_tcp(&gone);
+            *state = new;
+            (gone, released)
+        };
+        if let (Some(listener), false) = (self.remote.get(), gone.is_empty()) {
+            listener(&gone, &released);
+        }
+    }
+}
+
+/// Where the store lives, and how writers there are serialised. See the
+/// module docs; implementations: [`redb::Redb`], [`postgres::Postgres`].
+pub(crate) trait Backend: Send + Sync {
+    /// Runs `decide` on `mirror` once it holds every change committed
+    /// before (by any writer of the store), makes the writes it returns
+    /// durable, then applies them to `mirror`. Writers run one at a time.
+    /// An `Err` from `decide` writes nothing and is returned.
+    fn commit(
+        &self,
+        mirror: &Mirror,
+        decide: &mut dyn FnMut(&State) -> Result<Vec<Write>>,
+    ) -> Result<()>;
+
+    /// Brings `mirror` up to every change committed before the call (other
+    /// replicas' included). Blocks; not on an async runtime's thread.
+    fn sync(&self) -> Result<()>;
+
+    /// [`Backend::sync`] for async callers (it runs on the store's own
+    /// runtime, if it has one).
+    fn sync_async(&self) -> futures::future::BoxFuture<'static, Result<()>>;
+
+    /// Where the store is, for `Debug` and logs (never a password).
+    fn describe(&self) -> String;
+}
+
 /// The persistent store. See the module docs.
 pub struct Store {
-    path: PathBuf,
-    db: Database,
-    state: RwLock<State>,
-    /// Serialises writers from their decision to the mirror update.
-    writer: Mutex<()>,
+    mirror: Arc<Mirror>,
+    backend: Box<dyn Backend>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("path", &self.path)
+            .field("backend", &self.backend.describe())
             .finish_non_exhaustive()
     }
 }
 
 impl Store {
-    /// Opens (or creates) the store in `data_dir`, creating the directory.
+    /// Opens (or creates) the redb store in `data_dir`, creating the directory.
     pub fn open(data_dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(data_dir).map_err(|source| ControlError::Io {
-            path: data_dir.to_owned(),
-            source,
-        })?;
-        let path = data_dir.join(STORE_FILE);
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => {
-                ControlError::StoreInUse { path: path.clone() }
+        let mirror = Arc::new(Mirror::default());
+        let backend = redb::Redb::open(data_dir, &mirror)?;
+        Self::with_backend(mirror, Box::new(backend))
+    }
+
+    /// Opens the store at `url` (PostgreSQL), or the redb store in
+    /// `data_dir` without one. Opening PostgreSQL connects, applies the
+    /// schema migrations and loads the state; it must not be called on an
+    /// async runtime's thread (it blocks).
+    pub fn open_at(url: Option<&StoreUrl>, data_dir: &Path) -> Result<Self> {
+        match url {
+            None => Self::open(data_dir),
+            Some(url) => {
+                let mirror = Arc::new(Mirror::default());
+                let backend = postgres::Postgres::open(url, Arc::clone(&mirror))?;
+                Self::with_backend(mirror, Box::new(backend))
             }
-            other => ControlError::storage(&path, "opening")(other.into()),
-        })?;
-        Self::with_database(path, db)
-    }
-
-    /// A store on another storage backend (tests: a slow disk).
-    #[cfg(test)]
-    pub(crate) fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Self> {
-        let path = PathBuf::from("<backend>");
-        let db = Database::builder()
-            .create_with_backend(backend)
-            .map_err(|e| ControlError::storage(&path, "opening")(e.into()))?;
-        Self::with_database(path, db)
-    }
-
-    fn with_database(path: PathBuf, db: Database) -> Result<Self> {
-        // Create the tables so that first reads find them.
-        let txn = db
-            .begin_write()
-            .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
-        for table in [KEYS, DOMAINS, TCP_ENDPOINTS, TOKENS, CLAIMS] {
-            txn.open_table(table)
-                .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
         }
-        txn.commit()
-            .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
+    }
 
-        let read = db
-            .begin_read()
-            .map_err(|e| ControlError::storage(&path, "loading")(e.into()))?;
-        let state = State {
-            keys: load(&path, &read, KEYS, "api_keys", |r: &KeyRecord| r.id.clone())?,
-            domains: load(&path, &read, DOMAINS, "domains", |r: &DomainRecord| {
-                r.name.clone()
-            })?,
-            tcp: load(
-                &path,
-                &read,
-                TCP_ENDPOINTS,
-                "tcp_endpoints",
-                |r: &TcpRecord| r.alias.clone(),
-            )?,
-            tokens: load(&path, &read, TOKENS, "tunnel_tokens", |r: &TokenRecord| {
-                r.id.clone()
-            })?,
-            claims: load(&path, &read, CLAIMS, "domain_claims", claim_key)?
-                .into_values()
-                .map(|r| ((r.name.clone(), r.account.clone()), r))
-                .collect(),
-        };
-        drop(read);
-        let store = Self {
-            path,
-            db,
-            state: RwLock::new(state),
-            writer: Mutex::new(()),
-        };
+    /// A store on another redb storage backend (tests: a slow disk).
+    #[cfg(test)]
+    pub(crate) fn open_with_backend(backend: impl ::redb::StorageBackend) -> Result<Self> {
+        let mirror = Arc::new(Mirror::default());
+        let backend = redb::Redb::open_with_backend(backend, &mirror)?;
+        Self::with_backend(mirror, Box::new(backend))
+    }
+
+    fn with_backend(mirror: Arc<Mirror>, backend: Box<dyn Backend>) -> Result<Self> {
+        let store = Self { mirror, backend };
         // Stores written before claims existed kept pending custom domains
         // among the reservations: move them.
         store.commit(|state| {
@@ -273,132 +326,115 @@ impl Store {
 
     /// A read-only look at the current state (hold it briefly).
     pub fn read(&self) -> RwLockReadGuard<'_, State> {
-        // A panic while holding the lock leaves the mirror as consistent as
-        // the file (writes reach it only after a commit), so keep going.
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        self.mirror.read()
     }
 
-    /// Decides under the lock which writes to make, commits them durably,
-    /// then applies them to the mirror. `decide` returns the caller's answer
-    /// and the writes; an `Err` from it writes nothing.
+    /// Decides under the store's write lock which writes to make, commits
+    /// them durably, then applies them to the mirror. `decide` returns the
+    /// caller's answer and the writes; an `Err` from it writes nothing.
+    /// Blocks (a disk sync or a database round trip): call it off the async
+    /// runtime.
     pub fn commit<R>(&self, decide: impl FnOnce(&State) -> Result<(R, Vec<Write>)>) -> Result<R> {
-        let _writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        // Only writers change the mirror, and they hold `writer`: the state
-        // seen here is still current when the writes are applied below.
-        let (answer, writes) = decide(&self.read())?;
-        if writes.is_empty() {
-            return Ok(answer);
-        }
-        let path = &self.path;
-        let txn = self
-            .db
-            .begin_write()
-            .map_err(|e| ControlError::storage(path, "beginning a write")(e.into()))?;
-        {
-            let fail = |e: redb::Error| ControlError::storage(path, "writing")(e);
-            let mut keys = txn.open_table(KEYS).map_err(|e| fail(e.into()))?;
-            let mut domains = txn.open_table(DOMAINS).map_err(|e| fail(e.into()))?;
-            let mut tcp = txn.open_table(TCP_ENDPOINTS).map_err(|e| fail(e.into()))?;
-            let mut tokens = txn.open_table(TOKENS).map_err(|e| fail(e.into()))?;
-            let mut claims = txn.open_table(CLAIMS).map_err(|e| fail(e.into()))?;
-            for write in &writes {
-                let result = match write {
-                    Write::PutKey(r) => keys.insert(r.id.as_str(), json(r).as_slice()).map(drop),
-                    Write::DeleteKey(id) => keys.remove(id.as_str()).map(drop),
-                    Write::PutDomain(r) => domains
-                        .insert(r.name.as_str(), json(r).as_slice())
-                        .map(drop),
-                    Write::DeleteDomain(name) => domains.remove(name.as_str()).map(drop),
-                    Write::PutClaim(r) => claims
-                        .insert(claim_key(r).as_str(), json(r).as_slice())
-                        .map(drop),
-                    Write::DeleteClaim(name, account) => claims
-                        .remove(format!("{name} {account}").as_str())
-                        .map(drop),
-                    Write::PutTcp(r) => tcp.insert(r.alias.as_str(), json(r).as_slice()).map(drop),
-                    Write::DeleteTcp(alias) => tcp.remove(alias.as_str()).map(drop),
-                    Write::PutToken(r) => {
-                        tokens.insert(r.id.as_str(), json(r).as_slice()).map(drop)
-                    }
-                    Write::DeleteToken(id) => tokens.remove(id.as_str()).map(drop),
-                };
-                result.map_err(|e| fail(e.into()))?;
-            }
-        }
-        txn.commit()
-            .map_err(|e| ControlError::storage(path, "committing")(e.into()))?;
-        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-        for write in writes {
-            match write {
-                Write::PutKey(r) => {
-                    state.keys.insert(r.id.clone(), r);
-                }
-                Write::DeleteKey(id) => {
-                    state.keys.remove(&id);
-                }
-                Write::PutDomain(r) => {
-                    state.domains.insert(r.name.clone(), r);
-                }
-                Write::DeleteDomain(name) => {
-                    state.domains.remove(&name);
-                }
-                Write::PutClaim(r) => {
-                    state.claims.insert((r.name.clone(), r.account.clone()), r);
-                }
-                Write::DeleteClaim(name, account) => {
-                    state.claims.remove(&(name, account));
-                }
-                Write::PutTcp(r) => {
-                    state.tcp.insert(r.alias.clone(), r);
-                }
-                Write::DeleteTcp(alias) => {
-                    state.tcp.remove(&alias);
-                }
-                Write::PutToken(r) => {
-                    state.tokens.insert(r.id.clone(), r);
-                }
-                Write::DeleteToken(id) => {
-                    state.tokens.remove(&id);
-                }
-            }
-        }
-        Ok(answer)
-    }
-}
-
-/// The table key of a pending custom domain (names and accounts hold no spaces).
-fn claim_key(record: &DomainRecord) -> String {
-    format!("{} {}", record.name, record.account)
-}
-
-fn json(value: &impl Serialize) -> Vec<u8> {
-    // Records are plain structs of strings and numbers: serialising cannot fail.
-    serde_json::to_vec(value).expect("records serialise to JSON")
-}
-
-fn load<T: DeserializeOwned>(
-    path: &Path,
-    read: &redb::ReadTransaction,
-    table: TableDefinition<&str, &[u8]>,
-    table_name: &'static str,
-    key_of: impl Fn(&T) -> String,
-) -> Result<BTreeMap<String, T>> {
-    let fail = |e: redb::Error| ControlError::storage(path, "loading")(e);
-    let table = read.open_table(table).map_err(|e| fail(e.into()))?;
-    let mut out = BTreeMap::new();
-    for entry in table.iter().map_err(|e| fail(e.into()))? {
-        let (key, value) = entry.map_err(|e| fail(e.into()))?;
-        let record: T = serde_json::from_slice(value.value()).map_err(|source| {
-            ControlError::CorruptRecord {
-                path: path.to_owned(),
-                table: table_name,
-                key: key.value().to_owned(),
-                source,
-            }
+        let mut decide = Some(decide);
+        let mut answer = None;
+        self.backend.commit(&self.mirror, &mut |state| {
+            let decide = decide
+                .take()
+                .ok_or_else(|| ControlError::Internal("a store decision was asked twice".into()))?;
+            let (value, writes) = decide(state)?;
+            answer = Some(value);
+            Ok(writes)
         })?;
-        out.insert(key_of(&record), record);
+        answer.ok_or_else(|| ControlError::Internal("a store commit did not decide".into()))
     }
-    Ok(out)
+
+    /// Brings the mirror up to every change committed before the call, by
+    /// any replica (a no-op for redb, whose only writer is this process).
+    /// Operations that look at the state before they commit call it first,
+    /// so that an object another replica made a moment ago is found. Blocks.
+    pub fn sync(&self) -> Result<()> {
+        self.backend.sync()
+    }
+
+    /// [`Store::sync`] for async callers (the REST API does it before each
+    /// request: reads see every write acknowledged before, on any replica).
+    pub fn sync_async(&self) -> futures::future::BoxFuture<'static, Result<()>> {
+        self.backend.sync_async()
+    }
+
+    /// Sets what hears changes committed by other replicas (once; later
+    /// calls are ignored).
+    pub(crate) fn on_remote_changes(&self, listener: RemoteChanges) {
+        let _ = self.mirror.remote.set(listener);
+    }
+}
+
+impl State {
+    /// Applies one write.
+    fn apply(&mut self, write: Write) {
+        match write {
+            Write::PutKey(r) => {
+                self.keys.insert(r.id.clone(), r);
+            }
+            Write::DeleteKey(id) => {
+                self.keys.remove(&id);
+            }
+            Write::PutDomain(r) => {
+                self.domains.insert(r.name.clone(), r);
+            }
+            Write::DeleteDomain(name) => {
+                self.domains.remove(&name);
+            }
+            Write::PutClaim(r) => {
+                self.claims.insert((r.name.clone(), r.account.clone()), r);
+            }
+            Write::DeleteClaim(name, account) => {
+                self.claims.remove(&(name, account));
+            }
+            Write::PutTcp(r) => {
+                self.tcp.insert(r.alias.clone(), r);
+            }
+            Write::DeleteTcp(alias) => {
+                self.tcp.remove(&alias);
+            }
+            Write::PutToken(r) => {
+                self.tokens.insert(r.id.clone(), r);
+            }
+            Write::DeleteToken(id) => {
+                self.tokens.remove(&id);
+            }
+        }
+    }
+
+    /// The TCP endpoints `writes` delete, as they are before.
+    fn released_tcp(&self, writes: &[Write]) -> Vec<TcpRecord> {
+        writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::DeleteTcp(alias) => self.tcp.get(alias).cloned(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The deletions that, applied to `self`, remove what `new` lacks.
+    fn deletions_to(&self, new: &State) -> Vec<Write> {
+        let keys = self.keys.keys().filter(|k| !new.keys.contains_key(*k));
+        let domains = self
+            .domains
+            .keys()
+            .filter(|k| !new.domains.contains_key(*k));
+        let claims = self.claims.keys().filter(|k| !new.claims.contains_key(*k));
+        let tcp = self.tcp.keys().filter(|k| !new.tcp.contains_key(*k));
+        let tokens = self.tokens.keys().filter(|k| !new.tokens.contains_key(*k));
+        keys.cloned()
+            .map(Write::DeleteKey)
+            .chain(domains.cloned().map(Write::DeleteDomain))
+            .chain(claims.cloned().map(|(n, a)| Write::DeleteClaim(n, a)))
+            .chain(tcp.cloned().map(Write::DeleteTcp))
+            .chain(tokens.cloned().map(Write::DeleteToken))
+            .collect()
+    }
 }
 
 #[cfg(test)]

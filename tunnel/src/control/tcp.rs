@@ -152,6 +152,8 @@ impl ControlPlane {
     /// another account's).
     pub fn delete_tcp_endpoint(&self, caller: &Caller, alias_or_port: &str) -> Result<()> {
         caller.require_any(&[Scope::TunnelsWrite])?;
+        // Another replica may have made the endpoint a moment ago.
+        self.store().sync()?;
         let record = self.own_tcp(caller, alias_or_port)?;
         self.store().commit(|state| {
             let writes = if state.tcp.get(&record.alias) == Some(&record) {

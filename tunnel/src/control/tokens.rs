@@ -200,6 +200,9 @@ impl ControlPlane {
     /// are told to close (through the authority's revocation channel).
     pub fn revoke_token(&self, caller: &Caller, id: &str) -> Result<()> {
         caller.require_any(TOKEN_SCOPES)?;
+        // The lookup below reads the mirror: another replica may have made
+        // the token a moment ago.
+        self.store().sync()?;
         let record = self.own_token(caller, id)?;
         self.store().commit(|state| {
             let writes = if state.tokens.contains_key(&record.id) {

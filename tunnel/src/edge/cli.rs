@@ -49,6 +49,18 @@ pub struct EdgeArgs {
     /// Persistent state: the store (keys, reservations, tokens) and the generated CA.
     #[arg(long, env = "TUNA_EDGE_DATA_DIR", required = true)]
     pub data_dir: Option<PathBuf>,
+    /// Keeps keys, reservations and tokens in this PostgreSQL database,
+    /// shared by every replica of an edge fleet, instead of
+    /// `<data-dir>/control.redb`: `postgres://USER[:PASSWORD]@HOST:PORT/DB`
+    /// (prefer the environment variable: a command line is visible to every
+    /// local user). See docs/edge-fleet.md.
+    #[arg(
+        long,
+        env = "TUNA_EDGE_STORE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub store: Option<crate::control::StoreUrl>,
     /// Subdomains are reserved under this domain (`app.<base-domain>`).
     #[arg(long, env = "TUNA_EDGE_BASE_DOMAIN", required = true)]
     pub base_domain: Option<String>,
@@ -185,10 +197,15 @@ pub fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
 pub async fn run(cli: EdgeCli) -> anyhow::Result<()> {
     match cli.command {
         Some(EdgeCommand::Keys(keys)) => {
-            let (mut out, mut note) = (std::io::stdout(), std::io::stderr());
-            crate::control::cli::run(&keys, &mut out, &mut note)?;
-            out.flush()?;
-            Ok(())
+            // Opening the store blocks (a PostgreSQL store has its own runtime).
+            tokio::task::spawn_blocking(move || {
+                let (mut out, mut note) = (std::io::stdout(), std::io::stderr());
+                crate::control::cli::run(&keys, &mut out, &mut note)?;
+                out.flush()?;
+                Ok(())
+            })
+            .await
+            .context("the keys command did not finish")?
         }
         Some(EdgeCommand::Serve(args)) => serve(*args).await,
         None => serve(cli.serve).await,
@@ -242,7 +259,14 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     };
     control_config.max_token_lifetime = Duration::from_secs(args.max_token_lifetime_days * 86_400);
     control_config.pending_domain_ttl = Duration::from_secs(args.pending_domain_ttl_hours * 3600);
-    let control = ControlPlane::open(control_config)?;
+    control_config.store = args.store.clone();
+    if let Some(store) = &args.store {
+        tracing::info!(%store, "using the PostgreSQL store");
+    }
+    // Opening blocks (a redb sync; PostgreSQL: connect, migrate, load).
+    let control = tokio::task::spawn_blocking(move || ControlPlane::open(control_config))
+        .await
+        .context("opening the store did not finish")??;
 
     let names = vec![
         public_host.clone(),
