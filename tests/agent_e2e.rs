@@ -30,6 +30,35 @@ fn refused(t: &Tunnel, reason: &str) -> bool {
     tunnel_ready(t).is_some_and(|(s, r, _)| s == "False" && r == reason)
 }
 
+/// Waits until `kind namespace/name` has an event `reason` whose message
+/// contains `needle`, else panics with the events it has.
+async fn wait_for_event(
+    cluster: &Cluster,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    reason: &str,
+    needle: &str,
+) {
+    let seen = tokio::time::timeout(support::WAIT, async {
+        loop {
+            if events_of(cluster, namespace, kind, name)
+                .get(reason)
+                .is_some_and(|m| m.iter().any(|m| m.contains(needle)))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        seen.is_ok(),
+        "no {reason} event with {needle:?} on {kind} {namespace}/{name}: {:?}",
+        events_of(cluster, namespace, kind, name)
+    );
+}
+
 fn service(name: &str, addr: std::net::SocketAddr, port_name: Option<&str>) -> String {
     let name_field = port_name
         .map(|n| format!("name: {n}, "))
@@ -406,28 +435,7 @@ async fn ingresses_without_hosts_and_removed_hosts_are_reported() {
         &[Some("one.tuna.test"), Some("two.tuna.test")],
     ));
     let event = |name: &'static str, reason: &'static str, needle: &'static str| {
-        let cluster = &env.cluster;
-        async move {
-            tokio::time::timeout(support::WAIT, async {
-                loop {
-                    let events = events_of(cluster, "default", "Ingress", name);
-                    if events
-                        .get(reason)
-                        .is_some_and(|m| m.iter().any(|m| m.contains(needle)))
-                    {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            })
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "no {reason} event with {needle:?} on Ingress {name}: {:?}",
-                    events_of(cluster, "default", "Ingress", name)
-                )
-            })
-        }
+        wait_for_event(&env.cluster, "default", "Ingress", name, reason, needle)
     };
     event("nohost", "RuleSkipped", "RuleWithoutHost").await;
     event("wild", "RuleSkipped", "WildcardHost").await;
@@ -1024,24 +1032,15 @@ async fn classes_account_domains_merging_ownership_and_headless_services() {
         serde_json::from_str::<Value>(&body).unwrap()["backend"],
         "web"
     );
-    let warned = tokio::time::timeout(support::WAIT, async {
-        loop {
-            let events = events_of(&env.cluster, "other", "Ingress", "hijack");
-            if events
-                .get("RuleSkipped")
-                .is_some_and(|m| m.iter().any(|m| m.contains("HostOwnedByOtherNamespace")))
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
+    wait_for_event(
+        &env.cluster,
+        "other",
+        "Ingress",
+        "hijack",
+        "RuleSkipped",
+        "HostOwnedByOtherNamespace",
+    )
     .await;
-    assert!(
-        warned.is_ok(),
-        "{:?}",
-        events_of(&env.cluster, "other", "Ingress", "hijack")
-    );
 }
 
 /// A host on the account that no Domain reserves belongs to the namespace of
@@ -1107,22 +1106,15 @@ async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingre
     .await;
     let (_, _, message) = tunnel_ready(&t).unwrap();
     assert!(message.contains("Ingress default/site"), "{message}");
-    let warned = tokio::time::timeout(support::WAIT, async {
-        loop {
-            if events_of(&env.cluster, "other", "Tunnel", "takeover")
-                .contains_key("HostOwnedByOtherNamespace")
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
+    wait_for_event(
+        &env.cluster,
+        "other",
+        "Tunnel",
+        "takeover",
+        "HostOwnedByOtherNamespace",
+        "",
+    )
     .await;
-    assert!(
-        warned.is_ok(),
-        "{:?}",
-        events_of(&env.cluster, "other", "Tunnel", "takeover")
-    );
     // Still the Ingress's backend, on every request.
     for _ in 0..5 {
         let (status, body) = http_get(env.http(), "owned.tuna.test", "/").await;
