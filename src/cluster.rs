@@ -15,11 +15,8 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tuna_crds::{Domain, Tunnel};
 
-use crate::explain::Snapshot;
-use crate::translate::ingress::{ServiceRef, TranslateOptions, translate_one};
-use crate::translate::service::{
-    HeadlessEndpoints, ServiceIndex, ServiceInfo, UpstreamHost, parse_upstream_url,
-};
+use crate::plan::ingress::{ServiceRef, TranslateOptions, translate_one};
+use crate::plan::service::{HeadlessEndpoints, ServiceInfo, UpstreamHost, parse_upstream_url};
 
 /// `spec.controller` of the IngressClasses this operator serves.
 pub const INGRESS_CONTROLLER: &str = "k8s.tuna.am/ingress-controller";
@@ -168,54 +165,5 @@ pub fn base_domain_of(domains: &[Arc<Domain>]) -> Option<String> {
         let sub = d.spec.subdomain.as_deref()?;
         let fqdn = d.status.as_ref()?.fqdn.as_deref()?;
         fqdn.strip_prefix(sub)?.strip_prefix('.').map(str::to_owned)
-    })
-}
-
-/// Reads what `route explain` needs from the current kubeconfig context,
-/// read-only: Ingresses, IngressClasses, Tunnels and Domains (list), and the
-/// Services they name (get).
-pub async fn explain_snapshot(class: &str) -> anyhow::Result<Snapshot> {
-    use anyhow::Context as _;
-    let client = client()
-        .await
-        .context("no Kubernetes cluster to read (set KUBECONFIG, or give manifests with -f)")?;
-    let lp = ListParams::default();
-    let ingresses = Api::<Ingress>::all(client.clone())
-        .list(&lp)
-        .await
-        .context("listing Ingresses")?;
-    let classes = Api::<IngressClass>::all(client.clone())
-        .list(&lp)
-        .await
-        .context("listing IngressClasses")?;
-    let tunnels = Api::<Tunnel>::all(client.clone())
-        .list(&lp)
-        .await
-        .context("listing Tunnels (are the CRDs installed?)")?;
-    let domains = Api::<Domain>::all(client.clone())
-        .list(&lp)
-        .await
-        .context("listing Domains (are the CRDs installed?)")?;
-    let options = ingress_options(&classes.items, class);
-    let ingresses: Vec<Arc<Ingress>> = ingresses.items.into_iter().map(Arc::new).collect();
-    let tunnels: Vec<Arc<Tunnel>> = tunnels.items.into_iter().map(Arc::new).collect();
-    let domains: Vec<Arc<Domain>> = domains.items.into_iter().map(Arc::new).collect();
-    let mut services = Vec::new();
-    for (namespace, name) in referenced_services(&ingresses, &tunnels, &options) {
-        if let Some(info) = read_service(&client, &namespace, &name)
-            .await
-            .with_context(|| format!("reading Service {namespace}/{name}"))?
-        {
-            services.push(info);
-        }
-    }
-    Ok(Snapshot {
-        base_domain: base_domain_of(&domains),
-        ingresses,
-        tunnels,
-        domains,
-        services: Some(ServiceIndex::new(services)),
-        classes: options.also,
-        is_default_class: options.is_default_class,
     })
 }

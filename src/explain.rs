@@ -2,7 +2,7 @@
 //! and why every other candidate lost.
 //!
 //! It loads manifests with [`crate::manifest`], translates Ingresses with
-//! [`crate::translate::ingress::translate`] and builds a
+//! [`crate::plan::ingress::translate`] and builds a
 //! [`tuna_routing::RouteTable`] exactly as the running controller does, then
 //! asks the table to explain the URL. The exit code is 0 whether or not a
 //! route matches; unreadable or invalid input is an error.
@@ -13,17 +13,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
-use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::api::{Api, ListParams};
 use serde::Serialize;
 use tuna_crds::{Domain, Tunnel};
 use tuna_routing::{HostSelection, Outcome, RouteTable};
 
-use crate::desired::{
-    Backend, Backends, HostRoute, Inputs, Kind, PlanOptions, Reason, Refusal, plan,
-};
-use crate::manifest;
-use crate::translate::ingress::{DEFAULT_INGRESS_CLASS, ServicePort, SkipKind, TranslateOptions};
-use crate::translate::service::ServiceIndex;
+use crate::plan::ingress::{DEFAULT_INGRESS_CLASS, ServicePort, SkipKind, TranslateOptions};
+use crate::plan::service::ServiceIndex;
+use crate::plan::{Backend, Backends, HostRoute, Inputs, Kind, PlanOptions, Reason, Refusal, plan};
+use crate::{cluster, manifest};
 
 /// Subcommands of `tuna-operator route`.
 #[derive(Debug, clap::Subcommand)]
@@ -274,11 +273,59 @@ pub fn explain(args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        runtime.block_on(crate::cluster::explain_snapshot(&args.ingress_class))?
+        runtime.block_on(read_snapshot(&args.ingress_class))?
     } else {
         snapshot_from_files(&args.files)?
     };
     explain_snapshot(&snapshot, args)
+}
+
+/// Reads what `route explain` needs from the current kubeconfig context,
+/// read-only: Ingresses, IngressClasses, Tunnels and Domains (list), and the
+/// Services they name (get).
+async fn read_snapshot(class: &str) -> anyhow::Result<Snapshot> {
+    let client = cluster::client()
+        .await
+        .context("no Kubernetes cluster to read (set KUBECONFIG, or give manifests with -f)")?;
+    let lp = ListParams::default();
+    let ingresses = Api::<Ingress>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing Ingresses")?;
+    let classes = Api::<IngressClass>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing IngressClasses")?;
+    let tunnels = Api::<Tunnel>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing Tunnels (are the CRDs installed?)")?;
+    let domains = Api::<Domain>::all(client.clone())
+        .list(&lp)
+        .await
+        .context("listing Domains (are the CRDs installed?)")?;
+    let options = cluster::ingress_options(&classes.items, class);
+    let ingresses: Vec<Arc<Ingress>> = ingresses.items.into_iter().map(Arc::new).collect();
+    let tunnels: Vec<Arc<Tunnel>> = tunnels.items.into_iter().map(Arc::new).collect();
+    let domains: Vec<Arc<Domain>> = domains.items.into_iter().map(Arc::new).collect();
+    let mut services = Vec::new();
+    for (namespace, name) in cluster::referenced_services(&ingresses, &tunnels, &options) {
+        if let Some(info) = cluster::read_service(&client, &namespace, &name)
+            .await
+            .with_context(|| format!("reading Service {namespace}/{name}"))?
+        {
+            services.push(info);
+        }
+    }
+    Ok(Snapshot {
+        base_domain: cluster::base_domain_of(&domains),
+        ingresses,
+        tunnels,
+        domains,
+        services: Some(ServiceIndex::new(services)),
+        classes: options.also,
+        is_default_class: options.is_default_class,
+    })
 }
 
 /// Explains the URL over `snapshot` (see [`explain`]).
@@ -332,11 +379,11 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Resu
         .tunnels
         .iter()
         .filter(|t| {
-            crate::desired::tunnel_host(t, &options.base_domain).as_deref()
+            crate::plan::tunnel_host(t, &options.base_domain).as_deref()
                 == Some(host_lower.as_str())
         })
         .flat_map(|t| {
-            let object = crate::desired::ObjectRef::of(Kind::Tunnel, &t.metadata);
+            let object = crate::plan::ObjectRef::of(Kind::Tunnel, &t.metadata);
             plan.refusals_of(&object)
                 .map(|r| RefusedTunnelJson {
                     namespace: r.object.namespace.clone(),

@@ -53,11 +53,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Reconcile Domains and TCPEndpoints into reservations at the edge (leader-elected).
-    Controller(Box<tuna_operator::roles::controller::ControllerArgs>),
+    Controller(Box<tuna_operator::reservations::role::ControllerArgs>),
     /// Run the tunnels and the proxy core: reconcile Tunnels and Ingresses (one replica).
-    Agent(Box<tuna_operator::roles::agent::AgentArgs>),
+    Agent(Box<tuna_operator::agent::role::AgentArgs>),
     /// Run the controller and the agent in one process (small installs, tests).
-    All(Box<tuna_operator::roles::all::AllArgs>),
+    All(Box<tuna_operator::all::AllArgs>),
     /// Inspect how routes are built and matched.
     #[command(subcommand)]
     Route(tuna_operator::explain::RouteCommand),
@@ -81,13 +81,13 @@ fn main() -> anyhow::Result<()> {
     tuna_operator::telemetry::init_with(cli.log_format);
     match cli.command {
         Command::Controller(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::roles::controller::run(*args))
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::reservations::role::run(*args))
         }
         Command::Agent(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::roles::agent::run(*args))
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::agent::role::run(*args))
         }
         Command::All(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::roles::all::run(*args))
+            tokio::runtime::Runtime::new()?.block_on(tuna_operator::all::run(*args))
         }
         Command::Route(cmd) => tuna_operator::explain::run(cmd),
         Command::Crdgen(args) => tuna_operator::crdgen::run(args),

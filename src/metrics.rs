@@ -25,7 +25,7 @@ use tuna_tunnel::api::{
 };
 use tuna_tunnel::wire::Binding;
 
-use crate::edge_api::{EdgeApi, EdgeResult, ErrorClass, MintedToken};
+use crate::edge::api::{EdgeApi, EdgeResult, ErrorClass, MintedToken};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReconcileLabels {

@@ -468,7 +468,7 @@ fn data_dir_keeps_tcp_ports() {
         dir.path(),
     )
     .unwrap();
-    let edge: &dyn tuna_operator::edge_api::EdgeApi = &embedded;
+    let edge: &dyn tuna_operator::edge::api::EdgeApi = &embedded;
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use tuna_operator::manifest::{load_paths, load_str};
+use tuna_operator::plan::tunnel::PortOrAlias;
 use tuna_operator::standalone::{
     Change, DesiredOptions, FileProvider, PublicAddresses, desired_state, diff, render,
 };
-use tuna_operator::translate::tunnel::PortOrAlias;
 
 fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/standalone")

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tuna_operator::translate::service::parse_upstream_url;
+use tuna_operator::plan::service::parse_upstream_url;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(url) = std::str::from_utf8(data) else {

@@ -20,7 +20,7 @@ use tuna_proxy::Credential;
 
 use super::kubeconfig::{KubeconfigInput, render_kubeconfig};
 use super::role::DEFAULT_AUDIENCE;
-use crate::roles::parse_duration;
+use crate::role::parse_duration;
 
 /// The API server refuses shorter TokenRequests.
 pub const MIN_DURATION: Duration = Duration::from_secs(600);

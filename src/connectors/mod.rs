@@ -18,7 +18,7 @@
 //! - [`authorizer`]: who may use which connector (the proxy core's
 //!   `ConnectAuthorizer`, implemented with Kubernetes reviews);
 //! - [`targets`]: what the proxy may reach, published by the reconciler
-//!   (`crate::controllers::connector`);
+//!   (`crate::connectors::reconciler`);
 //! - [`probe`]: the HTTPS probes of a connector's address;
 //! - [`proxy_ca`]: the proxy's CA, kept in a Secret;
 //! - [`role`]: `tuna-operator connectors`;
@@ -29,5 +29,6 @@ pub mod cli;
 pub mod kubeconfig;
 pub mod probe;
 pub mod proxy_ca;
+pub mod reconciler;
 pub mod role;
 pub mod targets;

@@ -29,11 +29,11 @@ use tuna_proxy::{ConnectConfig, ConnectLimits, InterceptCa, ProxyConfig, ProxyCo
 use super::authorizer::{AuthorizerOptions, KubeAuthorizer};
 use super::proxy_ca;
 use super::targets::ProxyTargets;
-use crate::controllers::connector::{self, ConnectorContext, ConnectorOptions, FIELD_MANAGER};
-use crate::controllers::{Backoff, FIELD_MANAGER as STATUS_MANAGER};
+use crate::connectors::reconciler::{self, ConnectorContext, ConnectorOptions, FIELD_MANAGER};
 use crate::health::Readiness;
 use crate::metrics::Metrics;
-use crate::roles::{ServeArgs, instance_name, parse_duration};
+use crate::reconcile::{Backoff, FIELD_MANAGER as STATUS_MANAGER};
+use crate::role::{ServeArgs, instance_name, parse_duration};
 
 /// The default audience of proxy passwords (ServiceAccount tokens).
 pub const DEFAULT_AUDIENCE: &str = "connectors.alauda.io";
@@ -299,7 +299,7 @@ pub async fn serve(
             }
         });
     }
-    connector::run(ctx, synced_tx, shutdown.cancelled_owned()).await;
+    reconciler::run(ctx, synced_tx, shutdown.cancelled_owned()).await;
     Ok(())
 }
 
@@ -317,7 +317,7 @@ pub async fn run(args: ConnectorsArgs) -> anyhow::Result<()> {
             out
         })
     };
-    let (client, shutdown) = crate::roles::start(&args.serve, ready_rx, render).await?;
+    let (client, shutdown) = crate::role::start(&args.serve, ready_rx, render).await?;
     let result = serve(args, client, metrics, proxy.clone(), ready_tx, shutdown).await;
     // Open proxy connections (watches, exec sessions) drain.
     proxy.shutdown().await;

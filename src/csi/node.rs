@@ -517,8 +517,8 @@ pub async fn serve(
 /// Runs `tuna-operator csi` until SIGTERM/SIGINT.
 pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
     let socket = super::socket_path(&args.endpoint)?;
-    let client = crate::roles::cluster_client().await?;
-    let shutdown = crate::roles::shutdown_on_signal();
+    let client = crate::role::cluster_client().await?;
+    let shutdown = crate::role::shutdown_on_signal();
     serve(&socket, NodeContext::new(client, &args), shutdown).await?;
     Ok(())
 }

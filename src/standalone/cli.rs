@@ -143,7 +143,7 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    crate::roles::shutdown_signal().await;
+    crate::role::shutdown_signal().await;
     println!("Stopping: closing tunnels and revoking their tokens…");
     standalone.shutdown().await;
     demo_stop.cancel();

@@ -3,7 +3,7 @@
 //! [`desired_state`] takes what [`crate::manifest`] loaded and returns what to
 //! publish — HTTP hosts with their route tables, TCP endpoints, the tunnels whose
 //! tokens must be held — plus every item it could not use, with a reason. The
-//! rules are those of the provider-neutral [`crate::desired::plan`], which the
+//! rules are those of the provider-neutral [`crate::plan::plan`], which the
 //! Kubernetes agent and `route explain` call too, with the standalone upstream
 //! policy.
 //!
@@ -30,13 +30,13 @@ use k8s_openapi::api::networking::v1::Ingress;
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_routing::RouteSpec;
 
-use crate::desired::{HostSource, Inputs, Kind, ObjectRef, PlanOptions, plan};
 use crate::manifest::{Loaded, LoadedObject, Source};
-use crate::translate::domain::DesiredDomain;
-use crate::translate::ingress::{self, TranslateOptions};
-use crate::translate::service::{ResolvedUpstream, ServiceIndex, ServiceInfo, UpstreamPolicy};
-use crate::translate::tcpendpoint::DesiredTcpEndpoint;
-use crate::translate::tunnel::{DesiredTunnel, PortOrAlias};
+use crate::plan::domain::DesiredDomain;
+use crate::plan::ingress::{self, TranslateOptions};
+use crate::plan::service::{ResolvedUpstream, ServiceIndex, ServiceInfo, UpstreamPolicy};
+use crate::plan::tcpendpoint::DesiredTcpEndpoint;
+use crate::plan::tunnel::{DesiredTunnel, PortOrAlias};
+use crate::plan::{HostSource, Inputs, Kind, ObjectRef, PlanOptions, plan};
 
 /// Settings of the translation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,7 +171,7 @@ fn parse<K: serde::de::DeserializeOwned>(
 }
 
 /// Computes the desired state (see the module docs): reads the manifests, then
-/// asks the provider-neutral [`crate::desired::plan`] what to publish.
+/// asks the provider-neutral [`crate::plan::plan`] what to publish.
 pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState {
     let mut state = DesiredState::default();
     for e in &loaded.errors {

@@ -10,7 +10,7 @@
 //!   `domain:` is taken as verified (a plain host has no DNS to check). The
 //!   control plane with its REST API is not used here: its base domain must have
 //!   two labels, and standalone defaults to `localhost`.
-//! - **Remote**: [`crate::edge_api::RemoteEdge`] over another edge's REST API —
+//! - **Remote**: [`crate::edge::api::RemoteEdge`] over another edge's REST API —
 //!   domains and TCP endpoints are reserved there (409 means the account already
 //!   holds them: adopted, never released), tokens carry owner labels and this
 //!   instance's id ([`INSTANCE_LABEL`], from `<data-dir>/instance-id`), so that
@@ -34,7 +34,7 @@ use tuna_tunnel::edge::MemoryAuthority;
 use tuna_tunnel::wire::{Binding, TunnelToken};
 
 use super::Error;
-use crate::edge_api::{EdgeApi, EdgeError, EdgeResult, MintedToken, gone_is_ok};
+use crate::edge::api::{EdgeApi, EdgeError, EdgeResult, MintedToken, gone_is_ok};
 
 /// Label naming the object a token was made for (finds orphans at the edge).
 pub const OWNER_LABEL: &str = "tuna.am/owner";

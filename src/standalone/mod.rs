@@ -2,7 +2,7 @@
 //! `Service` manifests served from files on a plain host, with no cluster.
 //!
 //! - [`desired`]: manifests → what to publish plus skipped items with reasons
-//!   (pure; calls the same `crate::translate` functions as the reconcilers).
+//!   (pure; calls the same `crate::plan` functions as the reconcilers).
 //! - [`diff`]: two desired states → the changes to apply (live reload).
 //! - [`provider`]: loads and watches the `-f` paths.
 //! - [`report`]: the table printed on start and on every change.

@@ -45,10 +45,10 @@ use super::edge::{
 };
 use super::provider::FileProvider;
 use super::report::{PublicAddresses, render};
-use crate::edge_api::{EdgeApi, RemoteEdge as RemoteEdgeApi, gone_is_ok};
-pub use crate::publisher::TunnelKey;
-use crate::publisher::{Publisher, Serving, TunnelSpec, TunnelState};
-use crate::translate::tunnel::PortOrAlias;
+use crate::edge::api::{EdgeApi, RemoteEdge as RemoteEdgeApi, gone_is_ok};
+pub use crate::edge::publisher::TunnelKey;
+use crate::edge::publisher::{Publisher, Serving, TunnelSpec, TunnelState};
+use crate::plan::tunnel::PortOrAlias;
 
 /// How long applying a change waits for new tunnels to connect before it
 /// reports them as not (yet) connected; they keep retrying in the background.

@@ -21,14 +21,14 @@ use tokio::sync::mpsc;
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_tunnel::api::{Scope, Secret as ApiKey};
 
-use super::Context;
-use crate::desired::ObjectRef;
-use crate::edge_api::{EdgeApi, EdgeError, RemoteEdge};
+use crate::edge::api::{EdgeApi, EdgeError, RemoteEdge};
+use crate::edge::publisher::{Publisher, TunnelKey};
 use crate::metrics::MeteredEdge;
-use crate::publisher::{Publisher, TunnelKey};
-use crate::roles::EdgeArgs;
-use crate::translate::ingress::TranslateOptions;
-use crate::translate::service::{ServiceIndex, ServiceInfo, UpstreamPolicy};
+use crate::plan::ObjectRef;
+use crate::plan::ingress::TranslateOptions;
+use crate::plan::service::{ServiceIndex, ServiceInfo, UpstreamPolicy};
+use crate::reconcile::Context;
+use crate::role::EdgeArgs;
 
 /// Label keys of every tunnel token the agent mints: they let the start-up
 /// sweep find tokens whose owner is gone.
@@ -473,3 +473,15 @@ impl AgentState {
 /// How long a reconcile waits for a new tunnel to be accepted or refused
 /// before it writes the status it has (later changes trigger a reconcile).
 pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+/// Tunnels whose tunnel key is `key` (to re-reconcile on a state change).
+pub fn owners_of(state: &AgentState, key: &TunnelKey) -> BTreeSet<ObjectRef> {
+    state
+        .claims
+        .lock()
+        .expect("claims")
+        .iter()
+        .filter(|(o, c)| o.kind == crate::plan::Kind::Tunnel && c.tunnel.as_ref() == Some(key))
+        .map(|(o, _)| o.clone())
+        .collect()
+}

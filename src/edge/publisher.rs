@@ -30,8 +30,8 @@ use tuna_routing::RouteSpec;
 use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle};
 use tuna_tunnel::wire::{Binding, BoundTarget, TunnelToken};
 
-use crate::edge_api::{EdgeApi, EdgeError, ErrorClass, MintedToken, gone_is_ok};
-use crate::translate::service::{ResolvedUpstream, UpstreamScheme};
+use crate::edge::api::{EdgeApi, EdgeError, ErrorClass, MintedToken, gone_is_ok};
+use crate::plan::service::{ResolvedUpstream, UpstreamScheme};
 
 /// Default lifetime asked for each tunnel token; renewed at a third of it.
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
@@ -315,7 +315,7 @@ impl Publisher {
     ) -> Result<Self, tuna_tunnel::wire::Error> {
         let streams = proxy.clone();
         let agent = Agent::start(config, move |stream, meta| {
-            crate::transport::serve_stream(&streams, stream, meta)
+            crate::edge::transport::serve_stream(&streams, stream, meta)
         })?;
         Ok(Self {
             inner: Arc::new(Inner {

@@ -280,7 +280,7 @@ fn err(reason: UpstreamReason, message: impl Into<String>) -> UpstreamError {
 /// they name a Service port.
 ///
 /// ```
-/// use tuna_operator::translate::service::{parse_upstream_url, UpstreamHost, UpstreamScheme};
+/// use tuna_operator::plan::service::{parse_upstream_url, UpstreamHost, UpstreamScheme};
 /// let url = parse_upstream_url("tcp://db.prod.svc.cluster.local:5432").unwrap();
 /// assert_eq!(url.scheme, UpstreamScheme::Tcp);
 /// assert_eq!(url.host, UpstreamHost::ServiceFqdn { namespace: "prod".into(), name: "db".into() });

@@ -8,10 +8,6 @@
 //! `--metrics-listen`. The Kubernetes client follows the standard kubeconfig
 //! resolution (`KUBECONFIG`, else in-cluster).
 
-pub mod agent;
-pub mod all;
-pub mod controller;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tuna_tunnel::api::{ClientOptions, Secret, TunaClient, WhoAmI};
 
-use crate::edge_api::{EdgeApi, RemoteEdge};
+use crate::edge::api::{EdgeApi, RemoteEdge};
 use crate::health::{self, MetricsRenderer, Readiness};
 use crate::metrics::{MeteredEdge, Metrics};
 
@@ -109,7 +105,7 @@ pub fn edge_api(args: &EdgeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<d
 /// unreachable or refuses (the key may be fixed meanwhile); logs each failure.
 pub async fn whoami_until_ok(edge: &dyn EdgeApi, api_url: &str) -> WhoAmI {
     let backoff =
-        crate::controllers::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        crate::reconcile::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         match edge.whoami().await {
             Ok(who) => {

@@ -32,11 +32,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller, Error as ControllerError};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -48,10 +47,11 @@ use tuna_crds::{
 };
 use tuna_proxy::{Authority, Credential, UpstreamTarget};
 
-use super::{Backoff, Error, apply_status, key_of, publish_event, resync};
 use crate::connectors::probe::{self, ProbeResult};
 use crate::connectors::targets::{ProxyTarget, ProxyTargets};
-use crate::metrics::{Metrics, ReconcileTimer};
+use crate::metrics::Metrics;
+use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
+use crate::reconcile::{Backoff, Error, apply_status, publish_event, resync};
 
 /// Field manager of the Services and the built-in class the connectors role applies.
 pub const FIELD_MANAGER: &str = "tuna-operator-connectors";
@@ -851,33 +851,37 @@ async fn apply(
     if let Some(e) = errors.into_iter().next() {
         return Err(Error::Kube(e));
     }
-    ctx.backoff.reset(&key_of(connector));
     Ok(resync(ctx.options.probe_interval))
 }
 
-/// One reconcile of a Connector (see the module docs).
-pub async fn reconcile(
-    connector: Arc<Connector>,
+/// The Connector reconciler: no finalizer — once a Connector is gone the
+/// proxy forgets its target (its Service goes with it, by owner reference).
+pub struct Connectors {
     ctx: Arc<ConnectorContext>,
     classes: Store<ConnectorClass>,
-) -> Result<Action, Error> {
-    let timer = ReconcileTimer::start(&ctx.metrics, "Connector");
-    let result = apply(&connector, &ctx, &classes).await;
-    timer.finish(result.is_ok());
-    result
 }
 
-/// Per-object backoff on errors (the conditions already say what failed).
-pub fn error_policy(
-    connector: Arc<Connector>,
-    error: &Error,
-    ctx: Arc<ConnectorContext>,
-) -> Action {
-    ctx.metrics.reconcile_error("Connector");
-    let key = key_of(connector.as_ref());
-    let delay = ctx.backoff.fail(&key);
-    tracing::warn!(object = %key, %error, ?delay, "Connector reconcile failed; backing off");
-    Action::requeue(delay)
+impl Reconciler for Connectors {
+    type Object = Connector;
+    const KIND: &'static str = "Connector";
+    const DELETION: Deletion = Deletion::Forget;
+
+    fn kit(&self) -> KitContext<'_> {
+        KitContext {
+            client: &self.ctx.client,
+            metrics: &self.ctx.metrics,
+            backoff: &self.ctx.backoff,
+            resync_interval: self.ctx.options.probe_interval,
+        }
+    }
+
+    async fn apply(self: Arc<Self>, connector: Arc<Connector>) -> Result<Action, Error> {
+        apply(&connector, &self.ctx, &self.classes).await
+    }
+
+    async fn forget(self: Arc<Self>, namespace: String, name: String) {
+        self.ctx.targets.remove(&namespace, &name);
+    }
 }
 
 /// Runs the Connector controller until `shutdown`; `synced` is told once
@@ -921,35 +925,17 @@ pub async fn run(
     {
         let (connectors, classes) = (connectors.clone(), classes.clone());
         tokio::spawn(async move {
-            if super::store_ready(&connectors).await && super::store_ready(&classes).await {
+            if crate::reconcile::store_ready(&connectors).await
+                && crate::reconcile::store_ready(&classes).await
+            {
                 let _ = synced.send(());
             }
         });
     }
-    let targets = Arc::clone(&ctx.targets);
-    controller
+    let controller = controller
         .owns(Api::<Service>::all(client.clone()), services)
-        .watches_stream(class_stream, by_class)
-        .graceful_shutdown_on(shutdown)
-        .run(
-            move |c, ctx| reconcile(c, ctx, classes.clone()),
-            error_policy,
-            ctx,
-        )
-        .for_each(move |result| {
-            let targets = Arc::clone(&targets);
-            async move {
-                match result {
-                    Err(ControllerError::ObjectNotFound(obj)) => {
-                        // Deleted: the proxy forgets it (its Service goes with it).
-                        targets.remove(obj.namespace.as_deref().unwrap_or("default"), &obj.name);
-                    }
-                    Err(e) => tracing::debug!(error = %e, "Connector controller"),
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await;
+        .watches_stream(class_stream, by_class);
+    kit::run(Arc::new(Connectors { ctx, classes }), controller, shutdown).await;
 }
 
 #[cfg(test)]

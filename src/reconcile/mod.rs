@@ -1,18 +1,22 @@
-//! The reconcilers: one file per kind, every kind the same shape.
+//! The reconciler kit and the conventions every kind shares.
+//!
+//! [`kit`] holds the [`kit::Reconciler`] trait and [`kit::run`]: all five
+//! kinds run on it (the families own their reconcilers):
+//!
+//! | kind | family | deletion | status | events |
+//! |---|---|---|---|---|
+//! | Tunnel | [`crate::agent::tunnel`] | forget: the tunnel stops, its token is revoked | `Ready`, `url`, by server-side apply | `TunnelConnected`/`TunnelStopped`, refusals as warnings |
+//! | Ingress | [`crate::agent::ingress`] | forget: its hosts are planned again without it | `loadBalancer.ingress` hostnames, by server-side apply | `RoutesUpdated`, `RuleSkipped`/`BackendSkipped`, `TunnelConnected`/`TunnelStopped` per host |
+//! | Domain | [`crate::reservations::domain`] | finalizer [`RESERVATION_FINALIZER`]: released unless adopted or `Retain` | `Ready`, `fqdn`, DNS records | the reservation's outcome (`Reserved`, `Adopted`, refusals), `Released`/`Retained`/`ReleaseFailed` |
+//! | TCPEndpoint | [`crate::reservations::tcpendpoint`] | finalizer [`RESERVATION_FINALIZER`], the same | `Ready`, `port`, `url` | the same |
+//! | Connector | [`crate::connectors::reconciler`] | forget: the proxy drops its target | per-check conditions, `Ready` | `Ready` turning, with the failing check's reason |
 //!
 //! ```text
 //! observe (the object, reflector stores, Services by `get`)
-//!   → desired state (pure functions, table-tested: `desired_*` in each file)
+//!   → desired state (the pure plan, crate::plan, table-tested)
 //!   → apply (edge API calls, proxy registrations, status by server-side
 //!     apply, events)
 //! ```
-//!
-//! - **Controller role** ([`domain`], [`tcpendpoint`]): reservations at the
-//!   edge, with finalizers that release them (unless adopted or `Retain`).
-//! - **Agent role** ([`tunnel`], [`ingress`]): tunnels and routes through the
-//!   [`crate::publisher::Publisher`].
-//! - **Connectors role** ([`connector`]): Connectors probed and fronted by
-//!   the connector proxy (its own context: it has no edge).
 //!
 //! Shared conventions (this module):
 //! - **Status** is written by server-side apply on the status subresource
@@ -26,13 +30,9 @@
 //!   a change can fix sets `Ready=False` with the edge's message and waits for
 //!   a change of the object; 5xx and network errors back off. Every success
 //!   requeues after the resync interval, so every object is re-checked.
-
-pub mod agent_state;
-pub mod connector;
-pub mod domain;
-pub mod ingress;
-pub mod tcpendpoint;
-pub mod tunnel;
+//!
+//! It knows the edge API's error classes and the metrics; it must not know a
+//! family.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -50,8 +50,10 @@ use tuna_crds::{ConditionStatus, READY, set_condition};
 
 use tuna_tunnel::api::WhoAmI;
 
-use crate::edge_api::{EdgeApi, EdgeError, ErrorClass};
+use crate::edge::api::{EdgeApi, EdgeError, ErrorClass};
 use crate::metrics::Metrics;
+
+pub mod kit;
 
 /// Reconciles of one kind running at once: bounds the requests in flight to
 /// the API server and the edge (and the connections they hold) when
@@ -228,6 +230,16 @@ impl Context {
         }
     }
 
+    /// The parts of this context the reconciler kit uses.
+    pub fn kit(&self) -> kit::KitContext<'_> {
+        kit::KitContext {
+            client: &self.client,
+            metrics: &self.metrics,
+            backoff: &self.backoff,
+            resync_interval: self.resync_interval,
+        }
+    }
+
     /// The edge's account, base domain and public host (asked until it answers).
     pub async fn edge_info(&self) -> Result<&WhoAmI, EdgeError> {
         self.edge_info
@@ -308,37 +320,6 @@ fn truncate(mut s: String, max: usize) -> String {
 /// reservation is released (or kept) before the object goes.
 pub const RESERVATION_FINALIZER: &str = "k8s.tuna.am/reservation";
 
-/// One reconcile of a reserving kind: the finalizer added first, then
-/// `handle` with [`Finalizer::Apply`](kube::runtime::finalizer::Event::Apply)
-/// or, once deleted, [`Finalizer::Cleanup`](kube::runtime::finalizer::Event::Cleanup);
-/// timed into the metrics as `kind`.
-pub async fn reconcile_reservation<K, F, Fut>(
-    ctx: &Context,
-    kind: &'static str,
-    obj: Arc<K>,
-    handle: F,
-) -> Result<Action, Error>
-where
-    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Serialize
-        + Debug,
-    F: FnOnce(kube::runtime::finalizer::Event<K>) -> Fut,
-    Fut: std::future::Future<Output = Result<Action, Error>>,
-{
-    let timer = crate::metrics::ReconcileTimer::start(&ctx.metrics, kind);
-    let api: Api<K> = Api::namespaced(
-        ctx.client.clone(),
-        obj.namespace().as_deref().unwrap_or("default"),
-    );
-    let result = kube::runtime::finalizer(&api, RESERVATION_FINALIZER, obj, handle)
-        .await
-        .map_err(|e| Error::Finalizer(Box::new(e)));
-    timer.finish(result.is_ok());
-    result
-}
-
 /// Why a deleted object's reservation stays at the edge, if it does.
 pub fn kept_because(adopted: bool, policy: tuna_crds::ReclaimPolicy) -> Option<&'static str> {
     if adopted {
@@ -369,7 +350,7 @@ where
             .await;
         return Ok(Action::await_change());
     }
-    match crate::edge_api::gone_is_ok(delete.await) {
+    match crate::edge::api::gone_is_ok(delete.await) {
         Ok(()) => {
             let note = format!("{what} was released at the edge");
             ctx.event(obj, EventType::Normal, "Released", "Release", note)
@@ -387,39 +368,6 @@ where
     }
 }
 
-/// Runs the controller of a reserving kind until `shutdown` resolves: every
-/// object of the cluster, [`controller_config`], [`error_policy`];
-/// `reconcile` gets the kind's own store for the cross-object rules.
-pub async fn run_reserving<K, R, Fut>(
-    ctx: Arc<Context>,
-    kind: &'static str,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-    reconcile: R,
-) where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    R: Fn(Arc<K>, Arc<Context>, kube::runtime::reflector::Store<K>) -> Fut,
-    Fut: std::future::Future<Output = Result<Action, Error>> + Send + 'static,
-{
-    use futures::StreamExt as _;
-    let api = Api::<K>::all(ctx.client.clone());
-    let controller = kube::runtime::Controller::new(api, kube::runtime::watcher::Config::default())
-        .with_config(controller_config());
-    let store = controller.store();
-    controller
-        .graceful_shutdown_on(shutdown)
-        .run(
-            move |obj, ctx| reconcile(obj, ctx, store.clone()),
-            error_policy::<K>,
-            ctx,
-        )
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, kind, "controller");
-            }
-        })
-        .await;
-}
-
 /// The object's key for backoff and logs: `namespace/name`.
 pub fn key_of<K: Resource>(obj: &K) -> String {
     format!(
@@ -433,12 +381,30 @@ pub fn key_of<K: Resource>(obj: &K) -> String {
 /// needs-change error has already set `Ready=False`; it waits for a change of
 /// the object, with the resync as a safety net.)
 pub fn error_policy<K: Resource>(obj: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = key_of(obj.as_ref());
     let kind = std::any::type_name::<K>()
         .rsplit("::")
         .next()
         .unwrap_or("?");
-    ctx.metrics.reconcile_error(kind);
+    error_policy_with(
+        kind,
+        &key_of(obj.as_ref()),
+        error,
+        &ctx.metrics,
+        &ctx.backoff,
+        ctx.resync_interval,
+    )
+}
+
+/// The error policy by class, for `kind`'s object `key`.
+pub fn error_policy_with(
+    kind: &str,
+    key: &str,
+    error: &Error,
+    metrics: &Metrics,
+    backoff: &Backoff,
+    resync_interval: Duration,
+) -> Action {
+    metrics.reconcile_error(kind);
     match error.class() {
         ErrorClass::RateLimited(after) => {
             tracing::info!(object = %key, ?after, "edge rate limit: waiting Retry-After");
@@ -446,10 +412,10 @@ pub fn error_policy<K: Resource>(obj: Arc<K>, error: &Error, ctx: Arc<Context>) 
         }
         ErrorClass::NeedsChange => {
             tracing::info!(object = %key, %error, "waiting for a change");
-            resync(ctx.resync_interval)
+            resync(resync_interval)
         }
         ErrorClass::Retryable | ErrorClass::Gone => {
-            let delay = ctx.backoff.fail(&key);
+            let delay = backoff.fail(key);
             tracing::warn!(object = %key, %error, ?delay, "reconcile failed; backing off");
             Action::requeue(delay)
         }

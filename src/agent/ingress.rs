@@ -4,7 +4,7 @@
 //! - observe: the Ingress; the Ingresses, Domains and Tunnels that share its
 //!   hosts, the IngressClasses (reflector stores); the Services its backends
 //!   name (`get`); the account's domains at the edge;
-//! - desired: [`crate::desired::plan`] over those objects — host ownership by
+//! - desired: [`crate::plan::plan`] over those objects — host ownership by
 //!   namespace, reserved hosts only, segment-aware Prefix/Exact, skipped rules
 //!   and backends with reasons;
 //! - apply: per host, publish the route table (a change swaps routes in the
@@ -27,31 +27,17 @@ use k8s_openapi::api::networking::v1::{
     Ingress, IngressLoadBalancerIngress, IngressLoadBalancerStatus, IngressStatus,
 };
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tuna_crds::{Domain, Tunnel};
 
-use super::agent_state::{AgentState, SETTLE_WAIT, label_value, labels};
-use super::{Error, FIELD_MANAGER, resync};
-use crate::desired::{
-    HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan,
-};
-use crate::metrics::ReconcileTimer;
-use crate::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::translate::ingress::{SkipReason, TranslateOptions, translate_one};
-
-/// The hosts an Ingress has rules for (lower case; no wildcards).
-pub fn rule_hosts(ingress: &Ingress) -> BTreeSet<String> {
-    ingress
-        .spec
-        .iter()
-        .flat_map(|s| s.rules.iter().flatten())
-        .filter_map(|r| r.host.as_deref())
-        .filter(|h| !h.is_empty() && !h.starts_with('*'))
-        .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
-        .collect()
-}
+use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
+use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::plan::ingress::{SkipReason, TranslateOptions, rule_hosts, translate_one};
+use crate::plan::{HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
+use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
+use crate::reconcile::{Error, apply_status, resync};
 
 /// The host a Domain reserves, given the base domain.
 fn domain_host(d: &Domain, base_domain: &str) -> Option<String> {
@@ -80,7 +66,7 @@ pub fn plan_hosts(
     ingresses: &[Arc<Ingress>],
     tunnels: &[Arc<Tunnel>],
     domains: &[Arc<Domain>],
-    services: &crate::translate::service::ServiceIndex,
+    services: &crate::plan::service::ServiceIndex,
     options: &PlanOptions,
 ) -> Plan {
     let touches = |i: &Ingress| {
@@ -173,7 +159,7 @@ async fn apply_hosts(
     );
     for host in hosts {
         let key = TunnelKey::Host(host.clone());
-        let tunnel_owned = super::tunnel::owners_of(state, &key);
+        let tunnel_owned = owners_of(state, &key);
         match plan.hosts.get(host) {
             Some(h) if matches!(h.source, HostSource::Tunnel(_)) => {}
             Some(h) => {
@@ -262,12 +248,37 @@ pub async fn cleanup(state: &AgentState, namespace: &str, name: &str) -> Result<
     Ok(())
 }
 
-/// One reconcile of an Ingress (see the module docs).
-pub async fn reconcile(ingress: Arc<Ingress>, state: Arc<AgentState>) -> Result<Action, Error> {
-    let timer = ReconcileTimer::start(&state.ctx.metrics, "Ingress");
-    let result = apply(&ingress, &state).await;
-    timer.finish(result.is_ok());
-    result
+/// The Ingress reconciler: no finalizer — once the Ingress is gone,
+/// [`cleanup`] withdraws what it published (the agent holds it alone).
+pub struct Ingresses {
+    state: Arc<AgentState>,
+}
+
+impl Ingresses {
+    /// The reconciler over the agent's shared state.
+    pub fn new(state: Arc<AgentState>) -> Self {
+        Self { state }
+    }
+}
+
+impl Reconciler for Ingresses {
+    type Object = Ingress;
+    const KIND: &'static str = "Ingress";
+    const DELETION: Deletion = Deletion::Forget;
+
+    fn kit(&self) -> KitContext<'_> {
+        self.state.ctx.kit()
+    }
+
+    async fn apply(self: Arc<Self>, ingress: Arc<Ingress>) -> Result<Action, Error> {
+        apply(&ingress, &self.state).await
+    }
+
+    async fn forget(self: Arc<Self>, namespace: String, name: String) {
+        if let Err(e) = cleanup(&self.state, &namespace, &name).await {
+            tracing::warn!(error = %e, "cleaning up a deleted Ingress");
+        }
+    }
 }
 
 async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Error> {
@@ -317,7 +328,6 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
     // Hosts the Ingress no longer names are walked too: their tunnel's
     // `TunnelStopped` is reported once.
     report(state, ingress, &me, &plan, &affected).await?;
-    ctx.backoff.reset(&super::key_of(ingress.as_ref()));
     Ok(resync(ctx.resync_interval))
 }
 
@@ -475,17 +485,9 @@ async fn report(
             ctx.client.clone(),
             ingress.namespace().as_deref().unwrap_or("default"),
         );
-        let patch = serde_json::json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "Ingress",
-            "status": status,
-        });
-        api.patch_status(
-            &ingress.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        // Only the hostnames are ours to compare: the status is written
+        // whole when they differ.
+        apply_status(&api, ingress, None, &status).await?;
     }
     Ok(())
 }
@@ -537,7 +539,7 @@ pub fn claimants_of(state: &AgentState, host: &str) -> Vec<ObjectRef> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::service::{ServiceIndex, ServiceInfo};
+    use crate::plan::service::{ServiceIndex, ServiceInfo};
 
     fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
         yaml.split("\n---\n")

@@ -33,6 +33,12 @@
 //! The same function feeds standalone mode, `route explain` and the agent, so
 //! what `route explain` prints is what the agent serves.
 
+pub mod domain;
+pub mod ingress;
+pub mod service;
+pub mod tcpendpoint;
+pub mod tunnel;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -43,18 +49,18 @@ use serde::Serialize;
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_routing::{BuildIssue, Origin, PathType, RouteSpec, RouteTable, TieBreak};
 
-use crate::translate::domain::{
+use crate::plan::domain::{
     DesiredDomain, DomainReason, HostRefusal, HostReservations, desired_domain, reserved_routes,
 };
-use crate::translate::ingress::{self, ServiceRef, SkipKind, SkipReason, TranslateOptions};
-use crate::translate::service::{
+use crate::plan::ingress::{ServiceRef, SkipKind, SkipReason, TranslateOptions};
+use crate::plan::service::{
     ResolvedUpstream, ServiceLookup, UpstreamPolicy, UpstreamReason, UpstreamScheme,
     resolve_service,
 };
-use crate::translate::tcpendpoint::{
+use crate::plan::tcpendpoint::{
     AliasOwners, DesiredTcpEndpoint, TcpEndpointReason, desired_tcp_endpoint,
 };
-use crate::translate::tunnel::{
+use crate::plan::tunnel::{
     DesiredTunnel, PortOrAlias, PublicEndpoint, TunnelOptions, TunnelReason, desired_tunnel,
 };
 
@@ -779,7 +785,7 @@ pub fn tunnel_host(tunnel: &Tunnel, base_domain: &str) -> Option<String> {
         return None;
     }
     let sub = tunnel.spec.subdomain.as_deref()?;
-    crate::translate::domain::is_dns_label(sub).then(|| format!("{sub}.{base_domain}"))
+    crate::plan::domain::is_dns_label(sub).then(|| format!("{sub}.{base_domain}"))
 }
 
 /// The one route of an http Tunnel: `Prefix /` on its host.
@@ -828,7 +834,7 @@ fn issue_message(issue: &BuildIssue) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::service::{ServiceIndex, ServiceInfo};
+    use crate::plan::service::{ServiceIndex, ServiceInfo};
 
     fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
         yaml.split("\n---\n")

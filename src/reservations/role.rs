@@ -11,10 +11,11 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{EdgeArgs, ServeArgs, edge_api, instance_name, parse_duration};
-use crate::controllers::{Context, domain, tcpendpoint};
+use super::{domain, tcpendpoint};
 use crate::health::Readiness;
 use crate::metrics::Metrics;
+use crate::reconcile::Context;
+use crate::role::{EdgeArgs, ServeArgs, edge_api, instance_name, parse_duration};
 
 /// Default name of the controller's leader-election Lease.
 pub const LEASE_NAME: &str = "tuna-operator-controller";
@@ -175,7 +176,7 @@ pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
         let metrics = Arc::clone(&metrics);
         Arc::new(move || metrics.render())
     };
-    let (client, shutdown) = super::start(&args.serve, ready_rx, render).await?;
+    let (client, shutdown) = crate::role::start(&args.serve, ready_rx, render).await?;
     serve(
         args.edge,
         args.controller,

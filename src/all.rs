@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::agent::{self, AgentFlags};
-use super::controller::{self, ControllerFlags};
-use super::{EdgeArgs, ServeArgs};
+use crate::agent::role::{self as agent, AgentFlags};
 use crate::health::Readiness;
 use crate::metrics::Metrics;
+use crate::reservations::role::{self as controller, ControllerFlags};
+use crate::role::{EdgeArgs, ServeArgs};
 
 /// Flags of `tuna-operator all`: those of both roles.
 #[derive(Debug, Clone, clap::Args)]
@@ -34,7 +34,7 @@ pub async fn run(args: AllArgs) -> anyhow::Result<()> {
         let (metrics, publisher) = (Arc::clone(&metrics), publisher.clone());
         Arc::new(move || agent::render_metrics(&metrics, &publisher))
     };
-    let (client, shutdown) = super::start(&args.serve, ready_rx, render).await?;
+    let (client, shutdown) = crate::role::start(&args.serve, ready_rx, render).await?;
     let (controller_ready, mut controller_rx) =
         watch::channel(Readiness::NotReady("controller starting".into()));
     let (agent_ready, mut agent_rx) =

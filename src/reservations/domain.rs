@@ -21,19 +21,20 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::Store;
+use kube::runtime::{Controller, watcher};
 use tuna_crds::{ConditionStatus, DnsRecord, Domain, DomainStatus};
 use tuna_tunnel::api::{self, CreateDomain, Reserved};
 
-use super::{
-    Context, Error, apply_status, kept_because, key_of, ready, ready_of, reason_of,
-    reconcile_reservation, release_reservation, resync, run_reserving,
+use crate::edge::api::ErrorClass;
+use crate::plan::domain::DesiredDomain;
+use crate::plan::service::ServiceIndex;
+use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
+use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
+use crate::reconcile::{
+    Context, Error, RESERVATION_FINALIZER, apply_status, kept_because, ready, ready_of, reason_of,
+    release_reservation, resync,
 };
-use crate::desired::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
-use crate::edge_api::ErrorClass;
-use crate::translate::domain::DesiredDomain;
-use crate::translate::service::ServiceIndex;
 
 /// What to reserve for `domain`, given every Domain of the cluster (pure).
 pub fn desired(
@@ -63,8 +64,8 @@ pub fn desired(
                 object: me.clone(),
                 rule: None,
                 path: None,
-                reason: crate::desired::Reason::Domain(
-                    crate::translate::domain::DomainReason::SubdomainOrDomainRequired,
+                reason: crate::plan::Reason::Domain(
+                    crate::plan::domain::DomainReason::SubdomainOrDomainRequired,
                 ),
                 message: "set exactly one of spec.subdomain or spec.domain".into(),
             })
@@ -252,7 +253,6 @@ async fn apply(domain: Arc<Domain>, ctx: &Context, store: &Store<Domain>) -> Res
         ctx.event(domain.as_ref(), type_, reason, "Reserve", message)
             .await;
     }
-    ctx.backoff.reset(&key_of(domain.as_ref()));
     if ready_status == ConditionStatus::True {
         Ok(resync(ctx.resync_interval))
     } else {
@@ -264,7 +264,7 @@ async fn apply(domain: Arc<Domain>, ctx: &Context, store: &Store<Domain>) -> Res
 async fn edge_failure(
     api: &Api<Domain>,
     domain: &Domain,
-    e: crate::edge_api::EdgeError,
+    e: crate::edge::api::EdgeError,
     ctx: &Context,
 ) -> Result<Action, Error> {
     match e.class() {
@@ -315,19 +315,30 @@ async fn cleanup(domain: Arc<Domain>, ctx: &Context) -> Result<Action, Error> {
     .await
 }
 
-/// One reconcile of a Domain (see the module docs).
-pub async fn reconcile(
-    domain: Arc<Domain>,
+/// The Domain reconciler: reservations released through
+/// [`RESERVATION_FINALIZER`]; the kind's own store serves the cross-object
+/// rules (duplicates, the oldest wins).
+pub struct Domains {
     ctx: Arc<Context>,
     store: Store<Domain>,
-) -> Result<Action, Error> {
-    reconcile_reservation(&ctx, "Domain", domain, |event| async {
-        match event {
-            Finalizer::Apply(d) => apply(d, &ctx, &store).await,
-            Finalizer::Cleanup(d) => cleanup(d, &ctx).await,
-        }
-    })
-    .await
+}
+
+impl Reconciler for Domains {
+    type Object = Domain;
+    const KIND: &'static str = "Domain";
+    const DELETION: Deletion = Deletion::Finalizer(RESERVATION_FINALIZER);
+
+    fn kit(&self) -> KitContext<'_> {
+        self.ctx.kit()
+    }
+
+    async fn apply(self: Arc<Self>, domain: Arc<Domain>) -> Result<Action, Error> {
+        apply(domain, &self.ctx, &self.store).await
+    }
+
+    async fn cleanup(self: Arc<Self>, domain: Arc<Domain>) -> Result<Action, Error> {
+        cleanup(domain, &self.ctx).await
+    }
 }
 
 /// Runs the Domain controller until `shutdown` resolves.
@@ -335,7 +346,12 @@ pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    run_reserving(ctx, "Domain", shutdown, reconcile).await;
+    let controller = Controller::new(
+        Api::<Domain>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    kit::run(Arc::new(Domains { ctx, store }), controller, shutdown).await;
 }
 
 #[cfg(test)]

@@ -275,10 +275,10 @@ fn port_number(n: i64) -> Result<PortOrAlias, TunnelError> {
 #[allow(clippy::type_complexity)] // test tables
 mod tests {
     use super::*;
-    use crate::translate::domain::{DesiredDomain, HostReservations};
-    use crate::translate::service::ServiceIndex;
-    use crate::translate::service::{APP_PROTOCOL_H2C, ServiceInfo, ServicePortInfo};
-    use crate::translate::tcpendpoint::DesiredTcpEndpoint;
+    use crate::plan::domain::{DesiredDomain, HostReservations};
+    use crate::plan::service::ServiceIndex;
+    use crate::plan::service::{APP_PROTOCOL_H2C, ServiceInfo, ServicePortInfo};
+    use crate::plan::tcpendpoint::DesiredTcpEndpoint;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use tuna_crds::{ApiKeySecretRef, ReclaimPolicy, TunnelSpec, Upstream};
 

@@ -16,18 +16,19 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::Store;
+use kube::runtime::{Controller, watcher};
 use tuna_crds::{ConditionStatus, TcpEndpoint, TcpEndpointStatus};
 use tuna_tunnel::api::{self, CreateTcpEndpoint, Reserved};
 
-use super::{
-    Context, Error, apply_status, kept_because, key_of, ready, ready_of, reason_of,
-    reconcile_reservation, release_reservation, resync, run_reserving,
+use crate::edge::api::ErrorClass;
+use crate::plan::service::ServiceIndex;
+use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
+use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
+use crate::reconcile::{
+    Context, Error, RESERVATION_FINALIZER, apply_status, kept_because, ready, ready_of, reason_of,
+    release_reservation, resync,
 };
-use crate::desired::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
-use crate::edge_api::ErrorClass;
-use crate::translate::service::ServiceIndex;
 
 /// What to reserve for `endpoint`, given every TCPEndpoint (pure).
 pub fn desired(
@@ -213,7 +214,6 @@ async fn apply(
         )
         .await;
     }
-    ctx.backoff.reset(&key_of(endpoint.as_ref()));
     Ok(resync(ctx.resync_interval))
 }
 
@@ -235,19 +235,30 @@ async fn cleanup(endpoint: Arc<TcpEndpoint>, ctx: &Context) -> Result<Action, Er
     .await
 }
 
-/// One reconcile of a TCPEndpoint (see the module docs).
-pub async fn reconcile(
-    endpoint: Arc<TcpEndpoint>,
+/// The TCPEndpoint reconciler: reservations released through
+/// [`RESERVATION_FINALIZER`]; the kind's own store serves the cross-object
+/// rules (duplicates, the oldest wins).
+pub struct TcpEndpoints {
     ctx: Arc<Context>,
     store: Store<TcpEndpoint>,
-) -> Result<Action, Error> {
-    reconcile_reservation(&ctx, "TCPEndpoint", endpoint, |event| async {
-        match event {
-            Finalizer::Apply(e) => apply(e, &ctx, &store).await,
-            Finalizer::Cleanup(e) => cleanup(e, &ctx).await,
-        }
-    })
-    .await
+}
+
+impl Reconciler for TcpEndpoints {
+    type Object = TcpEndpoint;
+    const KIND: &'static str = "TCPEndpoint";
+    const DELETION: Deletion = Deletion::Finalizer(RESERVATION_FINALIZER);
+
+    fn kit(&self) -> KitContext<'_> {
+        self.ctx.kit()
+    }
+
+    async fn apply(self: Arc<Self>, endpoint: Arc<TcpEndpoint>) -> Result<Action, Error> {
+        apply(endpoint, &self.ctx, &self.store).await
+    }
+
+    async fn cleanup(self: Arc<Self>, endpoint: Arc<TcpEndpoint>) -> Result<Action, Error> {
+        cleanup(endpoint, &self.ctx).await
+    }
 }
 
 /// Runs the TCPEndpoint controller until `shutdown` resolves.
@@ -255,7 +266,12 @@ pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    run_reserving(ctx, "TCPEndpoint", shutdown, reconcile).await;
+    let controller = Controller::new(
+        Api::<TcpEndpoint>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    kit::run(Arc::new(TcpEndpoints { ctx, store }), controller, shutdown).await;
 }
 
 #[cfg(test)]

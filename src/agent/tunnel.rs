@@ -5,7 +5,7 @@
 //!   for the same host or endpoint (reflector stores); the upstream Service
 //!   (`get`), and the Secret of `apiKeySecretRef` (`get`);
 //! - desired ([`desired`], pure): the tunnel to run, or why not — the rules of
-//!   [`crate::desired::plan`] (own-namespace Services only unless
+//!   [`crate::plan::plan`] (own-namespace Services only unless
 //!   `--allow-external-upstreams`, the oldest Tunnel owns a host, …);
 //! - apply: reserve the subdomain (or adopt it), publish the tunnel (own token
 //!   with owner labels, minted with the operator's key or the Tunnel's),
@@ -13,7 +13,6 @@
 //!   every transition. A deleted Tunnel's tunnel stops and its token is
 //!   revoked; the subdomain the agent reserved for it is released.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::Ingress;
@@ -25,14 +24,15 @@ use kube::runtime::events::EventType;
 use tuna_crds::{ConditionStatus, Domain, TcpEndpoint, Tunnel, TunnelProtocol, TunnelStatus};
 use tuna_tunnel::api::CreateDomain;
 
-use super::agent_state::{AgentState, SETTLE_WAIT, labels};
-use super::{Error, apply_status, ready, ready_of, reason_of, resync};
-use crate::desired::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
-use crate::edge_api::{EdgeApi, ErrorClass, gone_is_ok};
-use crate::metrics::ReconcileTimer;
-use crate::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::translate::service::{ServiceIndex, UpstreamHost, parse_upstream_url};
-use crate::translate::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint};
+use super::state::{AgentState, SETTLE_WAIT, labels};
+use crate::edge::api::{EdgeApi, ErrorClass, gone_is_ok};
+use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::plan::ingress::rule_hosts;
+use crate::plan::service::{ServiceIndex, UpstreamHost, parse_upstream_url};
+use crate::plan::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint};
+use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
+use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
+use crate::reconcile::{Error, apply_status, ready, ready_of, reason_of, resync};
 
 /// The objects that compete with a Tunnel for its host or endpoint.
 #[derive(Debug, Clone, Copy, Default)]
@@ -73,7 +73,7 @@ pub fn desired(
             object: me,
             rule: None,
             path: None,
-            reason: crate::desired::Reason::HostConflict,
+            reason: crate::plan::Reason::HostConflict,
             message: "the Tunnel is not in the plan".into(),
         })
     })
@@ -253,12 +253,35 @@ pub async fn cleanup(state: &AgentState, namespace: &str, name: &str) {
     tracing::info!(tunnel = %object, "deleted: tunnel stopped and its token revoked");
 }
 
-/// One reconcile of a Tunnel (see the module docs).
-pub async fn reconcile(tunnel: Arc<Tunnel>, state: Arc<AgentState>) -> Result<Action, Error> {
-    let timer = ReconcileTimer::start(&state.ctx.metrics, "Tunnel");
-    let result = apply(&tunnel, &state).await;
-    timer.finish(result.is_ok());
-    result
+/// The Tunnel reconciler: no finalizer — once the Tunnel is gone,
+/// [`cleanup`] withdraws what it published (the agent holds it alone).
+pub struct Tunnels {
+    state: Arc<AgentState>,
+}
+
+impl Tunnels {
+    /// The reconciler over the agent's shared state.
+    pub fn new(state: Arc<AgentState>) -> Self {
+        Self { state }
+    }
+}
+
+impl Reconciler for Tunnels {
+    type Object = Tunnel;
+    const KIND: &'static str = "Tunnel";
+    const DELETION: Deletion = Deletion::Forget;
+
+    fn kit(&self) -> KitContext<'_> {
+        self.state.ctx.kit()
+    }
+
+    async fn apply(self: Arc<Self>, tunnel: Arc<Tunnel>) -> Result<Action, Error> {
+        apply(&tunnel, &self.state).await
+    }
+
+    async fn forget(self: Arc<Self>, namespace: String, name: String) {
+        cleanup(&self.state, &namespace, &name).await;
+    }
 }
 
 async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error> {
@@ -309,13 +332,13 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
     // Ingresses on the same host: on an account host, the oldest claimant's
     // namespace owns it, whatever its kind.
     let mut claiming: Vec<Arc<Ingress>> = Vec::new();
-    if let Some(host) = crate::desired::tunnel_host(tunnel, &options.base_domain) {
+    if let Some(host) = crate::plan::tunnel_host(tunnel, &options.base_domain) {
         claiming = state
             .stores
             .ingresses
             .state()
             .into_iter()
-            .filter(|i| super::ingress::rule_hosts(i).contains(&host))
+            .filter(|i| rule_hosts(i).contains(&host))
             .collect();
         if !claiming.is_empty() {
             options.ingress = state.ingress_options();
@@ -489,7 +512,6 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
     );
     let (status, reason, message) = condition_of(&now);
     report(state, tunnel, url, status, &reason, &message).await?;
-    ctx.backoff.reset(&super::key_of(tunnel.as_ref()));
     Ok(resync(ctx.resync_interval))
 }
 
@@ -499,22 +521,10 @@ fn current_port(tunnel: &Tunnel) -> Option<u16> {
     url.rsplit_once(':')?.1.parse().ok()
 }
 
-/// Tunnels whose tunnel key is `key` (to re-reconcile on a state change).
-pub fn owners_of(state: &AgentState, key: &TunnelKey) -> BTreeSet<ObjectRef> {
-    state
-        .claims
-        .lock()
-        .expect("claims")
-        .iter()
-        .filter(|(o, c)| o.kind == Kind::Tunnel && c.tunnel.as_ref() == Some(key))
-        .map(|(o, _)| o.clone())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::translate::service::UpstreamPolicy;
+    use crate::plan::service::UpstreamPolicy;
 
     fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
         yaml.split("\n---\n")
@@ -527,7 +537,7 @@ mod tests {
         ServiceIndex::new(
             objects::<k8s_openapi::api::core::v1::Service>(yaml)
                 .iter()
-                .map(|s| crate::translate::service::ServiceInfo::from_service(s)),
+                .map(|s| crate::plan::service::ServiceInfo::from_service(s)),
         )
     }
 

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::Client;
 use kube::api::Api;
-use kube::runtime::controller::{Controller, Error as ControllerError};
+use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef as KubeRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{mpsc, watch};
@@ -27,14 +27,16 @@ use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_proxy::{ProxyConfig, ProxyCore};
 use tuna_tunnel::agent::{AgentConfig, Trust};
 
-use super::{EdgeArgs, ServeArgs, edge_api, instance_name};
-use crate::controllers::agent_state::{AgentOptions, AgentState, Stores, labels};
-use crate::controllers::{self, Context, error_policy, ingress, tunnel};
-use crate::edge_api::{ErrorClass, gone_is_ok};
+use super::{ingress, tunnel};
+use crate::agent::state::{AgentOptions, AgentState, Stores, labels, owners_of};
+use crate::edge::api::{ErrorClass, gone_is_ok};
+use crate::edge::publisher::{Publisher, TunnelKey};
 use crate::health::Readiness;
 use crate::metrics::Metrics;
-use crate::publisher::{Publisher, TunnelKey};
-use crate::translate::service::UpstreamPolicy;
+use crate::plan::ingress::rule_hosts;
+use crate::plan::service::UpstreamPolicy;
+use crate::reconcile::{self, Context, kit};
+use crate::role::{EdgeArgs, ServeArgs, edge_api, instance_name};
 
 /// Flags of `tuna-operator agent` (also part of `all`).
 #[derive(Debug, Clone, clap::Args)]
@@ -70,11 +72,11 @@ pub struct AgentFlags {
 }
 
 fn parse_token_ttl(s: &str) -> Result<std::time::Duration, String> {
-    let ttl = super::parse_duration(s)?;
-    if ttl < crate::publisher::MIN_TOKEN_TTL {
+    let ttl = crate::role::parse_duration(s)?;
+    if ttl < crate::edge::publisher::MIN_TOKEN_TTL {
         return Err(format!(
             "{s:?} is too short: tunnel tokens live at least {}s",
-            crate::publisher::MIN_TOKEN_TTL.as_secs()
+            crate::edge::publisher::MIN_TOKEN_TTL.as_secs()
         ));
     }
     Ok(ttl)
@@ -296,31 +298,11 @@ pub async fn serve(
                 t
             }
         });
-    let tunnel_controller = Controller::for_stream(tunnel_stream, tunnels.clone())
-        .with_config(controllers::controller_config())
-        .reconcile_on(triggers(tunnel_rx))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(
-            tunnel::reconcile,
-            error_policy_for::<Tunnel>,
-            Arc::clone(&state),
-        )
-        .for_each({
-            let state = Arc::clone(&state);
-            move |result| {
-                let state = Arc::clone(&state);
-                async move {
-                    if let Err(ControllerError::ObjectNotFound(obj)) = result {
-                        tunnel::cleanup(
-                            &state,
-                            obj.namespace.as_deref().unwrap_or("default"),
-                            &obj.name,
-                        )
-                        .await;
-                    }
-                }
-            }
-        });
+    let tunnel_controller = kit::run(
+        Arc::new(tunnel::Tunnels::new(Arc::clone(&state))),
+        Controller::for_stream(tunnel_stream, tunnels.clone()).reconcile_on(triggers(tunnel_rx)),
+        shutdown.clone().cancelled_owned(),
+    );
     let ingress_stream = watcher(Api::<Ingress>::all(client.clone()), config)
         .default_backoff()
         .reflect(ingress_writer)
@@ -332,51 +314,30 @@ pub async fn serve(
             let state = Arc::clone(&state);
             move |i| {
                 if let Ok(i) = &i {
-                    trigger_tunnels_on(&state, &ingress::rule_hosts(i));
+                    trigger_tunnels_on(&state, &rule_hosts(i));
                 }
                 i
             }
         });
-    let ingress_controller = Controller::for_stream(ingress_stream, ingresses.clone())
-        .with_config(controllers::controller_config())
-        .reconcile_on(triggers(ingress_rx))
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(
-            ingress::reconcile,
-            error_policy_for::<Ingress>,
-            Arc::clone(&state),
-        )
-        .for_each({
-            let state = Arc::clone(&state);
-            move |result| {
-                let state = Arc::clone(&state);
-                async move {
-                    if let Err(ControllerError::ObjectNotFound(obj)) = result
-                        && let Err(e) = ingress::cleanup(
-                            &state,
-                            obj.namespace.as_deref().unwrap_or("default"),
-                            &obj.name,
-                        )
-                        .await
-                    {
-                        tracing::warn!(error = %e, "cleaning up a deleted Ingress");
-                    }
-                }
-            }
-        });
+    let ingress_controller = kit::run(
+        Arc::new(ingress::Ingresses::new(Arc::clone(&state))),
+        Controller::for_stream(ingress_stream, ingresses.clone())
+            .reconcile_on(triggers(ingress_rx)),
+        shutdown.clone().cancelled_owned(),
+    );
     // Ready once every store is synced; then sweep the orphaned tokens.
     let sweeper = {
         let state = Arc::clone(&state);
         let ready = ready.clone();
         async move {
             // Not `wait_until_ready` directly: the controllers wait on the
-            // tunnel and ingress stores too (see `controllers::store_ready`).
+            // tunnel and ingress stores too (see `reconcile::store_ready`).
             let (a, b, c, d, e) = futures::join!(
-                controllers::store_ready(&tunnels),
-                controllers::store_ready(&ingresses),
-                controllers::store_ready(&classes),
-                controllers::store_ready(&domains),
-                controllers::store_ready(&tcp_endpoints),
+                reconcile::store_ready(&tunnels),
+                reconcile::store_ready(&ingresses),
+                reconcile::store_ready(&classes),
+                reconcile::store_ready(&domains),
+                reconcile::store_ready(&tcp_endpoints),
             );
             if !(a && b && c && d && e) {
                 return;
@@ -395,18 +356,9 @@ pub async fn serve(
     Ok(())
 }
 
-/// The error policy, adapted to the agent's state.
-fn error_policy_for<K: kube::Resource>(
-    obj: Arc<K>,
-    error: &controllers::Error,
-    state: Arc<AgentState>,
-) -> kube::runtime::controller::Action {
-    error_policy(obj, error, Arc::clone(&state.ctx))
-}
-
 /// Re-reconciles whoever publishes or claims `key`.
 fn trigger_key(state: &AgentState, key: &TunnelKey) {
-    for owner in tunnel::owners_of(state, key) {
+    for owner in owners_of(state, key) {
         let _ = state
             .tunnel_triggers
             .send(KubeRef::new(&owner.name).within(&owner.namespace));
@@ -434,7 +386,7 @@ fn trigger_tunnels_on(state: &AgentState, hosts: &BTreeSet<String>) {
         .map(|w| w.base_domain.to_ascii_lowercase())
         .unwrap_or_default();
     for t in state.stores.tunnels.state() {
-        if crate::desired::tunnel_host(&t, &base).is_some_and(|h| hosts.contains(&h)) {
+        if crate::plan::tunnel_host(&t, &base).is_some_and(|h| hosts.contains(&h)) {
             let _ = state.tunnel_triggers.send(KubeRef::from_obj(t.as_ref()));
         }
     }
@@ -444,7 +396,7 @@ fn trigger_tunnels_on(state: &AgentState, hosts: &BTreeSet<String>) {
 fn trigger_host(state: &AgentState, host: &str) {
     let mut seen = BTreeSet::new();
     for i in state.stores.ingresses.state() {
-        if ingress::rule_hosts(&i).contains(host) {
+        if rule_hosts(&i).contains(host) {
             let r = KubeRef::from_obj(i.as_ref());
             if seen.insert((r.namespace.clone(), r.name.clone())) {
                 let _ = state.ingress_triggers.send(r);
@@ -463,7 +415,7 @@ fn cluster_selector(cluster_id: &str) -> String {
     format!(
         "{}={}",
         labels::CLUSTER,
-        crate::controllers::agent_state::label_value(cluster_id)
+        crate::agent::state::label_value(cluster_id)
     )
 }
 
@@ -477,7 +429,7 @@ async fn sweep_orphans(state: &AgentState) {
             return;
         }
     };
-    let me = crate::controllers::agent_state::label_value(&state.options.instance);
+    let me = crate::agent::state::label_value(&state.options.instance);
     let tunnel_uids: BTreeSet<String> = state
         .stores
         .tunnels
@@ -547,7 +499,7 @@ pub fn agent_config(edge: &EdgeArgs, flags: &AgentFlags) -> AgentConfig {
 /// The publisher (proxy core + the agent's connection) of the agent role.
 pub fn publisher(edge: &EdgeArgs, flags: &AgentFlags) -> anyhow::Result<Publisher> {
     let proxy = ProxyCore::new(ProxyConfig::default());
-    let options = crate::publisher::PublisherOptions {
+    let options = crate::edge::publisher::PublisherOptions {
         token_ttl: flags.tunnel_token_ttl,
         ..Default::default()
     };
@@ -572,7 +524,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let (metrics, publisher) = (Arc::clone(&metrics), publisher.clone());
         Arc::new(move || render_metrics(&metrics, &publisher))
     };
-    let (client, shutdown) = super::start(&args.serve, ready_rx, render).await?;
+    let (client, shutdown) = crate::role::start(&args.serve, ready_rx, render).await?;
     let result = serve(
         args.edge,
         args.agent,

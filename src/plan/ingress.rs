@@ -129,7 +129,7 @@ impl SkipReason {
     /// Stable machine-readable name.
     ///
     /// ```
-    /// use tuna_operator::translate::ingress::SkipReason;
+    /// use tuna_operator::plan::ingress::SkipReason;
     /// assert_eq!(SkipReason::WildcardHost.as_str(), "WildcardHost");
     /// ```
     pub fn as_str(self) -> &'static str {
@@ -151,7 +151,7 @@ impl SkipReason {
     /// The kind of item this reason applies to.
     ///
     /// ```
-    /// use tuna_operator::translate::ingress::{SkipKind, SkipReason};
+    /// use tuna_operator::plan::ingress::{SkipKind, SkipReason};
     /// assert_eq!(SkipReason::ResourceBackend.kind(), SkipKind::Backend);
     /// ```
     pub fn kind(self) -> SkipKind {
@@ -306,7 +306,7 @@ fn tie_break_of(ingress: &Ingress) -> TieBreak {
 ///
 /// ```
 /// use k8s_openapi::api::networking::v1::{Ingress, IngressSpec};
-/// use tuna_operator::translate::ingress::is_our_class;
+/// use tuna_operator::plan::ingress::is_our_class;
 ///
 /// let mut ing = Ingress::default();
 /// assert!(!is_our_class(&ing, "tuna"));
@@ -336,7 +336,7 @@ pub fn is_our_class(ingress: &Ingress, class: &str) -> bool {
 ///
 /// ```
 /// use k8s_openapi::api::networking::v1::Ingress;
-/// use tuna_operator::translate::ingress::{translate_one, SkipReason, TranslateOptions};
+/// use tuna_operator::plan::ingress::{translate_one, SkipReason, TranslateOptions};
 ///
 /// let ingress: Ingress = serde_json::from_value(serde_json::json!({
 ///     "metadata": {"name": "web", "namespace": "shop"},
@@ -522,7 +522,7 @@ fn service_ref(
 ///
 /// ```
 /// use std::collections::BTreeMap;
-/// use tuna_operator::translate::ingress::{translate, TranslateOptions};
+/// use tuna_operator::plan::ingress::{translate, TranslateOptions};
 ///
 /// let routes = translate(&[], &TranslateOptions::default(), &BTreeMap::new());
 /// assert!(routes.specs.is_empty() && routes.skipped.is_empty());
@@ -616,6 +616,18 @@ pub fn settle_ownership(
     }
     all.specs = kept;
     all
+}
+
+/// The hosts an Ingress has rules for (lower case; no wildcards).
+pub fn rule_hosts(ingress: &Ingress) -> std::collections::BTreeSet<String> {
+    ingress
+        .spec
+        .iter()
+        .flat_map(|s| s.rules.iter().flatten())
+        .filter_map(|r| r.host.as_deref())
+        .filter(|h| !h.is_empty() && !h.starts_with('*'))
+        .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+        .collect()
 }
 
 #[cfg(test)]
