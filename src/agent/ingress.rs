@@ -231,7 +231,7 @@ pub async fn cleanup(state: &AgentState, namespace: &str, name: &str) -> Result<
         .lock()
         .expect("claims")
         .remove(&object)
-        .map(|c| c.hosts)
+        .map(|c| c.hosts().clone())
         .unwrap_or_default();
     state.reported.lock().expect("reported").remove(&object);
     if hosts.is_empty() {
@@ -291,7 +291,7 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
         .lock()
         .expect("claims")
         .get(&me)
-        .map(|c| c.hosts.clone())
+        .map(|c| c.hosts().clone())
         .unwrap_or_default();
     let now = if ours {
         rule_hosts(ingress)
@@ -318,9 +318,7 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
         .claims
         .lock()
         .expect("claims")
-        .entry(me.clone())
-        .or_default()
-        .hosts = now.clone();
+        .set_hosts(&me, now.clone());
     if !ours {
         // Another controller's Ingress: nothing to report.
         return Ok(Action::await_change());
@@ -526,13 +524,10 @@ fn rule_detail(ingress: &Ingress, rule: Option<usize>, path: Option<usize>) -> O
 
 /// Ingresses with rules for `host` (to re-reconcile on a tunnel state change).
 pub fn claimants_of(state: &AgentState, host: &str) -> Vec<ObjectRef> {
-    state
-        .claims
-        .lock()
-        .expect("claims")
-        .iter()
-        .filter(|(o, c)| o.kind == Kind::Ingress && c.hosts.contains(host))
-        .map(|(o, _)| o.clone())
+    let claimants = state.claims.lock().expect("claims").claimants_of(host);
+    claimants
+        .into_iter()
+        .filter(|o| o.kind == Kind::Ingress)
         .collect()
 }
 

@@ -28,6 +28,7 @@ use tuna_proxy::{ProxyConfig, ProxyCore};
 use tuna_tunnel::agent::{AgentConfig, Trust};
 
 use super::{ingress, tunnel};
+use crate::agent::index::TunnelIndex;
 use crate::agent::state::{AgentOptions, AgentState, Stores, labels, owners_of};
 use crate::edge::api::{ErrorClass, gone_is_ok};
 use crate::edge::publisher::{Publisher, TunnelKey};
@@ -149,8 +150,10 @@ pub async fn serve(
     let (classes, class_writer) = reflector::store::<IngressClass>();
     let (domains, domain_writer) = reflector::store::<Domain>();
     let (tcp_endpoints, tcp_writer) = reflector::store::<TcpEndpoint>();
+    let tunnel_index = Arc::new(TunnelIndex::default());
     let stores = Stores {
         tunnels: tunnels.clone(),
+        tunnel_index: Arc::clone(&tunnel_index),
         ingresses: ingresses.clone(),
         classes: classes.clone(),
         domains: domains.clone(),
@@ -284,6 +287,12 @@ pub async fn serve(
 
     let tunnel_stream = watcher(Api::<Tunnel>::all(client.clone()), config.clone())
         .default_backoff()
+        .map(move |event| {
+            if let Ok(event) = &event {
+                tunnel_index.observe(event);
+            }
+            event
+        })
         .reflect(tunnel_writer)
         .touched_objects()
         .map({

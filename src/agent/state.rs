@@ -96,6 +96,8 @@ pub struct AgentOptions {
 pub struct Stores {
     /// Tunnels.
     pub tunnels: Store<Tunnel>,
+    /// The Tunnels by subdomain, port or alias (fed by the same watch).
+    pub tunnel_index: Arc<super::index::TunnelIndex>,
     /// Ingresses.
     pub ingresses: Store<Ingress>,
     /// IngressClasses.
@@ -178,12 +180,111 @@ pub struct KeyProblem {
 /// What an object published, to undo on change or deletion.
 #[derive(Debug, Clone, Default)]
 pub struct Claim {
-    /// Tunnels: the key of its tunnel.
-    pub tunnel: Option<TunnelKey>,
+    /// Tunnels: the key of its tunnel (set through [`Claims`], which indexes it).
+    tunnel: Option<TunnelKey>,
     /// Tunnels: the host the agent reserved for it (not adopted), released with it.
     pub reserved_host: Option<String>,
+    /// Ingresses: the hosts it had rules for (set through [`Claims`]).
+    hosts: BTreeSet<String>,
+}
+
+impl Claim {
+    /// Tunnels: the key of its tunnel.
+    pub fn tunnel(&self) -> Option<&TunnelKey> {
+        self.tunnel.as_ref()
+    }
+
     /// Ingresses: the hosts it had rules for.
-    pub hosts: BTreeSet<String>,
+    pub fn hosts(&self) -> &BTreeSet<String> {
+        &self.hosts
+    }
+}
+
+/// The claims by object, with the two reverse lookups a tunnel's state change
+/// needs (who publishes this tunnel key, which Ingresses name this host)
+/// kept as indexes: a walk of every claim per change made 10 000 Tunnels
+/// quadratic.
+#[derive(Debug, Default)]
+pub struct Claims {
+    by_object: HashMap<ObjectRef, Claim>,
+    tunnel_owners: HashMap<TunnelKey, BTreeSet<ObjectRef>>,
+    host_claimants: HashMap<String, BTreeSet<ObjectRef>>,
+}
+
+impl Claims {
+    /// The claim of `object`.
+    pub fn get(&self, object: &ObjectRef) -> Option<&Claim> {
+        self.by_object.get(object)
+    }
+
+    /// Forgets `object`'s claim.
+    pub fn remove(&mut self, object: &ObjectRef) -> Option<Claim> {
+        let claim = self.by_object.remove(object)?;
+        if let Some(key) = &claim.tunnel {
+            unindex(&mut self.tunnel_owners, key, object);
+        }
+        for host in &claim.hosts {
+            unindex(&mut self.host_claimants, host, object);
+        }
+        Some(claim)
+    }
+
+    /// Records that `object` publishes the tunnel `key` (`None`: no tunnel);
+    /// the claim, for its other fields.
+    pub fn set_tunnel(&mut self, object: &ObjectRef, key: Option<TunnelKey>) -> &mut Claim {
+        let claim = self.by_object.entry(object.clone()).or_default();
+        if claim.tunnel != key {
+            if let Some(old) = &claim.tunnel {
+                unindex(&mut self.tunnel_owners, old, object);
+            }
+            if let Some(new) = &key {
+                self.tunnel_owners
+                    .entry(new.clone())
+                    .or_default()
+                    .insert(object.clone());
+            }
+            claim.tunnel = key;
+        }
+        claim
+    }
+
+    /// Records the hosts `object` (an Ingress) has rules for.
+    pub fn set_hosts(&mut self, object: &ObjectRef, hosts: BTreeSet<String>) {
+        let claim = self.by_object.entry(object.clone()).or_default();
+        for gone in claim.hosts.difference(&hosts) {
+            unindex(&mut self.host_claimants, gone, object);
+        }
+        for new in hosts.difference(&claim.hosts) {
+            self.host_claimants
+                .entry(new.clone())
+                .or_default()
+                .insert(object.clone());
+        }
+        claim.hosts = hosts;
+    }
+
+    /// The objects publishing the tunnel `key`.
+    pub fn owners_of(&self, key: &TunnelKey) -> BTreeSet<ObjectRef> {
+        self.tunnel_owners.get(key).cloned().unwrap_or_default()
+    }
+
+    /// The objects whose claim names `host`.
+    pub fn claimants_of(&self, host: &str) -> BTreeSet<ObjectRef> {
+        self.host_claimants.get(host).cloned().unwrap_or_default()
+    }
+}
+
+fn unindex<K: std::hash::Hash + Eq>(
+    index: &mut HashMap<K, BTreeSet<ObjectRef>>,
+    key: &K,
+    object: &ObjectRef,
+) {
+    if let Some(set) = index.get_mut(key) {
+        set.remove(object);
+        if set.is_empty() {
+            index.remove(key);
+        }
+    }
 }
 
 /// The agent's shared state (see the module docs).
@@ -199,7 +300,7 @@ pub struct AgentState {
     /// Settings.
     pub options: AgentOptions,
     /// Claims by object.
-    pub claims: Mutex<HashMap<ObjectRef, Claim>>,
+    pub claims: Mutex<Claims>,
     /// The host plans last published, by host (for `RoutesUpdated` and to
     /// re-reconcile the other Ingresses of a host only when it changed).
     pub host_plans: Mutex<HashMap<String, String>>,
@@ -236,7 +337,7 @@ impl AgentState {
             publisher,
             stores,
             options,
-            claims: Mutex::new(HashMap::new()),
+            claims: Mutex::new(Claims::default()),
             host_plans: Mutex::new(HashMap::new()),
             reported: Mutex::new(HashMap::new()),
             key_clients: Mutex::new(HashMap::new()),
@@ -476,12 +577,54 @@ pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
 /// Tunnels whose tunnel key is `key` (to re-reconcile on a state change).
 pub fn owners_of(state: &AgentState, key: &TunnelKey) -> BTreeSet<ObjectRef> {
-    state
-        .claims
-        .lock()
-        .expect("claims")
-        .iter()
-        .filter(|(o, c)| o.kind == crate::plan::Kind::Tunnel && c.tunnel.as_ref() == Some(key))
-        .map(|(o, _)| o.clone())
+    let owners = state.claims.lock().expect("claims").owners_of(key);
+    owners
+        .into_iter()
+        .filter(|o| o.kind == crate::plan::Kind::Tunnel)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Kind;
+
+    fn hosts(h: &[&str]) -> BTreeSet<String> {
+        h.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_reverse_lookups_follow_every_change_of_a_claim() {
+        let mut claims = Claims::default();
+        let (a, b) = (
+            ObjectRef::new(Kind::Tunnel, "x", "a"),
+            ObjectRef::new(Kind::Tunnel, "x", "b"),
+        );
+        let web = TunnelKey::Host("web.example".into());
+        let api = TunnelKey::Host("api.example".into());
+        claims.set_tunnel(&a, Some(web.clone()));
+        claims.set_tunnel(&b, Some(web.clone()));
+        assert_eq!(claims.owners_of(&web), [a.clone(), b.clone()].into());
+        // A move, a withdrawal, a removal.
+        claims.set_tunnel(&a, Some(api.clone()));
+        assert_eq!(claims.owners_of(&web), [b.clone()].into());
+        assert_eq!(claims.owners_of(&api), [a.clone()].into());
+        claims.set_tunnel(&b, None);
+        assert!(claims.owners_of(&web).is_empty());
+        assert!(claims.get(&b).is_some_and(|c| c.tunnel().is_none()));
+        claims.remove(&a);
+        assert!(claims.owners_of(&api).is_empty());
+
+        let i = ObjectRef::new(Kind::Ingress, "x", "site");
+        claims.set_hosts(&i, hosts(&["a.example", "b.example"]));
+        assert_eq!(claims.claimants_of("a.example"), [i.clone()].into());
+        claims.set_hosts(&i, hosts(&["b.example", "c.example"]));
+        assert!(claims.claimants_of("a.example").is_empty());
+        assert_eq!(claims.claimants_of("c.example"), [i.clone()].into());
+        assert_eq!(
+            claims.remove(&i).map(|c| c.hosts().clone()),
+            Some(hosts(&["b.example", "c.example"]))
+        );
+        assert!(claims.claimants_of("b.example").is_empty());
+    }
 }

@@ -21,7 +21,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use tuna_crds::{ConditionStatus, Domain, TcpEndpoint, Tunnel, TunnelProtocol, TunnelStatus};
+use tuna_crds::{ConditionStatus, Domain, TcpEndpoint, Tunnel, TunnelStatus};
 use tuna_tunnel::api::CreateDomain;
 
 use super::state::{AgentState, SETTLE_WAIT, labels};
@@ -229,7 +229,7 @@ async fn withdraw(state: &AgentState, object: &ObjectRef, keep: Option<&TunnelKe
         .get(object)
         .cloned()
         .unwrap_or_default();
-    if let Some(key) = claim.tunnel.as_ref().filter(|k| Some(*k) != keep) {
+    if let Some(key) = claim.tunnel().filter(|k| Some(*k) != keep) {
         state.publisher.unpublish(key).await;
         if let Some(host) = claim.reserved_host.as_ref()
             && let Err(e) = gone_is_ok(state.ctx.edge.delete_domain(host).await)
@@ -237,9 +237,8 @@ async fn withdraw(state: &AgentState, object: &ObjectRef, keep: Option<&TunnelKe
             tracing::warn!(tunnel = %object, %host, error = %e, "could not release the subdomain");
         }
         let mut claims = state.claims.lock().expect("claims");
-        if let Some(c) = claims.get_mut(object) {
-            c.tunnel = None;
-            c.reserved_host = None;
+        if claims.get(object).is_some() {
+            claims.set_tunnel(object, None).reserved_host = None;
         }
     }
 }
@@ -303,18 +302,10 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
         }
     };
     // Observe: competitors for the same host or endpoint, and the Services.
-    let all = state.stores.tunnels.state();
-    let competitors: Vec<Arc<Tunnel>> = all
-        .iter()
-        .filter(|t| {
-            t.spec.protocol == tunnel.spec.protocol
-                && match tunnel.spec.protocol {
-                    TunnelProtocol::Http => t.spec.subdomain == tunnel.spec.subdomain,
-                    TunnelProtocol::Tcp => t.spec.port_or_alias == tunnel.spec.port_or_alias,
-                }
-        })
-        .cloned()
-        .collect();
+    let competitors = state
+        .stores
+        .tunnel_index
+        .competitors(tunnel, &state.stores.tunnels);
     for t in &competitors {
         if let Some((ns, name)) = upstream_service(t) {
             let read = if Arc::ptr_eq(t, tunnel) || t.metadata.uid == tunnel.metadata.uid {
@@ -399,7 +390,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
             .lock()
             .expect("claims")
             .get(&me)
-            .is_some_and(|c| c.tunnel.as_ref() == Some(&key));
+            .is_some_and(|c| c.tunnel() == Some(&key));
         // Re-reserve only when the edge refused the tunnel (the name may have
         // been released elsewhere); a lost connection is not the name's fault.
         let refused = state
@@ -480,8 +471,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
     );
     {
         let mut claims = state.claims.lock().expect("claims");
-        let claim = claims.entry(me.clone()).or_default();
-        claim.tunnel = Some(key.clone());
+        let claim = claims.set_tunnel(&me, Some(key.clone()));
         if reserved_host.is_some() {
             claim.reserved_host = reserved_host;
         }
