@@ -192,7 +192,8 @@ impl RemoteEdge {
     }
 }
 
-fn bindings_of(bindings: &[Binding]) -> tuna_tunnel::api::Bindings {
+/// The API's view of a token's bindings (the wire's, grouped by kind).
+pub fn bindings_of(bindings: &[Binding]) -> tuna_tunnel::api::Bindings {
     let mut out = tuna_tunnel::api::Bindings::default();
     for b in bindings {
         match b {

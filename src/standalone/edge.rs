@@ -27,14 +27,14 @@ use std::time::{Duration, SystemTime};
 use futures::future::BoxFuture;
 use rand::Rng;
 use tuna_tunnel::api::{
-    Bindings, CreateDomain, CreateTcpEndpoint, Domain, DomainKind, DomainStatus, Reserved, Scope,
+    CreateDomain, CreateTcpEndpoint, Domain, DomainKind, DomainStatus, Reserved, Scope,
     TcpEndpoint, Timestamp, Token, TokenInfo, WhoAmI,
 };
 use tuna_tunnel::edge::MemoryAuthority;
 use tuna_tunnel::wire::{Binding, TunnelToken};
 
 use super::Error;
-use crate::edge::api::{EdgeApi, EdgeError, EdgeResult, MintedToken, gone_is_ok};
+use crate::edge::api::{EdgeApi, EdgeError, EdgeResult, MintedToken, bindings_of, gone_is_ok};
 
 /// Label naming the object a token was made for (finds orphans at the edge).
 pub const OWNER_LABEL: &str = "tuna.am/owner";
@@ -232,17 +232,6 @@ fn random_hex(bytes: usize) -> String {
 fn unix(t: SystemTime) -> i64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
-}
-
-fn bindings_of(bindings: &[Binding]) -> Bindings {
-    let mut out = Bindings::default();
-    for b in bindings {
-        match b {
-            Binding::Http { host } => out.hosts.push(host.clone()),
-            Binding::Tcp { endpoint } => out.tcp_endpoints.push(endpoint.clone()),
-        }
-    }
-    out
 }
 
 impl EdgeApi for Embedded {
