@@ -462,7 +462,7 @@ pub fn service_name(connector_name: &str) -> String {
 }
 
 /// The proxy's address for `connector`: `http://c-<name>.<ns>.svc.<domain>`.
-pub fn proxy_url(namespace: &str, name: &str, cluster_domain: &str) -> String {
+pub fn proxy_service_url(namespace: &str, name: &str, cluster_domain: &str) -> String {
     format!(
         "http://{}.{namespace}.svc.{cluster_domain}",
         service_name(name)
@@ -591,7 +591,7 @@ pub fn status_for(
         observed_generation: generation,
         proxy: Some(ConnectorProxyStatus {
             http_address: Some(Addressable {
-                url: Some(proxy_url(
+                url: Some(proxy_service_url(
                     namespace,
                     &connector.name_any(),
                     &options.cluster_domain,

@@ -61,14 +61,14 @@ impl Default for DesiredOptions {
 
 /// What published something: an Ingress or a Tunnel, by `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Publisher {
+pub enum PublishedBy {
     /// An Ingress (one or more of the same namespace).
     Ingress(String),
     /// A Tunnel.
     Tunnel(String),
 }
 
-impl fmt::Display for Publisher {
+impl fmt::Display for PublishedBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Ingress(n) => write!(f, "Ingress {n}"),
@@ -86,7 +86,7 @@ pub struct PublishedHost {
     /// Routes, in the order they were found (the route table decides matching).
     pub routes: Vec<HttpRouteSpec>,
     /// Who publishes it (sorted, deduplicated).
-    pub publishers: Vec<Publisher>,
+    pub publishers: Vec<PublishedBy>,
 }
 
 /// A published TCP endpoint.
@@ -288,10 +288,10 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             })
             .collect();
         let publishers = match h.source {
-            HostSource::Tunnel(t) => vec![Publisher::Tunnel(t.key())],
+            HostSource::Tunnel(t) => vec![PublishedBy::Tunnel(t.key())],
             HostSource::Ingresses(list) => list
                 .into_iter()
-                .map(|i| Publisher::Ingress(i.key()))
+                .map(|i| PublishedBy::Ingress(i.key()))
                 .collect(),
         };
         state

@@ -23,7 +23,7 @@ pub mod runtime;
 use std::path::PathBuf;
 
 pub use desired::{
-    DesiredOptions, DesiredState, PublishedHost, PublishedTcp, Publisher, SkippedItem,
+    DesiredOptions, DesiredState, PublishedBy, PublishedHost, PublishedTcp, SkippedItem,
     desired_state,
 };
 pub use diff::{Change, diff};
