@@ -14,12 +14,16 @@ use crate::role::{EdgeArgs, ServeArgs};
 /// Flags of `tuna-operator all`: those of both roles.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AllArgs {
+    /// The edge API to use and its key.
     #[command(flatten)]
     pub edge: EdgeArgs,
+    /// The agent's own flags.
     #[command(flatten)]
     pub agent: AgentFlags,
+    /// The controller's own flags.
     #[command(flatten)]
     pub controller: ControllerFlags,
+    /// Probes, metrics and resync.
     #[command(flatten)]
     pub serve: ServeArgs,
 }

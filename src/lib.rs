@@ -17,6 +17,8 @@
 //! - the commands on top: [`explain`] (`route explain`), [`all`] (the three
 //!   roles in one process).
 
+#![warn(missing_docs)]
+
 pub mod agent;
 pub mod all;
 pub mod cluster;

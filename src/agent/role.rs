@@ -86,10 +86,13 @@ fn parse_token_ttl(s: &str) -> Result<std::time::Duration, String> {
 /// Flags of `tuna-operator agent`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentArgs {
+    /// The edge API to use and its key.
     #[command(flatten)]
     pub edge: EdgeArgs,
+    /// The agent's own flags.
     #[command(flatten)]
     pub agent: AgentFlags,
+    /// Probes, metrics and resync.
     #[command(flatten)]
     pub serve: ServeArgs,
 }

@@ -13,11 +13,18 @@ use tuna_proxy::Credential;
 pub enum ProbeResult {
     /// The server answered with `status`; `message` is its `Status.message`
     /// (or the start of its body).
-    Answered { status: u16, message: String },
+    Answered {
+        /// The HTTP status.
+        status: u16,
+        /// The `Status.message`, or the start of the body.
+        message: String,
+    },
     /// No answer: `reason` is `Timeout`, `TLSVerificationFailed` or
     /// `Unreachable`.
     Failed {
+        /// `Timeout`, `TLSVerificationFailed` or `Unreachable`.
         reason: &'static str,
+        /// What failed, for the condition's message.
         message: String,
     },
 }

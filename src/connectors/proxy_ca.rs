@@ -21,7 +21,9 @@ pub enum CaError {
     /// Reading or creating the Secret failed.
     #[error("the proxy CA Secret {secret}: {source}")]
     Kube {
+        /// The Secret's name.
         secret: String,
+        /// The API's error.
         #[source]
         source: kube::Error,
     },
@@ -33,7 +35,9 @@ pub enum CaError {
     /// Generating or loading the CA failed.
     #[error("the proxy CA in Secret {secret}: {source}")]
     Invalid {
+        /// The Secret's name.
         secret: String,
+        /// Why the CA is unusable.
         #[source]
         source: tuna_proxy::Error,
     },

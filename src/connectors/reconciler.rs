@@ -64,12 +64,19 @@ pub const CONNECTOR_LABEL: &str = "connectors.alauda.io/connector";
 
 /// Condition types.
 pub mod types {
+    /// The ConnectorClass exists and accepts the Connector.
     pub const CLASS: &str = "ConnectorClassReady";
+    /// The auth Secret holds what the class asks for.
     pub const SECRET: &str = "SecretReady";
+    /// The CA certificates (of the Secret, or the system's) load.
     pub const CA_CERT: &str = "CACertReady";
+    /// The address answers over verified TLS.
     pub const LIVENESS: &str = "LivenessReady";
+    /// The address accepts the Secret's credentials.
     pub const AUTH: &str = "AuthReady";
+    /// The `c-<name>` Service in front of the proxy exists.
     pub const PROXY_SERVICE: &str = "ProxyServiceReady";
+    /// All of the above.
     pub const READY: &str = "Ready";
 }
 
@@ -139,8 +146,11 @@ impl ConnectorContext {
 /// One condition's verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
+    /// True, False, or Unknown (not checked).
     pub status: ConditionStatus,
+    /// The condition's CamelCase reason.
     pub reason: String,
+    /// What a person reads.
     pub message: String,
 }
 
@@ -152,12 +162,15 @@ impl Outcome {
             message: message.into(),
         }
     }
+    /// A passed check.
     pub fn ok(reason: &str, message: impl Into<String>) -> Self {
         Self::new(ConditionStatus::True, reason, message)
     }
+    /// A failed check.
     pub fn failed(reason: &str, message: impl Into<String>) -> Self {
         Self::new(ConditionStatus::False, reason, message)
     }
+    /// A check that waits for `waiting_for` to pass.
     pub fn not_checked(waiting_for: &str) -> Self {
         Self::new(
             ConditionStatus::Unknown,
@@ -173,11 +186,17 @@ impl Outcome {
 /// Every verdict of one reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Observation {
+    /// [`types::CLASS`].
     pub class: Outcome,
+    /// [`types::SECRET`].
     pub secret: Outcome,
+    /// [`types::CA_CERT`].
     pub ca: Outcome,
+    /// [`types::LIVENESS`].
     pub liveness: Outcome,
+    /// [`types::AUTH`].
     pub auth: Outcome,
+    /// [`types::PROXY_SERVICE`].
     pub service: Outcome,
 }
 

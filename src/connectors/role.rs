@@ -45,9 +45,11 @@ pub struct ConnectorsArgs {
     /// of it serves port 80.
     #[arg(long, value_name = "ADDR:PORT", default_value = "0.0.0.0:3128")]
     pub proxy_listen: SocketAddr,
+    /// The connectors role's own flags.
     #[command(flatten)]
     pub connectors: ConnectorsFlags,
     /// (`--resync-interval` is how often every Connector is probed again.)
+    /// Probes, metrics and resync.
     #[command(flatten)]
     pub serve: ServeArgs,
 }

@@ -23,10 +23,13 @@ pub const LEASE_NAME: &str = "tuna-operator-controller";
 /// Flags of `tuna-operator controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControllerArgs {
+    /// The edge API to use and its key.
     #[command(flatten)]
     pub edge: EdgeArgs,
+    /// The controller's own flags.
     #[command(flatten)]
     pub controller: ControllerFlags,
+    /// Probes, metrics and resync.
     #[command(flatten)]
     pub serve: ServeArgs,
 }
