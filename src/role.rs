@@ -1,12 +1,11 @@
-//! The roles a `tuna-operator` process runs in a cluster: `controller`
-//! (reservations, leader-elected), `agent` (tunnels and the proxy core), and
-//! both in one process for small installs and tests (`all`).
+//! What every role shares — the families' roles (`agent`, `controller`,
+//! `connectors`, `csi`, `all`) are built on it.
 //!
 //! Every role takes the edge to use (`--edge-api`, `--edge-ca-file`, the API
 //! key from `--api-key-file` or `TUNA_API_KEY`), `--resync-interval`, and
 //! serves `/healthz` + `/readyz` on `--probe-listen` and `/metrics` on
 //! `--metrics-listen`. The Kubernetes client follows the standard kubeconfig
-//! resolution (`KUBECONFIG`, else in-cluster).
+//! resolution (`KUBECONFIG`, else in-cluster). It must not know a family.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,4 +1,6 @@
-//! The desired state of the whole system, provider-neutral and pure.
+//! The plan: the desired state of the whole system, provider-neutral and
+//! pure (no I/O, no Kubernetes client; it must not know the reconcilers or
+//! the edge client).
 //!
 //! [`plan`] takes the objects a provider sees — reflector stores in a cluster
 //! (`Arc<K>`, as they hand them out: nothing is cloned per change), manifests
