@@ -2,7 +2,7 @@
 //! `tuna-operator edge` and `tuna-operator controller` processes, the real
 //! `kubectl`. Readiness comes from watches of the objects' conditions.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,8 +2,6 @@
 //! `scripts/setup.sh` installs under `.tools/` (a real Helm 4 and
 //! kubernetes-validate), and `helm` runs.
 
-#![allow(dead_code)] // each test binary uses a part of it
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

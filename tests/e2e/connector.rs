@@ -11,7 +11,7 @@
 //! system root (`SSL_CERT_FILE`), so that the quick start's Connector —
 //! which has no `caCertSecretRef` — works as written.
 
-mod support;
+use crate::support;
 
 use std::process::Stdio;
 use std::time::Duration;

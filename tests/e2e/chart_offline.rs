@@ -6,11 +6,11 @@
 //! generated from values.yaml's comments; the chart's examples pass the CRDs'
 //! schemas and CEL rules in the API emulator.
 //!
-//! After an intended change: `UPDATE_GOLDEN=1 cargo test --test chart_offline`
+//! After an intended change: `UPDATE_GOLDEN=1 cargo test --test e2e chart_offline::`
 //! rewrites the golden files and the README table; review the diff.
 
-mod chart_support;
-mod support;
+use crate::chart_support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,7 +41,7 @@ fn golden(path: &Path, actual: &str) {
             .map(|(i, (a, b))| format!("line {}:\n  golden: {a}\n  now:    {b}", i + 1))
             .collect();
         panic!(
-            "{} is stale ({} vs {} lines); first differences:\n{}\nIf the change is intended: UPDATE_GOLDEN=1 cargo test --test chart_offline, then review the diff.",
+            "{} is stale ({} vs {} lines); first differences:\n{}\nIf the change is intended: UPDATE_GOLDEN=1 cargo test --test e2e chart_offline::, then review the diff.",
             path.display(),
             expected.lines().count(),
             actual.lines().count(),
@@ -732,7 +732,7 @@ async fn the_examples_pass_the_crd_schemas_and_cel_rules() {
 }
 
 /// `connectors.enabled`: the chart installs the admission policy of
-/// examples/connectors/admission-policy.yaml (what tests/connector_e2e.rs
+/// examples/connectors/admission-policy.yaml (what tests/e2e/connector.rs
 /// proves), named for the release; `connectors.admissionPolicy.enabled=false`
 /// leaves it out.
 #[test]

@@ -6,8 +6,6 @@
 //! Every process is killed when its handle is dropped; its output goes to a
 //! log file in the test's temporary directory, printed when a wait fails.
 
-#![allow(dead_code)] // each test binary uses a part of it
-
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::net::SocketAddr;
@@ -112,9 +110,13 @@ impl Process {
 /// The Kubernetes API: a `kube-emulator` process with the CRDs applied.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
+    /// Held for its drop, which kills the emulator.
+    #[allow(dead_code)]
     pub process: Process,
     pub kubeconfig: PathBuf,
     pub audit_log: PathBuf,
+    /// The API server's URL, for a suite that talks to it without kubectl.
+    #[allow(dead_code)]
     pub url: String,
 }
 
@@ -255,6 +257,7 @@ impl Cluster {
 pub struct EdgeAddresses {
     pub agent: SocketAddr,
     pub http: Option<SocketAddr>,
+    #[allow(dead_code)] // in the file; no suite dials the edge's HTTPS yet
     pub https: Option<SocketAddr>,
     pub api: Option<SocketAddr>,
     pub ca_file: Option<PathBuf>,

@@ -17,8 +17,8 @@
 //! resources, `helm uninstall`, delete the CRDs): nothing hangs, nothing is
 //! left.
 
-mod chart_support;
-mod support;
+use crate::chart_support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;

@@ -6,9 +6,8 @@
 //! `edge keys revoke --store` is refused by both, and the database password
 //! never reaches their logs.
 
-#[path = "../tunnel/tests/pg_support/mod.rs"]
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The `connectors-csi` node plugin end to end: a test client speaks real
 //! CSI gRPC to the plugin's Unix socket, as kubelet does for an inline
 //! ephemeral volume (`podInfoOnMount: true`, `requiresRepublish: true`),
-//! against the connector family's two emulators (tests/support/connectors.rs):
+//! against the connector family's two emulators (tests/e2e/support/connectors.rs):
 //! the real `tuna-operator csi` process runs with exactly the RBAC of
 //! `examples/connectors/csi-rbac.yaml` and its ServiceAccount's token, the
 //! real connectors role serves the proxy, and the real `kubectl` uses the
@@ -13,7 +13,7 @@
 //! node-driver-registrar, the bind mount into the container, the periodic
 //! republish schedule (the test calls NodePublishVolume again itself).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt as _;

@@ -1,5 +1,5 @@
-//! The connector family's two-emulator set-up (tests/connector_e2e.rs,
-//! tests/csi_e2e.rs): the operator's cluster with the connector CRDs and the
+//! The connector family's two-emulator set-up (tests/e2e/connector.rs,
+//! tests/e2e/csi.rs): the operator's cluster with the connector CRDs and the
 //! role's RBAC, the target API server with a reader and some pods, and the
 //! real `tuna-operator connectors` process with its proxy.
 

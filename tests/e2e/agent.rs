@@ -4,7 +4,7 @@
 //! Service's cluster IP is a loopback address here). The journeys are those of
 //! the product documentation.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
