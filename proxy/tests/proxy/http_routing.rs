@@ -1,7 +1,7 @@
 //! Routing and header policy through a real listener, real client, real
 //! backends.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::header::HOST;

@@ -1,6 +1,6 @@
 //! WebSocket (Upgrade) echo and a gRPC round trip over an h2c upstream.
 
-mod common;
+use crate::common;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use common::*;

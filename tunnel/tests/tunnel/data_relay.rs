@@ -3,7 +3,7 @@
 //! Framing (chunked, close-delimited, HEAD, 204, 1xx), pipelining across
 //! hosts, stream reuse, and the refusals that keep a verbatim relay safe.
 
-mod data_support;
+use crate::data_support;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! 502, 504 and the retry policy, against real sockets.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

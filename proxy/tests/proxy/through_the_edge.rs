@@ -9,7 +9,7 @@
 //!   pieces either reach the backend exactly as a reference model of the
 //!   policy says, or are refused by the edge — never something in between.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

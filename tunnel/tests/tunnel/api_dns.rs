@@ -1,7 +1,7 @@
 //! Custom-domain verification through a real DNS server (hickory-server,
 //! in process, UDP and TCP on 127.0.0.1) serving the records.
 
-mod api_support;
+use crate::api_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

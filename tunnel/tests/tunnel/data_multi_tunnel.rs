@@ -1,7 +1,7 @@
 //! Protocol version 2: one agent connection carries many tunnels, each
 //! authorised by its own token. Real TLS, real sockets on 127.0.0.1.
 
-mod data_support;
+use crate::data_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

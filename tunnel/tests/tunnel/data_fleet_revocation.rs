@@ -5,8 +5,8 @@
 //! same path a local revocation takes (the control plane's revocation
 //! channel, fed by the store's change feed).
 
-mod data_support;
-mod pg_support;
+use crate::data_support;
+use crate::pg_support;
 
 use std::sync::Arc;
 

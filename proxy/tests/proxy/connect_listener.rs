@@ -5,7 +5,7 @@
 //! implementation of the authorizer trait (in the operator, Kubernetes
 //! reviews decide): a fixed table of who may go where.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

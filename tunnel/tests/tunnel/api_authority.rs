@@ -2,7 +2,7 @@
 //! through the REST API authenticate sessions, bindings are judged against
 //! reservations, revocations are broadcast.
 
-mod api_support;
+use crate::api_support;
 
 use std::time::Duration;
 

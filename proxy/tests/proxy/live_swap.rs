@@ -2,7 +2,7 @@
 //! times: no request fails, and every response comes from a backend that
 //! is valid for its path in every configuration the test installs.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};

@@ -2,7 +2,7 @@
 //! a real edge on 127.0.0.1 (issue 12: items 3 and 6). A hostile agent here is
 //! a hand-written one that speaks the wire protocol and then misbehaves.
 
-mod data_support;
+use crate::data_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Data plane end to end: public client → edge → agent → backend, over real
 //! TLS and real sockets on 127.0.0.1.
 
-mod data_support;
+use crate::data_support;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! HTTPS upstreams (a Tunnel whose `upstream.url` is `https://…`): real
 //! rustls server with a self-signed certificate.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! TCP listeners at runtime, tunnel TCP services, and `serve_stream` with
 //! an in-memory duplex stream (as a tunnel would hand over).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

@@ -3,7 +3,7 @@
 //! the middle of a connection. Backends here are scripted over raw TCP so
 //! that each framing is exactly what the test says.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

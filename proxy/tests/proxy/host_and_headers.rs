@@ -3,7 +3,7 @@
 //! Raw HTTP/1.1 bytes on real sockets and duplex tunnel streams, hyper and
 //! scripted backends; each case on the fast path and on the Pingora path.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 

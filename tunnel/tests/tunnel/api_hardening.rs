@@ -1,7 +1,7 @@
 //! Attacks on the REST API and the control plane (issue 12: items 4, 6, 7
 //! and 8), each reproduced against a real server over real sockets.
 
-mod api_support;
+use crate::api_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! A restart from the same data dir keeps keys, reservations and tokens;
 //! the `edge keys` commands work on that data dir.
 
-mod api_support;
+use crate::api_support;
 
 use api_support::{TestEdge, config};
 use clap::Parser;
@@ -236,11 +236,19 @@ fn crash_child() {
 #[test]
 fn a_crash_after_commit_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
+    // The child's test name is its path below the crate root: `crash_child`
+    // in a binary of its own, `api_persistence::crash_child` in the folded one.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let child = if module.is_empty() {
+        "crash_child".to_owned()
+    } else {
+        format!("{module}::crash_child")
+    };
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--ignored",
             "--exact",
-            "crash_child",
+            child.as_str(),
             "--nocapture",
             "--test-threads=1",
         ])

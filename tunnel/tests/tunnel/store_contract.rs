@@ -7,7 +7,7 @@
 //! Tests only for PostgreSQL follow (migrations, an unreachable store, the
 //! schema's constraints, `edge keys create --store`).
 
-mod pg_support;
+use crate::pg_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Barrier;

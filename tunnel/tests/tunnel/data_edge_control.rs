@@ -2,7 +2,7 @@
 //! token made through the REST API, an agent using that token, and an edge
 //! restarted from the same data dir.
 
-mod data_support;
+use crate::data_support;
 
 use std::sync::Arc;
 

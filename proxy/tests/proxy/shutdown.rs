@@ -1,7 +1,7 @@
 //! Graceful shutdown: in-flight requests finish, new connections are
 //! refused, stragglers are cut after the grace period.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::time::Duration;

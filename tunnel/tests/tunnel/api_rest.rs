@@ -1,7 +1,7 @@
 //! Every REST endpoint and every error code, against the real server over
 //! real TLS, through `TunaClient` and through raw reqwest for error shapes.
 
-mod api_support;
+use crate::api_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
