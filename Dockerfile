@@ -4,8 +4,10 @@
 # entries: nothing else (no shell), and it writes nothing to disk, so
 # readOnlyRootFilesystem works. scripts/image.sh builds the same root
 # filesystem without a container registry (buildah from scratch) and checks it.
+# The binary is stripped; its debug info is the one file of the `debug` target.
 #
 #   docker build -t code.tuna.am/tuna/tuna-operator:0.1.0 .
+#   docker build --target debug -o type=local,dest=target/image .   # tuna-operator.debug
 
 # The toolchain the project is built and tested with here.
 FROM rust:1.95-bookworm AS build
@@ -15,7 +17,12 @@ RUN apt-get update \
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p tuna-operator --bin tuna-operator \
- && scripts/image-rootfs.sh target/release/tuna-operator /rootfs
+ && scripts/image-rootfs.sh target/release/tuna-operator /rootfs /debug/tuna-operator.debug
+
+# The stripped binary's debug info (its .gnu_debuglink names this file), for
+# symbolizing a crash: not part of the image.
+FROM scratch AS debug
+COPY --from=build /debug/ /
 
 FROM scratch
 COPY --from=build /rootfs/ /

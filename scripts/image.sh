@@ -8,6 +8,7 @@
 # escalation, and serves its probes until it is stopped.
 #
 #   scripts/image.sh            # -> target/image/tuna-operator-<version>.oci.tar
+#                               #    and target/image/tuna-operator.debug
 #
 # Needs buildah (and podman for the run check): apt-get install buildah podman.
 set -euo pipefail
@@ -35,7 +36,18 @@ binary="$target/release/tuna-operator"
 
 echo "== root filesystem"
 rootfs="$out/rootfs"
-scripts/image-rootfs.sh "$binary" "$rootfs"
+debug="$out/tuna-operator.debug"
+scripts/image-rootfs.sh "$binary" "$rootfs" "$debug"
+# Stripped, with its debug info beside it: no .debug_* section (but the
+# loaded, 34-byte .debug_gdb_scripts) nor symbol table in the image's binary,
+# a debuglink naming the kept file, and the line tables in that file.
+shipped="$rootfs/usr/local/bin/tuna-operator"
+left="$(readelf -SW "$shipped" | grep -E '\] \.(debug_|symtab)' | grep -v '\.debug_gdb_scripts' || true)"
+[ -z "$left" ] || { echo "image: the image's binary is not stripped:" >&2; echo "$left" >&2; exit 1; }
+link="$(readelf -p .gnu_debuglink "$shipped" 2>/dev/null | sed -n 's/^ *\[ *0\] *//p')"
+[ "$link" = tuna-operator.debug ] || { echo "image: the binary's debuglink is '$link', not tuna-operator.debug" >&2; exit 1; }
+readelf -SW "$debug" 2>/dev/null | grep -q '\] \.debug_line ' || { echo "image: $debug holds no line tables" >&2; exit 1; }
+echo "image: binary $(du -h "$binary" | cut -f1) built, $(du -h "$shipped" | cut -f1) shipped, debug info $(du -h "$debug" | cut -f1) in $debug"
 (cd "$rootfs" && find . -type f | sort) > "$out/files.txt"
 cat "$out/files.txt"
 unexpected="$(grep -vE '^\./(usr/local/bin/tuna-operator|etc/(passwd|group|ssl/certs/ca-certificates\.crt)|(usr/)?lib(64|/x86_64-linux-gnu)/(ld-linux-x86-64\.so\.2|lib(c|m|gcc_s)\.so\.[0-9]+))$' "$out/files.txt" || true)"

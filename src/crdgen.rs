@@ -12,7 +12,7 @@
 //!
 //! The chart's `crds/` folder is generated, never edited: Helm installs it before
 //! anything else, and a hand edit would silently diverge from what the operator's
-//! types accept. CI runs `--check` (and `tests/crds_drift.rs` does the same) so that a
+//! types accept. CI runs `--check` (and `tests/e2e/crds_drift.rs` does the same) so that a
 //! change to the types without regenerated YAML fails the build.
 
 use std::path::{Path, PathBuf};

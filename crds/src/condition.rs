@@ -12,8 +12,11 @@ pub const READY: &str = "Ready";
 /// The three values of `Condition.status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConditionStatus {
+    /// The condition holds (`"True"`).
     True,
+    /// The condition does not hold (`"False"`).
     False,
+    /// Not known yet, e.g. before the first reconcile has an answer (`"Unknown"`).
     Unknown,
 }
 

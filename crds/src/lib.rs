@@ -60,7 +60,9 @@ pub enum Error {
     /// A CRD could not be rendered as YAML; this is a bug in the types, not in user input.
     #[error("cannot render CRD {name} as YAML: {source}")]
     Render {
+        /// The CRD's name (`tunnels.tuna.am`, …).
         name: String,
+        /// What the YAML serializer said.
         #[source]
         source: serde_saphyr::SerializeError,
     },

@@ -20,6 +20,7 @@ enum Body {
 }
 
 impl BodyTracker {
+    /// A tracker at the start of a body framed as `framing`.
     pub fn new(framing: Framing) -> Self {
         let state = match framing {
             Framing::Empty | Framing::Length(0) => Body::Done,

@@ -118,7 +118,6 @@
 //! ```
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod explain;
 mod normalize;

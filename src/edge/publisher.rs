@@ -976,7 +976,7 @@ mod tests {
 
     /// A reconcile that publishes while the agent stops (its cleanup of a
     /// deleted Ingress, say) starts no tunnel: the token it would mint after
-    /// the shutdown's sweep was left live at the edge (chart_e2e saw one).
+    /// the shutdown's sweep was left live at the edge (the chart suite, tests/e2e/chart.rs, saw one).
     #[tokio::test]
     async fn nothing_is_published_once_shutdown_began() {
         let _ = rustls::crypto::ring::default_provider().install_default();

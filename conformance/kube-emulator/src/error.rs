@@ -8,23 +8,37 @@ pub enum Error {
     /// Binding or serving the listening socket failed.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
+        /// The address asked for (`127.0.0.1:0`, …).
         addr: String,
+        /// Why the bind or accept failed.
         #[source]
         source: std::io::Error,
     },
     /// A file (manifest, kubeconfig, audit log) could not be read or written.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// Why reading or writing it failed.
         #[source]
         source: std::io::Error,
     },
     /// A manifest is not valid YAML/JSON.
     #[error("{path}: not a valid YAML manifest: {message}")]
-    Manifest { path: String, message: String },
+    Manifest {
+        /// The manifest file.
+        path: String,
+        /// The parser's message.
+        message: String,
+    },
     /// The API rejected an object while pre-loading manifests.
     #[error("{what}: {status}")]
-    Rejected { what: String, status: String },
+    Rejected {
+        /// The object, as `Kind name`.
+        what: String,
+        /// The API's answer (its `Status` message).
+        status: String,
+    },
     /// Generating the TLS certificates failed.
     #[error("generating TLS certificates: {0}")]
     Tls(String),
@@ -39,9 +53,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// An API error: turned into a Kubernetes `Status` object with the matching HTTP code.
 #[derive(Debug, Clone)]
 pub struct ApiError {
+    /// The HTTP status code, also the `Status.code`.
     pub code: u16,
+    /// `Status.reason` (`NotFound`, `AlreadyExists`, …), which clients match on.
     pub reason: &'static str,
+    /// `Status.message`, for people.
     pub message: String,
+    /// `Status.details` (name, group, kind, causes), when the apiserver sends them.
     pub details: Option<Value>,
     /// `Warning` headers of the refused request (admission policies bound
     /// with `Warn`), sent with the `Status`.
@@ -49,6 +67,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error with no details and no warnings.
     pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             code,
@@ -58,21 +77,26 @@ impl ApiError {
             warnings: Vec::new(),
         }
     }
+    /// The same error with `Status.details`.
     pub fn with_details(mut self, details: Value) -> Self {
         self.details = Some(details);
         self
     }
+    /// 400 `BadRequest`: the request itself is malformed.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }
+    /// 404 `NotFound` for the object `name` of `resource_group` (`pods`, `tunnels.tuna.am`).
     pub fn not_found(resource_group: &str, name: &str) -> Self {
         Self::new(404, "NotFound", format!("{resource_group} \"{name}\" not found"))
             .with_details(json!({"name": name, "kind": kind_of(resource_group), "group": group_of(resource_group)}))
     }
+    /// 409 `AlreadyExists`: a create of a name that is taken.
     pub fn already_exists(resource_group: &str, name: &str) -> Self {
         Self::new(409, "AlreadyExists", format!("{resource_group} \"{name}\" already exists"))
             .with_details(json!({"name": name, "kind": kind_of(resource_group), "group": group_of(resource_group)}))
     }
+    /// 409 `Conflict`: a stale `resourceVersion` or a UID precondition that does not hold.
     pub fn conflict(resource_group: &str, name: &str, why: &str) -> Self {
         Self::new(
             409,
@@ -98,15 +122,19 @@ impl ApiError {
             "causes": causes.iter().map(|c| json!({"reason": c.reason, "message": c.detail_message(), "field": c.field})).collect::<Vec<_>>(),
         }))
     }
+    /// 403 `Forbidden`: RBAC or an admission policy refused the request.
     pub fn forbidden(message: impl Into<String>) -> Self {
         Self::new(403, "Forbidden", message)
     }
+    /// 405 `MethodNotAllowed`: the verb does not apply to the resource.
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }
+    /// 410 `Expired`: a watch or list from a `resourceVersion` older than the history kept.
     pub fn gone(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)
     }
+    /// 415 `UnsupportedMediaType`: a body or patch type the resource does not take.
     pub fn unsupported_media(message: impl Into<String>) -> Self {
         Self::new(415, "UnsupportedMediaType", message)
     }

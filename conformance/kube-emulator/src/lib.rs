@@ -338,6 +338,7 @@ impl EmulatorHandle {
     pub fn url(&self) -> &str {
         &self.url
     }
+    /// The bound socket address (the port chosen when asked for port 0).
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }

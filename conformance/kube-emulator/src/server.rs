@@ -30,13 +30,22 @@ use crate::table;
 /// One audited request (also written as a JSON line to the audit log file, if any).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
+    /// The authenticated user's name (`system:serviceaccount:ns:name`, …).
     pub user: String,
+    /// The user's groups.
     pub groups: Vec<String>,
+    /// The RBAC verb (`get`, `list`, `watch`, `create`, `patch`, …).
     pub verb: String,
+    /// The API group; empty for the core group.
     pub group: String,
+    /// The resource (`pods`); empty for non-resource requests.
     pub resource: String,
+    /// The subresource (`status`, `token`); empty when none.
     pub subresource: String,
+    /// The namespace; empty for cluster-scoped requests.
     pub namespace: String,
+    /// The object's name as RBAC sees it: from the path, or from a list or
+    /// watch's `metadata.name=` field selector; empty otherwise.
     pub name: String,
     /// Path of non-resource requests (`/version`, `/apis`, …); empty for resource requests.
     pub path: String,

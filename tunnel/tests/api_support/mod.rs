@@ -1,7 +1,7 @@
 //! A real control plane served over real TLS on 127.0.0.1:0, for the
 //! `api_*` integration tests.
 
-#![allow(dead_code)] // each test binary uses a different part
+#![allow(dead_code)] // a suite of its own (tests/<suite>.rs) uses a part
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

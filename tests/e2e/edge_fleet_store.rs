@@ -1,0 +1,115 @@
+//! Two `tuna-operator edge --store postgres://…` processes on one real
+//! PostgreSQL server (started by the test): a key made by
+//! `edge keys create --store` works on both, a reservation made through one
+//! replica's REST API is read at once and adopted (409) through the
+//! other's, a key revoked by
+//! `edge keys revoke --store` is refused by both, and the database password
+//! never reaches their logs.
+
+use crate::pg_support;
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use support::{Edge, EdgeOptions, operator_bin};
+use tuna_tunnel::api::{ClientError, CreateDomain};
+
+/// `tuna-operator edge keys …` against the store; its standard output.
+fn keys(store: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(operator_bin())
+        .args(["edge", "keys"])
+        .args(args)
+        .env("TUNA_EDGE_STORE", store)
+        .output()
+        .expect("edge keys");
+    assert!(
+        out.status.success(),
+        "edge keys {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_edge_replicas_share_one_postgresql_store() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let server = tokio::task::spawn_blocking(pg_support::PgServer::start)
+        .await
+        .unwrap();
+    let plain = server.create_database();
+    // The server trusts local connections, so the password is not checked:
+    // it is there to show that it never reaches a log.
+    let store = plain.replacen("postgres@", "postgres:hunter2@", 1);
+    let key = keys(
+        &store,
+        &[
+            "create",
+            "--scope",
+            "tunnels:write",
+            "--scope",
+            "tunnels:connect",
+        ],
+    );
+
+    let options = EdgeOptions {
+        extra: vec!["--store".into(), store.clone()],
+        ..EdgeOptions::default()
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = Edge::start(dir_a.path(), options.clone()).await;
+    let mut b = Edge::start(dir_b.path(), options).await;
+    // `Edge::start` made its own key in a redb data dir these edges do not
+    // use; the store's key is the one that counts.
+    a.key = key.clone();
+    b.key = key.clone();
+
+    let shop = CreateDomain {
+        subdomain: Some("shop".into()),
+        domain: None,
+    };
+    let created = a.client().create_domain(&shop).await.unwrap();
+    // B answers with A's write at once: each API request catches up first.
+    assert_eq!(
+        b.client()
+            .get_domain("shop.tuna.test")
+            .await
+            .unwrap()
+            .account,
+        "default"
+    );
+    match b.client().create_domain(&shop).await {
+        Err(e @ ClientError::AlreadyExists { .. }) => {
+            let existing: tuna_tunnel::api::Domain = e.existing().unwrap();
+            assert_eq!(existing.name, created.name);
+        }
+        other => panic!("replica B should answer 409 with A's domain: {other:?}"),
+    }
+
+    // Revoked by the command line while both serve: both refuse it.
+    let id = b.client().whoami().await.unwrap().key_id;
+    keys(&store, &["revoke", &id]);
+    let start = Instant::now();
+    for edge in [&a, &b] {
+        loop {
+            match edge.client().whoami().await {
+                Err(ClientError::Unauthorized { .. }) => break,
+                Ok(_) if start.elapsed() < support::WAIT => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                other => panic!("the revoked key still answers: {other:?}\n{}", edge.log()),
+            }
+        }
+    }
+    eprintln!(
+        "both replicas refused the revoked key after {:?}",
+        start.elapsed()
+    );
+
+    for edge in [&mut a, &mut b] {
+        let log = edge.log();
+        edge.stop().await;
+        assert!(log.contains("postgres://postgres:***@127.0.0.1:"), "{log}");
+        assert!(!log.contains("hunter2"), "{log}");
+    }
+}
