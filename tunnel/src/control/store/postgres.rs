@@ -131,10 +131,11 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 const RELISTEN_BACKOFF: Duration = Duration::from_millis(500);
 
 /// The schema, by version. Append only: a released migration never changes.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "typed tables, head sequence and change log",
-    r#"
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "typed tables, head sequence and change log",
+        r#"
 CREATE TABLE store_head (
     id integer PRIMARY KEY CHECK (id = 1),
     seq bigint NOT NULL
@@ -188,7 +189,21 @@ CREATE TABLE tunnel_tokens (
     minted_by text
 );
 "#,
-)];
+    ),
+    (
+        2,
+        "edge attachments with leases (outside the change log)",
+        r#"
+CREATE TABLE edge_attachments (
+    replica text PRIMARY KEY,
+    peer_addr text NOT NULL,
+    hosts text[] NOT NULL,
+    ports integer[] NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+"#,
+    ),
+];
 
 /// A PostgreSQL connection URL, e.g. `postgres://edge:secret@db:5432/tuna`.
 /// Its `Debug` and `Display` never show the password; the text is checked
@@ -208,7 +223,7 @@ impl FromStr for StoreUrl {
 impl StoreUrl {
     /// The connection settings, or a [`ControlError::Config`] that does not
     /// quote the text.
-    fn config(&self) -> Result<Config> {
+    pub(crate) fn config(&self) -> Result<Config> {
         let text = self.0.trim();
         if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
             return Err(ControlError::Config(
