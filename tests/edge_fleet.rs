@@ -557,3 +557,214 @@ async fn traffic_through_a_replica_without_the_tunnel_hops_to_the_one_with_it() 
     let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     assert_eq!(echo(on(&b), &big).await.unwrap(), big);
 }
+
+/// The real agent in this process (`Standalone` with a remote edge: the
+/// publisher, proxy core and tunnel agent of `standalone --edge-api`), so
+/// that the test can watch its tunnels' states.
+async fn standalone_agent(
+    fleet: &Fleet,
+    manifests: &Path,
+    api: SocketAddr,
+    agents: &[SocketAddr],
+) -> tuna_operator::standalone::Standalone {
+    use tuna_operator::standalone::{RemoteEdge, Standalone, StandaloneConfig};
+    let mut config = StandaloneConfig::new(
+        vec![manifests.to_owned()],
+        fleet.dir.path().join("standalone-state"),
+    );
+    config.base_domain = "tuna.test".into();
+    config.remote = Some(RemoteEdge {
+        api_url: format!("https://{api}"),
+        agent_addr: agents
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        api_key: tuna_tunnel::api::Secret::new(&fleet.key),
+        ca_file: Some(fleet.certs.ca.clone()),
+    });
+    tokio::time::timeout(WAIT, Standalone::start(config))
+        .await
+        .expect("standalone starts in time")
+        .expect("standalone starts")
+}
+
+/// Waits until `replica`'s log shows `n` agent sessions opened.
+async fn wait_sessions(replica: &Replica, n: usize) {
+    let start = Instant::now();
+    while replica.log().matches("agent session open").count() < n {
+        assert!(
+            start.elapsed() < WAIT,
+            "replica {} did not get {n} agent session(s): {}",
+            replica.name,
+            replica.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One request of the load: when it started, where it went, whether it got 200.
+struct Outcome {
+    started: Instant,
+    replica: usize,
+    ok: bool,
+}
+
+/// Items 3 and 4 of issue 21: the agent holds a session to each of two
+/// replicas; replica B is killed (SIGKILL) under load spread over both (as
+/// behind one DNS name): requests through A keep succeeding, the tunnels
+/// stay Serving (Ready) throughout; B restarted on its addresses is picked
+/// up again by the agent. Prints the in-flight requests the kill failed and
+/// the time to full recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_on_two_replicas_keeps_its_tunnels_ready_when_one_is_killed() {
+    let fleet = fleet().await;
+    let (web, echo_addr) = (http_backend().await, echo_backend().await);
+    let a = fleet.replica("a", "127.0.0.2").await;
+    let mut b = fleet.replica("b", "127.0.0.3").await;
+    let manifests = manifests(fleet.dir.path(), web, echo_addr);
+    let standalone = standalone_agent(
+        &fleet,
+        &manifests,
+        a.addrs().api,
+        &[a.addrs().agent, b.addrs().agent],
+    )
+    .await;
+    let (ha, hb) = (a.addrs().http, b.addrs().http);
+    {
+        let logs: [&dyn Fn() -> String; 2] = [&|| a.log(), &|| b.log()];
+        wait_served(ha, "replica A", &logs).await;
+        wait_served(hb, "replica B", &logs).await;
+    }
+    // One session per replica carrying both tunnels (HTTP and TCP): direct, no hop.
+    wait_sessions(&a, 1).await;
+    wait_sessions(&b, 1).await;
+    let port = echo_port(a.addrs().api, &fleet.key, &fleet.certs).await;
+
+    // The tunnels' states, sampled all along.
+    let not_ready = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let standalone = std::sync::Arc::new(standalone);
+    let watcher = {
+        let (standalone, not_ready, stop) = (standalone.clone(), not_ready.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut samples = 0u64;
+            while !stop.is_cancelled() {
+                let ids = standalone.session_ids().await;
+                assert_eq!(ids.len(), 2, "{ids:?}");
+                if ids.values().any(Option::is_none) {
+                    not_ready.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            samples
+        })
+    };
+    // Load: four clients, each alternating between the replicas.
+    let outcomes = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Outcome>::new()));
+    let load: Vec<_> = (0..4)
+        .map(|i| {
+            let (outcomes, stop) = (outcomes.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = i;
+                while !stop.is_cancelled() {
+                    let replica = n % 2;
+                    n += 1;
+                    let started = Instant::now();
+                    let ok = matches!(
+                        tokio::time::timeout(WAIT, get([ha, hb][replica])).await,
+                        Ok(Ok((200, _)))
+                    );
+                    outcomes.lock().unwrap().push(Outcome {
+                        started,
+                        replica,
+                        ok,
+                    });
+                }
+            })
+        })
+        .collect();
+    let count = |pred: &dyn Fn(&Outcome) -> bool| {
+        outcomes.lock().unwrap().iter().filter(|o| pred(o)).count()
+    };
+    let wait_count =
+        |n: usize, pred: &'static (dyn Fn(&Outcome, Instant) -> bool + Sync), since: Instant| {
+            let outcomes = outcomes.clone();
+            async move {
+                let start = Instant::now();
+                while outcomes
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|o| pred(o, since))
+                    .count()
+                    < n
+                {
+                    assert!(start.elapsed() < WAIT, "the load stalled");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+    let begun = Instant::now();
+    wait_count(100, &|o, _| o.ok, begun).await;
+
+    let killed = Instant::now();
+    b.process.as_mut().unwrap().kill().await;
+    // The survivor keeps serving: 200 more answers through A after the kill.
+    wait_count(200, &|o, t| o.ok && o.replica == 0 && o.started > t, killed).await;
+    assert_eq!(
+        echo(
+            SocketAddr::new("127.0.0.2".parse().unwrap(), port),
+            b"still here"
+        )
+        .await
+        .unwrap(),
+        b"still here"
+    );
+
+    let restarted = Instant::now();
+    b.run().await;
+    // Picked up again: the agent's sessions to the new B (its reconnect
+    // backoff), and B answers.
+    wait_sessions(&b, 1).await;
+    let sessions_back = restarted.elapsed();
+    wait_count(
+        50,
+        &|o, t| o.ok && o.replica == 1 && o.started > t,
+        Instant::now(),
+    )
+    .await;
+    let recovered = killed.elapsed();
+    stop.cancel();
+    for task in load {
+        task.await.unwrap();
+    }
+    let samples = watcher.await.unwrap();
+
+    let failed_a = count(&|o| o.replica == 0 && !o.ok);
+    let in_flight = count(&|o| o.replica == 1 && !o.ok && o.started < killed);
+    let refused_b = count(&|o| o.replica == 1 && !o.ok && o.started >= killed);
+    let total = outcomes.lock().unwrap().len();
+    let not_ready = not_ready.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "kill -9 of replica B under load: {total} requests; through A: {failed_a} failed; \
+         through B: {in_flight} in flight at the kill failed, {refused_b} refused while it was down; \
+         tunnels not Serving in {not_ready} of {samples} samples; \
+         B restarted after {:?}, agent sessions back {sessions_back:?} after the restart, \
+         full recovery (B serving again) {recovered:?} after the kill",
+        restarted - killed
+    );
+    assert_eq!(failed_a, 0, "requests through the surviving replica failed");
+    assert_eq!(
+        not_ready, 0,
+        "a tunnel left Serving while one replica was up"
+    );
+    wait_echo(
+        SocketAddr::new("127.0.0.3".parse().unwrap(), port),
+        "TCP on the restarted B",
+        &[&|| b.log()],
+    )
+    .await;
+    drop(a);
+}
