@@ -310,6 +310,9 @@ struct Shared {
     writer: Mutex<Writer>,
     /// Woken by a notification, and after the listener (re)connects.
     changed: Notify,
+    /// When the last read that found the mirror caught up began: the
+    /// mirror holds every commit made before then.
+    fresh_at: parking_lot::Mutex<std::time::Instant>,
 }
 
 struct Writer {
@@ -368,6 +371,7 @@ impl Postgres {
                 failing: false,
             }),
             changed: Notify::new(),
+            fresh_at: parking_lot::Mutex::new(std::time::Instant::now()),
         });
         runtime.spawn(listen(Arc::clone(&shared)));
         runtime.spawn(poll(Arc::clone(&shared)));
@@ -391,6 +395,10 @@ impl Drop for Postgres {
 impl Backend for Postgres {
     fn describe(&self) -> String {
         format!("PostgreSQL {}", self.shared.name)
+    }
+
+    fn staleness(&self) -> Duration {
+        self.shared.fresh_at.lock().elapsed()
     }
 
     fn sync(&self) -> Result<()> {
@@ -436,6 +444,7 @@ impl Backend for Postgres {
 
 impl Shared {
     async fn commit(&self, decide: &mut dyn FnMut(&State) -> Result<Vec<Write>>) -> Result<()> {
+        let began = std::time::Instant::now();
         let mut writer = self.writer.lock().await;
         let Writer { client, seq, .. } = &mut *writer;
         let client = self.client(client).await?;
@@ -451,6 +460,7 @@ impl Shared {
             .map_err(classify(name, "locking the store"))?
             .get(0);
         catch_up(&tx, seq, head, &self.mirror, name).await?;
+        self.fresh(began);
         let writes = decide(&self.mirror.read())?;
         if writes.is_empty() {
             // Dropping the transaction rolls it back (and frees the lock).
@@ -467,6 +477,7 @@ impl Shared {
     /// Brings the mirror up to the store's head (the poller's and the
     /// listener's job), in one snapshot.
     async fn refresh(&self) -> Result<()> {
+        let began = std::time::Instant::now();
         let mut writer = self.writer.lock().await;
         let result = async {
             let Writer { client, seq, .. } = &mut *writer;
@@ -488,6 +499,9 @@ impl Shared {
             tx.commit().await.map_err(classify(name, "reading changes"))
         }
         .await;
+        if result.is_ok() {
+            self.fresh(began);
+        }
         match (&result, writer.failing) {
             (Err(e), false) => {
                 tracing::warn!(error = %e, "following the store's changes failed; retrying");
@@ -502,8 +516,17 @@ impl Shared {
         result
     }
 
+    /// Records that the mirror held every commit made before `began`.
+    fn fresh(&self, began: std::time::Instant) {
+        let mut fresh_at = self.fresh_at.lock();
+        if began > *fresh_at {
+            *fresh_at = began;
+        }
+    }
+
     /// Catches up if the store's head moved: one round trip when it did not.
     async fn sync(self: Arc<Self>) -> Result<()> {
+        let began = std::time::Instant::now();
         let check = async {
             let mut writer = self.writer.lock().await;
             let Writer { client, seq, .. } = &mut *writer;
@@ -515,6 +538,13 @@ impl Shared {
                 .map_err(classify(&self.name, "reading the head"))?
                 .get(0);
             Ok::<_, ControlError>(head != known)
+        };
+        let check = async {
+            let moved = check.await?;
+            if !moved {
+                self.fresh(began);
+            }
+            Ok::<_, ControlError>(moved)
         };
         match tokio::time::timeout(OPERATION_TIMEOUT, async {
             if check.await? {
