@@ -556,6 +556,26 @@ async fn traffic_through_a_replica_without_the_tunnel_hops_to_the_one_with_it() 
     wait_echo(on(&b), "TCP on replica B (hop)", &logs).await;
     let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
     assert_eq!(echo(on(&b), &big).await.unwrap(), big);
+
+    // A replica stopped with SIGTERM exits (its peer connections end with
+    // it) and deletes its attachment row: the others stop hopping to it.
+    let db = fleet.store.rsplit('/').next().unwrap().to_owned();
+    let rows = |pg: &pg_support::PgServer| {
+        pg.psql(
+            &db,
+            "SELECT string_agg(replica, ',' ORDER BY replica) FROM edge_attachments",
+        )
+    };
+    assert_eq!(tokio::task::block_in_place(|| rows(&fleet.pg)), "a,b");
+    let mut a = a;
+    let process = a.process.as_mut().unwrap();
+    process.terminate().await;
+    assert!(
+        process.child.try_wait().unwrap().is_some(),
+        "replica A did not exit on SIGTERM: {}",
+        process.log()
+    );
+    assert_eq!(tokio::task::block_in_place(|| rows(&fleet.pg)), "b");
 }
 
 /// The real agent in this process (`Standalone` with a remote edge: the

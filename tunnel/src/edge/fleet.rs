@@ -413,10 +413,12 @@ impl Lease {
         let mut backoff = BACKOFF_MIN;
         loop {
             let cancel = me.guard.cancel.clone();
-            let session = tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = Arc::clone(&me).session(Arc::clone(&wake)) => r,
-            };
+            // Not raced against the cancellation: the session ends by itself
+            // when cancelled, after deleting this replica's row.
+            let session = Arc::clone(&me).session(Arc::clone(&wake)).await;
+            if cancel.is_cancelled() {
+                return;
+            }
             if let Err(e) = session {
                 tracing::warn!(store = %me.store, error = %e, retry_in = ?backoff, "attachment leases: store unreachable");
             }
@@ -594,9 +596,11 @@ impl Lease {
                     }
                     tracing::info!(peer = %id, %addr, "connected to a peer replica");
                     let closed = route.session.closed.clone();
+                    let shutdown = self.guard.cancel.clone();
                     tokio::select! {
                         _ = driver => {}
                         _ = closed.cancelled() => {}
+                        _ = shutdown.cancelled() => {}
                     }
                     route.close();
                     route.session.closed.cancel();
