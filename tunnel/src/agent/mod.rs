@@ -648,15 +648,15 @@ impl AgentHandle {
         }
         if self.links.len() > 1 {
             let mut merged = self.merged.lock();
-            if !merged.contains_key(&id) {
+            if let std::collections::hash_map::Entry::Vacant(entry) = merged.entry(id) {
                 let inner: Vec<_> = self
                     .links
                     .iter()
-                    .filter_map(|l| l.tunnel_status(&id))
+                    .filter_map(|l| l.tunnel_status(entry.key()))
                     .collect();
                 let (tx, rx) = watch::channel(merge_tunnel(&inner));
                 tokio::spawn(merge_task(inner, tx, merge_tunnel, self.cancel.clone()));
-                merged.insert(id, rx);
+                entry.insert(rx);
             }
         }
         Ok(())
