@@ -42,9 +42,10 @@ use crate::role::{EdgeArgs, ServeArgs, edge_api, instance_name};
 /// Flags of `tuna-operator agent` (also part of `all`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct AgentFlags {
-    /// `host:port` of the edge's agent listener (the tunnel connection).
-    #[arg(long, value_name = "HOST:PORT")]
-    pub edge_agent: String,
+    /// `host:port` of the edge's agent listener (the tunnel connection);
+    /// repeat it for the replicas of an edge fleet (one session each).
+    #[arg(long, value_name = "HOST:PORT", required = true)]
+    pub edge_agent: Vec<String>,
     /// Name checked against the agent listener's certificate (default: the
     /// host of --edge-agent).
     #[arg(long, value_name = "NAME")]
@@ -502,7 +503,7 @@ pub fn agent_config(edge: &EdgeArgs, flags: &AgentFlags) -> AgentConfig {
         Some(ca) => Trust::CaFile(PathBuf::from(ca)),
         None => Trust::SystemRoots,
     };
-    let mut config = AgentConfig::new(flags.edge_agent.clone(), trust);
+    let mut config = AgentConfig::new(flags.edge_agent.join(","), trust);
     config.server_name = flags.edge_agent_server_name.clone();
     config.agent_name = format!("tuna-operator-agent/{}", env!("CARGO_PKG_VERSION"));
     config

@@ -40,9 +40,10 @@ pub struct StandaloneArgs {
     /// Use a remote edge's REST API instead of the embedded edge.
     #[arg(long, requires_all = ["edge_agent", "api_key_file"])]
     pub edge_api: Option<String>,
-    /// `host:port` of the remote edge's agent listener.
+    /// `host:port` of the remote edge's agent listener; repeat it for the
+    /// replicas of an edge fleet (one session each).
     #[arg(long, requires = "edge_api")]
-    pub edge_agent: Option<String>,
+    pub edge_agent: Vec<String>,
     /// File holding the remote edge's API key.
     #[arg(long, requires = "edge_api")]
     pub api_key_file: Option<PathBuf>,
@@ -116,9 +117,8 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
             .with_context(|| format!("reading {}", key_file.display()))?;
         config.remote = Some(RemoteEdge {
             api_url: api_url.clone(),
-            agent_addr: args
-                .edge_agent
-                .clone()
+            agent_addr: Some(args.edge_agent.join(","))
+                .filter(|a| !a.is_empty())
                 .context("--edge-agent is required with --edge-api")?,
             api_key: tuna_tunnel::api::Secret::new(key.trim()),
             ca_file: args.edge_ca_file.clone(),

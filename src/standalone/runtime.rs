@@ -556,7 +556,8 @@ async fn remote_edge(config: &StandaloneConfig, remote: &RemoteEdge) -> Result<E
         Ok(n) => tracing::info!(revoked = n, "revoked tunnel tokens left by an earlier run"),
         Err(e) => tracing::warn!(error = %e, "could not revoke tokens left by an earlier run"),
     }
-    let tcp_host = tokio::net::lookup_host(remote.agent_addr.as_str())
+    let first_agent = remote.agent_addr.split(',').next().unwrap_or_default();
+    let tcp_host = tokio::net::lookup_host(first_agent)
         .await
         .ok()
         .and_then(|mut a| a.next())

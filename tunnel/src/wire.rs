@@ -278,6 +278,9 @@ pub enum ErrorCode {
     HeartbeatTimeout,
     /// The edge is shutting down; reconnect later.
     ShuttingDown,
+    /// The edge cannot judge sessions now (a fleet replica cut off from
+    /// its store); reconnect later, or to another replica.
+    Unavailable,
     /// Anything else; the message explains.
     Internal,
     /// A code this build does not know (sent by a newer peer).
@@ -761,6 +764,7 @@ mod tests {
             Just(ErrorCode::HandshakeTimeout),
             Just(ErrorCode::HeartbeatTimeout),
             Just(ErrorCode::ShuttingDown),
+            Just(ErrorCode::Unavailable),
             Just(ErrorCode::Internal),
         ]
     }

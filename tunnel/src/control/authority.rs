@@ -259,4 +259,23 @@ impl SessionAuthority for ControlPlane {
     fn revocations(&self) -> broadcast::Receiver<Revocation> {
         self.subscribe_revocations()
     }
+
+    fn accepting(&self) -> Result<(), Rejection> {
+        let stale = self.store().staleness();
+        if stale > REVOCATION_BOUND {
+            return Err(Rejection::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "this edge replica has not reached its store for {} ms (more than the {} ms revocation bound); it accepts no new sessions until it does, try another replica",
+                    stale.as_millis(),
+                    REVOCATION_BOUND.as_millis()
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
+
+/// A revocation reaches every replica within this; a replica whose copy of
+/// the store is older does not judge new sessions.
+pub const REVOCATION_BOUND: Duration = Duration::from_secs(1);

@@ -259,6 +259,13 @@ impl ControlPlane {
         self.shared.tcp_port_range.clone()
     }
 
+    /// How long ago this replica's copy of the store was last known to
+    /// hold every commit (other replicas' included); zero with redb. Above
+    /// [`authority::REVOCATION_BOUND`] the edge accepts no new sessions.
+    pub fn store_staleness(&self) -> std::time::Duration {
+        self.store().staleness()
+    }
+
     fn store(&self) -> &Store {
         &self.shared.store
     }

@@ -256,6 +256,12 @@ pub(crate) trait Backend: Send + Sync {
 
     /// Where the store is, for `Debug` and logs (never a password).
     fn describe(&self) -> String;
+
+    /// How long ago the mirror was last known to hold every commit of the
+    /// store (zero for a store only this process writes).
+    fn staleness(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// The persistent store. See the module docs.
@@ -354,6 +360,12 @@ impl Store {
     /// so that an object another replica made a moment ago is found. Blocks.
     pub fn sync(&self) -> Result<()> {
         self.backend.sync()
+    }
+
+    /// How long ago this copy was last known to hold every commit of the
+    /// store, other replicas' included (always zero with redb).
+    pub fn staleness(&self) -> std::time::Duration {
+        self.backend.staleness()
     }
 
     /// [`Store::sync`] for async callers (the REST API does it before each

@@ -107,6 +107,14 @@ pub trait SessionAuthority: Send + Sync + 'static {
 
     /// Revocations and releases, as they happen.
     fn revocations(&self) -> broadcast::Receiver<Revocation>;
+
+    /// Whether new agent sessions may be judged now: `Err` (code
+    /// `unavailable`) from an authority whose view of revocations is older
+    /// than the bound it promises, e.g. a fleet replica cut off from its
+    /// store. Open sessions are not affected.
+    fn accepting(&self) -> Result<(), Rejection> {
+        Ok(())
+    }
 }
 
 /// A token the in-memory authority knows.

@@ -162,6 +162,28 @@ pub struct EdgeArgs {
     /// CIDR, repeatable). Everyone else's are removed.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<super::IpCidr>,
+    /// Peer listener of a fleet replica (needs `--store` and the
+    /// `--peer-tls-*` files): public traffic for a tunnel attached to
+    /// another replica hops there over mutually authenticated TLS, and the
+    /// others hop here for tunnels attached to this one. See docs/edge-fleet.md.
+    #[arg(long, value_name = "ADDR", requires_all = ["store", "peer_tls_cert", "peer_ca"])]
+    pub peer_bind: Option<SocketAddr>,
+    /// The address other replicas dial to reach `--peer-bind` (default: the bound address).
+    #[arg(long, value_name = "ADDR", requires = "peer_bind")]
+    pub peer_advertise: Option<SocketAddr>,
+    /// This replica's id in the fleet (default: the advertised peer address).
+    #[arg(long, requires = "peer_bind")]
+    pub replica_id: Option<String>,
+    /// PEM certificate the replica shows peers, as server and as client; it
+    /// must carry the DNS name `tuna-edge-peer` and chain to `--peer-ca`.
+    #[arg(long, requires_all = ["peer_tls_key", "peer_bind"])]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// PEM key of `--peer-tls-cert`.
+    #[arg(long, requires = "peer_tls_cert")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) the fleet's peer certificates are issued by.
+    #[arg(long, requires = "peer_bind")]
+    pub peer_ca: Option<PathBuf>,
 }
 
 fn parse_positive_rate(s: &str) -> Result<f64, String> {
@@ -297,6 +319,25 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
         ..EdgeLimits::default()
     };
     config.trusted_proxies = args.trusted_proxies.clone();
+    if let (Some(peer_bind), Some(store), Some(cert), Some(key), Some(ca)) = (
+        args.peer_bind,
+        &args.store,
+        &args.peer_tls_cert,
+        &args.peer_tls_key,
+        &args.peer_ca,
+    ) {
+        let advertise = args.peer_advertise.unwrap_or(peer_bind);
+        config.fleet = Some(super::FleetConfig {
+            store: store.clone(),
+            replica_id: args
+                .replica_id
+                .clone()
+                .unwrap_or_else(|| advertise.to_string()),
+            peer_bind,
+            peer_advertise: args.peer_advertise,
+            tls: super::PeerTls::from_files(cert, key, ca)?,
+        });
+    }
 
     let router = control.router();
     let edge = EdgeServer::start(config, Arc::new(control), Some(router)).await?;
@@ -309,6 +350,7 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
             "http": edge.http_addr.map(|a| a.to_string()),
             "https": edge.https_addr.map(|a| a.to_string()),
             "api": edge.api_addr.map(|a| a.to_string()),
+            "peer": edge.peer_addr.map(|a| a.to_string()),
             "caFile": agent_identity.ca_file.as_ref().map(|p| p.display().to_string()),
         });
         crate::fsutil::write_atomically(path, addresses.to_string().as_bytes())
@@ -319,6 +361,7 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
         http = ?edge.http_addr,
         https = ?edge.https_addr,
         api = ?edge.api_addr,
+        peer = ?edge.peer_addr,
         "edge listening"
     );
     shutdown_signal().await;

@@ -4,6 +4,7 @@
 
 pub mod authority;
 pub mod cli;
+pub mod fleet;
 mod hyper_path;
 pub mod limits;
 mod page;
@@ -15,6 +16,7 @@ mod session;
 mod tasks;
 
 pub use authority::{Grant, MemoryAuthority, Revocation, SessionAuthority, TokenId};
+pub use fleet::{FleetConfig, PeerTls};
 pub use limits::EdgeLimits;
 pub use public::{IpCidr, PublicLimits};
 pub use server::{EdgeConfig, EdgeHandle, EdgeServer};

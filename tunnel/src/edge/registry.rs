@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::fleet::FleetIndex;
 use super::tasks::TaskGuard;
 use crate::mux::{self, Gate, MuxStream};
 use crate::wire::{
@@ -159,6 +160,14 @@ pub(crate) struct Registry {
     pub(crate) sessions: tokio::sync::watch::Sender<usize>,
     /// Failed accepts on TCP endpoint listeners (out of descriptors…).
     pub(crate) accept_errors: std::sync::atomic::AtomicU64,
+    /// The other replicas' attachments, when this edge is one of a fleet.
+    fleet: std::sync::OnceLock<Arc<FleetIndex>>,
+    /// Listeners of ports only other replicas serve (a fleet's TCP
+    /// endpoints are served by every replica).
+    fleet_listeners: Mutex<HashMap<u16, CancellationToken>>,
+    /// Woken when a local binding is added or removed (the fleet's lease
+    /// task publishes the new set).
+    pub(crate) changed: tokio::sync::Notify,
 }
 
 impl Registry {
@@ -188,6 +197,9 @@ impl Registry {
             me: me.clone(),
             sessions: tokio::sync::watch::Sender::new(0),
             accept_errors: std::sync::atomic::AtomicU64::new(0),
+            fleet: std::sync::OnceLock::new(),
+            fleet_listeners: Mutex::new(HashMap::new()),
+            changed: tokio::sync::Notify::new(),
         });
         for (port, listener) in listeners {
             registry.accept_loop(port, listener, registry.tasks.cancel.clone());
@@ -195,9 +207,59 @@ impl Registry {
         Ok(registry)
     }
 
-    /// The tunnel serving `host` (lower case, no port).
+    /// The tunnel serving `host` (lower case, no port): a local one, or
+    /// else the hop to a replica of the fleet that has one.
     pub(crate) fn session_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>> {
+        self.local_route_for_host(host)
+            .or_else(|| self.fleet.get()?.route_for_host(host))
+    }
+
+    /// The local tunnel serving `host`; never a hop (what hopped streams use).
+    pub(crate) fn local_route_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>> {
         self.hosts.read().get(host).cloned()
+    }
+
+    /// Makes this registry route to the fleet's other replicas.
+    pub(crate) fn set_fleet(&self, index: Arc<FleetIndex>) {
+        let _ = self.fleet.set(index);
+    }
+
+    /// The hosts and ports local tunnels serve now.
+    pub(crate) fn local_targets(&self) -> (Vec<String>, Vec<u16>) {
+        let hosts = self.hosts.read().keys().cloned().collect();
+        let ports = self.ports.read().keys().copied().collect();
+        (hosts, ports)
+    }
+
+    /// Listens on the ports in `remote` (served by other replicas) that no
+    /// local tunnel binds, and stops listening on the ones no longer there.
+    /// Ports outside this edge's range are left alone.
+    pub(crate) fn set_fleet_ports(&self, remote: HashSet<u16>) {
+        let ports = self.ports.read();
+        let mut fleet = self.fleet_listeners.lock();
+        fleet.retain(|port, cancel| {
+            let keep = remote.contains(port);
+            if !keep {
+                cancel.cancel();
+            }
+            keep
+        });
+        for port in remote {
+            if ports.contains_key(&port)
+                || fleet.contains_key(&port)
+                || !(self.tcp_ports.contains(&port) || self.prebound.contains(&port))
+            {
+                continue;
+            }
+            match self.listen(port) {
+                Ok(cancel) => {
+                    fleet.insert(port, cancel);
+                }
+                Err(e) => {
+                    tracing::warn!(port, reason = %e.message, "cannot serve a fleet TCP endpoint here")
+                }
+            }
+        }
     }
 
     /// Whether a tunnel served `host` before and is gone now.
@@ -205,11 +267,19 @@ impl Registry {
         self.offline.lock().contains(host)
     }
 
-    fn route_for_port(&self, port: u16) -> Option<(Arc<TunnelRoute>, String)> {
+    /// The local tunnel serving TCP `port` and the endpoint's name; never a hop.
+    pub(crate) fn local_route_for_port(&self, port: u16) -> Option<(Arc<TunnelRoute>, String)> {
         self.ports
             .read()
             .get(&port)
             .map(|e| (Arc::clone(&e.route), e.endpoint.clone()))
+    }
+
+    fn route_for_port(&self, port: u16) -> Option<(Arc<TunnelRoute>, String)> {
+        self.local_route_for_port(port).or_else(|| {
+            let route = self.fleet.get()?.route_for_port(port)?;
+            Some((route, port.to_string()))
+        })
     }
 
     /// Starts serving `target` through `route`, taking it over from any
@@ -247,7 +317,12 @@ impl Registry {
                             ),
                         ));
                     }
-                    let listener = self.listen(*port)?;
+                    // A port other replicas serve is listened on already.
+                    let fleet = self.fleet_listeners.lock().remove(port);
+                    let listener = match fleet {
+                        Some(listener) => listener,
+                        None => self.listen(*port)?,
+                    };
                     ports.insert(
                         *port,
                         PortEntry {
@@ -261,6 +336,7 @@ impl Registry {
             }
         };
         route.bound.lock().insert(target.clone(), binding.clone());
+        self.changed.notify_one();
         if let Some(previous) = displaced {
             tracing::info!(
                 ?target,
@@ -283,6 +359,7 @@ impl Registry {
     /// Stops serving `target` through `route` (no-op if another tunnel holds it).
     pub(crate) fn unbind(&self, route: &Arc<TunnelRoute>, target: &BoundTarget) {
         route.bound.lock().remove(target);
+        self.changed.notify_one();
         match target {
             BoundTarget::Http { host } => {
                 let mut hosts = self.hosts.write();
@@ -302,7 +379,16 @@ impl Registry {
                     .is_some_and(|e| Arc::ptr_eq(&e.route, route))
                     && let Some(entry) = ports.remove(port)
                 {
-                    entry.listener.cancel();
+                    let remote = self
+                        .fleet
+                        .get()
+                        .is_some_and(|f| f.route_for_port(*port).is_some());
+                    if remote {
+                        // Another replica serves it still: keep listening.
+                        self.fleet_listeners.lock().insert(*port, entry.listener);
+                    } else {
+                        entry.listener.cancel();
+                    }
                 }
             }
         }

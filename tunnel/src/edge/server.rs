@@ -13,6 +13,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::authority::SessionAuthority;
+use super::fleet::FleetConfig;
 use super::limits::EdgeLimits;
 use super::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use super::registry::Registry;
@@ -61,6 +62,9 @@ pub struct EdgeConfig {
     pub trusted_proxies: Vec<IpCidr>,
     /// Connection caps and timeouts of the public listeners.
     pub public_limits: PublicLimits,
+    /// Makes the edge a replica of a fleet that serves any tunnel attached
+    /// to any replica ([`super::fleet`]); `None`: a single edge.
+    pub fleet: Option<FleetConfig>,
 }
 
 impl EdgeConfig {
@@ -81,6 +85,7 @@ impl EdgeConfig {
             limits: EdgeLimits::default(),
             trusted_proxies: Vec::new(),
             public_limits: PublicLimits::default(),
+            fleet: None,
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct EdgeHandle {
     pub https_addr: Option<SocketAddr>,
     /// Bound REST API address.
     pub api_addr: Option<SocketAddr>,
+    /// Bound peer listener of a fleet replica.
+    pub peer_addr: Option<SocketAddr>,
     sessions: tokio::sync::watch::Receiver<usize>,
     tasks: Option<TaskSet>,
 }
@@ -155,6 +162,12 @@ impl EdgeServer {
             guard.clone(),
         )?;
 
+        let peer_addr = match config.fleet.clone() {
+            Some(fleet) => {
+                Some(super::fleet::start(fleet, Arc::clone(&registry), guard.clone()).await?)
+            }
+            None => None,
+        };
         let agent_listener = bind(config.agent_addr, "agent").await?;
         let agent_addr = agent_listener.local_addr()?;
         let mut agent_tls = (*config.agent_tls).clone();
@@ -298,6 +311,7 @@ impl EdgeServer {
             http_addr,
             https_addr,
             api_addr,
+            peer_addr,
             tasks: Some(set),
         })
     }

@@ -292,6 +292,10 @@ async fn pre_auth(
     if let Err(r) = ctx.admission.auth_allowed(peer.ip()) {
         return reject(tls, r).await;
     }
+    // A replica that cannot know of recent revocations judges no one.
+    if let Err(r) = ctx.authority.accepting() {
+        return reject(tls, r).await;
+    }
     let mut judged = Vec::with_capacity(tunnels.len());
     for attach in tunnels {
         let verdict = judge(ctx, &attach).await;

@@ -131,10 +131,11 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 const RELISTEN_BACKOFF: Duration = Duration::from_millis(500);
 
 /// The schema, by version. Append only: a released migration never changes.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "typed tables, head sequence and change log",
-    r#"
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (
+        1,
+        "typed tables, head sequence and change log",
+        r#"
 CREATE TABLE store_head (
     id integer PRIMARY KEY CHECK (id = 1),
     seq bigint NOT NULL
@@ -188,7 +189,21 @@ CREATE TABLE tunnel_tokens (
     minted_by text
 );
 "#,
-)];
+    ),
+    (
+        2,
+        "edge attachments with leases (outside the change log)",
+        r#"
+CREATE TABLE edge_attachments (
+    replica text PRIMARY KEY,
+    peer_addr text NOT NULL,
+    hosts text[] NOT NULL,
+    ports integer[] NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+"#,
+    ),
+];
 
 /// A PostgreSQL connection URL, e.g. `postgres://edge:secret@db:5432/tuna`.
 /// Its `Debug` and `Display` never show the password; the text is checked
@@ -208,7 +223,7 @@ impl FromStr for StoreUrl {
 impl StoreUrl {
     /// The connection settings, or a [`ControlError::Config`] that does not
     /// quote the text.
-    fn config(&self) -> Result<Config> {
+    pub(crate) fn config(&self) -> Result<Config> {
         let text = self.0.trim();
         if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
             return Err(ControlError::Config(
@@ -295,6 +310,9 @@ struct Shared {
     writer: Mutex<Writer>,
     /// Woken by a notification, and after the listener (re)connects.
     changed: Notify,
+    /// When the last read that found the mirror caught up began: the
+    /// mirror holds every commit made before then.
+    fresh_at: parking_lot::Mutex<std::time::Instant>,
 }
 
 struct Writer {
@@ -353,6 +371,7 @@ impl Postgres {
                 failing: false,
             }),
             changed: Notify::new(),
+            fresh_at: parking_lot::Mutex::new(std::time::Instant::now()),
         });
         runtime.spawn(listen(Arc::clone(&shared)));
         runtime.spawn(poll(Arc::clone(&shared)));
@@ -376,6 +395,10 @@ impl Drop for Postgres {
 impl Backend for Postgres {
     fn describe(&self) -> String {
         format!("PostgreSQL {}", self.shared.name)
+    }
+
+    fn staleness(&self) -> Duration {
+        self.shared.fresh_at.lock().elapsed()
     }
 
     fn sync(&self) -> Result<()> {
@@ -421,6 +444,7 @@ impl Backend for Postgres {
 
 impl Shared {
     async fn commit(&self, decide: &mut dyn FnMut(&State) -> Result<Vec<Write>>) -> Result<()> {
+        let began = std::time::Instant::now();
         let mut writer = self.writer.lock().await;
         let Writer { client, seq, .. } = &mut *writer;
         let client = self.client(client).await?;
@@ -436,6 +460,7 @@ impl Shared {
             .map_err(classify(name, "locking the store"))?
             .get(0);
         catch_up(&tx, seq, head, &self.mirror, name).await?;
+        self.fresh(began);
         let writes = decide(&self.mirror.read())?;
         if writes.is_empty() {
             // Dropping the transaction rolls it back (and frees the lock).
@@ -452,6 +477,7 @@ impl Shared {
     /// Brings the mirror up to the store's head (the poller's and the
     /// listener's job), in one snapshot.
     async fn refresh(&self) -> Result<()> {
+        let began = std::time::Instant::now();
         let mut writer = self.writer.lock().await;
         let result = async {
             let Writer { client, seq, .. } = &mut *writer;
@@ -473,6 +499,9 @@ impl Shared {
             tx.commit().await.map_err(classify(name, "reading changes"))
         }
         .await;
+        if result.is_ok() {
+            self.fresh(began);
+        }
         match (&result, writer.failing) {
             (Err(e), false) => {
                 tracing::warn!(error = %e, "following the store's changes failed; retrying");
@@ -487,8 +516,17 @@ impl Shared {
         result
     }
 
+    /// Records that the mirror held every commit made before `began`.
+    fn fresh(&self, began: std::time::Instant) {
+        let mut fresh_at = self.fresh_at.lock();
+        if began > *fresh_at {
+            *fresh_at = began;
+        }
+    }
+
     /// Catches up if the store's head moved: one round trip when it did not.
     async fn sync(self: Arc<Self>) -> Result<()> {
+        let began = std::time::Instant::now();
         let check = async {
             let mut writer = self.writer.lock().await;
             let Writer { client, seq, .. } = &mut *writer;
@@ -500,6 +538,13 @@ impl Shared {
                 .map_err(classify(&self.name, "reading the head"))?
                 .get(0);
             Ok::<_, ControlError>(head != known)
+        };
+        let check = async {
+            let moved = check.await?;
+            if !moved {
+                self.fresh(began);
+            }
+            Ok::<_, ControlError>(moved)
         };
         match tokio::time::timeout(OPERATION_TIMEOUT, async {
             if check.await? {

@@ -1,0 +1,670 @@
+//! Any replica serves any tunnel: attachments with leases in PostgreSQL and
+//! an internal hop between replicas over mutually authenticated TLS.
+//!
+//! # Design
+//!
+//! Every replica of a fleet (`edge --store postgres://… --peer-bind …`)
+//! publishes what its agent sessions hold in one row of `edge_attachments`:
+//! its replica id, the address other replicas dial (`--peer-advertise`), the
+//! public hosts and TCP ports its tunnels serve, and a lease expiry. The row
+//! is upserted whenever the local routing table changes and renewed every
+//! [`RENEW`]; the upsert of a change is followed by `NOTIFY
+//! tuna_attachments`, on which every replica re-reads the live rows (those
+//! whose lease has not expired by the database's clock) into a local index.
+//! A replica whose lease is stale is not chosen; a replica that shuts down
+//! deletes its row.
+//!
+//! The rows stay **out of the store's change log** (`store_head`,
+//! `store_changes`): that log is serialised by one fleet-wide row lock and
+//! is for durable reservations whose every write must reach every mirror.
+//! Attachments are soft state — rebuilt by each replica from its live
+//! sessions every few seconds, worthless after a crash — so they take one
+//! upsert of one row per replica, no lock, and a restart of PostgreSQL
+//! loses nothing that the next renewal does not put back.
+//!
+//! Public traffic for a host or port with no local tunnel goes to a replica
+//! that holds one: over one HTTP/2 connection per peer (TLS, ALPN
+//! `tuna-peer/1`, client certificates on both sides), each public
+//! connection's stream carries the same [`StreamMeta`] an agent stream does
+//! (client address, host or port). The owning replica relays the stream
+//! through its **local** tunnel only — a hopped stream is never hopped
+//! again, so there are no loops and at most one extra hop. The request
+//! bytes on the stream are the ones the receiving replica would have sent
+//! to an agent (its public path has already applied the header policy), so
+//! the answer through the hop is the direct answer.
+//!
+//! Why this and not the alternatives (references in
+//! `docs/edge-fleet.md`): piko gossips its endpoint table between nodes and
+//! forwards a request to a node that has the upstream with a header that
+//! forbids a second forward; we do the same forward with the same one-hop
+//! rule, but keep the table in the PostgreSQL the fleet already depends on
+//! (no second membership protocol to run and secure). cloudflared avoids a
+//! hop by connecting every connector to several edge servers; the agent
+//! does that too (`--edge-agent` repeated), and the hop covers a replica
+//! that a load balancer picks while the agent is not (yet) connected to it.
+//!
+//! # Trust between replicas
+//!
+//! The peer listener accepts only clients whose certificate chains to
+//! `--peer-ca`, and a replica dialling a peer checks the peer's certificate
+//! against the same CA for the name [`PEER_SERVER_NAME`]. Each replica's
+//! `--peer-tls-cert` must therefore carry that DNS name and be issued by
+//! the fleet's CA (one certificate shared by all replicas works too). A
+//! peer is trusted to state the public client's address.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::RwLock;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::time::timeout;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::registry::{AgentSession, Registry, TCP_COPY_BUFFER, TunnelRoute};
+use super::tasks::TaskGuard;
+use crate::control::StoreUrl;
+use crate::mux;
+use crate::wire::{Error, HANDSHAKE_TIMEOUT, Result, StreamKind, StreamMeta};
+
+/// ALPN of the peer listener.
+pub const PEER_ALPN: &[u8] = b"tuna-peer/1";
+/// The name a replica's peer certificate must carry (and is checked for).
+pub const PEER_SERVER_NAME: &str = "tuna-edge-peer";
+/// A lease lasts this long after its last renewal. Long enough to bridge a
+/// restart of PostgreSQL (a replica that died is noticed sooner: its peer
+/// connection drops).
+pub const LEASE: Duration = Duration::from_secs(10);
+/// How often a replica renews its lease and re-reads the others'.
+pub const RENEW: Duration = Duration::from_secs(2);
+/// The `NOTIFY` channel attachment changes are announced on.
+const CHANNEL: &str = "tuna_attachments";
+/// How long a hop waits for the peer to grant a stream.
+const PEER_OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause bounds between attempts to reach a peer or the store.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// The TLS of the internal hop: one server and one client configuration
+/// built from the same certificate, key and CA files.
+#[derive(Clone)]
+pub struct PeerTls {
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTls(***)")
+    }
+}
+
+impl PeerTls {
+    /// Loads a replica's peer certificate chain, its key and the fleet CA
+    /// (PEM). Both directions check the other side against `ca_file`.
+    pub fn from_files(cert_file: &Path, key_file: &Path, ca_file: &Path) -> Result<Self> {
+        let tls =
+            |what: &Path, e: &dyn std::fmt::Display| Error::Tls(format!("{}: {e}", what.display()));
+        let chain = CertificateDer::pem_file_iter(cert_file)
+            .and_then(|c| c.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| tls(cert_file, &e))?;
+        if chain.is_empty() {
+            return Err(tls(cert_file, &"no CERTIFICATE block found"));
+        }
+        let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| tls(key_file, &e))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(ca_file).map_err(|e| tls(ca_file, &e))? {
+            roots
+                .add(cert.map_err(|e| tls(ca_file, &e))?)
+                .map_err(|e| tls(ca_file, &e))?;
+        }
+        if roots.is_empty() {
+            return Err(tls(ca_file, &"no CERTIFICATE block found"));
+        }
+        let roots = Arc::new(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::clone(&roots),
+            Arc::clone(&provider),
+        )
+        .build()
+        .map_err(|e| tls(ca_file, &e))?;
+        let mut server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| tls(cert_file, &e))?;
+        server.alpn_protocols = vec![PEER_ALPN.to_vec()];
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| tls(cert_file, &e))?;
+        client.alpn_protocols = vec![PEER_ALPN.to_vec()];
+        Ok(Self {
+            server: Arc::new(server),
+            client: Arc::new(client),
+        })
+    }
+}
+
+/// What makes an edge a replica that hops to and from its peers.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The fleet's PostgreSQL (the same `--store` the control plane uses).
+    pub store: StoreUrl,
+    /// This replica's id in `edge_attachments` (stable across restarts, so
+    /// a restarted replica takes its old row over).
+    pub replica_id: String,
+    /// Where the peer listener binds.
+    pub peer_bind: SocketAddr,
+    /// The address other replicas dial; `None`: the bound address.
+    pub peer_advertise: Option<SocketAddr>,
+    /// Certificates of the hop.
+    pub tls: PeerTls,
+}
+
+/// One other replica as the index knows it.
+struct Peer {
+    addr: SocketAddr,
+    /// The lease's end on this machine's clock.
+    deadline: Instant,
+    hosts: HashSet<String>,
+    ports: HashSet<u16>,
+    /// The open connection to it, as a route (tunnel id empty: the peer
+    /// resolves the target itself).
+    link: Option<Arc<TunnelRoute>>,
+    /// Whether a task is keeping a connection to it.
+    linking: bool,
+}
+
+/// The other replicas' attachments, read from the store.
+pub(crate) struct FleetIndex {
+    peers: RwLock<HashMap<String, Peer>>,
+}
+
+impl FleetIndex {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            peers: RwLock::new(HashMap::new()),
+        })
+    }
+
+    fn pick(&self, holds: impl Fn(&Peer) -> bool) -> Option<Arc<TunnelRoute>> {
+        let now = Instant::now();
+        let peers = self.peers.read();
+        let mut live: Vec<(&String, &Arc<TunnelRoute>)> = peers
+            .iter()
+            .filter(|(_, p)| p.deadline > now && holds(p))
+            .filter_map(|(id, p)| p.link.as_ref().map(|l| (id, l)))
+            .filter(|(_, l)| !l.closed.is_cancelled())
+            .collect();
+        // The same choice for the same table: the lowest replica id.
+        live.sort_by(|a, b| a.0.cmp(b.0));
+        live.first().map(|(_, l)| Arc::clone(l))
+    }
+
+    /// A route to a live replica that serves `host`.
+    pub(crate) fn route_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>> {
+        self.pick(|p| p.hosts.contains(host))
+    }
+
+    /// A route to a live replica that serves TCP `port`.
+    pub(crate) fn route_for_port(&self, port: u16) -> Option<Arc<TunnelRoute>> {
+        self.pick(|p| p.ports.contains(&port))
+    }
+
+    /// Ports some live replica serves.
+    fn ports(&self) -> HashSet<u16> {
+        let now = Instant::now();
+        self.peers
+            .read()
+            .values()
+            .filter(|p| p.deadline > now)
+            .flat_map(|p| p.ports.iter().copied())
+            .collect()
+    }
+}
+
+struct Row {
+    replica: String,
+    addr: SocketAddr,
+    hosts: Vec<String>,
+    ports: Vec<u16>,
+    remaining: Duration,
+}
+
+/// Starts the peer listener and the lease task; returns the bound peer
+/// address. Everything ends with `guard`'s cancellation.
+pub(crate) async fn start(
+    config: FleetConfig,
+    registry: Arc<Registry>,
+    guard: TaskGuard,
+) -> Result<SocketAddr> {
+    let pg = config
+        .store
+        .config()
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let listener = TcpListener::bind(config.peer_bind).await.map_err(|e| {
+        Error::Config(format!(
+            "cannot listen on {} for the peer listener: {e}",
+            config.peer_bind
+        ))
+    })?;
+    let bound = listener.local_addr()?;
+    let advertise = config.peer_advertise.unwrap_or(bound);
+    if advertise.ip().is_unspecified() {
+        return Err(Error::Config(format!(
+            "--peer-bind {bound} is a wildcard address: give --peer-advertise, the address other replicas dial"
+        )));
+    }
+    let index = FleetIndex::new();
+    registry.set_fleet(Arc::clone(&index));
+
+    let acceptor = TlsAcceptor::from(Arc::clone(&config.tls.server));
+    {
+        let registry = Arc::clone(&registry);
+        let guard = guard.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = guard.cancel.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                match accepted {
+                    Ok((tcp, peer)) => {
+                        let _ = tcp.set_nodelay(true);
+                        let acceptor = acceptor.clone();
+                        let registry = Arc::clone(&registry);
+                        let g = guard.clone();
+                        tokio::spawn(async move {
+                            let cancel = g.cancel.clone();
+                            tokio::select! {
+                                _ = cancel.cancelled() => {}
+                                r = serve_peer(tcp, acceptor, registry, g) => if let Err(e) = r {
+                                    tracing::debug!(%peer, error = %e, "peer connection ended");
+                                }
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept on the peer listener failed");
+                        tokio::time::sleep(BACKOFF_MIN).await;
+                    }
+                }
+            }
+        });
+    }
+    let lease = Lease {
+        pg,
+        store: config.store.redacted(),
+        me: config.replica_id,
+        advertise,
+        registry,
+        index,
+        tls: TlsConnector::from(Arc::clone(&config.tls.client)),
+        guard,
+    };
+    tokio::spawn(lease.run());
+    Ok(bound)
+}
+
+/// Serves one peer connection: every stream is a hopped public connection
+/// for a target of a local tunnel.
+async fn serve_peer(
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+    registry: Arc<Registry>,
+    guard: TaskGuard,
+) -> Result<()> {
+    let tls = timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+        .await
+        .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
+    let mut conn = timeout(
+        HANDSHAKE_TIMEOUT,
+        mux::server_builder().handshake::<_, bytes::Bytes>(mux::Coalesced::new(tls)),
+    )
+    .await
+    .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
+    while let Some(accepted) = conn.accept().await {
+        let (request, respond) = accepted?;
+        let registry = Arc::clone(&registry);
+        let _g = guard.clone();
+        tokio::spawn(async move {
+            let _g = _g;
+            if let Err(e) = hop_in(request, respond, registry).await {
+                tracing::debug!(error = %e, "hopped stream ended");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Relays one hopped stream through the local tunnel of its target, never
+/// through another peer.
+async fn hop_in(
+    request: http::Request<h2::RecvStream>,
+    respond: h2::server::SendResponse<bytes::Bytes>,
+    registry: Arc<Registry>,
+) -> Result<()> {
+    let meta = StreamMeta::from_headers(request.headers())?;
+    let (route, kind) = match meta.kind {
+        StreamKind::Http { host, scheme } => {
+            let route = registry.local_route_for_host(&host);
+            (route, StreamKind::Http { host, scheme })
+        }
+        StreamKind::Tcp { port, .. } => match registry.local_route_for_port(port) {
+            Some((route, endpoint)) => (Some(route), StreamKind::Tcp { endpoint, port }),
+            None => (
+                None,
+                StreamKind::Tcp {
+                    endpoint: String::new(),
+                    port,
+                },
+            ),
+        },
+    };
+    let Some(route) = route else {
+        // The sender's index was stale: refuse the stream (it answers as
+        // for a tunnel that went away).
+        return Err(Error::Closed(format!(
+            "no local tunnel for the hopped {kind:?}"
+        )));
+    };
+    let (_, mut inbound) = mux::accept_stream(request, respond)?;
+    let local = StreamMeta {
+        client_addr: meta.client_addr,
+        kind,
+        tunnel: route.tunnel.clone(),
+    };
+    let mut outbound = route.open(&local).await?;
+    tokio::select! {
+        _ = route.closed.cancelled() => {}
+        r = tokio::io::copy_bidirectional_with_sizes(&mut inbound, &mut outbound, TCP_COPY_BUFFER, TCP_COPY_BUFFER) => {
+            r?;
+        }
+    }
+    Ok(())
+}
+
+/// The lease task: publishes this replica's attachments, reads the others'.
+struct Lease {
+    pg: tokio_postgres::Config,
+    store: String,
+    me: String,
+    advertise: SocketAddr,
+    registry: Arc<Registry>,
+    index: Arc<FleetIndex>,
+    tls: TlsConnector,
+    guard: TaskGuard,
+}
+
+impl Lease {
+    async fn run(self) {
+        let me = Arc::new(self);
+        let wake = Arc::new(Notify::new());
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let cancel = me.guard.cancel.clone();
+            // Not raced against the cancellation: the session ends by itself
+            // when cancelled, after deleting this replica's row.
+            let session = Arc::clone(&me).session(Arc::clone(&wake)).await;
+            if cancel.is_cancelled() {
+                return;
+            }
+            if let Err(e) = session {
+                tracing::warn!(store = %me.store, error = %e, retry_in = ?backoff, "attachment leases: store unreachable");
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// One connection to the store: LISTEN, then renew and re-read until it fails.
+    async fn session(self: Arc<Self>, wake: Arc<Notify>) -> Result<(), tokio_postgres::Error> {
+        let (client, mut connection) = self.pg.connect(tokio_postgres::NoTls).await?;
+        let notified = Arc::clone(&wake);
+        let driver = tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            use futures::StreamExt;
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(tokio_postgres::AsyncMessage::Notification(_)) => notified.notify_one(),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "attachment connection ended");
+                        break;
+                    }
+                }
+            }
+        });
+        let _driver = AbortOnDrop(driver);
+        client
+            .batch_execute(&format!("SET statement_timeout = 5000; LISTEN {CHANNEL}"))
+            .await?;
+        let mut published: Option<(Vec<String>, Vec<u16>)> = None;
+        loop {
+            let (mut hosts, mut ports) = self.registry.local_targets();
+            hosts.sort();
+            ports.sort_unstable();
+            let changed = published.as_ref() != Some(&(hosts.clone(), ports.clone()));
+            let ports_sql: Vec<i32> = ports.iter().map(|p| i32::from(*p)).collect();
+            client
+                .execute(
+                    "INSERT INTO edge_attachments (replica, peer_addr, hosts, ports, expires_at) \
+                     VALUES ($1, $2, $3, $4, now() + $5 * interval '1 millisecond') \
+                     ON CONFLICT (replica) DO UPDATE SET peer_addr = EXCLUDED.peer_addr, \
+                     hosts = EXCLUDED.hosts, ports = EXCLUDED.ports, expires_at = EXCLUDED.expires_at",
+                    &[
+                        &self.me,
+                        &self.advertise.to_string(),
+                        &hosts,
+                        &ports_sql,
+                        &(LEASE.as_millis() as f64),
+                    ],
+                )
+                .await?;
+            if changed {
+                client
+                    .execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &self.me])
+                    .await?;
+                published = Some((hosts, ports));
+            }
+            let rows = client
+                .query(
+                    "SELECT replica, peer_addr, hosts, ports, \
+                     EXTRACT(EPOCH FROM (expires_at - now()))::float8 \
+                     FROM edge_attachments WHERE expires_at > now() AND replica <> $1",
+                    &[&self.me],
+                )
+                .await?;
+            let rows = rows
+                .iter()
+                .filter_map(|row| {
+                    let addr: String = row.get(1);
+                    let ports: Vec<i32> = row.get(3);
+                    let remaining: f64 = row.get(4);
+                    Some(Row {
+                        replica: row.get(0),
+                        addr: addr.parse().ok()?,
+                        hosts: row.get(2),
+                        ports: ports
+                            .into_iter()
+                            .filter_map(|p| u16::try_from(p).ok())
+                            .collect(),
+                        remaining: Duration::from_secs_f64(remaining.max(0.0)),
+                    })
+                })
+                .collect();
+            self.apply(rows);
+            let deleted = tokio::select! {
+                _ = self.guard.cancel.cancelled() => true,
+                _ = self.registry.changed.notified() => false,
+                _ = wake.notified() => false,
+                _ = tokio::time::sleep(RENEW) => false,
+            };
+            if deleted {
+                // Shutting down: the others stop choosing this replica now
+                // rather than at the lease's end.
+                let _ = timeout(
+                    Duration::from_secs(1),
+                    client.execute(
+                        "DELETE FROM edge_attachments WHERE replica = $1",
+                        &[&self.me],
+                    ),
+                )
+                .await;
+                let _ = timeout(
+                    Duration::from_secs(1),
+                    client.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &self.me]),
+                )
+                .await;
+                return Ok(());
+            }
+        }
+    }
+
+    /// Replaces the index with `rows` and starts links to new peers.
+    fn apply(self: &Arc<Self>, rows: Vec<Row>) {
+        let now = Instant::now();
+        let mut start = Vec::new();
+        {
+            let mut peers = self.index.peers.write();
+            let seen: HashSet<&str> = rows.iter().map(|r| r.replica.as_str()).collect();
+            peers.retain(|id, p| {
+                let keep = seen.contains(id.as_str());
+                if !keep && let Some(link) = &p.link {
+                    link.session.closed.cancel();
+                }
+                keep
+            });
+            for row in rows {
+                let peer = peers.entry(row.replica.clone()).or_insert_with(|| Peer {
+                    addr: row.addr,
+                    deadline: now,
+                    hosts: HashSet::new(),
+                    ports: HashSet::new(),
+                    link: None,
+                    linking: false,
+                });
+                if peer.addr != row.addr {
+                    // Moved: the old connection goes to whoever is there now.
+                    if let Some(link) = peer.link.take() {
+                        link.session.closed.cancel();
+                    }
+                    peer.addr = row.addr;
+                }
+                peer.deadline = now + row.remaining;
+                peer.hosts = row.hosts.into_iter().collect();
+                peer.ports = row.ports.into_iter().collect();
+                if !peer.linking {
+                    peer.linking = true;
+                    start.push(row.replica);
+                }
+            }
+        }
+        self.registry.set_fleet_ports(self.index.ports());
+        for id in start {
+            tokio::spawn(Arc::clone(self).link(id));
+        }
+    }
+
+    /// Keeps a connection to peer `id` while it is in the index.
+    async fn link(self: Arc<Self>, id: String) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let addr = match self.index.peers.read().get(&id) {
+                Some(p) => p.addr,
+                None => return,
+            };
+            match self.connect(&id, addr).await {
+                Ok((route, driver)) => {
+                    backoff = BACKOFF_MIN;
+                    match self.index.peers.write().get_mut(&id) {
+                        Some(p) => p.link = Some(Arc::clone(&route)),
+                        None => return,
+                    }
+                    tracing::info!(peer = %id, %addr, "connected to a peer replica");
+                    let closed = route.session.closed.clone();
+                    let shutdown = self.guard.cancel.clone();
+                    tokio::select! {
+                        _ = driver => {}
+                        _ = closed.cancelled() => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                    route.close();
+                    route.session.closed.cancel();
+                    if let Some(p) = self.index.peers.write().get_mut(&id)
+                        && p.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, &route))
+                    {
+                        p.link = None;
+                    }
+                    tracing::info!(peer = %id, %addr, "peer connection closed");
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %id, %addr, error = %e, retry_in = ?backoff, "cannot reach a peer replica");
+                }
+            }
+            tokio::select! {
+                _ = self.guard.cancel.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            let mut peers = self.index.peers.write();
+            if let Some(p) = peers.get_mut(&id)
+                && p.deadline <= Instant::now()
+            {
+                // Its lease ran out: forget it until it shows up again.
+                peers.remove(&id);
+                return;
+            }
+        }
+    }
+
+    async fn connect(
+        &self,
+        id: &str,
+        addr: SocketAddr,
+    ) -> Result<(Arc<TunnelRoute>, tokio::task::JoinHandle<()>)> {
+        let tcp = timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
+        let _ = tcp.set_nodelay(true);
+        let name = ServerName::try_from(PEER_SERVER_NAME).map_err(|e| Error::Tls(e.to_string()))?;
+        let tls = timeout(HANDSHAKE_TIMEOUT, self.tls.connect(name, tcp))
+            .await
+            .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
+        let (sender, connection) = timeout(
+            HANDSHAKE_TIMEOUT,
+            mux::client_builder().handshake(mux::Coalesced::new(tls)),
+        )
+        .await
+        .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
+        let driver = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "peer h2 connection ended");
+            }
+        });
+        let (session, _events) = AgentSession::new(format!("peer:{id}"), sender, PEER_OPEN_TIMEOUT);
+        Ok((TunnelRoute::new(&session, String::new()), driver))
+    }
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
