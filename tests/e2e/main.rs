@@ -30,6 +30,7 @@ mod connector;
 mod controller;
 mod crds_drift;
 mod csi;
+mod edge_fleet;
 mod edge_fleet_store;
 mod route_explain;
 mod standalone;

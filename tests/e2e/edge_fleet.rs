@@ -5,9 +5,8 @@
 //! the public, agent, API and peer listeners), and the real agent
 //! (`tuna-operator standalone --edge-api …`) publishing loopback backends.
 
-#[path = "../tunnel/tests/pg_support/mod.rs"]
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
