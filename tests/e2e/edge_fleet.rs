@@ -84,6 +84,7 @@ impl Replica {
         certs: &FleetCerts,
         tcp: (u16, u16),
         http_port: u16,
+        extra: &[&str],
     ) -> Self {
         let dir = root.join(name);
         std::fs::create_dir_all(dir.join("data")).unwrap();
@@ -127,6 +128,7 @@ impl Replica {
         ]
         .map(String::from)
         .to_vec();
+        let args = [args, extra.iter().map(|s| s.to_string()).collect()].concat();
         let mut replica = Self {
             name: name.to_owned(),
             ip: ip.to_owned(),
@@ -498,6 +500,10 @@ async fn fleet() -> Fleet {
 
 impl Fleet {
     async fn replica(&self, name: &str, ip: &str) -> Replica {
+        self.replica_with(name, ip, &[]).await
+    }
+
+    async fn replica_with(&self, name: &str, ip: &str, extra: &[&str]) -> Replica {
         Replica::start(
             self.dir.path(),
             name,
@@ -506,6 +512,7 @@ impl Fleet {
             &self.certs,
             self.tcp,
             self.http_port,
+            extra,
         )
         .await
     }
@@ -886,4 +893,74 @@ async fn a_postgresql_restart_loses_nothing_and_tunnels_keep_serving() {
     });
     assert_eq!(names, "after.tuna.test,before.tuna.test,shop.tuna.test");
     assert_eq!(get(b.addrs().http).await.unwrap(), (200, direct));
+}
+
+/// Item 3 of issue 21: the API's rate limit is the fleet's. With two
+/// replicas alive each admits half a key's burst, so requests spread over
+/// both are admitted as often as the flag says in all (before: each replica
+/// admitted the whole burst, twice the budget).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_s_rate_limit_is_shared_by_the_replicas_alive() {
+    let fleet = fleet().await;
+    // A burst of 10, refilled so slowly that it does not move during the test.
+    let limits = ["--api-rate-burst", "10", "--api-rate-per-second", "0.001"];
+    let a = fleet.replica_with("a", "127.0.0.2", &limits).await;
+    let b = fleet.replica_with("b", "127.0.0.3", &limits).await;
+    // Both have read the other's lease.
+    let start = Instant::now();
+    // The log's colours off, to read its fields.
+    let plain = |log: String| {
+        let mut out = String::new();
+        let mut escape = false;
+        for c in log.chars() {
+            match (escape, c) {
+                (false, '\u{1b}') => escape = true,
+                (true, 'm') => escape = false,
+                (true, _) => {}
+                (false, c) => out.push(c),
+            }
+        }
+        out
+    };
+    let sees_two = |log: String| {
+        plain(log).lines().any(|l| {
+            l.contains("replicas sharing the API's rate limits") && l.ends_with("replicas=2")
+        })
+    };
+    while !(sees_two(a.log()) && sees_two(b.log())) {
+        assert!(
+            start.elapsed() < WAIT,
+            "the replicas never saw each other:\n{}\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&fleet.certs.ca).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .no_proxy()
+        .build()
+        .unwrap();
+    let mut admitted = [0, 0];
+    for i in 0..40 {
+        let api = [a.addrs().api, b.addrs().api][i % 2];
+        let status = client
+            .get(format!("https://{api}/v1/domains"))
+            .bearer_auth(&fleet.key)
+            .send()
+            .await
+            .unwrap()
+            .status();
+        match status.as_u16() {
+            200 => admitted[i % 2] += 1,
+            429 => {}
+            other => panic!("GET /v1/domains through replica {}: {other}", i % 2),
+        }
+    }
+    assert_eq!(
+        admitted,
+        [5, 5],
+        "admitted through A and B: the fleet's burst of 10 shared by two replicas"
+    );
 }

@@ -216,6 +216,7 @@ async fn main() -> anyhow::Result<()> {
             peer_bind: SocketAddr::new(ip(i), 0),
             peer_advertise: None,
             tls: PeerTls::from_files(&cert, &key, &ca)?,
+            share: Default::default(),
         });
         edges.push(EdgeServer::start(config, Arc::new(plane.clone()), None).await?);
     }

@@ -43,8 +43,8 @@ pub use dns::{DnsVerifier, challenge_record_name};
 pub use error::{ControlError, Result};
 pub use keys::Caller;
 pub use names::RESERVED_SUBDOMAINS;
-pub use ratelimit::RateLimit;
 pub(crate) use ratelimit::RateLimiter;
+pub use ratelimit::{FleetShare, RateLimit};
 pub use secrets::{API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
 pub use serve::{
     ClientAddr, HEADER_READ_TIMEOUT, serve_connection, serve_https, serve_tls_connection,
@@ -85,6 +85,9 @@ pub struct ControlConfig {
     pub quotas: Quotas,
     /// A custom domain claimed but not verified within this is released.
     pub pending_domain_ttl: Duration,
+    /// The replicas sharing [`Self::rate_limit`] and [`Self::auth_failures`]
+    /// (an edge fleet's lease task keeps it; 1 for a single edge).
+    pub fleet_share: FleetShare,
 }
 
 /// What one account may hold at once (`tuna-operator edge --quota-*`).
@@ -140,6 +143,7 @@ impl ControlConfig {
             max_token_lifetime: tokens::MAX_LIFETIME,
             quotas: Quotas::default(),
             pending_domain_ttl: Duration::from_secs(7 * 24 * 3600),
+            fleet_share: FleetShare::default(),
         }
     }
 }
@@ -224,8 +228,11 @@ impl ControlPlane {
                 public_host,
                 tcp_port_range: config.tcp_port_range,
                 dns: DnsVerifier::new(config.dns_nameservers),
-                limiter: RateLimiter::new(config.rate_limit),
-                auth_failures: RateLimiter::new(config.auth_failures),
+                limiter: RateLimiter::shared(config.rate_limit, config.fleet_share.clone()),
+                auth_failures: RateLimiter::shared(
+                    config.auth_failures,
+                    config.fleet_share.clone(),
+                ),
                 max_token_lifetime: config.max_token_lifetime,
                 quotas: config.quotas,
                 pending_domain_ttl: config.pending_domain_ttl,

@@ -1,9 +1,18 @@
 //! A token bucket per API key: `burst` requests at once, refilled at
 //! `per_second`. Keyed by key id, so one noisy reconciler cannot starve
 //! another account's.
+//!
+//! In an edge fleet the budget is the fleet's, not each replica's: every
+//! replica takes its share ([`FleetShare`]: `per_second` and `burst`
+//! divided by the replicas alive, as their leases in the store say), so a
+//! key's requests spread over N replicas by a load balancer are admitted at
+//! the configured rate in all. (A client pinned to one replica gets that
+//! replica's share: the price of not asking the database on every request.)
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Request budget of one API key.
@@ -32,16 +41,46 @@ struct Bucket {
     last: Instant,
 }
 
+/// How many replicas share a fleet-wide budget (1 for a single edge): set
+/// by the fleet's lease task, read by every limiter of the replica.
+#[derive(Clone, Debug)]
+pub struct FleetShare(Arc<AtomicU32>);
+
+impl Default for FleetShare {
+    fn default() -> Self {
+        Self(Arc::new(AtomicU32::new(1)))
+    }
+}
+
+impl FleetShare {
+    /// `replicas` alive (this one included; at least 1) share the budget.
+    pub fn set(&self, replicas: usize) {
+        let n = u32::try_from(replicas.max(1)).unwrap_or(u32::MAX);
+        self.0.store(n, Ordering::Relaxed);
+    }
+
+    /// The replicas sharing the budget now.
+    pub fn replicas(&self) -> u32 {
+        self.0.load(Ordering::Relaxed).max(1)
+    }
+}
+
 /// The buckets of every key seen.
 #[derive(Debug)]
 pub struct RateLimiter {
     limit: RateLimit,
+    share: FleetShare,
     buckets: Mutex<HashMap<String, Bucket>>,
 }
 
 impl RateLimiter {
     /// A limiter applying `limit` to every key.
     pub fn new(limit: RateLimit) -> Self {
+        Self::shared(limit, FleetShare::default())
+    }
+
+    /// A limiter applying this replica's share of the fleet's `limit`.
+    pub fn shared(limit: RateLimit, share: FleetShare) -> Self {
         let limit = RateLimit {
             burst: limit.burst.max(1),
             per_second: if limit.per_second > 0.0 {
@@ -52,6 +91,7 @@ impl RateLimiter {
         };
         Self {
             limit,
+            share,
             buckets: Mutex::new(HashMap::new()),
         }
     }
@@ -72,13 +112,22 @@ impl RateLimiter {
         self.take_at(key, now, true)
     }
 
+    /// This replica's share of the limit: the rate divided by the replicas
+    /// alive, the burst too (at least one request).
+    fn current(&self) -> (f64, f64) {
+        let n = f64::from(self.share.replicas());
+        (
+            (f64::from(self.limit.burst) / n).max(1.0),
+            self.limit.per_second / n,
+        )
+    }
+
     fn take_at(&self, key: &str, now: Instant, take: bool) -> Result<(), Duration> {
-        let burst = f64::from(self.limit.burst);
+        let (burst, per_second) = self.current();
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
         if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
             // Keys are client addresses too: forget the buckets that have
             // refilled (they hold no information), so the map stays bounded.
-            let per_second = self.limit.per_second;
             buckets.retain(|_, b| {
                 let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
                 b.tokens + elapsed * per_second < burst
@@ -92,7 +141,7 @@ impl RateLimiter {
             last: now,
         });
         let elapsed = now.saturating_duration_since(bucket.last).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * self.limit.per_second).min(burst);
+        bucket.tokens = (bucket.tokens + elapsed * per_second).min(burst);
         bucket.last = now;
         if bucket.tokens >= 1.0 {
             if take {
@@ -100,7 +149,7 @@ impl RateLimiter {
             }
             Ok(())
         } else {
-            let wait = (1.0 - bucket.tokens) / self.limit.per_second;
+            let wait = (1.0 - bucket.tokens) / per_second;
             Err(Duration::from_secs_f64(wait.min(86_400.0)))
         }
     }
@@ -128,5 +177,44 @@ mod tests {
         assert!(limiter.check_at("other", t0).is_ok());
         assert!(limiter.check_at("k", t0 + Duration::from_secs(1)).is_ok());
         assert!(limiter.check_at("k", t0 + Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn replicas_of_a_fleet_each_admit_their_share_of_the_budget() {
+        let share = FleetShare::default();
+        let limit = RateLimit {
+            burst: 6,
+            per_second: 3.0,
+        };
+        let (a, b, c) = (
+            RateLimiter::shared(limit, share.clone()),
+            RateLimiter::shared(limit, share.clone()),
+            RateLimiter::shared(limit, share.clone()),
+        );
+        let admitted =
+            |l: &RateLimiter, at: Instant| (0..100).filter(|_| l.check_at("k", at).is_ok()).count();
+        let t0 = Instant::now();
+        // Alone: the whole burst.
+        assert_eq!(admitted(&a, t0), 6);
+        // Three replicas alive: a fresh key's burst is 6 fleet-wide, 2 each,
+        // and a second refills one request per replica (3/s in all).
+        share.set(3);
+        let k = "fresh";
+        let fleet = |at: Instant| {
+            [&a, &b, &c]
+                .iter()
+                .map(|l| (0..100).filter(|_| l.check_at(k, at).is_ok()).count())
+                .sum::<usize>()
+        };
+        assert_eq!(fleet(t0), 6);
+        assert_eq!(fleet(t0 + Duration::from_secs(1)), 3);
+        // A replica gone: the two left share it.
+        share.set(2);
+        assert_eq!(share.replicas(), 2);
+        assert_eq!(
+            fleet(t0 + Duration::from_secs(10)),
+            9,
+            "each limiter refills to the new share, 3"
+        );
     }
 }

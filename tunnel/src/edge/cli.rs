@@ -282,6 +282,8 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     control_config.max_token_lifetime = Duration::from_secs(args.max_token_lifetime_days * 86_400);
     control_config.pending_domain_ttl = Duration::from_secs(args.pending_domain_ttl_hours * 3600);
     control_config.store = args.store.clone();
+    // One handle: the lease task counts the replicas, the limiters divide.
+    let fleet_share = control_config.fleet_share.clone();
     if let Some(store) = &args.store {
         tracing::info!(%store, "using the PostgreSQL store");
     }
@@ -336,6 +338,7 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
             peer_bind,
             peer_advertise: args.peer_advertise,
             tls: super::PeerTls::from_files(cert, key, ca)?,
+            share: fleet_share,
         });
     }
 

@@ -68,7 +68,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::registry::{AgentSession, Registry, TCP_COPY_BUFFER, TunnelRoute};
 use super::tasks::TaskGuard;
-use crate::control::StoreUrl;
+use crate::control::{FleetShare, StoreUrl};
 use crate::mux;
 use crate::wire::{Error, HANDSHAKE_TIMEOUT, Result, StreamKind, StreamMeta};
 
@@ -169,6 +169,10 @@ pub struct FleetConfig {
     pub peer_advertise: Option<SocketAddr>,
     /// Certificates of the hop.
     pub tls: PeerTls,
+    /// Set to the number of live replicas (this one included) whenever the
+    /// leases are read: the API's rate limits are the fleet's, shared out
+    /// (`ControlConfig::fleet_share` is the same handle).
+    pub share: FleetShare,
 }
 
 /// One other replica as the index knows it.
@@ -311,6 +315,7 @@ pub(crate) async fn start(
         index,
         tls: TlsConnector::from(Arc::clone(&config.tls.client)),
         guard,
+        share: config.share,
     };
     tokio::spawn(lease.run());
     Ok(bound)
@@ -404,6 +409,7 @@ struct Lease {
     index: Arc<FleetIndex>,
     tls: TlsConnector,
     guard: TaskGuard,
+    share: FleetShare,
 }
 
 impl Lease {
@@ -536,6 +542,12 @@ impl Lease {
 
     /// Replaces the index with `rows` and starts links to new peers.
     fn apply(self: &Arc<Self>, rows: Vec<Row>) {
+        // The rows are the other live replicas.
+        let replicas = rows.len() + 1;
+        if self.share.replicas() as usize != replicas {
+            tracing::info!(replicas, "replicas sharing the API's rate limits");
+        }
+        self.share.set(replicas);
         let now = Instant::now();
         let mut start = Vec::new();
         {
