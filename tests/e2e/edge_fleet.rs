@@ -75,17 +75,16 @@ struct Replica {
 }
 
 impl Replica {
-    /// Starts replica `name` on `ip` with the fleet's store and certificates.
-    async fn start(
-        root: &Path,
-        name: &str,
-        ip: &str,
-        store: &str,
-        certs: &FleetCerts,
-        tcp: (u16, u16),
-        http_port: u16,
-        extra: &[&str],
-    ) -> Self {
+    /// Starts replica `name` on `ip` with the fleet's store and certificates
+    /// (and `extra` flags).
+    async fn start(fleet: &Fleet, name: &str, ip: &str, extra: &[&str]) -> Self {
+        let (root, store, certs, tcp, http_port) = (
+            fleet.dir.path(),
+            fleet.store.as_str(),
+            &fleet.certs,
+            fleet.tcp,
+            fleet.http_port,
+        );
         let dir = root.join(name);
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let path = |p: &Path| p.display().to_string();
@@ -504,17 +503,7 @@ impl Fleet {
     }
 
     async fn replica_with(&self, name: &str, ip: &str, extra: &[&str]) -> Replica {
-        Replica::start(
-            self.dir.path(),
-            name,
-            ip,
-            &self.store,
-            &self.certs,
-            self.tcp,
-            self.http_port,
-            extra,
-        )
-        .await
+        Replica::start(self, name, ip, extra).await
     }
 }
 
