@@ -795,6 +795,16 @@ async fn an_agent_on_two_replicas_keeps_its_tunnels_ready_when_one_is_killed() {
     drop(a);
 }
 
+/// A client of the replicas' API listeners (their certificates chain to the fleet's CA).
+fn api_client(certs: &FleetCerts) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
+    reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .no_proxy()
+        .build()
+        .unwrap()
+}
+
 /// A raw REST call (the typed client hides `Retry-After`): `POST /v1/domains`.
 async fn create_subdomain(
     api: SocketAddr,
@@ -802,13 +812,7 @@ async fn create_subdomain(
     certs: &FleetCerts,
     name: &str,
 ) -> reqwest::Response {
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
-    let client = reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .no_proxy()
-        .build()
-        .unwrap();
-    client
+    api_client(certs)
         .post(format!("https://{api}/v1/domains"))
         .bearer_auth(key)
         .json(&serde_json::json!({ "subdomain": name }))
@@ -925,12 +929,7 @@ async fn a_key_s_rate_limit_is_shared_by_the_replicas_alive() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&fleet.certs.ca).unwrap()).unwrap();
-    let client = reqwest::Client::builder()
-        .add_root_certificate(ca)
-        .no_proxy()
-        .build()
-        .unwrap();
+    let client = api_client(&fleet.certs);
     let mut admitted = [0, 0];
     for i in 0..40 {
         let api = [a.addrs().api, b.addrs().api][i % 2];
