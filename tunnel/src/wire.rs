@@ -605,6 +605,23 @@ impl Frame {
     }
 }
 
+/// Reads frames one after another into `frames` until one fails (the error
+/// is the last thing sent) or the receiver is gone. Both ends run their
+/// control stream's reader as this task and `select!` on the channel, because
+/// a `read_from` future dropped by `select!` would lose a half-read frame.
+pub(crate) async fn read_frames<R: AsyncRead + Unpin>(
+    mut reader: R,
+    frames: tokio::sync::mpsc::Sender<Result<Frame>>,
+) {
+    loop {
+        let frame = Frame::read_from(&mut reader).await;
+        let failed = frame.is_err();
+        if frames.send(frame).await.is_err() || failed {
+            return;
+        }
+    }
+}
+
 fn eof_as_closed(e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::UnexpectedEof {
         Error::Closed("peer closed the connection".into())

@@ -20,7 +20,7 @@ use crate::mux::{self, Gate, MuxStream};
 use crate::wire::{
     Attach, Binding, BindingOutcome, Error, ErrorCode, Frame, HANDSHAKE_TIMEOUT, HEADER_KIND,
     HEARTBEAT_MISSES, MAX_HELLO_LEN, MAX_HELLO_TUNNELS, PROTOCOL_VERSION, Preamble, Rejection,
-    Result, StreamKind, StreamMeta,
+    Result, StreamKind, StreamMeta, read_frames,
 };
 
 /// Tunnels reconciled per turn of the session loop.
@@ -792,19 +792,6 @@ async fn accept_streams(
         }
     }
     Ok(())
-}
-
-async fn read_frames<R: tokio::io::AsyncRead + Unpin>(
-    mut reader: R,
-    frames: mpsc::Sender<Result<Frame>>,
-) {
-    loop {
-        let frame = Frame::read_from(&mut reader).await;
-        let failed = frame.is_err();
-        if frames.send(frame).await.is_err() || failed {
-            return;
-        }
-    }
 }
 
 /// Aborts the task when dropped, so a session's helpers die with it.

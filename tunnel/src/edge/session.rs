@@ -37,7 +37,7 @@ use crate::mux::{self, MuxStream};
 use crate::wire::{
     Attach, Binding, BindingOutcome, BoundTarget, Error, ErrorCode, Frame, HANDSHAKE_TIMEOUT,
     HEARTBEAT_MISSES, MAX_BINDINGS, MAX_HELLO_LEN, PROTOCOL_VERSION, Preamble, Rejection, Result,
-    validate_tunnel_id,
+    read_frames, validate_tunnel_id,
 };
 
 /// How long a goodbye frame gets to leave before the connection is cut.
@@ -966,19 +966,6 @@ fn new_session_id() -> String {
     use rand::Rng;
     let n: u64 = rand::rng().random();
     format!("ses_{n:016x}")
-}
-
-async fn read_frames<R: tokio::io::AsyncRead + Unpin>(
-    mut reader: R,
-    frames: mpsc::Sender<Result<Frame>>,
-) {
-    loop {
-        let frame = Frame::read_from(&mut reader).await;
-        let failed = frame.is_err();
-        if frames.send(frame).await.is_err() || failed {
-            return;
-        }
-    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
