@@ -15,21 +15,16 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
+use crate::accept::accept_until;
 
+/// Serves the admin endpoints on `listener` until `stop`.
 pub(crate) async fn serve(listener: TcpListener, inner: Arc<Inner>, stop: CancellationToken) {
-    loop {
-        let (tcp, _) = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("admin accept failed: {e}");
-                    continue;
-                }
-            },
-        };
+    let stopped = stop.cancelled();
+    accept_until(listener, stopped, "admin accept failed", |tcp, _| {
         let inner = inner.clone();
         let stop = stop.clone();
+        // Not on the core's task tracker: shutdown does not wait for the
+        // admin connections, which stay up until `stop`.
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let inner = inner.clone();
@@ -42,7 +37,8 @@ pub(crate) async fn serve(listener: TcpListener, inner: Arc<Inner>, stop: Cancel
                 _ = stop.cancelled() => {}
             }
         });
-    }
+    })
+    .await;
 }
 
 fn handle(inner: &Inner, req: Request<Incoming>) -> Response<Full<Bytes>> {

@@ -118,6 +118,7 @@
 //! # let _ = addr; Ok(()) }
 //! ```
 
+mod accept;
 mod admin;
 mod config;
 mod conn;
@@ -746,51 +747,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// connection is saved.
 async fn accept_http(listener: TcpListener, bound: SocketAddr, inner: Arc<Inner>) {
     let fixed_local = (!bound.ip().is_unspecified()).then_some(bound);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = inner.stopping.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // EMFILE and friends: back off briefly instead of
-                    // spinning on a listener that cannot accept.
-                    tracing::warn!("accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    let stopped = inner.stopping.cancelled();
+    accept::accept_until(listener, stopped, "accept failed", |tcp, peer| {
         let _ = tcp.set_nodelay(true);
         let trusted = inner.shared.config.trusted_peers.contains(&peer.ip());
         let local = match fixed_local {
             Some(local) => local,
             None => tcp.local_addr().unwrap_or(peer),
         };
-        let app = inner.app(Scheme::Http, trusted);
-        let shared = inner.shared.clone();
-        let watch = inner.shutdown_tx.subscribe();
-        let stopping = inner.stopping.clone();
-        let cut = inner.cut.clone();
-        inner.tracker.spawn(async move {
-            tokio::select! {
-                _ = conn::serve_connection(
-                    tcp,
-                    peer.ip(),
-                    Scheme::Http,
-                    trusted,
-                    None,
-                    false,
-                    true,
-                    move |tcp| conn::tcp_stream(tcp, peer, local),
-                    app,
-                    shared,
-                    watch,
-                    stopping,
-                ) => {}
-                _ = cut.cancelled() => {}
-            }
-        });
-    }
+        let serving = conn::serve_connection(
+            tcp,
+            peer.ip(),
+            Scheme::Http,
+            trusted,
+            None,
+            false,
+            true,
+            move |tcp| conn::tcp_stream(tcp, peer, local),
+            inner.app(Scheme::Http, trusted),
+            inner.shared.clone(),
+            inner.shutdown_tx.subscribe(),
+            inner.stopping.clone(),
+        );
+        accept::spawn_connection(&inner, serving);
+    })
+    .await;
 }
 
 async fn accept_tcp(
@@ -799,36 +780,21 @@ async fn accept_tcp(
     inner: Arc<Inner>,
     stop: CancellationToken,
 ) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("tcp accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    let stopped = stop.cancelled();
+    accept::accept_until(listener, stopped, "tcp accept failed", |tcp, peer| {
         let Ok(permit) = endpoint.admit(&inner.shared.metrics) else {
             tracing::debug!(%peer, "tcp connection limit reached");
             drop(tcp);
-            continue;
+            return;
         };
         let _ = tcp.set_nodelay(true);
         let endpoint = endpoint.clone();
         let shared = inner.shared.clone();
-        let cut = inner.cut.clone();
-        inner.tracker.spawn(async move {
-            tokio::select! {
-                res = endpoint.splice(tcp, &shared.metrics, permit) => {
-                    if let Err(e) = res {
-                        tracing::debug!(%peer, "tcp connection ended: {e}");
-                    }
-                }
-                _ = cut.cancelled() => {}
+        accept::spawn_connection(&inner, async move {
+            if let Err(e) = endpoint.splice(tcp, &shared.metrics, permit).await {
+                tracing::debug!(%peer, "tcp connection ended: {e}");
             }
         });
-    }
+    })
+    .await;
 }

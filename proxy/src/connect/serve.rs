@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::recheck::LiveGrant;
 use super::{Authority, ConnectConfig, ConnectRefusal, ConnectRequest, ProxyCredentials};
+use crate::accept::{accept_until, spawn_connection};
 use crate::conn;
 use crate::http::{Router, StreamScope};
 use crate::metrics::ConnectOutcome;
@@ -92,25 +93,19 @@ pub(crate) async fn accept_connect(
         per_ip: Mutex::new(HashMap::new()),
         max_per_ip: config.limits.max_unauthenticated_per_ip.max(1),
     });
-    loop {
-        let (tcp, peer) = tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = inner.stopping.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("connect accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    let stopped = async {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = inner.stopping.cancelled() => {}
+        }
+    };
+    accept_until(listener, stopped, "connect accept failed", |tcp, peer| {
         let metrics = &inner.shared.metrics;
         let Some(slot) = unauthenticated.take(peer.ip()) else {
             metrics.connect_outcome(ConnectOutcome::UnauthenticatedOverLimit);
             tracing::debug!(%peer, "connect listener: too many connections not granted yet");
             drop(tcp);
-            continue;
+            return;
         };
         let _ = tcp.set_nodelay(true);
         let local = tcp.local_addr().unwrap_or(peer);
@@ -120,14 +115,14 @@ pub(crate) async fn accept_connect(
         let shared = inner.shared.clone();
         let watch = inner.shutdown_tx.subscribe();
         let stopping = inner.stopping.clone();
-        let cut = inner.cut.clone();
-        inner.tracker.spawn(async move {
-            tokio::select! {
-                _ = serve(tcp, peer, local, &config, slot, granted, app, shared, watch, stopping) => {}
-                _ = cut.cancelled() => {}
-            }
+        spawn_connection(&inner, async move {
+            serve(
+                tcp, peer, local, &config, slot, granted, app, shared, watch, stopping,
+            )
+            .await;
         });
-    }
+    })
+    .await;
 }
 
 /// What the CONNECT head said.
