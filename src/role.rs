@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tuna_tunnel::api::{ClientOptions, Secret, TunaClient, WhoAmI};
+use tuna_tunnel::api::{ClientOptions, Secret, TunaClient};
 
 use crate::edge::api::{EdgeApi, RemoteEdge};
 use crate::health::{self, MetricsRenderer, Readiness};
@@ -98,26 +98,6 @@ pub struct ServeArgs {
 pub fn edge_api(args: &EdgeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<dyn EdgeApi>> {
     let remote: Arc<dyn EdgeApi> = Arc::new(RemoteEdge::new(args.client()?));
     Ok(Arc::new(MeteredEdge::new(remote, Arc::clone(metrics))))
-}
-
-/// Asks the edge who the key is, retrying with backoff while the edge is
-/// unreachable or refuses (the key may be fixed meanwhile); logs each failure.
-pub async fn whoami_until_ok(edge: &dyn EdgeApi, api_url: &str) -> WhoAmI {
-    let backoff =
-        crate::reconcile::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    loop {
-        match edge.whoami().await {
-            Ok(who) => {
-                tracing::info!(account = %who.account, base_domain = %who.base_domain, public_host = %who.public_host, "connected to the edge API");
-                return who;
-            }
-            Err(e) => {
-                let delay = backoff.fail("whoami");
-                tracing::warn!(edge = %api_url, error = %e, ?delay, "cannot reach the edge API yet");
-                tokio::time::sleep(delay).await;
-            }
-        }
-    }
 }
 
 /// This process's name in events and leases: `POD_NAME`, else the host name

@@ -47,10 +47,6 @@ use serde::{Deserialize, Serialize};
 
 /// API group of every tuna-operator custom resource.
 pub const GROUP: &str = "k8s.tuna.am";
-/// The only served (and stored) version.
-pub const VERSION: &str = "v1alpha1";
-/// `kubectl get tuna` lists every kind of this group.
-pub const CATEGORY: &str = "tuna";
 /// Secret key a Tunnel's `apiKeySecretRef` reads when `key` is not given.
 pub const DEFAULT_API_KEY_SECRET_KEY: &str = "api-key";
 

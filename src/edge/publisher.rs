@@ -198,11 +198,6 @@ impl TunnelState {
         }
     }
 
-    /// Serving traffic.
-    pub fn is_serving(&self) -> bool {
-        matches!(self, Self::Serving { .. })
-    }
-
     /// A state a caller may stop waiting at: serving, refused, or failed without retry.
     pub fn is_settled(&self) -> bool {
         matches!(

@@ -133,11 +133,6 @@ impl ClientError {
         }
     }
 
-    /// Whether retrying the same call later may succeed.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Transient { .. } | Self::RateLimited { .. })
-    }
-
     /// The machine-readable code of the server's answer, when there was one.
     pub fn code(&self) -> Option<&str> {
         match self {
