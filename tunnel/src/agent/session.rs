@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::{AgentConfig, AgentStatus, Shared, StreamHandler, TunnelStatus};
 use crate::mux::{self, Gate, MuxStream};
@@ -433,10 +434,10 @@ impl AgentSession {
         accept: tokio::task::JoinHandle<Result<()>>,
         heartbeat: Duration,
     ) -> End {
-        let mut accept = AbortOnDrop(accept);
+        let mut accept = AbortOnDropHandle::new(accept);
         let (read_half, mut writer) = tokio::io::split(control);
         let (frames_tx, mut frames) = mpsc::channel::<Result<Frame>>(64);
-        let _reader = AbortOnDrop(tokio::spawn(read_frames(read_half, frames_tx)));
+        let _reader = AbortOnDropHandle::new(tokio::spawn(read_frames(read_half, frames_tx)));
         let mut tick = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
         let mut last_seen = Instant::now();
         let mut seq: u64 = 0;
@@ -457,7 +458,7 @@ impl AgentSession {
                 break lost(e);
             }
             tokio::select! {
-                r = &mut accept.0 => {
+                r = &mut accept => {
                     let error = match r {
                         Ok(Ok(())) => Error::Closed("the edge closed the tunnel connection".into()),
                         Ok(Err(e)) => e,
@@ -792,13 +793,4 @@ async fn accept_streams(
         }
     }
     Ok(())
-}
-
-/// Aborts the task when dropped, so a session's helpers die with it.
-pub(crate) struct AbortOnDrop<T>(pub(crate) tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

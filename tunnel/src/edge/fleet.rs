@@ -65,6 +65,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::registry::{AgentSession, Registry, TCP_COPY_BUFFER, TunnelRoute};
 use super::tasks::TaskGuard;
@@ -454,7 +455,7 @@ impl Lease {
                 }
             }
         });
-        let _driver = AbortOnDrop(driver);
+        let _driver = AbortOnDropHandle::new(driver);
         client
             .batch_execute(&format!("SET statement_timeout = 5000; LISTEN {CHANNEL}"))
             .await?;
@@ -669,14 +670,5 @@ impl Lease {
         });
         let (session, _events) = AgentSession::new(format!("peer:{id}"), sender, PEER_OPEN_TIMEOUT);
         Ok((TunnelRoute::new(&session, String::new()), driver))
-    }
-}
-
-/// Aborts the task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -27,6 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 use tokio::time::{Instant, timeout};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::authority::{Grant, Revocation, SessionAuthority, TokenId};
 use super::limits::EdgeLimits;
@@ -363,7 +364,7 @@ async fn run(
             tracing::debug!(error = %e, "agent h2 connection ended");
         }
     });
-    let driver = AbortOnDrop(driver);
+    let driver = AbortOnDropHandle::new(driver);
     let control = timeout(HANDSHAKE_TIMEOUT, mux::open_control(&sender))
         .await
         .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
@@ -514,7 +515,7 @@ impl SessionState {
     ) -> Option<Rejection> {
         let heartbeat = self.ctx.heartbeat;
         let (frames_tx, mut frames) = mpsc::channel::<Result<Frame>>(64);
-        let _reader = AbortOnDrop(tokio::spawn(read_frames(read_half, frames_tx)));
+        let _reader = AbortOnDropHandle::new(tokio::spawn(read_frames(read_half, frames_tx)));
         let mut tick = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
         let mut last_seen = Instant::now();
         let mut empty_since: Option<Instant> = None;
@@ -966,12 +967,4 @@ fn new_session_id() -> String {
     use rand::Rng;
     let n: u64 = rand::rng().random();
     format!("ses_{n:016x}")
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
