@@ -515,7 +515,7 @@ pub async fn serve(
 }
 
 /// Runs `tuna-operator csi` until SIGTERM/SIGINT.
-pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
+pub async fn run(args: CsiArgs) -> crate::Result<()> {
     let socket = super::socket_path(&args.endpoint)?;
     let client = crate::role::cluster_client().await?;
     let shutdown = crate::role::shutdown_on_signal();
