@@ -4,6 +4,13 @@
 //! Messages carry their cause (`…: {source}`) because most of them end up in
 //! one log line or one status message, not in a chain printer; `main` prints
 //! a chain without repeating what a message already holds.
+//!
+//! Not here, on purpose: the plan's refusals ([`crate::plan::tunnel::TunnelError`],
+//! [`crate::plan::domain::DomainError`], [`crate::plan::tcpendpoint::TcpEndpointError`],
+//! [`crate::plan::service::UpstreamError`]) and [`crate::manifest::ManifestError`] are
+//! values handed on — a reason and a sentence for a status condition, an event
+//! or one line of a list — never propagated with `?`; [`ErrorClass`] is the
+//! verdict on an error, not an error.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +25,7 @@ use crate::role::API_KEY_ENV;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    // The cluster and the edge, as every reconciler and role meets them.
     /// No Kubernetes client could be built from `KUBECONFIG` or the pod's
     /// service account.
     #[error("connecting to the Kubernetes API (KUBECONFIG or in-cluster): {0}")]
@@ -65,6 +73,7 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    // Starting a role or a command: flags, files, listeners.
     /// A listener (`--probe-listen`, `--metrics-listen`, the demo's
     /// backends) could not be bound.
     #[error("{flag} {addr}: {source}")]
@@ -132,6 +141,7 @@ pub enum Error {
         #[source]
         source: kube_lease_manager::LeaseManagerError,
     },
+    // `crdgen`.
     /// A CRD could not be rendered.
     #[error(transparent)]
     Crd(#[from] tuna_crds::Error),
@@ -141,6 +151,7 @@ pub enum Error {
         /// How many files differ, are missing or are stale.
         count: usize,
     },
+    // `route explain`.
     /// A URL to explain is not an http(s) URL.
     #[error("URL {url:?}: only http and https URLs are routed")]
     UrlScheme {
@@ -173,6 +184,7 @@ pub enum Error {
     /// An answer could not be written as JSON.
     #[error("writing the JSON answer: {0}")]
     Json(#[source] serde_json::Error),
+    // Connectors: `connector kubeconfig`, the connector proxy, probes, kubeconfigs.
     /// `connector kubeconfig --duration` below what the API server accepts.
     #[error(
         "--duration {} is too short: the API server refuses tokens of less than 10m",
@@ -243,6 +255,7 @@ pub enum Error {
     /// The k8s class has no configuration of that name.
     #[error("the k8s class has no configuration {0:?} (it has: kubeconfig)")]
     UnknownConfiguration(String),
+    // Standalone mode.
     /// A state file of standalone mode's data dir is corrupt; delete it to
     /// start afresh.
     #[error("{}: {message} (delete the file to start afresh)", path.display())]
@@ -255,6 +268,8 @@ pub enum Error {
     /// Standalone mode's edge (embedded or remote) refused or failed.
     #[error("edge: {0}")]
     StandaloneEdge(String),
+    // The CSI plugin: each `Csi*` variant is one gRPC status code
+    // (`impl From<Error> for tonic::Status` in `csi`).
     /// CSI: a missing or malformed request field or attribute
     /// (`INVALID_ARGUMENT`; every `Csi*` variant is one gRPC status code).
     #[error("{0}")]
