@@ -29,7 +29,7 @@ pub struct AllArgs {
 }
 
 /// Runs both roles until SIGTERM/SIGINT; ready when both are.
-pub async fn run(args: AllArgs) -> anyhow::Result<()> {
+pub async fn run(args: AllArgs) -> crate::Result<()> {
     crate::cluster::install_crypto_provider();
     let metrics = Arc::new(Metrics::new());
     let publisher = agent::publisher(&args.edge, &args.agent)?;

@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use crate::Error;
 
 /// Where the chart keeps its CRDs, relative to the repository root.
 pub const DEFAULT_OUT_DIR: &str = "charts/tuna-k8s-operator/crds";
@@ -94,7 +94,7 @@ impl std::fmt::Display for Drift {
 }
 
 /// Runs the subcommand.
-pub fn run(args: CrdgenArgs) -> anyhow::Result<()> {
+pub fn run(args: CrdgenArgs) -> crate::Result<()> {
     let folders = [
         (Family::Chart, &args.out_dir),
         (Family::Connectors, &args.connectors_out_dir),
@@ -114,10 +114,7 @@ pub fn run(args: CrdgenArgs) -> anyhow::Result<()> {
         for d in &drift {
             eprintln!("{d}");
         }
-        anyhow::bail!(
-            "{} CRD file(s) out of date; run `tuna-operator crdgen` and commit the result",
-            drift.len()
-        );
+        return Err(Error::CrdDrift { count: drift.len() });
     }
     for (family, dir) in folders {
         for path in write_of(family, dir)? {
@@ -128,39 +125,37 @@ pub fn run(args: CrdgenArgs) -> anyhow::Result<()> {
 }
 
 /// Writes the chart's CRDs (both families) into `dir` (see [`write_of`]).
-pub fn write(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+pub fn write(dir: &Path) -> crate::Result<Vec<PathBuf>> {
     write_of(Family::Chart, dir)
 }
 
 /// Writes the generated files of `family` into `dir` (created if absent),
 /// removing stale generated files, and returns the paths written.
-pub fn write_of(family: Family, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+pub fn write_of(family: Family, dir: &Path) -> crate::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).map_err(Error::file("create", dir))?;
     for d in drift_of(family, dir)? {
         if let Drift::Stale(path) = d {
-            std::fs::remove_file(&path)
-                .with_context(|| format!("cannot remove {}", path.display()))?;
+            std::fs::remove_file(&path).map_err(Error::file("remove", &path))?;
         }
     }
     let mut written = Vec::new();
     for crd in family.render()? {
         let path = dir.join(&crd.file_name);
-        std::fs::write(&path, crd.yaml)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        std::fs::write(&path, crd.yaml).map_err(Error::file("write", &path))?;
         written.push(path);
     }
     Ok(written)
 }
 
 /// Compares `dir` with the chart's generated CRDs (see [`drift_of`]).
-pub fn drift(dir: &Path) -> anyhow::Result<Vec<Drift>> {
+pub fn drift(dir: &Path) -> crate::Result<Vec<Drift>> {
     drift_of(Family::Chart, dir)
 }
 
 /// Compares `dir` with the generated files of `family`. Only `*.yaml` files
 /// directly in `dir` are considered, so a README (or a sub-folder) next to
 /// them is fine.
-pub fn drift_of(family: Family, dir: &Path) -> anyhow::Result<Vec<Drift>> {
+pub fn drift_of(family: Family, dir: &Path) -> crate::Result<Vec<Drift>> {
     let rendered = family.render()?;
     let mut out = Vec::new();
     for crd in &rendered {
@@ -169,15 +164,13 @@ pub fn drift_of(family: Family, dir: &Path) -> anyhow::Result<Vec<Drift>> {
             Ok(text) if text == crd.yaml => {}
             Ok(_) => out.push(Drift::Changed(path)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => out.push(Drift::Missing(path)),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+            Err(e) => return Err(Error::file("read", path)(e)),
         }
     }
     if dir.is_dir() {
         let mut extra = Vec::new();
-        for entry in
-            std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?
-        {
-            let path = entry?.path();
+        for entry in std::fs::read_dir(dir).map_err(Error::file("list", dir))? {
+            let path = entry.map_err(Error::file("list", dir))?.path();
             let name = path
                 .file_name()
                 .and_then(|n| n.to_str())

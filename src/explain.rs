@@ -12,7 +12,6 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
-use anyhow::{Context as _, bail};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
@@ -22,7 +21,7 @@ use tuna_routing::{HostSelection, Outcome, RouteTable};
 use crate::plan::ingress::{DEFAULT_INGRESS_CLASS, ServicePort, SkipKind, TranslateOptions};
 use crate::plan::service::ServiceIndex;
 use crate::plan::{Backend, Backends, HostRoute, Inputs, Kind, PlanOptions, Reason, Refusal, plan};
-use crate::{cluster, manifest};
+use crate::{Error, cluster, manifest};
 
 /// Subcommands of `tuna-operator route`.
 #[derive(Debug, clap::Subcommand)]
@@ -68,12 +67,15 @@ pub enum OutputFormat {
 }
 
 /// Runs a `route` subcommand, printing to stdout.
-pub fn run(cmd: RouteCommand) -> anyhow::Result<()> {
+pub fn run(cmd: RouteCommand) -> crate::Result<()> {
     match cmd {
         RouteCommand::Explain(args) => {
             let report = explain(&args)?;
             match args.output {
-                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report.json)?),
+                OutputFormat::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report.json).map_err(Error::Json)?
+                ),
                 OutputFormat::Text => print!("{}", report.text),
             }
             Ok(())
@@ -179,11 +181,11 @@ impl From<&Refusal> for SkippedJson {
 /// assert_eq!(split_url("example.com").unwrap(), ("example.com".to_string(), "/".to_string()));
 /// assert!(split_url("ftp://example.com/").is_err());
 /// ```
-pub fn split_url(url: &str) -> anyhow::Result<(String, String)> {
+pub fn split_url(url: &str) -> crate::Result<(String, String)> {
     let rest = match url.split_once("://") {
         Some((scheme, rest)) => {
             if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
-                bail!("URL {url:?}: only http and https URLs are routed");
+                return Err(Error::UrlScheme { url: url.into() });
             }
             rest
         }
@@ -193,10 +195,13 @@ pub fn split_url(url: &str) -> anyhow::Result<(String, String)> {
     let authority = &rest[..end];
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     if host.is_empty() {
-        bail!("URL {url:?} has no host");
+        return Err(Error::UrlNoHost { url: url.into() });
     }
     if tuna_routing::normalize_host(host).is_none() {
-        bail!("URL {url:?}: {host:?} is not a valid host[:port]");
+        return Err(Error::UrlHost {
+            url: url.into(),
+            host: host.into(),
+        });
     }
     let path = &rest[end..];
     let path = if path.starts_with('/') {
@@ -227,11 +232,11 @@ pub struct Snapshot {
 }
 
 /// Reads the `-f` files: Ingresses, Tunnels and Domains; other kinds are ignored.
-pub fn snapshot_from_files(files: &[PathBuf]) -> anyhow::Result<Snapshot> {
+pub fn snapshot_from_files(files: &[PathBuf]) -> crate::Result<Snapshot> {
     let loaded = manifest::load_paths(files);
     if !loaded.errors.is_empty() {
-        let list: Vec<String> = loaded.errors.iter().map(|e| format!("  {e}")).collect();
-        bail!("cannot read the manifests:\n{}", list.join("\n"));
+        let list = loaded.errors.iter().map(|e| e.to_string()).collect();
+        return Err(Error::ManifestsUnreadable(list));
     }
     let mut snapshot = Snapshot::default();
     let mut problems = Vec::new();
@@ -239,7 +244,7 @@ pub fn snapshot_from_files(files: &[PathBuf]) -> anyhow::Result<Snapshot> {
         let result = match object.kind.as_str() {
             "Ingress" if object.api_version != "networking.k8s.io/v1" => {
                 problems.push(format!(
-                    "  {}: Ingress {}/{} uses {}; only networking.k8s.io/v1 is served",
+                    "{}: Ingress {}/{} uses {}; only networking.k8s.io/v1 is served",
                     object.source, object.namespace, object.name, object.api_version
                 ));
                 continue;
@@ -256,23 +261,24 @@ pub fn snapshot_from_files(files: &[PathBuf]) -> anyhow::Result<Snapshot> {
             _ => continue,
         };
         if let Err(e) = result {
-            problems.push(format!("  {e}"));
+            problems.push(e.to_string());
         }
     }
     if !problems.is_empty() {
-        bail!("invalid Ingress manifests:\n{}", problems.join("\n"));
+        return Err(Error::ManifestsInvalid(problems));
     }
     Ok(snapshot)
 }
 
 /// Loads the manifests (or reads the cluster), plans exactly as the agent does
 /// and explains the URL.
-pub fn explain(args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
+pub fn explain(args: &ExplainArgs) -> crate::Result<ExplainReport> {
     split_url(&args.url)?;
     let snapshot = if args.files.is_empty() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()?;
+            .build()
+            .map_err(Error::Runtime)?;
         runtime.block_on(read_snapshot(&args.ingress_class))?
     } else {
         snapshot_from_files(&args.files)?
@@ -283,27 +289,25 @@ pub fn explain(args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
 /// Reads what `route explain` needs from the current kubeconfig context,
 /// read-only: Ingresses, IngressClasses, Tunnels and Domains (list), and the
 /// Services they name (get).
-async fn read_snapshot(class: &str) -> anyhow::Result<Snapshot> {
-    let client = cluster::client()
-        .await
-        .context("no Kubernetes cluster to read (set KUBECONFIG, or give manifests with -f)")?;
+async fn read_snapshot(class: &str) -> crate::Result<Snapshot> {
+    let client = cluster::client().await.map_err(Error::NoClusterToRead)?;
     let lp = ListParams::default();
     let ingresses = Api::<Ingress>::all(client.clone())
         .list(&lp)
         .await
-        .context("listing Ingresses")?;
+        .map_err(Error::kube("listing Ingresses"))?;
     let classes = Api::<IngressClass>::all(client.clone())
         .list(&lp)
         .await
-        .context("listing IngressClasses")?;
+        .map_err(Error::kube("listing IngressClasses"))?;
     let tunnels = Api::<Tunnel>::all(client.clone())
         .list(&lp)
         .await
-        .context("listing Tunnels (are the CRDs installed?)")?;
+        .map_err(Error::kube("listing Tunnels (are the CRDs installed?)"))?;
     let domains = Api::<Domain>::all(client.clone())
         .list(&lp)
         .await
-        .context("listing Domains (are the CRDs installed?)")?;
+        .map_err(Error::kube("listing Domains (are the CRDs installed?)"))?;
     let options = cluster::ingress_options(&classes.items, class);
     let ingresses: Vec<Arc<Ingress>> = ingresses.items.into_iter().map(Arc::new).collect();
     let tunnels: Vec<Arc<Tunnel>> = tunnels.items.into_iter().map(Arc::new).collect();
@@ -312,7 +316,7 @@ async fn read_snapshot(class: &str) -> anyhow::Result<Snapshot> {
     for (namespace, name) in cluster::referenced_services(&ingresses, &tunnels, &options) {
         if let Some(info) = cluster::read_service(&client, &namespace, &name)
             .await
-            .with_context(|| format!("reading Service {namespace}/{name}"))?
+            .map_err(Error::kube(format!("reading Service {namespace}/{name}")))?
         {
             services.push(info);
         }
@@ -329,7 +333,7 @@ async fn read_snapshot(class: &str) -> anyhow::Result<Snapshot> {
 }
 
 /// Explains the URL over `snapshot` (see [`explain`]).
-pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Result<ExplainReport> {
+pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Result<ExplainReport> {
     let (host, path) = split_url(&args.url)?;
     let base_domain = args
         .base_domain
@@ -367,7 +371,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> anyhow::Resu
         .values()
         .flat_map(|h| h.routes.iter().chain(&h.refused).cloned())
         .collect();
-    let (table, _) = RouteTable::build(specs).context("building the route table")?;
+    let (table, _) = RouteTable::build(specs).map_err(Error::RouteTable)?;
     let skipped: Vec<SkippedJson> = plan
         .refusals
         .iter()

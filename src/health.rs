@@ -62,14 +62,22 @@ pub async fn start(
     metrics_listen: SocketAddr,
     ready: watch::Receiver<Readiness>,
     render: MetricsRenderer,
-) -> std::io::Result<(SocketAddr, SocketAddr)> {
-    let probe = TcpListener::bind(probe_listen).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("--probe-listen {probe_listen}: {e}"))
-    })?;
-    let metrics_listener = TcpListener::bind(metrics_listen).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("--metrics-listen {metrics_listen}: {e}"))
-    })?;
-    let addrs = (probe.local_addr()?, metrics_listener.local_addr()?);
+) -> crate::Result<(SocketAddr, SocketAddr)> {
+    let listen = |flag, addr| move |source| crate::Error::Listen { flag, addr, source };
+    let probe = TcpListener::bind(probe_listen)
+        .await
+        .map_err(listen("--probe-listen", probe_listen))?;
+    let metrics_listener = TcpListener::bind(metrics_listen)
+        .await
+        .map_err(listen("--metrics-listen", metrics_listen))?;
+    let addrs = (
+        probe
+            .local_addr()
+            .map_err(listen("--probe-listen", probe_listen))?,
+        metrics_listener
+            .local_addr()
+            .map_err(listen("--metrics-listen", metrics_listen))?,
+    );
     let probes = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

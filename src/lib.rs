@@ -19,6 +19,8 @@
 
 #![warn(missing_docs)]
 
+pub use error::{Error, Result};
+
 pub mod agent;
 pub mod all;
 pub mod cluster;
@@ -26,6 +28,7 @@ pub mod connectors;
 pub mod crdgen;
 pub mod csi;
 pub mod edge;
+pub mod error;
 pub mod explain;
 pub mod health;
 pub mod manifest;

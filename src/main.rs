@@ -76,32 +76,55 @@ enum Command {
     Csi(Box<tuna_operator::csi::CsiArgs>),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    tuna_operator::telemetry::init_with(cli.log_format);
-    match cli.command {
-        Command::Controller(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::reservations::role::run(*args))
-        }
-        Command::Agent(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::agent::role::run(*args))
-        }
-        Command::All(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::all::run(*args))
-        }
-        Command::Route(cmd) => tuna_operator::explain::run(cmd),
-        Command::Crdgen(args) => tuna_operator::crdgen::run(args),
-        Command::Standalone(args) => tuna_operator::standalone::cli::run_blocking(*args),
-        Command::Connectors(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::connectors::role::run(*args))
-        }
-        Command::Connector(cmd) => tuna_operator::connectors::cli::run(cmd),
-        Command::Csi(args) => {
-            tokio::runtime::Runtime::new()?.block_on(tuna_operator::csi::node::run(*args))
-        }
-        Command::Edge(cli) => {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-            tokio::runtime::Runtime::new()?.block_on(tuna_tunnel::edge::cli::run(*cli))
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {}", report(&e));
+            std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error, then the causes its message does not already quote: the
+/// library's messages carry their cause (they also go to logs and status
+/// conditions), so anyhow's chain printer would say everything twice.
+fn report(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let line = cause.to_string();
+        if text.contains(&line) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str("\nCaused by: ");
+        }
+        text.push_str(&line);
+    }
+    text
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    tuna_operator::telemetry::init_with(cli.log_format);
+    let runtime = || tokio::runtime::Runtime::new().map_err(tuna_operator::Error::Runtime);
+    match cli.command {
+        Command::Controller(args) => {
+            runtime()?.block_on(tuna_operator::reservations::role::run(*args))?
+        }
+        Command::Agent(args) => runtime()?.block_on(tuna_operator::agent::role::run(*args))?,
+        Command::All(args) => runtime()?.block_on(tuna_operator::all::run(*args))?,
+        Command::Route(cmd) => tuna_operator::explain::run(cmd)?,
+        Command::Crdgen(args) => tuna_operator::crdgen::run(args)?,
+        Command::Standalone(args) => tuna_operator::standalone::cli::run_blocking(*args)?,
+        Command::Connectors(args) => {
+            runtime()?.block_on(tuna_operator::connectors::role::run(*args))?
+        }
+        Command::Connector(cmd) => tuna_operator::connectors::cli::run(cmd)?,
+        Command::Csi(args) => runtime()?.block_on(tuna_operator::csi::node::run(*args))?,
+        Command::Edge(cli) => {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            runtime()?.block_on(tuna_tunnel::edge::cli::run(*cli))?
+        }
+    }
+    Ok(())
 }

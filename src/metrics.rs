@@ -25,7 +25,7 @@ use tuna_tunnel::api::{
 };
 use tuna_tunnel::wire::Binding;
 
-use crate::edge::api::{EdgeApi, EdgeResult, ErrorClass, MintedToken};
+use crate::edge::api::{EdgeApi, ErrorClass, MintedToken};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReconcileLabels {
@@ -158,7 +158,7 @@ impl Metrics {
             .set(n as i64);
     }
 
-    fn edge_call<T>(&self, operation: &'static str, result: &EdgeResult<T>) {
+    fn edge_call<T>(&self, operation: &'static str, result: &crate::Result<T>) {
         let outcome = match result {
             Ok(_) => "ok",
             Err(e) => match e.class() {
@@ -227,28 +227,28 @@ macro_rules! metered {
 }
 
 impl EdgeApi for MeteredEdge {
-    fn whoami(&self) -> BoxFuture<'_, EdgeResult<WhoAmI>> {
+    fn whoami(&self) -> BoxFuture<'_, crate::Result<WhoAmI>> {
         Box::pin(async move { metered!(self, "whoami", self.inner.whoami()) })
     }
     fn ensure_domain<'a>(
         &'a self,
         request: &'a CreateDomain,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<Domain>>> {
+    ) -> BoxFuture<'a, crate::Result<Reserved<Domain>>> {
         Box::pin(async move { metered!(self, "ensure_domain", self.inner.ensure_domain(request)) })
     }
-    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<Domain>> {
+    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<Domain>> {
         Box::pin(async move { metered!(self, "verify_domain", self.inner.verify_domain(name)) })
     }
-    fn list_domains(&self) -> BoxFuture<'_, EdgeResult<Vec<Domain>>> {
+    fn list_domains(&self) -> BoxFuture<'_, crate::Result<Vec<Domain>>> {
         Box::pin(async move { metered!(self, "list_domains", self.inner.list_domains()) })
     }
-    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move { metered!(self, "delete_domain", self.inner.delete_domain(name)) })
     }
     fn ensure_tcp_endpoint<'a>(
         &'a self,
         request: &'a CreateTcpEndpoint,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<TcpEndpoint>>> {
+    ) -> BoxFuture<'a, crate::Result<Reserved<TcpEndpoint>>> {
         Box::pin(async move {
             metered!(
                 self,
@@ -257,7 +257,7 @@ impl EdgeApi for MeteredEdge {
             )
         })
     }
-    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move {
             metered!(
                 self,
@@ -271,7 +271,7 @@ impl EdgeApi for MeteredEdge {
         labels: &'a std::collections::BTreeMap<String, String>,
         bindings: &'a [Binding],
         ttl: Duration,
-    ) -> BoxFuture<'a, EdgeResult<MintedToken>> {
+    ) -> BoxFuture<'a, crate::Result<MintedToken>> {
         Box::pin(async move {
             metered!(
                 self,
@@ -280,13 +280,13 @@ impl EdgeApi for MeteredEdge {
             )
         })
     }
-    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, EdgeResult<i64>> {
+    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, crate::Result<i64>> {
         Box::pin(async move { metered!(self, "renew_token", self.inner.renew_token(id, ttl)) })
     }
-    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move { metered!(self, "revoke_token", self.inner.revoke_token(id)) })
     }
-    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, EdgeResult<Vec<Token>>> {
+    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, crate::Result<Vec<Token>>> {
         Box::pin(async move { metered!(self, "list_tokens", self.inner.list_tokens(selector)) })
     }
 }

@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tuna_tunnel::api::{ClientOptions, Secret, TunaClient};
 
+use crate::Error;
 use crate::edge::api::{EdgeApi, RemoteEdge};
 use crate::health::{self, MetricsRenderer, Readiness};
 use crate::metrics::{MeteredEdge, Metrics};
@@ -47,36 +48,33 @@ pub struct EdgeArgs {
 
 impl EdgeArgs {
     /// The API key, from `--api-key-file` or `TUNA_API_KEY`.
-    pub fn api_key(&self) -> anyhow::Result<Secret> {
-        use anyhow::Context as _;
+    pub fn api_key(&self) -> crate::Result<Secret> {
         let key = match &self.api_key_file {
-            Some(path) => std::fs::read_to_string(path)
-                .with_context(|| format!("reading the API key from {}", path.display()))?,
-            None => std::env::var(API_KEY_ENV).map_err(|_| {
-                anyhow::anyhow!(
-                    "no API key: give --api-key-file FILE or set the environment variable {API_KEY_ENV}"
-                )
+            Some(path) => std::fs::read_to_string(path).map_err(|source| Error::ApiKeyRead {
+                path: path.clone(),
+                source,
             })?,
+            None => std::env::var(API_KEY_ENV).map_err(|_| Error::NoApiKey)?,
         };
         let key = key.trim_end();
         if key.is_empty() {
-            anyhow::bail!("the API key is empty (check --api-key-file or {API_KEY_ENV})");
+            return Err(Error::EmptyApiKey);
         }
         Ok(Secret::new(key))
     }
 
     /// A client of the edge's REST API with the operator's key.
-    pub fn client(&self) -> anyhow::Result<TunaClient> {
+    pub fn client(&self) -> crate::Result<TunaClient> {
         self.client_with(self.api_key()?)
     }
 
     /// A client of the edge's REST API with `key` (e.g. a Tunnel's own).
-    pub fn client_with(&self, key: Secret) -> anyhow::Result<TunaClient> {
+    pub fn client_with(&self, key: Secret) -> crate::Result<TunaClient> {
         let mut options = ClientOptions::new(self.edge_api.clone(), key);
         if let Some(ca) = &self.edge_ca_file {
             options = options.with_ca_file(ca.clone());
         }
-        TunaClient::new(options).map_err(|e| anyhow::anyhow!("edge API client: {e}"))
+        TunaClient::new(options).map_err(Error::EdgeClient)
     }
 }
 
@@ -95,7 +93,7 @@ pub struct ServeArgs {
 }
 
 /// The edge API with the operator's key, metered.
-pub fn edge_api(args: &EdgeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Arc<dyn EdgeApi>> {
+pub fn edge_api(args: &EdgeArgs, metrics: &Arc<Metrics>) -> crate::Result<Arc<dyn EdgeApi>> {
     let remote: Arc<dyn EdgeApi> = Arc::new(RemoteEdge::new(args.client()?));
     Ok(Arc::new(MeteredEdge::new(remote, Arc::clone(metrics))))
 }
@@ -127,7 +125,7 @@ pub async fn start(
     serve: &ServeArgs,
     ready: watch::Receiver<Readiness>,
     render: MetricsRenderer,
-) -> anyhow::Result<(kube::Client, CancellationToken)> {
+) -> crate::Result<(kube::Client, CancellationToken)> {
     let (probe, metrics) =
         health::start(serve.probe_listen, serve.metrics_listen, ready, render).await?;
     tracing::info!(%probe, %metrics, "probes and metrics listening");
@@ -135,11 +133,10 @@ pub async fn start(
 }
 
 /// The Kubernetes client as kube-rs infers it (`KUBECONFIG`, else in-cluster).
-pub async fn cluster_client() -> anyhow::Result<kube::Client> {
-    use anyhow::Context as _;
+pub async fn cluster_client() -> crate::Result<kube::Client> {
     crate::cluster::client()
         .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")
+        .map_err(Error::ClusterConnect)
 }
 
 /// A token cancelled on SIGINT or SIGTERM (logged once).

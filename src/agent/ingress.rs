@@ -33,11 +33,12 @@ use kube::runtime::events::EventType;
 use tuna_crds::{Domain, Tunnel};
 
 use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
+use crate::Error;
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
 use crate::plan::ingress::{SkipReason, TranslateOptions, rule_hosts, translate_one};
 use crate::plan::{HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
-use crate::reconcile::{Error, apply_status, resync};
+use crate::reconcile::{apply_status, resync};
 
 /// The host a Domain reserves, given the base domain.
 fn domain_host(d: &Domain, base_domain: &str) -> Option<String> {

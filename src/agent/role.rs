@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
@@ -109,18 +108,15 @@ where
 }
 
 /// The cluster identity: `--cluster-id`, else the kube-system namespace's uid.
-async fn cluster_id(client: &Client, flag: &Option<String>) -> anyhow::Result<String> {
+async fn cluster_id(client: &Client, flag: &Option<String>) -> crate::Result<String> {
     if let Some(id) = flag {
         return Ok(id.clone());
     }
     let ns: Api<Namespace> = Api::all(client.clone());
-    let kube_system = ns.get("kube-system").await.context(
+    let kube_system = ns.get("kube-system").await.map_err(crate::Error::kube(
         "reading the kube-system namespace for the cluster's identity (give --cluster-id instead)",
-    )?;
-    kube_system
-        .metadata
-        .uid
-        .context("the kube-system namespace has no uid; give --cluster-id")
+    ))?;
+    kube_system.metadata.uid.ok_or(crate::Error::NoClusterUid)
 }
 
 /// Runs the agent role until `shutdown`; flips `ready` once synced.
@@ -134,7 +130,7 @@ pub async fn serve(
     publisher: Publisher,
     ready: watch::Sender<Readiness>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let cluster_id = cluster_id(&client, &flags.cluster_id).await?;
     let instance = format!("{}-{}", instance_name(), std::process::id());
     let ctx = Arc::new(Context::new(
@@ -510,14 +506,14 @@ pub fn agent_config(edge: &EdgeArgs, flags: &AgentFlags) -> AgentConfig {
 }
 
 /// The publisher (proxy core + the agent's connection) of the agent role.
-pub fn publisher(edge: &EdgeArgs, flags: &AgentFlags) -> anyhow::Result<Publisher> {
+pub fn publisher(edge: &EdgeArgs, flags: &AgentFlags) -> crate::Result<Publisher> {
     let proxy = ProxyCore::new(ProxyConfig::default());
     let options = crate::edge::publisher::PublisherOptions {
         token_ttl: flags.tunnel_token_ttl,
         ..Default::default()
     };
     Publisher::start_with(proxy, agent_config(edge, flags), options)
-        .map_err(|e| anyhow::anyhow!("starting the tunnel agent: {e}"))
+        .map_err(crate::Error::TunnelAgent)
 }
 
 /// The `/metrics` body of the agent: its own metrics and the proxy core's.
@@ -528,7 +524,7 @@ pub fn render_metrics(metrics: &Arc<Metrics>, publisher: &Publisher) -> String {
 }
 
 /// Runs the agent role until SIGTERM/SIGINT.
-pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
+pub async fn run(args: AgentArgs) -> crate::Result<()> {
     crate::cluster::install_crypto_provider();
     let metrics = Arc::new(Metrics::new());
     let publisher = publisher(&args.edge, &args.agent)?;

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_tunnel::api::{Scope, Secret as ApiKey};
 
-use crate::edge::api::{EdgeApi, EdgeError, RemoteEdge};
+use crate::edge::api::{EdgeApi, RemoteEdge};
 use crate::edge::publisher::{Publisher, TunnelKey};
 use crate::metrics::MeteredEdge;
 use crate::plan::ObjectRef;
@@ -486,7 +486,7 @@ impl AgentState {
             Arc::new(RemoteEdge::new(client)),
             Arc::clone(&self.ctx.metrics),
         ));
-        let who = edge.whoami().await.map_err(|e: EdgeError| KeyProblem {
+        let who = edge.whoami().await.map_err(|e: crate::Error| KeyProblem {
             reason: if e.code() == Some("unauthorized") {
                 "ApiKeyRejected"
             } else {

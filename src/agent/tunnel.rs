@@ -25,6 +25,7 @@ use tuna_crds::{ConditionStatus, Domain, TcpEndpoint, Tunnel, TunnelStatus};
 use tuna_tunnel::api::CreateDomain;
 
 use super::state::{AgentState, SETTLE_WAIT, labels};
+use crate::Error;
 use crate::edge::api::{EdgeApi, ErrorClass, gone_is_ok};
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
 use crate::plan::ingress::rule_hosts;
@@ -32,7 +33,7 @@ use crate::plan::service::{ServiceIndex, UpstreamHost, parse_upstream_url};
 use crate::plan::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint};
 use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
-use crate::reconcile::{Error, apply_status, ready, ready_of, reason_of, resync};
+use crate::reconcile::{apply_status, ready, ready_of, reason_of, resync};
 
 /// The objects that compete with a Tunnel for its host or endpoint.
 #[derive(Debug, Clone, Copy, Default)]
@@ -298,7 +299,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
                 &format!("{e}; retrying"),
             )
             .await?;
-            return Err(Error::Edge(e));
+            return Err(e);
         }
     };
     // Observe: competitors for the same host or endpoint, and the Services.
@@ -431,7 +432,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
                     return if needs_change {
                         Ok(resync(ctx.resync_interval))
                     } else {
-                        Err(Error::Edge(e))
+                        Err(e)
                     };
                 }
             }

@@ -11,7 +11,6 @@
 
 use std::time::Duration;
 
-use anyhow::Context as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
@@ -20,6 +19,7 @@ use tuna_proxy::Credential;
 
 use super::kubeconfig::{KubeconfigInput, render_kubeconfig};
 use super::role::DEFAULT_AUDIENCE;
+use crate::Error;
 use crate::role::parse_duration;
 
 /// The API server refuses shorter TokenRequests.
@@ -56,24 +56,23 @@ pub struct KubeconfigArgs {
 }
 
 /// Runs `tuna-operator connector …`.
-pub fn run(command: ConnectorCommand) -> anyhow::Result<()> {
+pub fn run(command: ConnectorCommand) -> crate::Result<()> {
     let ConnectorCommand::Kubeconfig(args) = command;
-    let text = tokio::runtime::Runtime::new()?.block_on(kubeconfig(args))?;
+    let text = tokio::runtime::Runtime::new()
+        .map_err(Error::Runtime)?
+        .block_on(kubeconfig(args))?;
     print!("{text}");
     Ok(())
 }
 
 /// The kubeconfig `args` ask for.
-pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<String> {
+pub async fn kubeconfig(args: KubeconfigArgs) -> crate::Result<String> {
     if args.duration < MIN_DURATION {
-        anyhow::bail!(
-            "--duration {} is too short: the API server refuses tokens of less than 10m",
-            humantime::format_duration(args.duration)
-        );
+        return Err(Error::DurationTooShort(args.duration));
     }
     let client = crate::cluster::client()
         .await
-        .context("connecting to the Kubernetes API (KUBECONFIG or in-cluster)")?;
+        .map_err(Error::ClusterConnect)?;
     let namespace = args
         .namespace
         .clone()
@@ -81,8 +80,14 @@ pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<String> {
     let connector = Api::<Connector>::namespaced(client.clone(), &namespace)
         .get_opt(&args.name)
         .await
-        .with_context(|| format!("reading connector {namespace}/{}", args.name))?
-        .with_context(|| format!("there is no connector {namespace}/{}", args.name))?;
+        .map_err(Error::kube(format!(
+            "reading connector {namespace}/{}",
+            args.name
+        )))?
+        .ok_or_else(|| Error::NoConnector {
+            namespace: namespace.clone(),
+            name: args.name.clone(),
+        })?;
     let audience = connector
         .status
         .as_ref()
@@ -103,17 +108,15 @@ pub async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<String> {
     let issued = Api::<ServiceAccount>::namespaced(client, &namespace)
         .create_token_request(&args.service_account, &PostParams::default(), &request)
         .await
-        .with_context(|| {
-            format!(
-                "minting a token of ServiceAccount {namespace}/{} (TokenRequest)",
-                args.service_account
-            )
-        })?;
+        .map_err(Error::kube(format!(
+            "minting a token of ServiceAccount {namespace}/{} (TokenRequest)",
+            args.service_account
+        )))?;
     let token = issued
         .status
         .map(|s| s.token)
         .filter(|t| !t.is_empty())
-        .context("the TokenRequest answered no token")?;
+        .ok_or(Error::NoToken)?;
     let input = KubeconfigInput::from_connector(
         &connector,
         Credential::new(token),

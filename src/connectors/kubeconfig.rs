@@ -11,24 +11,7 @@ use serde::Serialize;
 use tuna_crds::{Connector, KUBECONFIG_CONFIGURATION};
 use tuna_proxy::Credential;
 
-/// Why a kubeconfig cannot be rendered for a Connector.
-#[derive(Debug, thiserror::Error)]
-pub enum RenderError {
-    /// The Connector's status has no proxy address or CA yet.
-    #[error(
-        "connector {0} has no proxy address yet (status.proxy.httpAddress): is the connectors role running? see kubectl describe connector"
-    )]
-    NoProxyAddress(String),
-    /// The Connector has no address.
-    #[error("connector {0} has no spec.address")]
-    NoAddress(String),
-    /// The proxy URL (of the status or an override) is not `http://host[:port]`.
-    #[error("the proxy URL {0:?} is not http://<host>[:<port>]")]
-    BadProxyUrl(String),
-    /// The class has no configuration of that name.
-    #[error("the k8s class has no configuration {0:?} (it has: kubeconfig)")]
-    UnknownConfiguration(String),
-}
+use crate::Error;
 
 /// What a kubeconfig is rendered from.
 #[derive(Debug, Clone)]
@@ -70,7 +53,7 @@ impl KubeconfigInput {
         connector: &Connector,
         token: Credential,
         proxy_url: Option<&str>,
-    ) -> Result<Self, RenderError> {
+    ) -> crate::Result<Self> {
         let namespace = connector
             .metadata
             .namespace
@@ -79,7 +62,7 @@ impl KubeconfigInput {
         let name = connector.metadata.name.clone().unwrap_or_default();
         let id = format!("{namespace}/{name}");
         if connector.spec.address.is_empty() {
-            return Err(RenderError::NoAddress(id));
+            return Err(Error::NoConnectorAddress(id));
         }
         let address = connector
             .status
@@ -90,7 +73,7 @@ impl KubeconfigInput {
             address.and_then(|a| a.url.as_deref()),
             address.and_then(|a| a.ca_certs.as_deref()),
         ) else {
-            return Err(RenderError::NoProxyAddress(id));
+            return Err(Error::NoProxyAddress(id));
         };
         let url = proxy_url.unwrap_or(url);
         Ok(Self {
@@ -105,8 +88,8 @@ impl KubeconfigInput {
 }
 
 /// `host[:port]` of an `http://host[:port][/]` URL.
-fn proxy_host_of(url: &str) -> Result<String, RenderError> {
-    let bad = || RenderError::BadProxyUrl(url.to_owned());
+fn proxy_host_of(url: &str) -> crate::Result<String> {
+    let bad = || Error::BadProxyUrl(url.to_owned());
     let rest = url.strip_prefix("http://").ok_or_else(bad)?;
     let host = rest.strip_suffix('/').unwrap_or(rest);
     if host.is_empty() || host.contains(['/', '@', '?', '#']) {
@@ -241,9 +224,9 @@ pub fn render_kubeconfig(input: &KubeconfigInput) -> String {
 pub fn render_configuration(
     name: &str,
     input: &KubeconfigInput,
-) -> Result<Vec<RenderedFile>, RenderError> {
+) -> crate::Result<Vec<RenderedFile>> {
     if name != KUBECONFIG_CONFIGURATION {
-        return Err(RenderError::UnknownConfiguration(name.to_owned()));
+        return Err(Error::UnknownConfiguration(name.to_owned()));
     }
     Ok(vec![RenderedFile {
         name: KUBECONFIG_CONFIGURATION.to_owned(),
@@ -346,7 +329,7 @@ mod tests {
         }
         let err = KubeconfigInput::from_connector(&connector(false), Credential::new("t"), None)
             .unwrap_err();
-        assert!(matches!(err, RenderError::NoProxyAddress(_)), "{err}");
+        assert!(matches!(err, Error::NoProxyAddress(_)), "{err}");
         assert!(!format!("{input:?}").contains("\"t\""));
     }
 }

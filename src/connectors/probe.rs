@@ -29,14 +29,6 @@ pub enum ProbeResult {
     },
 }
 
-/// Why a probe client cannot be built.
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    /// The CA certificates or the TLS settings are unusable.
-    #[error("TLS settings: {0}")]
-    Tls(String),
-}
-
 /// The system's CA certificates (read once).
 fn system_roots() -> Arc<rustls::RootCertStore> {
     static ROOTS: OnceLock<Arc<rustls::RootCertStore>> = OnceLock::new();
@@ -57,14 +49,14 @@ fn system_roots() -> Arc<rustls::RootCertStore> {
 pub fn client(
     ca: Option<&[CertificateDer<'static>]>,
     timeout: Duration,
-) -> Result<reqwest::Client, ProbeError> {
+) -> crate::Result<reqwest::Client> {
     let roots = match ca {
         Some(certs) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in certs {
                 roots
                     .add(cert.clone())
-                    .map_err(|e| ProbeError::Tls(e.to_string()))?;
+                    .map_err(|e| crate::Error::ProbeTls(e.to_string()))?;
             }
             Arc::new(roots)
         }
@@ -74,7 +66,7 @@ pub fn client(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| ProbeError::Tls(e.to_string()))?
+    .map_err(|e| crate::Error::ProbeTls(e.to_string()))?
     .with_root_certificates(roots)
     .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -84,7 +76,7 @@ pub fn client(
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)
         .build()
-        .map_err(|e| ProbeError::Tls(error_chain(&e)))
+        .map_err(|e| crate::Error::ProbeTls(error_chain(&e)))
 }
 
 /// `GET url` with `Authorization: Bearer <token>` (when given).

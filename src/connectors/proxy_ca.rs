@@ -15,57 +15,27 @@ use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tuna_proxy::{CaPem, Credential, InterceptCa};
 
-/// Why the CA cannot be had.
-#[derive(Debug, thiserror::Error)]
-pub enum CaError {
-    /// Reading or creating the Secret failed.
-    #[error("the proxy CA Secret {secret}: {source}")]
-    Kube {
-        /// The Secret's name.
-        secret: String,
-        /// The API's error.
-        #[source]
-        source: kube::Error,
-    },
-    /// The Secret exists but does not hold a CA.
-    #[error(
-        "the proxy CA Secret {0} has no tls.crt and tls.key: delete it and restart, and a new CA is made (kubeconfigs minted before stop working)"
-    )]
-    Incomplete(String),
-    /// Generating or loading the CA failed.
-    #[error("the proxy CA in Secret {secret}: {source}")]
-    Invalid {
-        /// The Secret's name.
-        secret: String,
-        /// Why the CA is unusable.
-        #[source]
-        source: tuna_proxy::Error,
-    },
-}
+use crate::Error;
 
 /// The CA of Secret `namespace/name`, created (with a new CA) if absent.
-pub async fn load_or_create(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-) -> Result<CaPem, CaError> {
+pub async fn load_or_create(client: &Client, namespace: &str, name: &str) -> crate::Result<CaPem> {
     let id = format!("{namespace}/{name}");
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let kube = |source| CaError::Kube {
+    let kube = |source| Error::ProxyCaSecret {
         secret: id.clone(),
         source,
     };
     for _ in 0..2 {
         if let Some(secret) = api.get_opt(name).await.map_err(kube)? {
-            let pem = from_secret(&secret).ok_or_else(|| CaError::Incomplete(id.clone()))?;
-            InterceptCa::from_pem(&pem).map_err(|source| CaError::Invalid {
+            let pem = from_secret(&secret).ok_or_else(|| Error::ProxyCaIncomplete(id.clone()))?;
+            InterceptCa::from_pem(&pem).map_err(|source| Error::ProxyCaInvalid {
                 secret: id.clone(),
                 source,
             })?;
             return Ok(pem);
         }
         let pem = InterceptCa::generate("tuna-operator connectors proxy CA").map_err(|source| {
-            CaError::Invalid {
+            Error::ProxyCaInvalid {
                 secret: id.clone(),
                 source,
             }
@@ -103,7 +73,7 @@ pub async fn load_or_create(
             Err(e) => return Err(kube(e)),
         }
     }
-    Err(CaError::Incomplete(id))
+    Err(Error::ProxyCaIncomplete(id))
 }
 
 fn from_secret(secret: &Secret) -> Option<CaPem> {

@@ -47,11 +47,12 @@ use tuna_crds::{
 };
 use tuna_proxy::{Authority, Credential, UpstreamTarget};
 
+use crate::Error;
 use crate::connectors::probe::{self, ProbeResult};
 use crate::connectors::targets::{ProxyTarget, ProxyTargets};
 use crate::metrics::Metrics;
 use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
-use crate::reconcile::{Backoff, Error, apply_status, publish_event, resync};
+use crate::reconcile::{Backoff, apply_status, publish_event, resync};
 
 /// Field manager of the Services and the built-in class the connectors role applies.
 pub const FIELD_MANAGER: &str = "tuna-operator-connectors";

@@ -18,7 +18,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
 use tokio::sync::watch;
@@ -217,7 +216,7 @@ pub async fn serve(
     proxy: ProxyCore,
     ready: watch::Sender<Readiness>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let flags = &args.connectors;
     let namespace = flags.namespace(&client);
     ready.send_replace(Readiness::NotReady("loading the proxy CA".into()));
@@ -257,7 +256,7 @@ pub async fn serve(
             ..AuthorizerOptions::new(flags.token_audience.clone())
         },
     );
-    let intercept = InterceptCa::from_pem(&ca).context("the proxy CA")?;
+    let intercept = InterceptCa::from_pem(&ca).map_err(crate::Error::ProxyCa)?;
     let bound = proxy
         .add_connect_listener(
             args.proxy_listen,
@@ -274,7 +273,10 @@ pub async fn serve(
             },
         )
         .await
-        .with_context(|| format!("--proxy-listen {}", args.proxy_listen))?;
+        .map_err(|source| crate::Error::ProxyListen {
+            addr: args.proxy_listen,
+            source,
+        })?;
     tracing::info!(addr = %bound, "connector proxy listening");
     let options = ConnectorOptions {
         probe_interval: args.serve.resync_interval,
@@ -306,7 +308,7 @@ pub async fn serve(
 }
 
 /// Runs the connectors role until SIGTERM/SIGINT.
-pub async fn run(args: ConnectorsArgs) -> anyhow::Result<()> {
+pub async fn run(args: ConnectorsArgs) -> crate::Result<()> {
     crate::cluster::install_crypto_provider();
     let metrics = Arc::new(Metrics::new());
     let proxy = ProxyCore::new(ProxyConfig::default());

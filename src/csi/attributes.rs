@@ -20,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::TokenRequestStatus;
 use tuna_proxy::Credential;
 
-use super::CsiError;
+use crate::Error;
 
 /// The pod's name, from kubelet.
 pub const POD_NAME: &str = "csi.storage.k8s.io/pod.name";
@@ -83,8 +83,8 @@ pub struct VolumeRequest {
     pub pod: PodIdentity,
 }
 
-fn invalid(message: impl Into<String>) -> CsiError {
-    CsiError::InvalidArgument(message.into())
+fn invalid(message: impl Into<String>) -> Error {
+    Error::CsiInvalidArgument(message.into())
 }
 
 /// A DNS-1123 subdomain (names of namespaces and Connectors).
@@ -97,7 +97,7 @@ fn is_name(s: &str) -> bool {
         && !s.ends_with(['-', '.'])
 }
 
-fn required<'a>(context: &'a HashMap<String, String>, key: &str) -> Result<&'a str, CsiError> {
+fn required<'a>(context: &'a HashMap<String, String>, key: &str) -> crate::Result<&'a str> {
     match context.get(key).map(|v| v.trim()) {
         Some(v) if !v.is_empty() => Ok(v),
         _ => Err(invalid(format!(
@@ -108,7 +108,7 @@ fn required<'a>(context: &'a HashMap<String, String>, key: &str) -> Result<&'a s
 
 impl VolumeRequest {
     /// Reads `context` (a NodePublishVolume's `volume_context`).
-    pub fn parse(context: &HashMap<String, String>) -> Result<Self, CsiError> {
+    pub fn parse(context: &HashMap<String, String>) -> crate::Result<Self> {
         if context.get(EPHEMERAL).map(String::as_str) != Some("true") {
             return Err(invalid(format!(
                 "connectors-csi serves inline ephemeral volumes only ({EPHEMERAL} is not \"true\"): use a csi: volume in the pod spec, not a PersistentVolume"
@@ -143,7 +143,7 @@ impl VolumeRequest {
 fn connector_of(
     context: &HashMap<String, String>,
     pod_namespace: &str,
-) -> Result<(String, String), CsiError> {
+) -> crate::Result<(String, String)> {
     let new = context
         .get("connectors")
         .map(|v| v.trim())
@@ -194,7 +194,7 @@ fn connector_of(
 }
 
 /// `configuration.names`: `kubeconfig`, `kubeconfig,!context.token`, ….
-pub fn parse_names(value: &str) -> Result<FileSelection, CsiError> {
+pub fn parse_names(value: &str) -> crate::Result<FileSelection> {
     let mut selection = FileSelection::default();
     for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let (excluded, name) = match entry.strip_prefix('!') {
@@ -221,7 +221,7 @@ pub fn parse_names(value: &str) -> Result<FileSelection, CsiError> {
 }
 
 /// `token.expiration`: a duration like `30m`, between 10m and 24h.
-pub fn parse_expiration(value: &str) -> Result<Duration, CsiError> {
+pub fn parse_expiration(value: &str) -> crate::Result<Duration> {
     let duration = humantime::parse_duration(value).map_err(|e| {
         invalid(format!(
             "token.expiration {value:?} is not a duration like 30m or 1h: {e}"
@@ -256,14 +256,14 @@ pub struct PodToken {
 pub fn service_account_tokens<'a>(
     secrets: &'a HashMap<String, String>,
     context: &'a HashMap<String, String>,
-) -> Result<&'a str, CsiError> {
+) -> crate::Result<&'a str> {
     secrets
         .get(SERVICE_ACCOUNT_TOKENS)
         .or_else(|| context.get(SERVICE_ACCOUNT_TOKENS))
         .map(String::as_str)
         .filter(|t| !t.trim().is_empty())
         .ok_or_else(|| {
-            CsiError::Unavailable(format!(
+            Error::CsiUnavailable(format!(
                 "kubelet passed no ServiceAccount token ({SERVICE_ACCOUNT_TOKENS}): the CSIDriver connectors-csi must declare tokenRequests for the connector proxy's audience (the chart does); kubelet will retry"
             ))
         })
@@ -272,10 +272,10 @@ pub fn service_account_tokens<'a>(
 /// The token for `audience` in kubelet's `tokens` JSON. An expired or
 /// missing one is `UNAVAILABLE` (kubelet brings a fresh one at the next
 /// republish). Error messages never quote the JSON: it holds tokens.
-pub fn pod_token(tokens: &str, audience: &str, now: u64) -> Result<PodToken, CsiError> {
+pub fn pod_token(tokens: &str, audience: &str, now: u64) -> crate::Result<PodToken> {
     let map: BTreeMap<String, TokenRequestStatus> =
         serde_json::from_str(tokens).map_err(|e| {
-            CsiError::InvalidArgument(format!(
+            Error::CsiInvalidArgument(format!(
                 "{SERVICE_ACCOUNT_TOKENS} is not kubelet's map of audience to {{token, expirationTimestamp}} (line {}, column {})",
                 e.line(),
                 e.column()
@@ -283,13 +283,13 @@ pub fn pod_token(tokens: &str, audience: &str, now: u64) -> Result<PodToken, Csi
         })?;
     let Some(status) = map.get(audience).filter(|s| !s.token.is_empty()) else {
         let audiences: Vec<&str> = map.keys().map(String::as_str).collect();
-        return Err(CsiError::Unavailable(format!(
+        return Err(Error::CsiUnavailable(format!(
             "kubelet passed no token for the audience {audience:?} (only for {audiences:?}): add it to the CSIDriver connectors-csi's tokenRequests (the chart's connectors.tokenAudience); kubelet will retry"
         )));
     };
     let expires_at = u64::try_from(status.expiration_timestamp.0.as_second()).unwrap_or(0);
     if expires_at <= now {
-        return Err(CsiError::Unavailable(format!(
+        return Err(Error::CsiUnavailable(format!(
             "the token kubelet passed for the audience {audience:?} has expired; kubelet will retry with a fresh one"
         )));
     }
@@ -371,7 +371,7 @@ mod tests {
                     assert_eq!(got.unwrap(), ((*ns).into(), (*name).into()), "{pairs:?}")
                 }
                 None => assert!(
-                    matches!(got, Err(CsiError::InvalidArgument(_))),
+                    matches!(got, Err(Error::CsiInvalidArgument(_))),
                     "{pairs:?}: {got:?}"
                 ),
             }
@@ -398,7 +398,7 @@ mod tests {
         assert_eq!(parse_expiration("1h").unwrap(), Duration::from_secs(3600));
         for bad in ["9m59s", "5m", "0s", "thirty", "25h", "-1m"] {
             assert!(
-                matches!(parse_expiration(bad), Err(CsiError::InvalidArgument(_))),
+                matches!(parse_expiration(bad), Err(Error::CsiInvalidArgument(_))),
                 "{bad}"
             );
         }
@@ -421,7 +421,7 @@ mod tests {
         ] {
             let err =
                 VolumeRequest::parse(&context(&[("connector.name", "c"), (key, "")])).unwrap_err();
-            assert!(matches!(err, CsiError::InvalidArgument(_)), "{key}");
+            assert!(matches!(err, Error::CsiInvalidArgument(_)), "{key}");
             assert!(err.to_string().contains(key), "{key}: {err}");
         }
         let err = VolumeRequest::parse(&context(&[("connector.name", "c"), (EPHEMERAL, "false")]))
@@ -448,7 +448,7 @@ mod tests {
         let secrets = map(&[(SERVICE_ACCOUNT_TOKENS, "{}")]);
         assert_eq!(service_account_tokens(&secrets, &context).unwrap(), "{}");
         let err = service_account_tokens(&HashMap::new(), &HashMap::new()).unwrap_err();
-        assert!(matches!(err, CsiError::Unavailable(_)), "{err:?}");
+        assert!(matches!(err, Error::CsiUnavailable(_)), "{err:?}");
         assert!(err.to_string().contains("tokenRequests"), "{err}");
 
         let token = pod_token(json, "connectors.alauda.io", now).unwrap();

@@ -53,48 +53,24 @@ pub mod proto {
 
 use std::path::PathBuf;
 
+use crate::Error;
+
 /// The driver's name (`GetPluginInfo`, the CSIDriver object).
 pub const DRIVER_NAME: &str = "connectors-csi";
 
-/// Why a CSI call failed; each variant is one gRPC status code.
-#[derive(Debug, thiserror::Error)]
-pub enum CsiError {
-    /// A missing or malformed request field or attribute.
-    #[error("{0}")]
-    InvalidArgument(String),
-    /// The connector (or the pod's ServiceAccount) does not exist.
-    #[error("{0}")]
-    NotFound(String),
-    /// The pod may not use the connector.
-    #[error("{0}")]
-    PermissionDenied(String),
-    /// The connector cannot be served by this driver as it is (another class).
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// Another call on the same volume is in progress.
-    #[error("{0}")]
-    Aborted(String),
-    /// The API server cannot be reached, or the connector is not ready yet:
-    /// kubelet retries.
-    #[error("{0}")]
-    Unavailable(String),
-    /// Something the user cannot fix from the pod (the plugin's own RBAC,
-    /// the node's file system).
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl From<CsiError> for tonic::Status {
-    fn from(e: CsiError) -> Self {
+/// Each `Csi*` variant is one gRPC status code; whatever else reaches
+/// kubelet is something the user cannot fix from the pod.
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
         use tonic::Code;
         let code = match &e {
-            CsiError::InvalidArgument(_) => Code::InvalidArgument,
-            CsiError::NotFound(_) => Code::NotFound,
-            CsiError::PermissionDenied(_) => Code::PermissionDenied,
-            CsiError::FailedPrecondition(_) => Code::FailedPrecondition,
-            CsiError::Aborted(_) => Code::Aborted,
-            CsiError::Unavailable(_) => Code::Unavailable,
-            CsiError::Internal(_) => Code::Internal,
+            Error::CsiInvalidArgument(_) => Code::InvalidArgument,
+            Error::CsiNotFound(_) => Code::NotFound,
+            Error::CsiPermissionDenied(_) => Code::PermissionDenied,
+            Error::CsiFailedPrecondition(_) => Code::FailedPrecondition,
+            Error::CsiAborted(_) => Code::Aborted,
+            Error::CsiUnavailable(_) => Code::Unavailable,
+            _ => Code::Internal,
         };
         tonic::Status::new(code, e.to_string())
     }
@@ -123,13 +99,13 @@ pub struct CsiArgs {
 }
 
 /// The socket path of `endpoint` (`unix:///path`, `unix:/path` or `/path`).
-pub fn socket_path(endpoint: &str) -> Result<PathBuf, CsiError> {
+pub fn socket_path(endpoint: &str) -> crate::Result<PathBuf> {
     let path = endpoint
         .strip_prefix("unix://")
         .or_else(|| endpoint.strip_prefix("unix:"))
         .unwrap_or(endpoint);
     if !path.starts_with('/') {
-        return Err(CsiError::InvalidArgument(format!(
+        return Err(Error::CsiInvalidArgument(format!(
             "--endpoint {endpoint:?} is not unix:///<absolute path>"
         )));
     }
@@ -156,7 +132,7 @@ mod tests {
 
     #[test]
     fn errors_are_status_codes() {
-        let status: tonic::Status = CsiError::PermissionDenied("no".into()).into();
+        let status: tonic::Status = Error::CsiPermissionDenied("no".into()).into();
         assert_eq!(status.code(), tonic::Code::PermissionDenied);
         assert_eq!(status.message(), "no");
     }

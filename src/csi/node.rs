@@ -18,9 +18,10 @@ use super::proto::identity_server::{Identity, IdentityServer};
 use super::proto::node_server::{Node, NodeServer};
 use super::proto::{self, node_service_capability, volume_capability};
 use super::volume::{self, Ownership, VolumeFile, VolumeState};
-use super::{CsiArgs, CsiError, DRIVER_NAME};
+use super::{CsiArgs, DRIVER_NAME};
+use crate::Error;
 use crate::connectors::authorizer::{Subject, may_use_connector, refusal};
-use crate::connectors::kubeconfig::{self, KubeconfigInput, RenderError};
+use crate::connectors::kubeconfig::{self, KubeconfigInput};
 use crate::connectors::role::DEFAULT_AUDIENCE;
 
 /// The built-in files every volume gets (unless excluded with `!name`).
@@ -69,10 +70,10 @@ impl Drop for BusyGuard {
 }
 
 impl NodeContext {
-    fn claim(&self, volume_id: &str) -> Result<BusyGuard, CsiError> {
+    fn claim(&self, volume_id: &str) -> crate::Result<BusyGuard> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         if !busy.insert(volume_id.to_owned()) {
-            return Err(CsiError::Aborted(format!(
+            return Err(Error::CsiAborted(format!(
                 "another operation on volume {volume_id} is in progress"
             )));
         }
@@ -153,34 +154,34 @@ fn request_digest(
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn io_error(what: &str, target: &Path, e: std::io::Error) -> CsiError {
-    CsiError::Internal(format!("{what} {}: {e}", target.display()))
+fn io_error(what: &str, target: &Path, e: std::io::Error) -> Error {
+    Error::CsiInternal(format!("{what} {}: {e}", target.display()))
 }
 
-fn kube_error(what: String, e: kube::Error) -> CsiError {
+fn kube_error(what: String, e: kube::Error) -> Error {
     match &e {
         kube::Error::Api(status) if status.code == 404 => {
-            CsiError::NotFound(format!("{what}: {}", status.message))
+            Error::CsiNotFound(format!("{what}: {}", status.message))
         }
-        kube::Error::Api(status) if status.code == 403 => CsiError::Internal(format!(
+        kube::Error::Api(status) if status.code == 403 => Error::CsiInternal(format!(
             "{what}: the plugin's ServiceAccount was refused ({}): check the RBAC of the chart's csi component",
             status.message
         )),
         kube::Error::Api(status)
             if status.code == 409 || status.code == 400 || status.code == 422 =>
         {
-            CsiError::FailedPrecondition(format!("{what}: {}", status.message))
+            Error::CsiFailedPrecondition(format!("{what}: {}", status.message))
         }
-        _ => CsiError::Unavailable(format!("{what}: {e}; kubelet will retry")),
+        _ => Error::CsiUnavailable(format!("{what}: {e}; kubelet will retry")),
     }
 }
 
 /// The group of a publish: the pod's `fsGroup`, as kubelet passes it.
-fn mount_group(request: &proto::NodePublishVolumeRequest) -> Result<Option<u32>, CsiError> {
+fn mount_group(request: &proto::NodePublishVolumeRequest) -> crate::Result<Option<u32>> {
     let capability = request
         .volume_capability
         .as_ref()
-        .ok_or_else(|| CsiError::InvalidArgument("volume_capability is required".into()))?;
+        .ok_or_else(|| Error::CsiInvalidArgument("volume_capability is required".into()))?;
     match &capability.access_type {
         Some(volume_capability::AccessType::Mount(mount)) => {
             let group = mount.volume_mount_group.trim();
@@ -194,31 +195,31 @@ fn mount_group(request: &proto::NodePublishVolumeRequest) -> Result<Option<u32>,
                 .filter(|g| *g != u32::MAX)
                 .map(Some)
                 .ok_or_else(|| {
-                    CsiError::InvalidArgument(format!(
+                    Error::CsiInvalidArgument(format!(
                         "volume_mount_group {group:?} is not a numeric group id"
                     ))
                 })
         }
-        Some(volume_capability::AccessType::Block(_)) => Err(CsiError::InvalidArgument(
+        Some(volume_capability::AccessType::Block(_)) => Err(Error::CsiInvalidArgument(
             "connectors-csi serves file systems, not block volumes".into(),
         )),
-        None => Err(CsiError::InvalidArgument(
+        None => Err(Error::CsiInvalidArgument(
             "volume_capability has no access type (mount)".into(),
         )),
     }
 }
 
 impl NodeService {
-    async fn publish(&self, request: proto::NodePublishVolumeRequest) -> Result<(), CsiError> {
+    async fn publish(&self, request: proto::NodePublishVolumeRequest) -> crate::Result<()> {
         if request.volume_id.is_empty() {
-            return Err(CsiError::InvalidArgument("volume_id is required".into()));
+            return Err(Error::CsiInvalidArgument("volume_id is required".into()));
         }
         if request.target_path.is_empty() {
-            return Err(CsiError::InvalidArgument("target_path is required".into()));
+            return Err(Error::CsiInvalidArgument("target_path is required".into()));
         }
         let target = PathBuf::from(&request.target_path);
         if !target.is_absolute() {
-            return Err(CsiError::InvalidArgument(format!(
+            return Err(Error::CsiInvalidArgument(format!(
                 "target_path {:?} is not absolute",
                 request.target_path
             )));
@@ -263,7 +264,7 @@ impl NodeService {
             }
             Err(e) => {
                 // A pod that may no longer use the connector keeps no token.
-                if matches!(e, CsiError::PermissionDenied(_) | CsiError::NotFound(_)) {
+                if matches!(e, Error::CsiPermissionDenied(_) | Error::CsiNotFound(_)) {
                     volume::remove_volume(&target)
                         .map_err(|e| io_error("removing the volume at", &target, e))?;
                 }
@@ -275,17 +276,17 @@ impl NodeService {
 
     /// The pod kubelet names runs on this node, with that uid and
     /// ServiceAccount: a plugin publishes only for its own node's pods.
-    async fn check_pod(&self, asked: &VolumeRequest) -> Result<(), CsiError> {
+    async fn check_pod(&self, asked: &VolumeRequest) -> crate::Result<()> {
         let pod = &asked.pod;
         let (ns, name) = (&pod.namespace, &pod.name);
         let found = Api::<Pod>::namespaced(self.ctx.client.clone(), ns)
             .get_opt(name)
             .await
             .map_err(|e| kube_error(format!("reading pod {ns}/{name}"), e))?
-            .ok_or_else(|| CsiError::NotFound(format!("there is no pod {ns}/{name}")))?;
+            .ok_or_else(|| Error::CsiNotFound(format!("there is no pod {ns}/{name}")))?;
         let uid = found.metadata.uid.unwrap_or_default();
         if uid != pod.uid {
-            return Err(CsiError::FailedPrecondition(format!(
+            return Err(Error::CsiFailedPrecondition(format!(
                 "pod {ns}/{name} has the uid {uid}, not {} as the request says: it was replaced",
                 pod.uid
             )));
@@ -293,7 +294,7 @@ impl NodeService {
         let spec = found.spec.unwrap_or_default();
         let node = spec.node_name.unwrap_or_default();
         if node != self.ctx.node_id {
-            return Err(CsiError::FailedPrecondition(format!(
+            return Err(Error::CsiFailedPrecondition(format!(
                 "pod {ns}/{name} runs on node {node:?}, not on this plugin's node {:?} (--node-id): a node's plugin publishes only the pods of its node",
                 self.ctx.node_id
             )));
@@ -303,7 +304,7 @@ impl NodeService {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "default".into());
         if service_account != pod.service_account {
-            return Err(CsiError::FailedPrecondition(format!(
+            return Err(Error::CsiFailedPrecondition(format!(
                 "pod {ns}/{name} runs as ServiceAccount {service_account}, not {} as the request says",
                 pod.service_account
             )));
@@ -318,7 +319,7 @@ impl NodeService {
         asked: &VolumeRequest,
         tokens: &str,
         now: u64,
-    ) -> Result<(Vec<VolumeFile>, u64), CsiError> {
+    ) -> crate::Result<(Vec<VolumeFile>, u64)> {
         self.check_pod(asked).await?;
         let (ns, name) = (&asked.connector_namespace, &asked.connector_name);
         let connector = Api::<Connector>::namespaced(self.ctx.client.clone(), ns)
@@ -326,7 +327,7 @@ impl NodeService {
             .await
             .map_err(|e| kube_error(format!("reading connector {ns}/{name}"), e))?
             .ok_or_else(|| {
-                CsiError::NotFound(format!(
+                Error::CsiNotFound(format!(
                     "there is no connector {ns}/{name} (volumeAttributes connector.name / connector.namespace)"
                 ))
             })?;
@@ -340,7 +341,7 @@ impl NodeService {
                 )
             })?;
         if !allowed {
-            return Err(CsiError::PermissionDenied(format!(
+            return Err(Error::CsiPermissionDenied(format!(
                 "pod {}/{}: {}",
                 asked.pod.namespace,
                 asked.pod.name,
@@ -348,17 +349,17 @@ impl NodeService {
             )));
         }
         if connector.spec.connector_class_name != K8S_CLASS {
-            return Err(CsiError::FailedPrecondition(format!(
+            return Err(Error::CsiFailedPrecondition(format!(
                 "connector {ns}/{name} is of class {:?}: connectors-csi renders the k8s class only",
                 connector.spec.connector_class_name
             )));
         }
-        let render_error = |e: RenderError| match e {
-            RenderError::UnknownConfiguration(_) => {
-                CsiError::InvalidArgument(format!("configuration.names: {e}"))
+        let render_error = |e: Error| match e {
+            Error::UnknownConfiguration(_) => {
+                Error::CsiInvalidArgument(format!("configuration.names: {e}"))
             }
-            RenderError::NoProxyAddress(_) => CsiError::Unavailable(e.to_string()),
-            _ => CsiError::FailedPrecondition(e.to_string()),
+            Error::NoProxyAddress(_) => Error::CsiUnavailable(e.to_string()),
+            _ => Error::CsiFailedPrecondition(e.to_string()),
         };
         let configurations = if asked.files.configurations.is_empty() {
             vec![tuna_crds::KUBECONFIG_CONFIGURATION.to_owned()]
@@ -367,7 +368,7 @@ impl NodeService {
         };
         for c in &configurations {
             if c != tuna_crds::KUBECONFIG_CONFIGURATION {
-                return Err(render_error(RenderError::UnknownConfiguration(c.clone())));
+                return Err(render_error(Error::UnknownConfiguration(c.clone())));
             }
         }
         let audience = connector
@@ -406,7 +407,7 @@ impl NodeService {
         for excluded in &asked.files.excluded {
             if !files.iter().any(|f| &f.name == excluded) {
                 let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
-                return Err(CsiError::InvalidArgument(format!(
+                return Err(Error::CsiInvalidArgument(format!(
                     "configuration.names: !{excluded} excludes no file (the files are: {})",
                     names.join(", ")
                 )));
@@ -433,11 +434,11 @@ impl Node for NodeService {
     ) -> Result<Response<proto::NodeUnpublishVolumeResponse>, Status> {
         let request = request.into_inner();
         if request.volume_id.is_empty() {
-            return Err(CsiError::InvalidArgument("volume_id is required".into()).into());
+            return Err(Error::CsiInvalidArgument("volume_id is required".into()).into());
         }
         if request.target_path.is_empty() || !Path::new(&request.target_path).is_absolute() {
             return Err(
-                CsiError::InvalidArgument("target_path must be an absolute path".into()).into(),
+                Error::CsiInvalidArgument("target_path must be an absolute path".into()).into(),
             );
         }
         let _busy = self.ctx.claim(&request.volume_id)?;
@@ -483,7 +484,7 @@ pub async fn serve(
     socket: &Path,
     ctx: NodeContext,
     shutdown: CancellationToken,
-) -> Result<(), CsiError> {
+) -> crate::Result<()> {
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| io_error("creating the socket's directory", parent, e))?;
@@ -511,11 +512,11 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await;
     let _ = std::fs::remove_file(socket);
-    result.map_err(|e| CsiError::Internal(format!("the gRPC server failed: {e}")))
+    result.map_err(|e| Error::CsiInternal(format!("the gRPC server failed: {e}")))
 }
 
 /// Runs `tuna-operator csi` until SIGTERM/SIGINT.
-pub async fn run(args: CsiArgs) -> anyhow::Result<()> {
+pub async fn run(args: CsiArgs) -> crate::Result<()> {
     let socket = super::socket_path(&args.endpoint)?;
     let client = crate::role::cluster_client().await?;
     let shutdown = crate::role::shutdown_on_signal();

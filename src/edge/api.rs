@@ -4,7 +4,7 @@
 //! speaks `docs/tuna-api.md`) and the embedded edge of standalone mode
 //! (`crate::standalone::edge::Embedded`).
 //!
-//! Errors keep the client's classification ([`EdgeError::class`]): a caller
+//! Errors keep the client's classification ([`Error::class`](crate::Error::class)): a caller
 //! backs off on [`ErrorClass::Retryable`], waits `Retry-After` on
 //! [`ErrorClass::RateLimited`], and stops retrying on
 //! [`ErrorClass::NeedsChange`] until a person changes something (the spec, the
@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tuna_tunnel::api::{
-    ClientError, CreateDomain, CreateTcpEndpoint, CreateToken, Domain, RenewToken, Reserved,
-    TcpEndpoint, Token, TunaClient, WhoAmI,
+    CreateDomain, CreateTcpEndpoint, CreateToken, Domain, RenewToken, Reserved, TcpEndpoint, Token,
+    TunaClient, WhoAmI,
 };
 use tuna_tunnel::wire::{Binding, TunnelToken};
+
+use crate::Error;
 
 /// What a caller should do about a failed call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,97 +35,6 @@ pub enum ErrorClass {
     /// 404: the object is not (or no longer) there.
     Gone,
 }
-
-/// A failed call to the edge.
-#[derive(Debug, thiserror::Error)]
-pub enum EdgeError {
-    /// The REST API answered with an error or could not be reached.
-    #[error("{what}: {source}")]
-    Api {
-        /// What was being done, e.g. `reserving domain shop.example.com`.
-        what: String,
-        /// The client's classified error.
-        #[source]
-        source: ClientError,
-    },
-    /// The embedded edge refused (e.g. no free port in its range).
-    #[error("{what}: {message}")]
-    Embedded {
-        /// What was being done.
-        what: String,
-        /// Why it failed.
-        message: String,
-        /// Whether retrying may help.
-        retryable: bool,
-    },
-}
-
-impl EdgeError {
-    /// Wraps a client error with what was being done.
-    pub fn api(what: impl Into<String>, source: ClientError) -> Self {
-        Self::Api {
-            what: what.into(),
-            source,
-        }
-    }
-
-    /// How to react (see [`ErrorClass`]).
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            Self::Api { source, .. } => match source {
-                ClientError::Transient { .. } | ClientError::Unexpected { .. } => {
-                    ErrorClass::Retryable
-                }
-                ClientError::RateLimited { retry_after, .. } => {
-                    ErrorClass::RateLimited(retry_after.unwrap_or(Duration::from_secs(1)))
-                }
-                ClientError::NotFound { .. } => ErrorClass::Gone,
-                ClientError::AlreadyExists { .. }
-                | ClientError::Unauthorized { .. }
-                | ClientError::Forbidden { .. }
-                | ClientError::Invalid { .. }
-                | ClientError::Config(_) => ErrorClass::NeedsChange,
-            },
-            Self::Embedded { retryable, .. } => {
-                if *retryable {
-                    ErrorClass::Retryable
-                } else {
-                    ErrorClass::NeedsChange
-                }
-            }
-        }
-    }
-
-    /// The edge's machine-readable code (`invalid_name`, `held_by_other_account`, …).
-    pub fn code(&self) -> Option<&str> {
-        match self {
-            Self::Api { source, .. } => source.code(),
-            Self::Embedded { .. } => None,
-        }
-    }
-
-    /// The edge's own message, without what the operator was doing: what a
-    /// person reads in a condition or event.
-    pub fn edge_message(&self) -> String {
-        match self {
-            Self::Api { source, .. } => match source {
-                ClientError::AlreadyExists { message, .. }
-                | ClientError::Unauthorized { message }
-                | ClientError::Forbidden { message, .. }
-                | ClientError::NotFound { message }
-                | ClientError::Invalid { message, .. }
-                | ClientError::RateLimited { message, .. }
-                | ClientError::Transient { message, .. }
-                | ClientError::Unexpected { message, .. } => message.clone(),
-                ClientError::Config(message) => message.clone(),
-            },
-            Self::Embedded { message, .. } => message.clone(),
-        }
-    }
-}
-
-/// A result of the edge API.
-pub type EdgeResult<T> = Result<T, EdgeError>;
 
 /// A tunnel token just minted: its id (what renewal and revocation name) and
 /// the secret (masked in `Debug`).
@@ -140,38 +51,38 @@ pub struct MintedToken {
 /// The edge's REST API as the operator needs it (see the module docs).
 pub trait EdgeApi: Send + Sync + 'static {
     /// Who the key is: account, scopes, base domain, public host.
-    fn whoami(&self) -> BoxFuture<'_, EdgeResult<WhoAmI>>;
+    fn whoami(&self) -> BoxFuture<'_, crate::Result<WhoAmI>>;
     /// Reserves a domain, or adopts the account's existing one.
     fn ensure_domain<'a>(
         &'a self,
         request: &'a CreateDomain,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<Domain>>>;
+    ) -> BoxFuture<'a, crate::Result<Reserved<Domain>>>;
     /// Asks the edge to check a custom domain's DNS records now.
-    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<Domain>>;
+    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<Domain>>;
     /// The account's domains.
-    fn list_domains(&self) -> BoxFuture<'_, EdgeResult<Vec<Domain>>>;
+    fn list_domains(&self) -> BoxFuture<'_, crate::Result<Vec<Domain>>>;
     /// Releases a domain (`Gone` when it is not there).
-    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<()>>;
+    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<()>>;
     /// Reserves a TCP endpoint, or adopts the account's existing one of that alias.
     fn ensure_tcp_endpoint<'a>(
         &'a self,
         request: &'a CreateTcpEndpoint,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<TcpEndpoint>>>;
+    ) -> BoxFuture<'a, crate::Result<Reserved<TcpEndpoint>>>;
     /// Releases a TCP endpoint (`Gone` when it is not there).
-    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, EdgeResult<()>>;
+    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>>;
     /// Mints a tunnel token allowed exactly `bindings`, with owner labels.
     fn create_token<'a>(
         &'a self,
         labels: &'a BTreeMap<String, String>,
         bindings: &'a [Binding],
         ttl: Duration,
-    ) -> BoxFuture<'a, EdgeResult<MintedToken>>;
+    ) -> BoxFuture<'a, crate::Result<MintedToken>>;
     /// Extends a live token by `ttl`; returns the new expiry (unix seconds).
-    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, EdgeResult<i64>>;
+    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, crate::Result<i64>>;
     /// Revokes a token: sessions using it close (`Gone` when it is not there).
-    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, EdgeResult<()>>;
+    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, crate::Result<()>>;
     /// Tokens matching an equality label selector (`k=v,k2=v2`).
-    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, EdgeResult<Vec<Token>>>;
+    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, crate::Result<Vec<Token>>>;
 }
 
 /// An edge reached through its REST API.
@@ -205,19 +116,19 @@ pub fn bindings_of(bindings: &[Binding]) -> tuna_tunnel::api::Bindings {
 }
 
 impl EdgeApi for RemoteEdge {
-    fn whoami(&self) -> BoxFuture<'_, EdgeResult<WhoAmI>> {
+    fn whoami(&self) -> BoxFuture<'_, crate::Result<WhoAmI>> {
         Box::pin(async move {
             self.client
                 .whoami()
                 .await
-                .map_err(|e| EdgeError::api("asking the edge who the API key is", e))
+                .map_err(|e| Error::edge("asking the edge who the API key is", e))
         })
     }
 
     fn ensure_domain<'a>(
         &'a self,
         request: &'a CreateDomain,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<Domain>>> {
+    ) -> BoxFuture<'a, crate::Result<Reserved<Domain>>> {
         Box::pin(async move {
             let name = request
                 .domain
@@ -227,55 +138,55 @@ impl EdgeApi for RemoteEdge {
             self.client
                 .ensure_domain(request)
                 .await
-                .map_err(|e| EdgeError::api(format!("reserving domain {name}"), e))
+                .map_err(|e| Error::edge(format!("reserving domain {name}"), e))
         })
     }
 
-    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<Domain>> {
+    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<Domain>> {
         Box::pin(async move {
             self.client
                 .verify_domain(name)
                 .await
-                .map_err(|e| EdgeError::api(format!("verifying domain {name}"), e))
+                .map_err(|e| Error::edge(format!("verifying domain {name}"), e))
         })
     }
 
-    fn list_domains(&self) -> BoxFuture<'_, EdgeResult<Vec<Domain>>> {
+    fn list_domains(&self) -> BoxFuture<'_, crate::Result<Vec<Domain>>> {
         Box::pin(async move {
             self.client
                 .list_domains()
                 .await
-                .map_err(|e| EdgeError::api("listing the account's domains", e))
+                .map_err(|e| Error::edge("listing the account's domains", e))
         })
     }
 
-    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move {
             self.client
                 .delete_domain(name)
                 .await
-                .map_err(|e| EdgeError::api(format!("releasing domain {name}"), e))
+                .map_err(|e| Error::edge(format!("releasing domain {name}"), e))
         })
     }
 
     fn ensure_tcp_endpoint<'a>(
         &'a self,
         request: &'a CreateTcpEndpoint,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<TcpEndpoint>>> {
+    ) -> BoxFuture<'a, crate::Result<Reserved<TcpEndpoint>>> {
         Box::pin(async move {
             self.client
                 .ensure_tcp_endpoint(request)
                 .await
-                .map_err(|e| EdgeError::api(format!("reserving TCP endpoint {}", request.alias), e))
+                .map_err(|e| Error::edge(format!("reserving TCP endpoint {}", request.alias), e))
         })
     }
 
-    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move {
             self.client
                 .delete_tcp_endpoint(alias)
                 .await
-                .map_err(|e| EdgeError::api(format!("releasing TCP endpoint {alias}"), e))
+                .map_err(|e| Error::edge(format!("releasing TCP endpoint {alias}"), e))
         })
     }
 
@@ -284,7 +195,7 @@ impl EdgeApi for RemoteEdge {
         labels: &'a BTreeMap<String, String>,
         bindings: &'a [Binding],
         ttl: Duration,
-    ) -> BoxFuture<'a, EdgeResult<MintedToken>> {
+    ) -> BoxFuture<'a, crate::Result<MintedToken>> {
         Box::pin(async move {
             let request = CreateToken {
                 labels: labels.clone(),
@@ -295,7 +206,7 @@ impl EdgeApi for RemoteEdge {
                 .client
                 .create_token(&request)
                 .await
-                .map_err(|e| EdgeError::api("minting a tunnel token", e))?;
+                .map_err(|e| Error::edge("minting a tunnel token", e))?;
             Ok(MintedToken {
                 id: created.id,
                 token: TunnelToken::new(created.token.expose()),
@@ -304,7 +215,7 @@ impl EdgeApi for RemoteEdge {
         })
     }
 
-    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, EdgeResult<i64>> {
+    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, crate::Result<i64>> {
         Box::pin(async move {
             let request = RenewToken {
                 ttl_seconds: Some(ttl.as_secs().max(1)),
@@ -313,31 +224,31 @@ impl EdgeApi for RemoteEdge {
                 .renew_token(id, &request)
                 .await
                 .map(|t| t.expires_at.unix_seconds())
-                .map_err(|e| EdgeError::api(format!("renewing tunnel token {id}"), e))
+                .map_err(|e| Error::edge(format!("renewing tunnel token {id}"), e))
         })
     }
 
-    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move {
             self.client
                 .revoke_token(id)
                 .await
-                .map_err(|e| EdgeError::api(format!("revoking tunnel token {id}"), e))
+                .map_err(|e| Error::edge(format!("revoking tunnel token {id}"), e))
         })
     }
 
-    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, EdgeResult<Vec<Token>>> {
+    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, crate::Result<Vec<Token>>> {
         Box::pin(async move {
             self.client
                 .list_tokens(selector)
                 .await
-                .map_err(|e| EdgeError::api("listing tunnel tokens", e))
+                .map_err(|e| Error::edge("listing tunnel tokens", e))
         })
     }
 }
 
 /// Treats a 404 as done: what release and revocation paths want.
-pub fn gone_is_ok(result: EdgeResult<()>) -> EdgeResult<()> {
+pub fn gone_is_ok(result: crate::Result<()>) -> crate::Result<()> {
     match result {
         Err(e) if e.class() == ErrorClass::Gone => Ok(()),
         other => other,
@@ -347,10 +258,11 @@ pub fn gone_is_ok(result: EdgeResult<()>) -> EdgeResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tuna_tunnel::api::ClientError;
 
     #[test]
     fn classification_follows_the_client() {
-        let api = |e| EdgeError::api("x", e);
+        let api = |e| Error::edge("x", e);
         let cases = [
             (
                 api(ClientError::Transient {

@@ -30,7 +30,7 @@ use tuna_routing::RouteSpec;
 use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle};
 use tuna_tunnel::wire::{Binding, BoundTarget, TunnelToken};
 
-use crate::edge::api::{EdgeApi, EdgeError, ErrorClass, MintedToken, gone_is_ok};
+use crate::edge::api::{EdgeApi, ErrorClass, MintedToken, gone_is_ok};
 use crate::plan::service::{ResolvedUpstream, UpstreamScheme};
 
 /// Default lifetime asked for each tunnel token; renewed at a third of it.
@@ -944,7 +944,7 @@ async fn remint_in_place(
     key: &TunnelKey,
     spec: &TunnelSpec,
     held: &mut Option<(Arc<dyn EdgeApi>, MintedToken)>,
-) -> Result<(), EdgeError> {
+) -> crate::Result<()> {
     let binding = spec.serving.binding();
     let minted = spec
         .edge

@@ -34,7 +34,8 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Backoff, Error, controller_config, error_policy_with, key_of};
+use super::{Backoff, controller_config, error_policy_with, key_of};
+use crate::Error;
 use crate::metrics::{Metrics, ReconcileTimer};
 
 /// How a kind's deleted objects are handled.

@@ -50,7 +50,8 @@ use tuna_crds::{ConditionStatus, READY, set_condition};
 
 use tuna_tunnel::api::WhoAmI;
 
-use crate::edge::api::{EdgeApi, EdgeError, ErrorClass};
+use crate::Error;
+use crate::edge::api::{EdgeApi, ErrorClass};
 use crate::metrics::Metrics;
 
 pub mod kit;
@@ -87,38 +88,6 @@ where
 pub const FIELD_MANAGER: &str = "tuna-operator";
 /// `reportingController` of events (the `From` column of `kubectl describe`).
 pub const REPORTER: &str = "tuna-operator";
-
-/// Why a reconcile failed; [`error_policy`] turns it into a requeue.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The edge API failed; its class decides the retry.
-    #[error(transparent)]
-    Edge(#[from] EdgeError),
-    /// The Kubernetes API failed (retried with backoff).
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// Adding or removing a finalizer failed, or the cleanup did.
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-    /// The operator is not ready to reconcile yet (e.g. the edge's base domain is unknown).
-    #[error("{0}")]
-    NotReady(String),
-}
-
-impl Error {
-    /// How long to wait before the next attempt, if the class says so.
-    fn class(&self) -> ErrorClass {
-        match self {
-            Self::Edge(e) => e.class(),
-            Self::Finalizer(inner) => match inner.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.class(),
-                _ => ErrorClass::Retryable,
-            },
-            Self::Kube(_) | Self::NotReady(_) => ErrorClass::Retryable,
-        }
-    }
-}
 
 /// Per-object exponential backoff with full jitter; kube-runtime has none built in.
 #[derive(Debug)]
@@ -241,7 +210,7 @@ impl Context {
     }
 
     /// The edge's account, base domain and public host (asked until it answers).
-    pub async fn edge_info(&self) -> Result<&WhoAmI, EdgeError> {
+    pub async fn edge_info(&self) -> crate::Result<&WhoAmI> {
         self.edge_info
             .get_or_try_init(|| async {
                 let who = self.edge.whoami().await?;
@@ -339,7 +308,7 @@ pub async fn release_reservation<K>(
     obj: &K,
     what: &str,
     kept: Option<&str>,
-    delete: impl std::future::Future<Output = Result<(), EdgeError>>,
+    delete: impl std::future::Future<Output = crate::Result<()>>,
 ) -> Result<Action, Error>
 where
     K: Resource<DynamicType = ()>,
@@ -363,7 +332,7 @@ where
             );
             ctx.event(obj, EventType::Warning, "ReleaseFailed", "Release", note)
                 .await;
-            Err(Error::Edge(e))
+            Err(e)
         }
     }
 }
@@ -480,7 +449,7 @@ where
 
 /// A CamelCase reason from an edge error code (`held_by_other_account` →
 /// `HeldByOtherAccount`), or `fallback`.
-pub fn reason_of(error: &EdgeError, fallback: &str) -> String {
+pub fn reason_of(error: &crate::Error, fallback: &str) -> String {
     match error.code() {
         Some(code) => code
             .split('_')
@@ -537,7 +506,7 @@ mod tests {
 
     #[test]
     fn reasons_from_edge_codes() {
-        let e = EdgeError::api(
+        let e = Error::edge(
             "x",
             tuna_tunnel::api::ClientError::Forbidden {
                 code: "held_by_other_account".into(),
@@ -545,7 +514,7 @@ mod tests {
             },
         );
         assert_eq!(reason_of(&e, "EdgeError"), "HeldByOtherAccount");
-        let t = EdgeError::api(
+        let t = Error::edge(
             "x",
             tuna_tunnel::api::ClientError::Transient {
                 message: "down".into(),

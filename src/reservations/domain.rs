@@ -26,13 +26,14 @@ use kube::runtime::{Controller, watcher};
 use tuna_crds::{ConditionStatus, DnsRecord, Domain, DomainStatus};
 use tuna_tunnel::api::{self, CreateDomain, Reserved};
 
+use crate::Error;
 use crate::edge::api::ErrorClass;
 use crate::plan::domain::DesiredDomain;
 use crate::plan::service::ServiceIndex;
 use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
 use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
 use crate::reconcile::{
-    Context, Error, RESERVATION_FINALIZER, apply_status, kept_because, ready, ready_of, reason_of,
+    Context, RESERVATION_FINALIZER, apply_status, kept_because, ready, ready_of, reason_of,
     release_reservation, resync,
 };
 
@@ -264,7 +265,7 @@ async fn apply(domain: Arc<Domain>, ctx: &Context, store: &Store<Domain>) -> Res
 async fn edge_failure(
     api: &Api<Domain>,
     domain: &Domain,
-    e: crate::edge::api::EdgeError,
+    e: crate::Error,
     ctx: &Context,
 ) -> Result<Action, Error> {
     match e.class() {
@@ -293,7 +294,7 @@ async fn edge_failure(
                 )
                 .await?;
             }
-            Err(Error::Edge(e))
+            Err(e)
         }
     }
 }

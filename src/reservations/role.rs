@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -65,7 +64,7 @@ pub(crate) fn context(
     dns_recheck_interval: Duration,
     metrics: &Arc<Metrics>,
     client: kube::Client,
-) -> anyhow::Result<Arc<Context>> {
+) -> crate::Result<Arc<Context>> {
     Ok(Arc::new(Context::new(
         client,
         Some(instance_name()),
@@ -95,7 +94,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     ready: watch::Sender<Readiness>,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let namespace = flags
         .leader_election_namespace
         .clone()
@@ -133,7 +132,10 @@ pub async fn serve(
         .with_field_manager("tuna-operator-controller")
         .build()
         .await
-        .with_context(|| format!("leader election in namespace {namespace}"))?;
+        .map_err(|source| crate::Error::LeaderElection {
+            namespace: namespace.clone(),
+            source,
+        })?;
     let (mut leader, lease_task) = manager.watch().await;
     tracing::info!(lease = %format!("{namespace}/{lease_name}"), %identity, "waiting to become the leader");
     loop {
@@ -171,7 +173,7 @@ pub async fn serve(
 }
 
 /// Runs the controller role until SIGTERM/SIGINT.
-pub async fn run(args: ControllerArgs) -> anyhow::Result<()> {
+pub async fn run(args: ControllerArgs) -> crate::Result<()> {
     crate::cluster::install_crypto_provider();
     let metrics = Arc::new(Metrics::new());
     let (ready_tx, ready_rx) = watch::channel(Readiness::NotReady("starting".into()));

@@ -21,12 +21,13 @@ use kube::runtime::{Controller, watcher};
 use tuna_crds::{ConditionStatus, TcpEndpoint, TcpEndpointStatus};
 use tuna_tunnel::api::{self, CreateTcpEndpoint, Reserved};
 
+use crate::Error;
 use crate::edge::api::ErrorClass;
 use crate::plan::service::ServiceIndex;
 use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
 use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
 use crate::reconcile::{
-    Context, Error, RESERVATION_FINALIZER, apply_status, kept_because, ready, ready_of, reason_of,
+    Context, RESERVATION_FINALIZER, apply_status, kept_because, ready, ready_of, reason_of,
     release_reservation, resync,
 };
 
@@ -193,7 +194,7 @@ async fn apply(
                         )
                         .await?;
                     }
-                    Err(Error::Edge(e))
+                    Err(e)
                 }
             };
         }

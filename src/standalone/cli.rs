@@ -5,11 +5,11 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use super::demo;
 use super::runtime::{RemoteEdge, Standalone, StandaloneConfig};
+use crate::Error;
 
 /// Flags of `tuna-operator standalone`.
 #[derive(Debug, Clone, clap::Args)]
@@ -68,17 +68,17 @@ pub fn default_data_dir() -> PathBuf {
 }
 
 /// Runs `standalone` on a new tokio runtime until interrupted.
-pub fn run_blocking(args: StandaloneArgs) -> anyhow::Result<()> {
+pub fn run_blocking(args: StandaloneArgs) -> crate::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("starting the tokio runtime")?
+        .map_err(Error::Runtime)?
         .block_on(run(args))
 }
 
 /// Runs `standalone` until SIGINT/SIGTERM.
-pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
+pub async fn run(args: StandaloneArgs) -> crate::Result<()> {
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     let mut paths = args.paths.clone();
     let demo_stop = CancellationToken::new();
@@ -109,17 +109,22 @@ pub async fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     config.poll_interval = Duration::from_millis(args.poll_interval_ms.max(50));
     config.print_reports = true;
     if let Some(api_url) = &args.edge_api {
-        let key_file = args
-            .api_key_file
-            .clone()
-            .context("--api-key-file is required with --edge-api")?;
-        let key = std::fs::read_to_string(&key_file)
-            .with_context(|| format!("reading {}", key_file.display()))?;
+        let key_file = args.api_key_file.clone().ok_or(Error::FlagRequired {
+            flag: "--api-key-file",
+            with: "--edge-api",
+        })?;
+        let key = std::fs::read_to_string(&key_file).map_err(|source| Error::ApiKeyRead {
+            path: key_file.clone(),
+            source,
+        })?;
         config.remote = Some(RemoteEdge {
             api_url: api_url.clone(),
             agent_addr: Some(args.edge_agent.join(","))
                 .filter(|a| !a.is_empty())
-                .context("--edge-agent is required with --edge-api")?,
+                .ok_or(Error::FlagRequired {
+                    flag: "--edge-agent",
+                    with: "--edge-api",
+                })?,
             api_key: tuna_tunnel::api::Secret::new(key.trim()),
             ca_file: args.edge_ca_file.clone(),
         });

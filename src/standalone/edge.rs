@@ -33,8 +33,8 @@ use tuna_tunnel::api::{
 use tuna_tunnel::edge::MemoryAuthority;
 use tuna_tunnel::wire::{Binding, TunnelToken};
 
-use super::Error;
-use crate::edge::api::{EdgeApi, EdgeError, EdgeResult, MintedToken, bindings_of, gone_is_ok};
+use crate::Error;
+use crate::edge::api::{EdgeApi, MintedToken, bindings_of, gone_is_ok};
 
 /// Label naming the object a token was made for (finds orphans at the edge).
 pub const OWNER_LABEL: &str = "tuna.am/owner";
@@ -84,8 +84,8 @@ fn embedded_error(
     what: impl Into<String>,
     message: impl Into<String>,
     retryable: bool,
-) -> EdgeError {
-    EdgeError::Embedded {
+) -> crate::Error {
+    Error::EmbeddedEdge {
         what: what.into(),
         message: message.into(),
         retryable,
@@ -102,17 +102,12 @@ impl Embedded {
     ) -> Result<Self, Error> {
         let file = data_dir.join(TCP_ENDPOINTS_FILE);
         let allocated: BTreeMap<String, u16> = match std::fs::read_to_string(&file) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| Error::State {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| Error::StateFile {
                 path: file.clone(),
                 message: e.to_string(),
             })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(source) => {
-                return Err(Error::Io {
-                    path: file.clone(),
-                    source,
-                });
-            }
+            Err(source) => return Err(Error::file("read", &file)(source)),
         };
         let embedded = Self {
             authority,
@@ -137,7 +132,7 @@ impl Embedded {
         Ok(embedded)
     }
 
-    fn save(&self, allocated: &BTreeMap<String, u16>) -> EdgeResult<()> {
+    fn save(&self, allocated: &BTreeMap<String, u16>) -> crate::Result<()> {
         let text =
             serde_json::to_string_pretty(allocated).expect("a map of strings to ports serializes");
         tuna_tunnel::fsutil::write_atomically(&self.file, text.as_bytes()).map_err(|e| {
@@ -172,7 +167,7 @@ impl Embedded {
         }
     }
 
-    fn reserve_tcp(&self, request: &CreateTcpEndpoint) -> EdgeResult<Reserved<TcpEndpoint>> {
+    fn reserve_tcp(&self, request: &CreateTcpEndpoint) -> crate::Result<Reserved<TcpEndpoint>> {
         let what = format!("reserving TCP endpoint {}", request.alias);
         let mut allocated = self.allocated.lock().expect("allocations lock");
         if let Some(existing) = allocated.get(&request.alias) {
@@ -235,7 +230,7 @@ fn unix(t: SystemTime) -> i64 {
 }
 
 impl EdgeApi for Embedded {
-    fn whoami(&self) -> BoxFuture<'_, EdgeResult<WhoAmI>> {
+    fn whoami(&self) -> BoxFuture<'_, crate::Result<WhoAmI>> {
         Box::pin(async move {
             Ok(WhoAmI {
                 account: EMBEDDED_ACCOUNT.to_owned(),
@@ -250,7 +245,7 @@ impl EdgeApi for Embedded {
     fn ensure_domain<'a>(
         &'a self,
         request: &'a CreateDomain,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<Domain>>> {
+    ) -> BoxFuture<'a, crate::Result<Reserved<Domain>>> {
         Box::pin(async move {
             let domain = match (&request.subdomain, &request.domain) {
                 (Some(sub), None) => self.domain(
@@ -275,26 +270,26 @@ impl EdgeApi for Embedded {
         })
     }
 
-    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, EdgeResult<Domain>> {
+    fn verify_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<Domain>> {
         Box::pin(async move { Ok(self.domain(name.to_owned(), DomainKind::Custom)) })
     }
 
-    fn list_domains(&self) -> BoxFuture<'_, EdgeResult<Vec<Domain>>> {
+    fn list_domains(&self) -> BoxFuture<'_, crate::Result<Vec<Domain>>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    fn delete_domain<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn delete_domain<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async { Ok(()) })
     }
 
     fn ensure_tcp_endpoint<'a>(
         &'a self,
         request: &'a CreateTcpEndpoint,
-    ) -> BoxFuture<'a, EdgeResult<Reserved<TcpEndpoint>>> {
+    ) -> BoxFuture<'a, crate::Result<Reserved<TcpEndpoint>>> {
         Box::pin(async move { self.reserve_tcp(request) })
     }
 
-    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move {
             let mut allocated = self.allocated.lock().expect("allocations lock");
             if allocated.remove(alias).is_some() {
@@ -309,7 +304,7 @@ impl EdgeApi for Embedded {
         labels: &'a BTreeMap<String, String>,
         bindings: &'a [Binding],
         ttl: Duration,
-    ) -> BoxFuture<'a, EdgeResult<MintedToken>> {
+    ) -> BoxFuture<'a, crate::Result<MintedToken>> {
         Box::pin(async move {
             let id = format!("tok_{}", random_hex(8));
             let token = TunnelToken::new(format!("tt_{}", random_hex(24)));
@@ -333,7 +328,7 @@ impl EdgeApi for Embedded {
         })
     }
 
-    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, EdgeResult<i64>> {
+    fn renew_token<'a>(&'a self, id: &'a str, ttl: Duration) -> BoxFuture<'a, crate::Result<i64>> {
         Box::pin(async move {
             let mut live = self.live.lock().expect("token lock");
             let Some(entry) = live.get_mut(id) else {
@@ -355,7 +350,7 @@ impl EdgeApi for Embedded {
         })
     }
 
-    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, EdgeResult<()>> {
+    fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, crate::Result<()>> {
         Box::pin(async move {
             self.live.lock().expect("token lock").remove(id);
             self.authority.revoke(id);
@@ -363,7 +358,7 @@ impl EdgeApi for Embedded {
         })
     }
 
-    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, EdgeResult<Vec<Token>>> {
+    fn list_tokens<'a>(&'a self, selector: &'a str) -> BoxFuture<'a, crate::Result<Vec<Token>>> {
         Box::pin(async move {
             let terms: Vec<(&str, &str)> = selector
                 .split(',')
@@ -404,17 +399,17 @@ pub fn instance_id(data_dir: &Path) -> Result<String, Error> {
         Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_owned()),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => return Err(Error::Io { path: file, source }),
+        Err(source) => return Err(Error::file("read", file)(source)),
     }
     let id = format!("standalone-{}", random_hex(8));
     tuna_tunnel::fsutil::write_atomically(&file, id.as_bytes())
-        .map_err(|source| Error::Io { path: file, source })?;
+        .map_err(Error::file("write", file))?;
     Ok(id)
 }
 
 /// Revokes the tokens an earlier run of `instance` left at the edge (it was
 /// killed, or files changed while it was down): every run mints its own.
-pub async fn revoke_orphans(edge: &dyn EdgeApi, instance: &str) -> EdgeResult<usize> {
+pub async fn revoke_orphans(edge: &dyn EdgeApi, instance: &str) -> crate::Result<usize> {
     let selector = format!("{INSTANCE_LABEL}={instance}");
     let tokens = edge.list_tokens(&selector).await?;
     let mut revoked = 0;

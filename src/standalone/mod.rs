@@ -20,8 +20,6 @@ pub mod provider;
 pub mod report;
 pub mod runtime;
 
-use std::path::PathBuf;
-
 pub use desired::{
     DesiredOptions, DesiredState, PublishedBy, PublishedHost, PublishedTcp, SkippedItem,
     desired_state,
@@ -30,28 +28,3 @@ pub use diff::{Change, diff};
 pub use provider::{FileProvider, Fingerprint, fingerprint};
 pub use report::{PublicAddresses, render};
 pub use runtime::{RemoteEdge, Standalone, StandaloneConfig, TunnelKey};
-
-/// Errors of standalone mode.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A file or directory could not be read or written.
-    #[error("{}: {source}", path.display())]
-    Io {
-        /// Which.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A state file of the data dir is corrupt; delete it to start afresh.
-    #[error("{}: {message} (delete the file to start afresh)", path.display())]
-    State {
-        /// Which.
-        path: PathBuf,
-        /// Why.
-        message: String,
-    },
-    /// The edge (embedded or remote) refused or failed.
-    #[error("edge: {0}")]
-    Edge(String),
-}

@@ -37,7 +37,6 @@ use tuna_tunnel::api::{CreateDomain, CreateTcpEndpoint};
 use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
 use tuna_tunnel::wire::TunnelToken;
 
-use super::Error;
 use super::desired::{DesiredOptions, DesiredState, HttpRouteSpec, PublishedTcp, SkippedItem};
 use super::diff::{Change, diff};
 use super::edge::{
@@ -45,6 +44,7 @@ use super::edge::{
 };
 use super::provider::FileProvider;
 use super::report::{PublicAddresses, render};
+use crate::Error;
 use crate::edge::api::{EdgeApi, RemoteEdge as RemoteEdgeApi, gone_is_ok};
 pub use crate::edge::publisher::TunnelKey;
 use crate::edge::publisher::{Publisher, Serving, TunnelSpec, TunnelState};
@@ -500,13 +500,13 @@ async fn embedded_edge(config: &StandaloneConfig) -> Result<EdgeParts, Error> {
         format!("*.{}", config.base_domain),
     ];
     let identity = tuna_tunnel::tls::self_signed_identity(&config.data_dir, &names)
-        .map_err(|e| Error::Edge(format!("edge TLS: {e}")))?;
+        .map_err(|e| Error::StandaloneEdge(format!("edge TLS: {e}")))?;
     let ca_file = identity
         .ca_file
         .clone()
-        .ok_or_else(|| Error::Edge("the edge generated no CA file".into()))?;
+        .ok_or_else(|| Error::StandaloneEdge("the edge generated no CA file".into()))?;
     let agent_tls = tuna_tunnel::tls::server_config(&identity, &[])
-        .map_err(|e| Error::Edge(format!("edge TLS: {e}")))?;
+        .map_err(|e| Error::StandaloneEdge(format!("edge TLS: {e}")))?;
     let mut edge_config = EdgeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), agent_tls);
     edge_config.http_addr = Some(config.http_listen);
     edge_config.tcp_bind_ip = config.tcp_bind;
@@ -521,7 +521,7 @@ async fn embedded_edge(config: &StandaloneConfig) -> Result<EdgeParts, Error> {
     )?;
     let edge = EdgeServer::start(edge_config, Arc::new(authority), None)
         .await
-        .map_err(|e| Error::Edge(format!("starting the embedded edge: {e}")))?;
+        .map_err(|e| Error::StandaloneEdge(format!("starting the embedded edge: {e}")))?;
     Ok(EdgeParts {
         api: Arc::new(embedded),
         labels: BTreeMap::new(),
@@ -542,12 +542,12 @@ async fn remote_edge(config: &StandaloneConfig, remote: &RemoteEdge) -> Result<E
         options = options.with_ca_file(ca.clone());
     }
     let client = tuna_tunnel::api::TunaClient::new(options)
-        .map_err(|e| Error::Edge(format!("edge API client: {e}")))?;
+        .map_err(|e| Error::StandaloneEdge(format!("edge API client: {e}")))?;
     let api = RemoteEdgeApi::new(client);
     let who = api
         .whoami()
         .await
-        .map_err(|e| Error::Edge(format!("edge API {}: {e}", remote.api_url)))?;
+        .map_err(|e| Error::StandaloneEdge(format!("edge API {}: {e}", remote.api_url)))?;
     tracing::info!(account = %who.account, base_domain = %who.base_domain, "connected to the edge API");
     // One instance id per data dir: a restart finds its own orphans.
     let instance = instance_id(&config.data_dir)?;
@@ -582,10 +582,8 @@ impl Standalone {
     /// Starts everything and applies the files once; returns when every tunnel
     /// is connected (or reported as not connected after a bounded wait).
     pub async fn start(config: StandaloneConfig) -> Result<Self, Error> {
-        std::fs::create_dir_all(&config.data_dir).map_err(|source| Error::Io {
-            path: config.data_dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&config.data_dir)
+            .map_err(Error::file("create", &config.data_dir))?;
         let options = DesiredOptions {
             base_domain: config.base_domain.to_ascii_lowercase(),
             ..DesiredOptions::default()
@@ -602,7 +600,7 @@ impl Standalone {
         agent.server_name = parts.server_name;
         agent.agent_name = format!("tuna-operator-standalone/{}", env!("CARGO_PKG_VERSION"));
         let publisher = Publisher::start(proxy, agent)
-            .map_err(|e| Error::Edge(format!("starting the tunnel agent: {e}")))?;
+            .map_err(|e| Error::StandaloneEdge(format!("starting the tunnel agent: {e}")))?;
         let mut runtime = Runtime {
             publisher: publisher.clone(),
             edge: parts.api,

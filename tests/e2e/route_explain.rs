@@ -346,6 +346,41 @@ fn bad_input_fails_with_a_clear_message() {
     }
 }
 
+/// A failure is one readable message that names its cause once: the
+/// library's messages carry their cause, and kube's errors quote theirs, so a
+/// chain printer would repeat the kubeconfig's path three times and the OS
+/// error four.
+#[test]
+fn a_failure_names_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_tuna-operator"))
+        .args(["route", "explain", "http://a.example.com/"])
+        .env("RUST_LOG", "warn")
+        .env("KUBECONFIG", &missing)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run tuna-operator");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(
+            "Error: no Kubernetes cluster to read (set KUBECONFIG, or give manifests with -f): "
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches(missing.to_str().unwrap()).count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+}
+
 /// `route explain` builds what the agent serves: a host belongs to the
 /// namespace of its Domain even when another namespace's Ingress is older, an
 /// unreserved host is not published (unless `--account-domain` names it), and

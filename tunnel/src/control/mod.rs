@@ -13,6 +13,7 @@
 //! answers 403.
 
 mod authority;
+#[cfg(feature = "cli")]
 pub mod cli;
 mod dns;
 mod domains;

@@ -3,6 +3,7 @@
 //! the control plane's REST API ([`server::EdgeServer`]).
 
 pub mod authority;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod fleet;
 mod hyper_path;
