@@ -127,7 +127,7 @@ pub use explain::{Candidate, Explanation, HostSelection, Outcome};
 pub use normalize::{
     InvalidHost, InvalidPath, MAX_HOST_LEN, MAX_PATH_LEN, normalize_host, normalize_path,
 };
-pub use table::RouteTable;
+pub use table::{HostTable, RouteTable};
 
 use std::fmt;
 
@@ -143,6 +143,22 @@ pub enum Error {
         count: usize,
         /// The limit.
         max: usize,
+    },
+    /// [`HostTable::build`] was given a host that cannot be routed.
+    #[error("{host:?} cannot be a route host: {reason}")]
+    InvalidHost {
+        /// The host given.
+        host: String,
+        /// Why it is not valid.
+        reason: InvalidHost,
+    },
+    /// [`HostTable::build`] was given a spec of another host.
+    #[error("a spec for {spec:?} was given to the table of {host:?}")]
+    OtherHost {
+        /// The table's host.
+        host: String,
+        /// The spec's host.
+        spec: String,
     },
 }
 
