@@ -529,7 +529,11 @@ impl<B> RouteTable<B> {
     /// cost is one map insert per host. A pattern given twice keeps the
     /// last one.
     pub fn from_hosts(hosts: impl IntoIterator<Item = Arc<HostTable<B>>>) -> Self {
-        let mut table = Self::default();
+        let hosts = hosts.into_iter();
+        let mut table = Self {
+            exact_hosts: FastMap::with_capacity_and_hasher(hosts.size_hint().0, Default::default()),
+            wildcard_hosts: FastMap::default(),
+        };
         for host in hosts {
             let key: Box<str> = match &host.host {
                 RouteHost::Exact(h) => h.as_str().into(),
