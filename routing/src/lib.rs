@@ -83,7 +83,11 @@
 //! it matches no route (a 404; already-canonical paths of any length match).
 //! Building is `O(total path length)`; `RouteTable::build` of 100 000
 //! routes takes a few hundred milliseconds, so tables are built off the
-//! request path and swapped in whole.
+//! request path and swapped in whole. Rules of different host patterns never
+//! interact, so a host also compiles alone ([`HostTable::build`]) and a table
+//! is assembled from compiled hosts ([`RouteTable::from_hosts`], one map
+//! insert per host): a caller that changes one host among thousands compiles
+//! that host only.
 //!
 //! `matchit` was the first candidate for the path trie, but its lookup pushes
 //! onto a heap `Vec` whenever it passes a node holding both static and
