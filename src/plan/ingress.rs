@@ -463,14 +463,19 @@ pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRo
 /// ```
 /// use tuna_operator::plan::ingress::{service_names, TranslateOptions};
 ///
-/// let ingress = serde_saphyr::from_str(
-///     "metadata: {name: web, namespace: shop}\n\
-///      spec:\n  ingressClassName: tuna\n  rules:\n\
-///      - host: shop.example.com\n    http:\n      paths:\n\
-///        - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}\n\
-///      - http:\n      paths:\n\
-///        - {path: /, pathType: Prefix, backend: {service: {name: unhosted, port: {number: 80}}}}\n",
-/// )
+/// let ingress = serde_saphyr::from_str(r#"
+/// metadata: {name: web, namespace: shop}
+/// spec:
+///   ingressClassName: tuna
+///   rules:
+///   - host: shop.example.com
+///     http:
+///       paths:
+///       - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+///   - http:
+///       paths:
+///       - {path: /, pathType: Prefix, backend: {service: {name: unhosted, port: {number: 80}}}}
+/// "#)
 /// .unwrap();
 /// let names: Vec<String> = service_names(&ingress, &TranslateOptions::default()).into_iter().collect();
 /// assert_eq!(names, ["web"]);
