@@ -37,12 +37,14 @@
 //!   [`ProxyCore::remove_tcp_service`], [`ProxyCore::serve_tcp_stream`]. The
 //!   core knows nothing about Kubernetes; callers pass resolved socket
 //!   addresses (the proxy never does DNS).
-//! - **Atomic snapshots.** A change compiles only its host's backends, then
-//!   the immutable route table is rebuilt off the request path and swapped
-//!   in with `ArcSwap`; requests read it without a lock. Concurrent async
-//!   changes share one rebuild (`tuna_proxy_route_table_builds_total` counts
-//!   them): with 10 000 hosts a rebuild takes milliseconds, and one per
-//!   change made publishing N hosts quadratic. A request keeps the backend it was routed to even if
+//! - **Atomic snapshots.** A change compiles its host once (its backends and
+//!   its path trie; the issues it returns come from that build), then the
+//!   immutable route table is assembled from every host's compiled routes
+//!   off the request path and swapped in with `ArcSwap`; requests read it
+//!   without a lock. An assembly compiles nothing but visits every host, so
+//!   concurrent async changes share one
+//!   (`tuna_proxy_route_table_builds_total` counts them): one per change
+//!   would make publishing N hosts quadratic. A request keeps the backend it was routed to even if
 //!   the table changes before it connects; open connections are never
 //!   disturbed by a swap.
 //! - **HTTP behaviour.** Host (normalised as in `tuna-routing`) + path
@@ -347,11 +349,12 @@ impl ProxyCore {
     }
 
     /// [`Self::set_host_routes`] for many concurrent callers (a reconciler
-    /// with thousands of hosts): the routes are checked at once (their
-    /// issues, or an error) and go live with the next table build, which
-    /// every change made meanwhile shares — one build of the whole table
-    /// instead of one per caller, each taking milliseconds at 10 000 hosts.
-    /// Resolves once the routes are live.
+    /// with thousands of hosts): the host's routes are compiled at once (its
+    /// issues, or an error) and go live with the next table assembly, which
+    /// every change made meanwhile shares. An assembly compiles nothing (it
+    /// shares each host's compiled routes) but still visits every host, so
+    /// one per batch of changes rather than one per caller keeps 10 000
+    /// hosts linear. Resolves once the routes are live.
     pub async fn update_host_routes(
         &self,
         host: &str,
@@ -407,7 +410,7 @@ impl ProxyCore {
     /// Builds `collected` and makes it live unless a newer snapshot is.
     fn publish(&self, collected: crate::routes::Collected) -> Result<()> {
         let generation = collected.generation;
-        let snapshot = collected.build()?;
+        let snapshot = collected.build();
         // Every build counts, also one a newer snapshot overtook.
         self.inner
             .shared

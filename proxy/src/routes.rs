@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use pingora::upstreams::peer::HttpPeer;
-use tuna_routing::{BuildIssue, Origin, PathType, RouteSpec, RouteTable, TieBreak};
+use tuna_routing::{BuildIssue, HostTable, Origin, PathType, RouteSpec, RouteTable, TieBreak};
 
 use crate::config::ProxyConfig;
 use crate::error::{Error, Result};
@@ -197,16 +197,20 @@ pub(crate) struct Snapshot {
     pub(crate) hosts: Vec<(String, Arc<HostStats>)>,
 }
 
+/// One compiled host: what its routes compiled to when they were set, so
+/// that a change of one host compiles no other (nor rebuilds its backends'
+/// peers or round-robin position).
+type CompiledHost = Arc<HostTable<Arc<CompiledBackend>>>;
+
 #[derive(Debug)]
 struct HostEntry {
-    /// The host's routes, compiled once when they are set: a change of one
-    /// host rebuilds no other host's backends (peers, round-robin position).
-    specs: Vec<RouteSpec<Arc<CompiledBackend>>>,
+    table: CompiledHost,
     stats: Arc<HostStats>,
 }
 
-/// The control-plane side: registrations as given, rebuilt into a
-/// [`Snapshot`] on every change (off the request path).
+/// The control-plane side: registrations as given, each host compiled once
+/// when it is set; a [`Snapshot`] assembles the compiled hosts on every
+/// change (off the request path).
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     hosts: BTreeMap<String, HostEntry>,
@@ -215,27 +219,28 @@ pub(crate) struct Registry {
     pub(crate) generation: u64,
 }
 
-/// A registry's routes at one generation, to build a [`Snapshot`] from
-/// without holding the registry.
+/// A registry's compiled hosts at one generation, to assemble a [`Snapshot`]
+/// from without holding the registry.
 pub(crate) struct Collected {
     pub(crate) generation: u64,
-    specs: Vec<RouteSpec<Arc<CompiledBackend>>>,
+    tables: Vec<CompiledHost>,
     hosts: Vec<(String, Arc<HostStats>)>,
 }
 
 impl Collected {
-    /// Builds the table (milliseconds at 10 000 hosts).
-    pub(crate) fn build(self) -> Result<Snapshot> {
-        let (table, _) = RouteTable::build(self.specs)?;
-        Ok(Snapshot {
-            table,
+    /// Assembles the table from the compiled hosts: one map insert per
+    /// host, no route compiled again.
+    pub(crate) fn build(self) -> Snapshot {
+        Snapshot {
+            table: RouteTable::from_hosts(self.tables),
             hosts: self.hosts,
-        })
+        }
     }
 }
 
 impl Registry {
-    /// Sets a host's routes and returns the issues of that host's rules.
+    /// Sets a host's routes, compiling them once, and returns the issues of
+    /// that host's rules: the same build is what the request path reads.
     pub(crate) fn set_host(
         &mut self,
         host: &str,
@@ -250,16 +255,38 @@ impl Registry {
                 });
             }
         }
-        // Issues are reported per host: rules of different hosts never
-        // conflict, so compiling the host alone yields exactly its issues.
         let stats = self
             .hosts
             .get(&key)
             .map(|e| e.stats.clone())
             .unwrap_or_default();
         let specs = specs_of(&key, &routes, &stats, config);
-        let (_, issues) = RouteTable::build(specs.clone())?;
-        self.hosts.insert(key, HostEntry { specs, stats });
+        let (table, issues) = match HostTable::build(&key, specs) {
+            Ok(built) => built,
+            // A name a request may carry but a route may not (`a_b.example`):
+            // every rule is reported and the host routes nothing.
+            Err(tuna_routing::Error::InvalidHost { reason, .. }) => {
+                if self.hosts.remove(&key).is_some() {
+                    self.generation += 1;
+                }
+                return Ok(routes
+                    .into_iter()
+                    .map(|r| BuildIssue::InvalidHost {
+                        origin: r.origin,
+                        host: key.clone(),
+                        reason,
+                    })
+                    .collect());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.hosts.insert(
+            key,
+            HostEntry {
+                table: Arc::new(table),
+                stats,
+            },
+        );
         self.generation += 1;
         Ok(issues)
     }
@@ -273,17 +300,17 @@ impl Registry {
         Ok(removed)
     }
 
-    /// Every host's compiled routes as of now (clones of shared parts).
+    /// Every host's compiled table as of now (shared, not copied).
     pub(crate) fn collect(&self) -> Collected {
-        let mut specs = Vec::with_capacity(self.hosts.len());
+        let mut tables = Vec::with_capacity(self.hosts.len());
         let mut hosts = Vec::with_capacity(self.hosts.len());
         for (host, entry) in &self.hosts {
-            specs.extend(entry.specs.iter().cloned());
+            tables.push(entry.table.clone());
             hosts.push((host.clone(), entry.stats.clone()));
         }
         Collected {
             generation: self.generation,
-            specs,
+            tables,
             hosts,
         }
     }

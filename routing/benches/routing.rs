@@ -10,10 +10,11 @@
 
 use std::collections::HashMap;
 use std::hint::black_box;
+use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tuna_routing::{
-    Origin, PathType, RouteSpec, RouteTable, TieBreak, normalize_host, normalize_path,
+    HostTable, Origin, PathType, RouteSpec, RouteTable, TieBreak, normalize_host, normalize_path,
 };
 
 const SIZES: [usize; 4] = [10, 1_000, 10_000, 100_000];
@@ -266,5 +267,41 @@ fn builds(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, lookups, builds);
+/// One host changes among 10 000 (5 paths each): what it costs to make the
+/// change routable. `whole` is the old way, compiling every host again;
+/// `one_host` compiles the changed host alone and `assemble` builds the table
+/// from the compiled hosts — the proxy's way, `one_host + assemble` per change.
+fn changes(c: &mut Criterion) {
+    let mut group = c.benchmark_group("change_of_one_host/10000_hosts");
+    let (specs, _) = many_hosts(50_000);
+    let mut by_host: std::collections::BTreeMap<String, Vec<RouteSpec<u32>>> = Default::default();
+    for s in &specs {
+        by_host.entry(s.host.clone()).or_default().push(s.clone());
+    }
+    let compiled: Vec<Arc<HostTable<u32>>> = by_host
+        .iter()
+        .map(|(h, s)| Arc::new(HostTable::build(h, s.clone()).unwrap().0))
+        .collect();
+    let (changed_host, changed) = by_host.iter().next().unwrap();
+    group.bench_function("whole", |b| {
+        b.iter_batched(
+            || specs.clone(),
+            |specs| black_box(RouteTable::build(specs).unwrap()),
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("one_host", |b| {
+        b.iter_batched(
+            || changed.clone(),
+            |specs| black_box(HostTable::build(changed_host, specs).unwrap()),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.bench_function("assemble", |b| {
+        b.iter(|| black_box(RouteTable::from_hosts(compiled.iter().cloned())))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, lookups, builds, changes);
 criterion_main!(benches);

@@ -6,8 +6,8 @@
 
 use std::fmt;
 
-use crate::normalize::{self, InvalidPath, RouteHost};
-use crate::table::SpecState;
+use crate::normalize::{self, InvalidPath};
+use crate::table::{HostTable, SpecState};
 use crate::{Match, Origin, PathType, RouteSpec, RouteTable};
 
 /// Which host routes a request host selected.
@@ -170,25 +170,33 @@ impl<B> RouteTable<B> {
                 HostSelection::Wildcard(format!("*.{}", &req_host[dot + 1..]))
             }
         };
-        let winner_index = self.lookup_index(host, path);
+        let winner_at = self.lookup_index(host, path);
+        // Candidates: the exact host's specs and those of the one wildcard
+        // that covers the request host, in input order.
+        let dot = req_host.find('.').filter(|&d| d > 0);
+        let wildcard = dot.and_then(|d| self.wildcard_host(&req_host[d + 1..]));
+        let mut considered: Vec<(&HostTable<B>, usize)> = self
+            .exact_host(&req_host)
+            .into_iter()
+            .chain(wildcard)
+            .flat_map(|table| (0..table.specs().len()).map(move |i| (table, i)))
+            .collect();
+        considered.sort_by_key(|(table, i)| table.seq(*i));
         let mut candidates = Vec::new();
-        for (index, (spec, state)) in self.specs().iter().zip(&self.states).enumerate() {
-            let (spec_host, spec_path, conflict_winner) = match state {
-                SpecState::InvalidHost => continue,
-                SpecState::InvalidPath { host } => (host, None, None),
-                SpecState::Active { host, path } => (host, Some(path), None),
-                SpecState::Conflict { host, path, winner } => (host, Some(path), Some(*winner)),
+        for (table, index) in considered {
+            let spec = &table.specs()[index];
+            let state = &table.states[index];
+            let (spec_path, conflict_winner) = match state {
+                SpecState::InvalidPath => (None, None),
+                SpecState::Active { path } => (Some(path), None),
+                SpecState::Conflict { path, winner } => (Some(path), Some(*winner)),
             };
-            let wildcard = match spec_host {
-                RouteHost::Exact(h) if *h == req_host => false,
-                RouteHost::Wildcard(suffix) if covers(suffix, &req_host) => true,
-                _ => continue,
-            };
-            let outcome = if wildcard && matches!(selection, HostSelection::Exact(_)) {
+            let is_wildcard = table.wildcard_suffix().is_some();
+            let outcome = if is_wildcard && matches!(selection, HostSelection::Exact(_)) {
                 Outcome::HostShadowed {
                     host: req_host.clone(),
                 }
-            } else if let SpecState::InvalidPath { .. } = state {
+            } else if let SpecState::InvalidPath = state {
                 Outcome::InvalidPath(
                     normalize::parse_route_path(&spec.path).expect_err("recorded as invalid"),
                 )
@@ -200,16 +208,18 @@ impl<B> RouteTable<B> {
                 Outcome::PathDoesNotMatch
             } else if let Some(w) = conflict_winner {
                 Outcome::LostConflict {
-                    winner: self.specs()[w].origin.clone(),
+                    winner: table.specs()[w].origin.clone(),
                 }
-            } else if Some(index) == winner_index {
+            } else if winner_at.is_some_and(|(t, i)| std::ptr::eq(t, table) && i == index) {
                 Outcome::Selected
             } else {
-                let Some(w) = winner_index else {
+                let Some((_, w)) = winner_at else {
                     unreachable!("a matching active spec implies a winner")
                 };
-                let w_spec = &self.specs()[w];
-                let w_len = rank_len(w_spec, &self.states[w]);
+                // A matching active spec of the selected host lost to a
+                // winner of the same host.
+                let w_spec = &table.specs()[w];
+                let w_len = rank_len(w_spec, &table.states[w]);
                 let my_len = spec_path.map(|p| key_len(spec.path_type, p)).unwrap_or(0);
                 if w_len > my_len || !matches!(w_spec.path_type, PathType::Exact) {
                     Outcome::LongerPathWins {
@@ -231,13 +241,6 @@ impl<B> RouteTable<B> {
             candidates,
         }
     }
-}
-
-/// Does wildcard suffix `suffix` (from `*.suffix`) cover `host`?
-fn covers(suffix: &str, host: &str) -> bool {
-    host.strip_suffix(suffix)
-        .and_then(|label| label.strip_suffix('.'))
-        .is_some_and(|label| !label.is_empty() && !label.contains('.'))
 }
 
 /// Kubernetes path matching on canonical paths, written plainly.
@@ -265,7 +268,7 @@ fn key_len(path_type: PathType, path: &str) -> usize {
 
 fn rank_len<B>(spec: &RouteSpec<B>, state: &SpecState) -> usize {
     match state {
-        SpecState::Active { path, .. } => key_len(spec.path_type, path),
+        SpecState::Active { path } => key_len(spec.path_type, path),
         _ => 0,
     }
 }

@@ -83,7 +83,11 @@
 //! it matches no route (a 404; already-canonical paths of any length match).
 //! Building is `O(total path length)`; `RouteTable::build` of 100 000
 //! routes takes a few hundred milliseconds, so tables are built off the
-//! request path and swapped in whole.
+//! request path and swapped in whole. Rules of different host patterns never
+//! interact, so a host also compiles alone ([`HostTable::build`]) and a table
+//! is assembled from compiled hosts ([`RouteTable::from_hosts`], one map
+//! insert per host): a caller that changes one host among thousands compiles
+//! that host only.
 //!
 //! `matchit` was the first candidate for the path trie, but its lookup pushes
 //! onto a heap `Vec` whenever it passes a node holding both static and
@@ -127,7 +131,7 @@ pub use explain::{Candidate, Explanation, HostSelection, Outcome};
 pub use normalize::{
     InvalidHost, InvalidPath, MAX_HOST_LEN, MAX_PATH_LEN, normalize_host, normalize_path,
 };
-pub use table::RouteTable;
+pub use table::{HostTable, RouteTable};
 
 use std::fmt;
 
@@ -143,6 +147,22 @@ pub enum Error {
         count: usize,
         /// The limit.
         max: usize,
+    },
+    /// [`HostTable::build`] was given a host that cannot be routed.
+    #[error("{host:?} cannot be a route host: {reason}")]
+    InvalidHost {
+        /// The host given.
+        host: String,
+        /// Why it is not valid.
+        reason: InvalidHost,
+    },
+    /// [`HostTable::build`] was given a spec of another host.
+    #[error("a spec for {spec:?} was given to the table of {host:?}")]
+    OtherHost {
+        /// The table's host.
+        host: String,
+        /// The spec's host.
+        spec: String,
     },
 }
 

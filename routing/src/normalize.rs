@@ -132,7 +132,7 @@ impl std::fmt::Display for InvalidHost {
 }
 
 /// A validated route host: exact, or a wildcard over exactly one label.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum RouteHost {
     Exact(String),
     /// The suffix after `*.`, e.g. `example.com` for `*.example.com`.

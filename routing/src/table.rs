@@ -1,6 +1,7 @@
 //! The compiled table: hosts in hash maps, paths in a segment trie per host.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::normalize::{self, MAX_HOST_LEN, MAX_PATH_LEN, RouteHost};
 use crate::{BuildIssue, Error, Match, PathType, Result, RouteSpec};
@@ -231,43 +232,235 @@ impl BuildHost {
     }
 }
 
-/// What the build decided for one spec, kept for `explain`.
+/// What the build decided for one spec of a host, kept for `explain`.
 #[derive(Debug, Clone)]
 pub(crate) enum SpecState {
-    /// Routed (it may still lose to longer or Exact routes at lookup).
-    Active { host: RouteHost, path: String },
-    /// Not routed: its host is invalid.
-    InvalidHost,
+    /// Routed (it may still lose to longer or Exact routes at lookup), with
+    /// its canonical path.
+    Active { path: String },
     /// Not routed: its path is invalid.
-    InvalidPath { host: RouteHost },
-    /// Not routed: an equal rule (spec index `winner`) won the tie-break.
-    Conflict {
-        host: RouteHost,
-        path: String,
-        winner: usize,
-    },
+    InvalidPath,
+    /// Not routed: an equal rule (spec `winner` of the same host) won the
+    /// tie-break.
+    Conflict { path: String, winner: usize },
 }
 
-/// An immutable, compiled route table. Cheap to share (`Send + Sync` when
-/// the backend is); rebuild and swap it to change routes.
+/// The compiled routes of one host pattern (`example.com` or
+/// `*.example.com`): its specs, what the build decided for each, and the
+/// path trie.
+///
+/// Rules of different host patterns never interact (a request selects one
+/// pattern, then a path within it), so a host compiles alone: a change to
+/// one host compiles that host once, and [`RouteTable::from_hosts`]
+/// assembles the table from the compiled hosts without compiling any again.
 #[derive(Debug)]
-pub struct RouteTable<B> {
+pub struct HostTable<B> {
+    /// The pattern as a request would name it: `example.com`, `*.example.com`.
+    name: Box<str>,
+    host: RouteHost,
     specs: Vec<RouteSpec<B>>,
     pub(crate) states: Vec<SpecState>,
-    exact_hosts: FastMap<Box<str>, HostRoutes>,
+    /// Each spec's position in the input it came from, so that issues and
+    /// explanations follow the caller's order across hosts.
+    seq: Vec<usize>,
+    routes: HostRoutes,
+}
+
+impl<B> HostTable<B> {
+    /// Compiles the specs of one host pattern. Every spec must name `host`
+    /// (compared in canonical form); invalid paths and losers of equal rules
+    /// are returned as issues, in input order, and left out.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tuna_routing::{HostTable, Origin, PathType, RouteSpec, RouteTable, TieBreak};
+    ///
+    /// let spec = |host: &str, path: &str, backend| RouteSpec {
+    ///     host: host.into(),
+    ///     path: path.into(),
+    ///     path_type: PathType::Prefix,
+    ///     backend,
+    ///     origin: Origin::default(),
+    ///     tie_break: TieBreak::default(),
+    /// };
+    /// let (shop, issues) = HostTable::build("shop.example.com", vec![spec("Shop.example.com", "/", 1)]).unwrap();
+    /// assert!(issues.is_empty());
+    /// assert_eq!(shop.name(), "shop.example.com");
+    /// let (any, _) = HostTable::build("*.example.com", vec![spec("*.example.com", "/", 2)]).unwrap();
+    /// let table = RouteTable::from_hosts([Arc::new(shop), Arc::new(any)]);
+    /// assert_eq!(table.lookup("shop.example.com", "/x").map(|m| *m.backend), Some(1));
+    /// assert_eq!(table.lookup("blog.example.com", "/x").map(|m| *m.backend), Some(2));
+    /// assert!(HostTable::build("a.example.com", vec![spec("b.example.com", "/", 3)]).is_err());
+    /// ```
+    pub fn build(host: &str, specs: Vec<RouteSpec<B>>) -> Result<(Self, Vec<BuildIssue>)> {
+        let parsed = normalize::parse_route_host(host).map_err(|reason| Error::InvalidHost {
+            host: host.to_owned(),
+            reason,
+        })?;
+        for spec in &specs {
+            if normalize::parse_route_host(&spec.host).ok().as_ref() != Some(&parsed) {
+                return Err(Error::OtherHost {
+                    host: host.to_owned(),
+                    spec: spec.host.clone(),
+                });
+            }
+        }
+        let seq = (0..specs.len()).collect();
+        Self::compile(parsed, specs, seq)
+    }
+
+    /// Compiles specs known to name `host`; `seq` gives their input positions.
+    fn compile(
+        host: RouteHost,
+        specs: Vec<RouteSpec<B>>,
+        seq: Vec<usize>,
+    ) -> Result<(Self, Vec<BuildIssue>)> {
+        if specs.len() >= NONE as usize {
+            return Err(Error::TooManySpecs {
+                count: specs.len(),
+                max: NONE as usize - 1,
+            });
+        }
+        // Edge labels are addressed with 32-bit offsets.
+        let label_bytes: usize = specs.iter().map(|s| s.path.len()).sum();
+        if label_bytes >= NONE as usize {
+            return Err(Error::TooManySpecs {
+                count: specs.len(),
+                max: specs.len() * (NONE as usize) / label_bytes,
+            });
+        }
+        let mut states = Vec::with_capacity(specs.len());
+        let mut build = BuildHost::default();
+        // Losers of equal rules, with the slot they lost; the final holder of
+        // the slot is known only once every spec has been placed.
+        let mut losers: Vec<(usize, usize, Slot)> = Vec::new();
+        for (index, spec) in specs.iter().enumerate() {
+            let path = match normalize::parse_route_path(&spec.path) {
+                Ok(path) => path,
+                Err(_) => {
+                    states.push(SpecState::InvalidPath);
+                    continue;
+                }
+            };
+            let (key_path, slot) = rule_key(&path, spec.path_type);
+            let node = build.node_for(key_path.trim_start_matches('/').trim_end_matches('/'));
+            let current = build.slot(node, slot);
+            match *current {
+                None => *current = Some(index as u32),
+                Some(holder) => {
+                    let holder = holder as usize;
+                    if precedes(spec, seq[index], &specs[holder], seq[holder]) {
+                        *current = Some(index as u32);
+                        losers.push((holder, node, slot));
+                    } else {
+                        losers.push((index, node, slot));
+                    }
+                }
+            }
+            states.push(SpecState::Active { path });
+        }
+        for (loser, node, slot) in losers {
+            let winner = build
+                .slot(node, slot)
+                .expect("a conflict slot has a holder") as usize;
+            let SpecState::Active { path } = states[loser].clone() else {
+                unreachable!("a spec loses a conflict only once")
+            };
+            states[loser] = SpecState::Conflict { path, winner };
+        }
+        let name: Box<str> = match &host {
+            RouteHost::Exact(h) => h.as_str().into(),
+            RouteHost::Wildcard(s) => format!("*.{s}").into(),
+        };
+        let table = HostTable {
+            name,
+            host,
+            specs,
+            states,
+            seq,
+            routes: build.freeze(),
+        };
+        let issues = table.issues().map(|(_, issue)| issue).collect();
+        Ok((table, issues))
+    }
+
+    /// The host pattern in canonical form: `example.com`, `*.example.com`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The specs given to [`HostTable::build`], in input order, including
+    /// the ones that are not routed.
+    pub fn specs(&self) -> &[RouteSpec<B>] {
+        &self.specs
+    }
+
+    /// The wildcard suffix (`example.com` of `*.example.com`), if a wildcard.
+    pub(crate) fn wildcard_suffix(&self) -> Option<&str> {
+        match &self.host {
+            RouteHost::Exact(_) => None,
+            RouteHost::Wildcard(s) => Some(s),
+        }
+    }
+
+    /// The input position of spec `index`.
+    pub(crate) fn seq(&self, index: usize) -> usize {
+        self.seq[index]
+    }
+
+    /// The winning spec for a raw request path.
+    #[inline]
+    pub(crate) fn find(&self, raw_path: &str) -> Option<usize> {
+        find_path(&self.routes, raw_path).map(|i| i as usize)
+    }
+
+    /// The issues of this host with their input positions.
+    fn issues(&self) -> impl Iterator<Item = (usize, BuildIssue)> + '_ {
+        self.specs
+            .iter()
+            .zip(&self.states)
+            .zip(&self.seq)
+            .filter_map(|((spec, state), &seq)| {
+                let issue = match state {
+                    SpecState::Active { .. } => return None,
+                    SpecState::InvalidPath => BuildIssue::InvalidPath {
+                        origin: spec.origin.clone(),
+                        path: spec.path.clone(),
+                        reason: normalize::parse_route_path(&spec.path)
+                            .expect_err("recorded as invalid"),
+                    },
+                    SpecState::Conflict { winner, .. } => BuildIssue::Conflict {
+                        loser: spec.origin.clone(),
+                        winner: self.specs[*winner].origin.clone(),
+                        host: self.name.to_string(),
+                        path: spec.path.clone(),
+                        path_type: if spec.path_type.is_prefix() {
+                            PathType::Prefix
+                        } else {
+                            PathType::Exact
+                        },
+                    },
+                };
+                Some((seq, issue))
+            })
+    }
+}
+
+/// An immutable, compiled route table: the compiled hosts by pattern. Cheap
+/// to share (`Send + Sync` when the backend is); rebuild and swap it to
+/// change routes.
+#[derive(Debug)]
+pub struct RouteTable<B> {
+    exact_hosts: FastMap<Box<str>, Arc<HostTable<B>>>,
     /// Keyed by the suffix after `*.`.
-    wildcard_hosts: FastMap<Box<str>, HostRoutes>,
-    host_names: Vec<Box<str>>,
+    wildcard_hosts: FastMap<Box<str>, Arc<HostTable<B>>>,
 }
 
 impl<B> Default for RouteTable<B> {
     fn default() -> Self {
         Self {
-            specs: Vec::new(),
-            states: Vec::new(),
             exact_hosts: FastMap::default(),
             wildcard_hosts: FastMap::default(),
-            host_names: Vec::new(),
         }
     }
 }
@@ -299,99 +492,59 @@ impl<B> RouteTable<B> {
     /// assert_eq!(issues[1].reason(), "PathDotSegment");
     /// ```
     pub fn build(specs: Vec<RouteSpec<B>>) -> Result<(Self, Vec<BuildIssue>)> {
-        if specs.len() >= u32::MAX as usize {
-            return Err(Error::TooManySpecs {
-                count: specs.len(),
-                max: u32::MAX as usize - 1,
-            });
-        }
-        // Edge labels are addressed with 32-bit offsets.
-        let label_bytes: usize = specs.iter().map(|s| s.path.len()).sum();
-        if label_bytes >= NONE as usize {
-            return Err(Error::TooManySpecs {
-                count: specs.len(),
-                max: specs.len() * (NONE as usize) / label_bytes,
-            });
-        }
-        let mut states = Vec::with_capacity(specs.len());
-        let mut exact: HashMap<String, BuildHost> = HashMap::new();
-        let mut wild: HashMap<String, BuildHost> = HashMap::new();
-        // Losers of equal rules, with the slot they lost; the final holder of
-        // the slot is known only once every spec has been placed.
-        let mut losers: Vec<(usize, RouteHost, usize, Slot)> = Vec::new();
-
-        for (index, spec) in specs.iter().enumerate() {
-            let host = match normalize::parse_route_host(&spec.host) {
-                Ok(host) => host,
-                Err(_) => {
-                    states.push(SpecState::InvalidHost);
-                    continue;
+        let mut issues: Vec<(usize, BuildIssue)> = Vec::new();
+        // Specs grouped by host pattern, in input order within each.
+        let mut groups: HashMap<RouteHost, (Vec<RouteSpec<B>>, Vec<usize>)> = HashMap::new();
+        for (seq, spec) in specs.into_iter().enumerate() {
+            match normalize::parse_route_host(&spec.host) {
+                Ok(host) => {
+                    let group = groups.entry(host).or_default();
+                    group.0.push(spec);
+                    group.1.push(seq);
                 }
-            };
-            let path = match normalize::parse_route_path(&spec.path) {
-                Ok(path) => path,
-                Err(_) => {
-                    states.push(SpecState::InvalidPath { host });
-                    continue;
-                }
-            };
-            let (key_path, slot) = rule_key(&path, spec.path_type);
-            let build = match &host {
-                RouteHost::Exact(h) => exact.entry(h.clone()).or_default(),
-                RouteHost::Wildcard(s) => wild.entry(s.clone()).or_default(),
-            };
-            let node = build.node_for(key_path.trim_start_matches('/').trim_end_matches('/'));
-            let current = build.slot(node, slot);
-            match *current {
-                None => *current = Some(index as u32),
-                Some(holder) => {
-                    let holder = holder as usize;
-                    if precedes(spec, index, &specs[holder], holder) {
-                        *current = Some(index as u32);
-                        losers.push((holder, host.clone(), node, slot));
-                    } else {
-                        losers.push((index, host.clone(), node, slot));
-                    }
-                }
+                Err(reason) => issues.push((
+                    seq,
+                    BuildIssue::InvalidHost {
+                        origin: spec.origin.clone(),
+                        host: spec.host.clone(),
+                        reason,
+                    },
+                )),
             }
-            states.push(SpecState::Active { host, path });
         }
-        for (loser, host, node, slot) in losers {
-            let build = match &host {
-                RouteHost::Exact(h) => exact.get_mut(h.as_str()),
-                RouteHost::Wildcard(s) => wild.get_mut(s.as_str()),
-            }
-            .expect("host was created when the loser was placed");
-            let winner = build
-                .slot(node, slot)
-                .expect("a conflict slot has a holder") as usize;
-            let SpecState::Active { host, path } = states[loser].clone() else {
-                unreachable!("a spec loses a conflict only once")
-            };
-            states[loser] = SpecState::Conflict { host, path, winner };
+        let mut hosts = Vec::with_capacity(groups.len());
+        for (host, (specs, seq)) in groups {
+            let (table, _) = HostTable::compile(host, specs, seq)?;
+            issues.extend(table.issues());
+            hosts.push(Arc::new(table));
         }
+        issues.sort_by_key(|(seq, _)| *seq);
+        Ok((
+            Self::from_hosts(hosts),
+            issues.into_iter().map(|(_, i)| i).collect(),
+        ))
+    }
 
-        let issues = collect_issues(&specs, &states);
-        let mut host_names: Vec<Box<str>> = exact
-            .keys()
-            .map(|h| h.as_str().into())
-            .chain(wild.keys().map(|s| format!("*.{s}").into()))
-            .collect();
-        host_names.sort();
-        let table = RouteTable {
-            specs,
-            states,
-            exact_hosts: exact
-                .into_iter()
-                .map(|(h, b)| (h.into(), b.freeze()))
-                .collect(),
-            wildcard_hosts: wild
-                .into_iter()
-                .map(|(h, b)| (h.into(), b.freeze()))
-                .collect(),
-            host_names,
+    /// Assembles a table from hosts compiled alone, compiling nothing: the
+    /// cost is one map insert per host. A pattern given twice keeps the
+    /// last one.
+    pub fn from_hosts(hosts: impl IntoIterator<Item = Arc<HostTable<B>>>) -> Self {
+        let hosts = hosts.into_iter();
+        let mut table = Self {
+            exact_hosts: FastMap::with_capacity_and_hasher(hosts.size_hint().0, Default::default()),
+            wildcard_hosts: FastMap::default(),
         };
-        Ok((table, issues))
+        for host in hosts {
+            let key: Box<str> = match &host.host {
+                RouteHost::Exact(h) => h.as_str().into(),
+                RouteHost::Wildcard(s) => s.as_str().into(),
+            };
+            match host.host {
+                RouteHost::Exact(_) => table.exact_hosts.insert(key, host),
+                RouteHost::Wildcard(_) => table.wildcard_hosts.insert(key, host),
+            };
+        }
+        table
     }
 
     /// Finds the route for a request. `host` is the raw `Host` header (any
@@ -422,20 +575,22 @@ impl<B> RouteTable<B> {
     /// ```
     #[inline]
     pub fn lookup(&self, host: &str, path: &str) -> Option<Match<'_, B>> {
-        let spec = &self.specs[self.lookup_index(host, path)?];
+        let (host, index) = self.lookup_index(host, path)?;
+        let spec = &host.specs[index];
         Some(Match {
             backend: &spec.backend,
             spec,
         })
     }
 
+    /// The selected host and the index of the winning spec within it.
     #[inline]
-    pub(crate) fn lookup_index(&self, host: &str, path: &str) -> Option<usize> {
-        let routes = self.host_routes(host)?.1;
-        find_path(routes, path).map(|i| i as usize)
+    pub(crate) fn lookup_index(&self, host: &str, path: &str) -> Option<(&HostTable<B>, usize)> {
+        let host = self.host_routes(host)?.1;
+        host.find(path).map(|i| (host, i))
     }
 
-    /// The host names that have routes, sorted; wildcards as `*.example.com`.
+    /// The host patterns that have routes, sorted; wildcards as `*.example.com`.
     ///
     /// ```
     /// # use tuna_routing::*;
@@ -443,25 +598,30 @@ impl<B> RouteTable<B> {
     /// assert_eq!(table.hosts().count(), 0);
     /// ```
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
-        self.host_names.iter().map(|h| &**h)
+        let mut names: Vec<&str> = self
+            .exact_hosts
+            .values()
+            .chain(self.wildcard_hosts.values())
+            .map(|h| h.name())
+            .collect();
+        names.sort_unstable();
+        names.into_iter()
     }
 
-    /// All specs given to [`RouteTable::build`], in input order, including
-    /// the ones that were not routed.
-    ///
-    /// ```
-    /// # use tuna_routing::*;
-    /// let (table, _) = RouteTable::<()>::build(vec![]).unwrap();
-    /// assert!(table.specs().is_empty());
-    /// ```
-    pub fn specs(&self) -> &[RouteSpec<B>] {
-        &self.specs
+    /// The compiled table of the exact host `host` (canonical form) or of
+    /// the wildcard over `suffix`, for explanations.
+    pub(crate) fn exact_host(&self, host: &str) -> Option<&HostTable<B>> {
+        self.exact_hosts.get(host).map(|h| &**h)
+    }
+
+    pub(crate) fn wildcard_host(&self, suffix: &str) -> Option<&HostTable<B>> {
+        self.wildcard_hosts.get(suffix).map(|h| &**h)
     }
 
     /// Selects the host routes for a raw host: the exact host if it has
     /// routes, else the one-label wildcard. Returns whether a wildcard was used.
     #[inline]
-    fn host_routes(&self, raw_host: &str) -> Option<(bool, &HostRoutes)> {
+    fn host_routes(&self, raw_host: &str) -> Option<(bool, &HostTable<B>)> {
         if raw_host.bytes().any(|b| b.is_ascii_uppercase()) {
             return self.host_routes_uppercase(raw_host);
         }
@@ -470,14 +630,14 @@ impl<B> RouteTable<B> {
 
     /// Lower-cases into a stack buffer; rare, so kept off the hot path.
     #[cold]
-    fn host_routes_uppercase(&self, raw_host: &str) -> Option<(bool, &HostRoutes)> {
+    fn host_routes_uppercase(&self, raw_host: &str) -> Option<(bool, &HostTable<B>)> {
         let mut buf = [0u8; MAX_HOST_LEN];
         let host = normalize::normalize_host_into(raw_host, &mut buf)?;
         self.host_routes_canonical(host)
     }
 
     #[inline]
-    pub(crate) fn host_routes_canonical(&self, host: &str) -> Option<(bool, &HostRoutes)> {
+    pub(crate) fn host_routes_canonical(&self, host: &str) -> Option<(bool, &HostTable<B>)> {
         if let Some(routes) = self.exact_hosts.get(host) {
             return Some((false, routes));
         }
@@ -488,7 +648,9 @@ impl<B> RouteTable<B> {
         if dot == 0 {
             return None;
         }
-        self.wildcard_hosts.get(&host[dot + 1..]).map(|r| (true, r))
+        self.wildcard_hosts
+            .get(&host[dot + 1..])
+            .map(|r| (true, &**r))
     }
 }
 
@@ -519,50 +681,8 @@ fn rule_key(path: &str, path_type: PathType) -> (&str, Slot) {
     }
 }
 
-/// True when spec `a` (input index `ai`) wins an equal rule against `b`.
+/// True when spec `a` (input position `ai`) wins an equal rule against `b`.
 fn precedes<B>(a: &RouteSpec<B>, ai: usize, b: &RouteSpec<B>, bi: usize) -> bool {
     let key = |s: &RouteSpec<B>, i: usize| (s.tie_break.clone(), s.origin.rule, s.origin.path, i);
     key(a, ai) < key(b, bi)
-}
-
-fn collect_issues<B>(specs: &[RouteSpec<B>], states: &[SpecState]) -> Vec<BuildIssue> {
-    let mut issues = Vec::new();
-    for (spec, state) in specs.iter().zip(states) {
-        match state {
-            SpecState::Active { .. } => {}
-            SpecState::InvalidHost => {
-                let reason =
-                    normalize::parse_route_host(&spec.host).expect_err("recorded as invalid");
-                issues.push(BuildIssue::InvalidHost {
-                    origin: spec.origin.clone(),
-                    host: spec.host.clone(),
-                    reason,
-                });
-            }
-            SpecState::InvalidPath { .. } => {
-                let reason =
-                    normalize::parse_route_path(&spec.path).expect_err("recorded as invalid");
-                issues.push(BuildIssue::InvalidPath {
-                    origin: spec.origin.clone(),
-                    path: spec.path.clone(),
-                    reason,
-                });
-            }
-            SpecState::Conflict { host, winner, .. } => issues.push(BuildIssue::Conflict {
-                loser: spec.origin.clone(),
-                winner: specs[*winner].origin.clone(),
-                host: match host {
-                    RouteHost::Exact(h) => h.clone(),
-                    RouteHost::Wildcard(s) => format!("*.{s}"),
-                },
-                path: spec.path.clone(),
-                path_type: if spec.path_type.is_prefix() {
-                    PathType::Prefix
-                } else {
-                    PathType::Exact
-                },
-            }),
-        }
-    }
-    issues
 }

@@ -35,7 +35,7 @@ use tuna_crds::{Domain, Tunnel};
 use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
 use crate::Error;
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::plan::ingress::{SkipReason, TranslateOptions, rule_hosts, translate_one};
+use crate::plan::ingress::{SkipReason, TranslateOptions, rule_hosts, service_names};
 use crate::plan::{HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
 use crate::reconcile::{apply_status, resync};
@@ -137,16 +137,15 @@ async fn apply_hosts(
 ) -> Result<Plan, Error> {
     let ingresses = state.stores.ingresses.state();
     // The Services every touching Ingress names (read once; a reconcile of
-    // the Ingress itself re-reads its own).
+    // the Ingress itself re-reads its own). Named, not translated: the plan
+    // below translates each Ingress once.
     for i in ingresses
         .iter()
         .filter(|i| rule_hosts(i).iter().any(|h| hosts.contains(h)))
     {
-        for spec in translate_one(i, &options.ingress).specs {
-            state
-                .services
-                .ensure(&spec.backend.namespace, &spec.backend.name)
-                .await?;
+        let namespace = i.metadata.namespace.as_deref().unwrap_or("default");
+        for name in service_names(i, &options.ingress) {
+            state.services.ensure(namespace, &name).await?;
         }
     }
     let plan = plan_hosts(
@@ -301,11 +300,9 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
     };
     let who = ctx.edge_info().await?.clone();
     // Re-read the Services this Ingress names (get).
-    for spec in translate_one(ingress, &translate).specs {
-        state
-            .services
-            .refresh(&spec.backend.namespace, &spec.backend.name)
-            .await?;
+    let namespace = ingress.metadata.namespace.as_deref().unwrap_or("default");
+    for name in service_names(ingress, &translate) {
+        state.services.refresh(namespace, &name).await?;
     }
     let affected: BTreeSet<String> = before.union(&now).cloned().collect();
     let options = options_for(

@@ -35,7 +35,7 @@
 //! - **Tie-break time.** An Ingress without `metadata.creationTimestamp` (a
 //!   manifest not yet applied) counts as newer than any that has one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend};
@@ -453,6 +453,49 @@ pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRo
         }
     }
     out
+}
+
+/// The names of the Services the routable paths of `ingress` name (in its
+/// namespace), without translating it: what a caller reads before planning,
+/// so that the plan's one translation finds them. A path the translation
+/// then skips (a bad port, an unknown path type) may still be named here.
+///
+/// ```
+/// use tuna_operator::plan::ingress::{service_names, TranslateOptions};
+///
+/// let ingress = serde_saphyr::from_str(r#"
+/// metadata: {name: web, namespace: shop}
+/// spec:
+///   ingressClassName: tuna
+///   rules:
+///   - host: shop.example.com
+///     http:
+///       paths:
+///       - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+///   - http:
+///       paths:
+///       - {path: /, pathType: Prefix, backend: {service: {name: unhosted, port: {number: 80}}}}
+/// "#)
+/// .unwrap();
+/// let names: Vec<String> = service_names(&ingress, &TranslateOptions::default()).into_iter().collect();
+/// assert_eq!(names, ["web"]);
+/// ```
+pub fn service_names(ingress: &Ingress, options: &TranslateOptions) -> BTreeSet<String> {
+    if !options.serves(ingress) {
+        return BTreeSet::new();
+    }
+    ingress
+        .spec
+        .iter()
+        .flat_map(|s| s.rules.iter().flatten())
+        .filter(|r| {
+            r.host
+                .as_deref()
+                .is_some_and(|h| !h.is_empty() && !h.contains('*'))
+        })
+        .flat_map(|r| r.http.iter().flat_map(|h| &h.paths))
+        .filter_map(|p| p.backend.service.as_ref().map(|s| s.name.clone()))
+        .collect()
 }
 
 fn translate_path(
