@@ -443,7 +443,7 @@ impl ProxyCore {
     /// The hosts that currently have routes (canonical form).
     pub fn hosts(&self) -> Vec<String> {
         let snapshot = self.inner.shared.snapshot.load();
-        snapshot.hosts.iter().map(|(h, _)| h.clone()).collect()
+        snapshot.hosts.iter().map(|(h, _)| h.to_string()).collect()
     }
 
     // ----- HTTP entry points ---------------------------------------------

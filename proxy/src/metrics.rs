@@ -177,7 +177,7 @@ impl Metrics {
 
     /// Renders the Prometheus text format. `hosts` are the per-host counters
     /// of the current configuration.
-    pub(crate) fn render(&self, hosts: &[(String, Arc<HostStats>)]) -> String {
+    pub(crate) fn render(&self, hosts: &[(Arc<str>, Arc<HostStats>)]) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str(
             "# HELP tuna_proxy_http_requests_total HTTP requests answered, by host and status class.\n\

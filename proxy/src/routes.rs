@@ -194,7 +194,7 @@ pub(crate) type Table = RouteTable<Arc<CompiledBackend>>;
 pub(crate) struct Snapshot {
     pub(crate) table: Table,
     /// Per-host counters of the configured hosts, for `/metrics`.
-    pub(crate) hosts: Vec<(String, Arc<HostStats>)>,
+    pub(crate) hosts: Vec<(Arc<str>, Arc<HostStats>)>,
 }
 
 /// One compiled host: what its routes compiled to when they were set, so
@@ -204,6 +204,8 @@ type CompiledHost = Arc<HostTable<Arc<CompiledBackend>>>;
 
 #[derive(Debug)]
 struct HostEntry {
+    /// The canonical host, shared with every snapshot.
+    name: Arc<str>,
     table: CompiledHost,
     stats: Arc<HostStats>,
 }
@@ -224,7 +226,7 @@ pub(crate) struct Registry {
 pub(crate) struct Collected {
     pub(crate) generation: u64,
     tables: Vec<CompiledHost>,
-    hosts: Vec<(String, Arc<HostStats>)>,
+    hosts: Vec<(Arc<str>, Arc<HostStats>)>,
 }
 
 impl Collected {
@@ -281,8 +283,9 @@ impl Registry {
             Err(e) => return Err(e.into()),
         };
         self.hosts.insert(
-            key,
+            key.clone(),
             HostEntry {
+                name: key.into(),
                 table: Arc::new(table),
                 stats,
             },
@@ -304,9 +307,9 @@ impl Registry {
     pub(crate) fn collect(&self) -> Collected {
         let mut tables = Vec::with_capacity(self.hosts.len());
         let mut hosts = Vec::with_capacity(self.hosts.len());
-        for (host, entry) in &self.hosts {
+        for entry in self.hosts.values() {
             tables.push(entry.table.clone());
-            hosts.push((host.clone(), entry.stats.clone()));
+            hosts.push((entry.name.clone(), entry.stats.clone()));
         }
         Collected {
             generation: self.generation,

@@ -258,6 +258,9 @@ pub struct HostTable<B> {
     /// The pattern as a request would name it: `example.com`, `*.example.com`.
     name: Box<str>,
     host: RouteHost,
+    /// The key of the table's maps: the exact host, or the wildcard's
+    /// suffix; shared, so that assembling a table allocates no key.
+    key: Arc<str>,
     specs: Vec<RouteSpec<B>>,
     pub(crate) states: Vec<SpecState>,
     /// Each spec's position in the input it came from, so that issues and
@@ -368,12 +371,13 @@ impl<B> HostTable<B> {
             };
             states[loser] = SpecState::Conflict { path, winner };
         }
-        let name: Box<str> = match &host {
-            RouteHost::Exact(h) => h.as_str().into(),
-            RouteHost::Wildcard(s) => format!("*.{s}").into(),
+        let (name, key): (Box<str>, Arc<str>) = match &host {
+            RouteHost::Exact(h) => (h.as_str().into(), h.as_str().into()),
+            RouteHost::Wildcard(s) => (format!("*.{s}").into(), s.as_str().into()),
         };
         let table = HostTable {
             name,
+            key,
             host,
             specs,
             states,
@@ -451,9 +455,9 @@ impl<B> HostTable<B> {
 /// change routes.
 #[derive(Debug)]
 pub struct RouteTable<B> {
-    exact_hosts: FastMap<Box<str>, Arc<HostTable<B>>>,
+    exact_hosts: FastMap<Arc<str>, Arc<HostTable<B>>>,
     /// Keyed by the suffix after `*.`.
-    wildcard_hosts: FastMap<Box<str>, Arc<HostTable<B>>>,
+    wildcard_hosts: FastMap<Arc<str>, Arc<HostTable<B>>>,
 }
 
 impl<B> Default for RouteTable<B> {
@@ -535,10 +539,7 @@ impl<B> RouteTable<B> {
             wildcard_hosts: FastMap::default(),
         };
         for host in hosts {
-            let key: Box<str> = match &host.host {
-                RouteHost::Exact(h) => h.as_str().into(),
-                RouteHost::Wildcard(s) => s.as_str().into(),
-            };
+            let key = host.key.clone();
             match host.host {
                 RouteHost::Exact(_) => table.exact_hosts.insert(key, host),
                 RouteHost::Wildcard(_) => table.wildcard_hosts.insert(key, host),
