@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::events::{EventType, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -52,7 +52,7 @@ use crate::connectors::probe::{self, ProbeResult};
 use crate::connectors::targets::{ProxyTarget, ProxyTargets};
 use crate::metrics::Metrics;
 use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
-use crate::reconcile::{Backoff, apply_status, publish_event, resync};
+use crate::reconcile::{Backoff, Events, apply_status, publish_event, resync};
 
 /// Field manager of the Services and the built-in class the connectors role applies.
 pub const FIELD_MANAGER: &str = "tuna-operator-connectors";
@@ -102,7 +102,7 @@ pub struct ConnectorContext {
     /// The operator cluster's client.
     pub client: Client,
     /// Publishes events as [`REPORTER`].
-    pub recorder: Recorder,
+    pub recorder: Events,
     /// Metrics of this process.
     pub metrics: Arc<Metrics>,
     /// Per-object backoff.
@@ -125,7 +125,7 @@ impl ConnectorContext {
         proxy_ca_pem: String,
         targets: Arc<ProxyTargets>,
     ) -> Self {
-        let recorder = Recorder::new(
+        let recorder = Events::new(
             client.clone(),
             Reporter {
                 controller: REPORTER.to_owned(),

@@ -39,6 +39,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -153,7 +154,7 @@ pub struct Context {
     /// The Kubernetes client.
     pub client: Client,
     /// Publishes events as [`REPORTER`].
-    pub recorder: Recorder,
+    pub recorder: Events,
     /// The edge's REST API (with the operator's key).
     pub edge: Arc<dyn EdgeApi>,
     /// Metrics of this process.
@@ -180,7 +181,7 @@ impl Context {
         resync_interval: Duration,
         dns_recheck_interval: Duration,
     ) -> Self {
-        let recorder = Recorder::new(
+        let recorder = Events::new(
             client.clone(),
             Reporter {
                 controller: REPORTER.to_owned(),
@@ -240,9 +241,58 @@ impl Context {
     }
 }
 
+/// kube's event [`Recorder`], sharded by the object the events are about.
+///
+/// A `Recorder` keeps the events it published in the last minutes, to fold
+/// repeats into a series; kube-runtime 5's `publish` sweeps that whole cache
+/// on every call, under its write lock. One recorder for a process made N
+/// events cost O(N²): at 10 000 Tunnels the sweep was the agent's busiest
+/// function, and every reconcile in flight queued on the lock. An event's key
+/// names the object it is about, so events of one object never fold with
+/// another's: a shard per object hash keeps every series exactly as one
+/// recorder would, and each sweep sees a 1/[`Self::SHARDS`] of the cache.
+#[derive(Clone)]
+pub struct Events {
+    shards: Arc<[Recorder]>,
+}
+
+impl Events {
+    /// How many recorders the events are spread over.
+    pub const SHARDS: usize = 64;
+
+    /// Recorders publishing as `reporter`.
+    pub fn new(client: Client, reporter: Reporter) -> Self {
+        Self {
+            shards: (0..Self::SHARDS)
+                .map(|_| Recorder::new(client.clone(), reporter.clone()))
+                .collect(),
+        }
+    }
+
+    /// The shard of the object `reference` names (stable for an object).
+    fn shard(reference: &ObjectReference) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&reference.namespace, &reference.name, &reference.uid).hash(&mut h);
+        (h.finish() % Self::SHARDS as u64) as usize
+    }
+
+    /// Publishes `event` about the object `reference` names (see
+    /// [`Recorder::publish`]).
+    pub async fn publish(
+        &self,
+        event: &Event,
+        reference: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        self.shards[Self::shard(reference)]
+            .publish(event, reference)
+            .await
+    }
+}
+
 /// Publishes an event about `obj` with `recorder`; a failure is logged, never fatal.
 pub async fn publish_event<K>(
-    recorder: &Recorder,
+    recorder: &Events,
     obj: &K,
     type_: EventType,
     reason: &str,
@@ -467,6 +517,29 @@ pub fn reason_of(error: &crate::Error, fallback: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Events of one object land in one shard (their series fold as with
+    /// one recorder); objects spread over the shards.
+    #[test]
+    fn events_of_one_object_share_a_shard_and_objects_spread() {
+        use k8s_openapi::api::core::v1::ObjectReference;
+        let reference = |ns: &str, name: &str| ObjectReference {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{ns}-{name}")),
+            ..Default::default()
+        };
+        let a = reference("shop", "web");
+        let again = ObjectReference {
+            resource_version: Some("42".into()),
+            ..a.clone()
+        };
+        assert_eq!(super::Events::shard(&a), super::Events::shard(&again));
+        let used: std::collections::BTreeSet<usize> = (0..1000)
+            .map(|i| super::Events::shard(&reference("ns", &format!("t{i}"))))
+            .collect();
+        assert!(used.len() > super::Events::SHARDS / 2, "{used:?}");
+    }
+
     use super::*;
 
     /// kube-runtime wakes only the last waiter of a store; ours must still
