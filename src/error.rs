@@ -18,8 +18,23 @@ use std::time::Duration;
 
 use tuna_tunnel::api::ClientError;
 
-use crate::edge::api::ErrorClass;
-use crate::role::API_KEY_ENV;
+/// The environment variable that holds the edge API key when no
+/// `--api-key-file` is given.
+pub const API_KEY_ENV: &str = "TUNA_API_KEY";
+
+/// What a caller should do about a failed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Network failure, timeout, 5xx: retry with backoff.
+    Retryable,
+    /// 429: wait this long (at least), then retry.
+    RateLimited(Duration),
+    /// 4xx that only a change can fix (invalid name, held by another account,
+    /// missing scope, bad key): report it and wait for a change.
+    NeedsChange,
+    /// 404: the object is not (or no longer) there.
+    Gone,
+}
 
 /// Everything the operator's library can report.
 #[derive(Debug, thiserror::Error)]

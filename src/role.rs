@@ -22,7 +22,7 @@ use crate::health::{self, MetricsRenderer, Readiness};
 use crate::metrics::{MeteredEdge, Metrics};
 
 /// The environment variable holding the API key (when `--api-key-file` is not given).
-pub const API_KEY_ENV: &str = "TUNA_API_KEY";
+pub use crate::error::API_KEY_ENV;
 
 /// Parses `2s`, `5m`, `1h30m` (humantime).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -22,19 +22,9 @@ use tuna_tunnel::wire::{Binding, TunnelToken};
 
 use crate::Error;
 
-/// What a caller should do about a failed call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// Network failure, timeout, 5xx: retry with backoff.
-    Retryable,
-    /// 429: wait this long (at least), then retry.
-    RateLimited(Duration),
-    /// 4xx that only a change can fix (invalid name, held by another account,
-    /// missing scope, bad key): report it and wait for a change.
-    NeedsChange,
-    /// 404: the object is not (or no longer) there.
-    Gone,
-}
+/// What a caller should do about a failed call (it is the crate error's
+/// classification, kept with it).
+pub use crate::error::ErrorClass;
 
 /// A tunnel token just minted: its id (what renewal and revocation name) and
 /// the secret (masked in `Debug`).
