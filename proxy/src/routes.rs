@@ -204,8 +204,6 @@ type CompiledHost = Arc<HostTable<Arc<CompiledBackend>>>;
 
 #[derive(Debug)]
 struct HostEntry {
-    /// The canonical host, shared with every snapshot.
-    name: Arc<str>,
     table: CompiledHost,
     stats: Arc<HostStats>,
 }
@@ -215,7 +213,8 @@ struct HostEntry {
 /// change (off the request path).
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    hosts: BTreeMap<String, HostEntry>,
+    /// By canonical host, shared with every snapshot.
+    hosts: BTreeMap<Arc<str>, HostEntry>,
     /// Counts the changes: a snapshot built from generation `g` holds every
     /// change up to `g`.
     pub(crate) generation: u64,
@@ -259,7 +258,7 @@ impl Registry {
         }
         let stats = self
             .hosts
-            .get(&key)
+            .get(key.as_str())
             .map(|e| e.stats.clone())
             .unwrap_or_default();
         let specs = specs_of(&key, &routes, &stats, config);
@@ -268,7 +267,7 @@ impl Registry {
             // A name a request may carry but a route may not (`a_b.example`):
             // every rule is reported and the host routes nothing.
             Err(tuna_routing::Error::InvalidHost { reason, .. }) => {
-                if self.hosts.remove(&key).is_some() {
+                if self.hosts.remove(key.as_str()).is_some() {
                     self.generation += 1;
                 }
                 return Ok(routes
@@ -283,9 +282,8 @@ impl Registry {
             Err(e) => return Err(e.into()),
         };
         self.hosts.insert(
-            key.clone(),
+            key.into(),
             HostEntry {
-                name: key.into(),
                 table: Arc::new(table),
                 stats,
             },
@@ -296,7 +294,7 @@ impl Registry {
 
     pub(crate) fn remove_host(&mut self, host: &str) -> Result<bool> {
         let key = canonical_host(host)?;
-        let removed = self.hosts.remove(&key).is_some();
+        let removed = self.hosts.remove(key.as_str()).is_some();
         if removed {
             self.generation += 1;
         }
@@ -307,9 +305,9 @@ impl Registry {
     pub(crate) fn collect(&self) -> Collected {
         let mut tables = Vec::with_capacity(self.hosts.len());
         let mut hosts = Vec::with_capacity(self.hosts.len());
-        for entry in self.hosts.values() {
+        for (host, entry) in &self.hosts {
             tables.push(entry.table.clone());
-            hosts.push((entry.name.clone(), entry.stats.clone()));
+            hosts.push((host.clone(), entry.stats.clone()));
         }
         Collected {
             generation: self.generation,
