@@ -226,16 +226,10 @@ pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
     /// One Pingora application per (scheme, trusted); see `http::Router`.
     apps: [Arc<HttpProxy<Router>>; 4],
-    /// Registrations as given; locked only by registration calls, never
-    /// while a table is built.
+    /// The next table, changed one host at a time; a change makes its
+    /// snapshot live before the lock is released, so snapshots go live in
+    /// the order of the changes.
     registry: Mutex<Registry>,
-    /// The registry generation of the live snapshot; written with
-    /// `publishing` held, so that a snapshot never replaces a newer one.
-    live_generation: std::sync::atomic::AtomicU64,
-    publishing: Mutex<()>,
-    /// Held by the one task building a table for the coalesced updates
-    /// ([`ProxyCore::update_host_routes`]); the others queue on it.
-    building: Arc<tokio::sync::Mutex<()>>,
     tcp_listeners: Mutex<HashMap<SocketAddr, TcpListenerHandle>>,
     connect_listeners: Mutex<HashMap<SocketAddr, TcpListenerHandle>>,
     tcp_services: ArcSwap<HashMap<String, Arc<TcpEndpoint>>>,
@@ -305,9 +299,6 @@ impl ProxyCore {
                 shared,
                 apps,
                 registry: Mutex::new(Registry::default()),
-                live_generation: std::sync::atomic::AtomicU64::new(0),
-                publishing: Mutex::new(()),
-                building: Arc::new(tokio::sync::Mutex::new(())),
                 tcp_listeners: Mutex::new(HashMap::new()),
                 connect_listeners: Mutex::new(HashMap::new()),
                 tcp_services: ArcSwap::from_pointee(HashMap::new()),
@@ -333,109 +324,43 @@ impl ProxyCore {
     /// Returns the rules of this host that are not routed (invalid path,
     /// conflict lost) — the others are live when this returns.
     /// An empty `routes` removes the host.
+    ///
+    /// Only this host compiles, and the new table shares every other host
+    /// with the live one: a change costs O(log n) in the number of hosts,
+    /// so thousands of callers at once (a reconciler with 10 000 Tunnels)
+    /// stay linear in total.
     pub fn set_host_routes(&self, host: &str, routes: Vec<HttpRoute>) -> Result<Vec<BuildIssue>> {
         if routes.is_empty() {
             self.remove_host(host)?;
             return Ok(Vec::new());
         }
-        let config = &self.inner.shared.config;
-        let (issues, collected) = {
-            let mut registry = lock(&self.inner.registry);
-            let issues = registry.set_host(host, routes, config)?;
-            (issues, registry.collect())
-        };
-        self.publish(collected)?;
+        let mut registry = lock(&self.inner.registry);
+        let issues = registry.set_host(host, routes, &self.inner.shared.config)?;
+        self.publish(&registry);
         Ok(issues)
     }
 
-    /// [`Self::set_host_routes`] for many concurrent callers (a reconciler
-    /// with thousands of hosts): the host's routes are compiled at once (its
-    /// issues, or an error) and go live with the next table assembly, which
-    /// every change made meanwhile shares. An assembly compiles nothing (it
-    /// shares each host's compiled routes) but still visits every host, so
-    /// one per batch of changes rather than one per caller keeps 10 000
-    /// hosts linear. Resolves once the routes are live.
-    pub async fn update_host_routes(
-        &self,
-        host: &str,
-        routes: Vec<HttpRoute>,
-    ) -> Result<Vec<BuildIssue>> {
-        if routes.is_empty() {
-            self.withdraw_host(host).await?;
-            return Ok(Vec::new());
-        }
-        let (issues, generation) = {
-            let mut registry = lock(&self.inner.registry);
-            let issues = registry.set_host(host, routes, &self.inner.shared.config)?;
-            (issues, registry.generation)
-        };
-        self.live_at(generation).await?;
-        Ok(issues)
-    }
-
-    /// [`Self::remove_host`] with the coalescing of
-    /// [`Self::update_host_routes`]; resolves once the host is gone.
-    pub async fn withdraw_host(&self, host: &str) -> Result<bool> {
-        let (removed, generation) = {
-            let mut registry = lock(&self.inner.registry);
-            (registry.remove_host(host)?, registry.generation)
-        };
-        if removed {
-            self.live_at(generation).await?;
-        }
-        Ok(removed)
-    }
-
-    /// Waits until a snapshot of at least `generation` is live, building it
-    /// (off the async workers) when no one else is.
-    async fn live_at(&self, generation: u64) -> Result<()> {
-        let live = || self.inner.live_generation.load(Ordering::Acquire) >= generation;
-        if live() {
-            return Ok(());
-        }
-        let guard = Arc::clone(&self.inner.building).lock_owned().await;
-        if live() {
-            return Ok(());
-        }
-        let core = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let _building = guard;
-            let collected = lock(&core.inner.registry).collect();
-            core.publish(collected)
-        })
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
-    }
-
-    /// Builds `collected` and makes it live unless a newer snapshot is.
-    fn publish(&self, collected: crate::routes::Collected) -> Result<()> {
-        let generation = collected.generation;
-        let snapshot = collected.build();
-        // Every build counts, also one a newer snapshot overtook.
+    /// Makes the registry's table live. Called with the registry locked, so
+    /// that a snapshot never replaces a newer one.
+    fn publish(&self, registry: &Registry) {
         self.inner
             .shared
             .metrics
             .route_table_builds
             .fetch_add(1, Ordering::Relaxed);
-        let _publishing = lock(&self.inner.publishing);
-        if self.inner.live_generation.load(Ordering::Acquire) < generation {
-            self.inner.shared.snapshot.store(Arc::new(snapshot));
-            self.inner
-                .live_generation
-                .store(generation, Ordering::Release);
-        }
-        Ok(())
+        self.inner
+            .shared
+            .snapshot
+            .store(Arc::new(registry.snapshot()));
     }
 
     /// Removes every route of `host`; its requests get 404 from now on.
     /// Returns whether the host had routes.
     pub fn remove_host(&self, host: &str) -> Result<bool> {
-        let (removed, collected) = {
-            let mut registry = lock(&self.inner.registry);
-            (registry.remove_host(host)?, registry.collect())
-        };
+        let mut registry = lock(&self.inner.registry);
+        let removed = registry.remove_host(host)?;
         if removed {
-            self.publish(collected)?;
+            self.publish(&registry);
         }
         Ok(removed)
     }

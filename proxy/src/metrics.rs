@@ -137,7 +137,7 @@ pub(crate) struct Metrics {
     pub(crate) fast_path_requests: AtomicU64,
     /// Connections the fast path handed to Pingora.
     pub(crate) pingora_handoffs: AtomicU64,
-    /// Route tables built and made live.
+    /// Route tables made live: one per change of a host.
     pub(crate) route_table_builds: AtomicU64,
     connect_outcomes: [AtomicU64; ConnectOutcome::ALL.len()],
     /// Intercepted CONNECT connections open now.
@@ -177,7 +177,7 @@ impl Metrics {
 
     /// Renders the Prometheus text format. `hosts` are the per-host counters
     /// of the current configuration.
-    pub(crate) fn render(&self, hosts: &[(Arc<str>, Arc<HostStats>)]) -> String {
+    pub(crate) fn render(&self, hosts: &crate::routes::HostStatsMap) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str(
             "# HELP tuna_proxy_http_requests_total HTTP requests answered, by host and status class.\n\
@@ -266,7 +266,7 @@ impl Metrics {
             (
                 "tuna_proxy_route_table_builds_total",
                 "counter",
-                "Route tables built (concurrent async changes share one build).",
+                "Route tables made live (one per change of a host).",
                 self.route_table_builds.load(Relaxed) as i64,
             ),
             (

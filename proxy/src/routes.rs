@@ -1,7 +1,6 @@
 //! HTTP route registrations and the compiled, immutable snapshot that the
 //! request path reads.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -189,54 +188,27 @@ impl CompiledBackend {
 
 pub(crate) type Table = RouteTable<Arc<CompiledBackend>>;
 
+/// The configured hosts' counters by canonical host, sorted for `/metrics`:
+/// a persistent map, so that a snapshot shares it with the registry.
+pub(crate) type HostStatsMap = imbl::OrdMap<Arc<str>, Arc<HostStats>>;
+
 /// What the request path reads: replaced whole, never mutated.
 #[derive(Debug, Default)]
 pub(crate) struct Snapshot {
     pub(crate) table: Table,
     /// Per-host counters of the configured hosts, for `/metrics`.
-    pub(crate) hosts: Vec<(Arc<str>, Arc<HostStats>)>,
+    pub(crate) hosts: HostStatsMap,
 }
 
-/// One compiled host: what its routes compiled to when they were set, so
-/// that a change of one host compiles no other (nor rebuilds its backends'
-/// peers or round-robin position).
-type CompiledHost = Arc<HostTable<Arc<CompiledBackend>>>;
-
-#[derive(Debug)]
-struct HostEntry {
-    table: CompiledHost,
-    stats: Arc<HostStats>,
-}
-
-/// The control-plane side: registrations as given, each host compiled once
-/// when it is set; a [`Snapshot`] assembles the compiled hosts on every
-/// change (off the request path).
+/// The control-plane side: the live table's next version, changed one host
+/// at a time. Each host compiles once when it is set (its backends' peers
+/// and round-robin position built then), and both maps are persistent: a
+/// [`Snapshot`] is an O(1) clone of them, so a change of one host among
+/// 10 000 costs O(log n), not a visit of every host.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
-    /// By canonical host, shared with every snapshot.
-    hosts: BTreeMap<Arc<str>, HostEntry>,
-    /// Counts the changes: a snapshot built from generation `g` holds every
-    /// change up to `g`.
-    pub(crate) generation: u64,
-}
-
-/// A registry's compiled hosts at one generation, to assemble a [`Snapshot`]
-/// from without holding the registry.
-pub(crate) struct Collected {
-    pub(crate) generation: u64,
-    tables: Vec<CompiledHost>,
-    hosts: Vec<(Arc<str>, Arc<HostStats>)>,
-}
-
-impl Collected {
-    /// Assembles the table from the compiled hosts: one map insert per
-    /// host, no route compiled again.
-    pub(crate) fn build(self) -> Snapshot {
-        Snapshot {
-            table: RouteTable::from_hosts(self.tables),
-            hosts: self.hosts,
-        }
-    }
+    table: Table,
+    hosts: HostStatsMap,
 }
 
 impl Registry {
@@ -256,20 +228,14 @@ impl Registry {
                 });
             }
         }
-        let stats = self
-            .hosts
-            .get(key.as_str())
-            .map(|e| e.stats.clone())
-            .unwrap_or_default();
+        let stats = self.hosts.get(key.as_str()).cloned().unwrap_or_default();
         let specs = specs_of(&key, &routes, &stats, config);
         let (table, issues) = match HostTable::build(&key, specs) {
             Ok(built) => built,
             // A name a request may carry but a route may not (`a_b.example`):
             // every rule is reported and the host routes nothing.
             Err(tuna_routing::Error::InvalidHost { reason, .. }) => {
-                if self.hosts.remove(key.as_str()).is_some() {
-                    self.generation += 1;
-                }
+                self.remove(&key);
                 return Ok(routes
                     .into_iter()
                     .map(|r| BuildIssue::InvalidHost {
@@ -281,38 +247,28 @@ impl Registry {
             }
             Err(e) => return Err(e.into()),
         };
-        self.hosts.insert(
-            key.into(),
-            HostEntry {
-                table: Arc::new(table),
-                stats,
-            },
-        );
-        self.generation += 1;
+        self.table.set_host(Arc::new(table));
+        self.hosts.insert(key.into(), stats);
         Ok(issues)
     }
 
     pub(crate) fn remove_host(&mut self, host: &str) -> Result<bool> {
-        let key = canonical_host(host)?;
-        let removed = self.hosts.remove(key.as_str()).is_some();
-        if removed {
-            self.generation += 1;
-        }
-        Ok(removed)
+        Ok(self.remove(&canonical_host(host)?))
     }
 
-    /// Every host's compiled table as of now (shared, not copied).
-    pub(crate) fn collect(&self) -> Collected {
-        let mut tables = Vec::with_capacity(self.hosts.len());
-        let mut hosts = Vec::with_capacity(self.hosts.len());
-        for (host, entry) in &self.hosts {
-            tables.push(entry.table.clone());
-            hosts.push((host.clone(), entry.stats.clone()));
+    fn remove(&mut self, key: &str) -> bool {
+        let removed = self.hosts.remove(key).is_some();
+        if removed {
+            self.table.remove_host(key);
         }
-        Collected {
-            generation: self.generation,
-            tables,
-            hosts,
+        removed
+    }
+
+    /// The table as of now: O(1), every host shared.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            table: self.table.clone(),
+            hosts: self.hosts.clone(),
         }
     }
 }

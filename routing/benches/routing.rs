@@ -268,9 +268,11 @@ fn builds(c: &mut Criterion) {
 }
 
 /// One host changes among 10 000 (5 paths each): what it costs to make the
-/// change routable. `whole` is the old way, compiling every host again;
-/// `one_host` compiles the changed host alone and `assemble` builds the table
-/// from the compiled hosts — the proxy's way, `one_host + assemble` per change.
+/// change routable. `whole` is the first way, compiling every host again;
+/// `one_host` compiles the changed host alone; `assemble` builds the table
+/// from the compiled hosts (the second way, `one_host + assemble`); `set_host`
+/// sets the compiled host on a clone of the live table, which shares every
+/// other host — the proxy's way now, `one_host + set_host` per change.
 fn changes(c: &mut Criterion) {
     let mut group = c.benchmark_group("change_of_one_host/10000_hosts");
     let (specs, _) = many_hosts(50_000);
@@ -299,6 +301,15 @@ fn changes(c: &mut Criterion) {
     });
     group.bench_function("assemble", |b| {
         b.iter(|| black_box(RouteTable::from_hosts(compiled.iter().cloned())))
+    });
+    let live = RouteTable::from_hosts(compiled.iter().cloned());
+    let host = compiled[0].clone();
+    group.bench_function("set_host", |b| {
+        b.iter(|| {
+            let mut next = live.clone();
+            next.set_host(host.clone());
+            black_box(next)
+        })
     });
     group.finish();
 }

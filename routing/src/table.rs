@@ -1,6 +1,7 @@
 //! The compiled table: hosts in hash maps, paths in a segment trie per host.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::sync::Arc;
 
 use crate::normalize::{self, MAX_HOST_LEN, MAX_PATH_LEN, RouteHost};
@@ -8,6 +9,16 @@ use crate::{BuildIssue, Error, Match, PathType, Result, RouteSpec};
 
 /// The hash map of the lookup path (see the `foldhash` note in Cargo.toml).
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The hosts of a table: a persistent hash map (a HAMT), so that a table
+/// with one host changed shares every other host's slot with the table it
+/// came from — a change costs O(log n), not a copy of every host.
+type HostMap<B> = imbl::GenericHashMap<
+    Arc<str>,
+    Arc<HostTable<B>>,
+    foldhash::fast::RandomState,
+    imbl::shared_ptr::DefaultSharedPtr,
+>;
 
 /// Marks an empty slot in a [`Node`] (smaller than `Option<u32>`).
 const NONE: u32 = u32::MAX;
@@ -451,21 +462,39 @@ impl<B> HostTable<B> {
 }
 
 /// An immutable, compiled route table: the compiled hosts by pattern. Cheap
-/// to share (`Send + Sync` when the backend is); rebuild and swap it to
-/// change routes.
-#[derive(Debug)]
+/// to share (`Send + Sync` when the backend is) and to clone (O(1)); a
+/// clone with one host set or removed ([`Self::set_host`],
+/// [`Self::remove_host`]) shares every other host with the original.
 pub struct RouteTable<B> {
-    exact_hosts: FastMap<Arc<str>, Arc<HostTable<B>>>,
+    exact_hosts: HostMap<B>,
     /// Keyed by the suffix after `*.`.
-    wildcard_hosts: FastMap<Arc<str>, Arc<HostTable<B>>>,
+    wildcard_hosts: HostMap<B>,
 }
 
 impl<B> Default for RouteTable<B> {
     fn default() -> Self {
         Self {
-            exact_hosts: FastMap::default(),
-            wildcard_hosts: FastMap::default(),
+            exact_hosts: HostMap::default(),
+            wildcard_hosts: HostMap::default(),
         }
+    }
+}
+
+impl<B> Clone for RouteTable<B> {
+    fn clone(&self) -> Self {
+        Self {
+            exact_hosts: self.exact_hosts.clone(),
+            wildcard_hosts: self.wildcard_hosts.clone(),
+        }
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for RouteTable<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RouteTable")
+            .field("exact_hosts", &self.exact_hosts)
+            .field("wildcard_hosts", &self.wildcard_hosts)
+            .finish()
     }
 }
 
@@ -533,19 +562,55 @@ impl<B> RouteTable<B> {
     /// cost is one map insert per host. A pattern given twice keeps the
     /// last one.
     pub fn from_hosts(hosts: impl IntoIterator<Item = Arc<HostTable<B>>>) -> Self {
-        let hosts = hosts.into_iter();
-        let mut table = Self {
-            exact_hosts: FastMap::with_capacity_and_hasher(hosts.size_hint().0, Default::default()),
-            wildcard_hosts: FastMap::default(),
-        };
+        let mut table = Self::default();
         for host in hosts {
-            let key = host.key.clone();
-            match host.host {
-                RouteHost::Exact(_) => table.exact_hosts.insert(key, host),
-                RouteHost::Wildcard(_) => table.wildcard_hosts.insert(key, host),
-            };
+            table.set_host(host);
         }
         table
+    }
+
+    /// Sets one compiled host, replacing the table of the same pattern, and
+    /// returns the replaced one. O(log n), compiling nothing: the usual way
+    /// to change a table is to clone it, set the changed host and swap the
+    /// clone in, which leaves every other host shared.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tuna_routing::{HostTable, Origin, PathType, RouteSpec, RouteTable, TieBreak};
+    ///
+    /// let spec = |host: &str, backend| RouteSpec {
+    ///     host: host.into(),
+    ///     path: "/".into(),
+    ///     path_type: PathType::Prefix,
+    ///     backend,
+    ///     origin: Origin::default(),
+    ///     tie_break: TieBreak::default(),
+    /// };
+    /// let host = |name: &str, backend| Arc::new(HostTable::build(name, vec![spec(name, backend)]).unwrap().0);
+    /// let live = RouteTable::from_hosts([host("a.example.com", 1), host("*.example.com", 2)]);
+    /// let mut next = live.clone();
+    /// next.set_host(host("a.example.com", 3));
+    /// assert_eq!(next.lookup("a.example.com", "/").map(|m| *m.backend), Some(3));
+    /// assert_eq!(live.lookup("a.example.com", "/").map(|m| *m.backend), Some(1));
+    /// assert!(next.remove_host("*.example.com").is_some());
+    /// assert_eq!(next.lookup("b.example.com", "/").map(|m| *m.backend), None);
+    /// assert_eq!(live.lookup("b.example.com", "/").map(|m| *m.backend), Some(2));
+    /// ```
+    pub fn set_host(&mut self, host: Arc<HostTable<B>>) -> Option<Arc<HostTable<B>>> {
+        let key = host.key.clone();
+        match host.host {
+            RouteHost::Exact(_) => self.exact_hosts.insert(key, host),
+            RouteHost::Wildcard(_) => self.wildcard_hosts.insert(key, host),
+        }
+    }
+
+    /// Removes the host `pattern` (canonical form: `example.com`,
+    /// `*.example.com`) and returns its table. O(log n).
+    pub fn remove_host(&mut self, pattern: &str) -> Option<Arc<HostTable<B>>> {
+        match pattern.strip_prefix("*.") {
+            Some(suffix) => self.wildcard_hosts.remove(suffix),
+            None => self.exact_hosts.remove(pattern),
+        }
     }
 
     /// Finds the route for a request. `host` is the raw `Host` header (any

@@ -250,6 +250,49 @@ proptest! {
         }
     }
 
+    /// The proxy changes its table one host at a time, on a clone of the
+    /// live one: every version must route as one build of its own specs,
+    /// while the versions share every host they did not change.
+    #[test]
+    fn tables_changed_one_host_at_a_time_agree_with_builds((specs, requests) in specs_and_requests()) {
+        let mut by_host: std::collections::BTreeMap<String, Vec<RouteSpec<u32>>> = Default::default();
+        for spec in &specs {
+            let host = spec.host.trim_end_matches('.').to_ascii_lowercase();
+            by_host.entry(host).or_default().push(spec.clone());
+        }
+        let compiled: Vec<_> = by_host
+            .into_iter()
+            .filter_map(|(host, specs)| {
+                let (table, _) = HostTable::build(&host, specs.clone()).ok()?;
+                Some((host, std::sync::Arc::new(table), specs))
+            })
+            .collect();
+        let full = RouteTable::from_hosts(compiled.iter().map(|(_, t, _)| t.clone()));
+        // Every other host removed from a clone, then set again on a clone of that.
+        let mut fewer = full.clone();
+        for (host, _, _) in compiled.iter().step_by(2) {
+            prop_assert!(fewer.remove_host(host).is_some(), "{host} not in the table");
+            prop_assert!(fewer.remove_host(host).is_none(), "{host} removed twice");
+        }
+        let mut again = fewer.clone();
+        for (_, table, _) in compiled.iter().step_by(2).rev() {
+            prop_assert!(again.set_host(table.clone()).is_none());
+        }
+        let kept: Vec<RouteSpec<u32>> = compiled.iter().skip(1).step_by(2).flat_map(|(_, _, s)| s.clone()).collect();
+        let all: Vec<RouteSpec<u32>> = compiled.iter().flat_map(|(_, _, s)| s.clone()).collect();
+        for (version, specs) in [(&full, &all), (&fewer, &kept), (&again, &all)] {
+            let (built, _) = RouteTable::build(specs.clone()).unwrap();
+            prop_assert_eq!(version.hosts().collect::<Vec<_>>(), built.hosts().collect::<Vec<_>>());
+            for (host, path) in &requests {
+                prop_assert_eq!(
+                    version.lookup(host, path).map(|m| *m.backend),
+                    built.lookup(host, path).map(|m| *m.backend),
+                    "{}{}", host, path
+                );
+            }
+        }
+    }
+
     #[test]
     fn path_canonicalisation_agrees_with_reference(path in request_path()) {
         let got = normalize_path(&path).map(|p| p.into_owned());

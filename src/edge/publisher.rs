@@ -583,13 +583,11 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                 }
             }
             if proxy_routes.is_empty() {
-                let _ = proxy.withdraw_host(host).await;
+                let _ = proxy.remove_host(host);
                 return Err(warnings.join("; "));
             }
-            // Thousands of tunnels installing at once share table builds.
             let issues = proxy
-                .update_host_routes(host, proxy_routes)
-                .await
+                .set_host_routes(host, proxy_routes)
                 .map_err(|e| e.to_string())?;
             warnings.extend(issues.iter().map(|i| i.to_string()));
             Ok(warnings)
@@ -604,10 +602,10 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
     }
 }
 
-async fn uninstall(proxy: &ProxyCore, serving: &Serving) {
+fn uninstall(proxy: &ProxyCore, serving: &Serving) {
     match serving {
         Serving::Http { host, .. } => {
-            let _ = proxy.withdraw_host(host).await;
+            let _ = proxy.remove_host(host);
         }
         Serving::Tcp { endpoint, .. } => {
             proxy.remove_tcp_service(endpoint);
@@ -751,7 +749,7 @@ async fn run_tunnel(
         }
     }
     if let Some(serving) = installed.take() {
-        uninstall(&inner.proxy, &serving).await;
+        uninstall(&inner.proxy, &serving);
     }
     let _ = inner.agent.detach(&id).await;
     let keep = inner.keep_tokens.load(std::sync::atomic::Ordering::SeqCst)
@@ -872,7 +870,7 @@ async fn serve(
             }
             TransportState::Refused(r) | TransportState::Closed(r) => {
                 if let Some(serving) = installed.take() {
-                    uninstall(&inner.proxy, &serving).await;
+                    uninstall(&inner.proxy, &serving);
                 }
                 tracing::warn!(tunnel = %key, code = %r.code, message = %r.message, "the edge refused the tunnel");
                 report(
@@ -907,7 +905,7 @@ async fn serve(
                     || next.labels != current.labels;
                 if rebind {
                     if let Some(serving) = installed.take() {
-                        uninstall(&inner.proxy, &serving).await;
+                        uninstall(&inner.proxy, &serving);
                     }
                     return Restart::Respec;
                 }
