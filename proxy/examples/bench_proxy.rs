@@ -41,6 +41,7 @@ fn main() -> Result<(), BoxError> {
     core.set_host_routes(
         &host,
         vec![HttpRoute {
+            host: host.clone(),
             path: "/".into(),
             path_type: PathType::Prefix,
             backend: HttpBackend::http1(backends),

@@ -109,6 +109,7 @@
 //! use tuna_proxy::*;
 //! let core = ProxyCore::new(ProxyConfig::default());
 //! let issues = core.set_host_routes("shop.example.com", vec![HttpRoute {
+//!     host: "shop.example.com".into(),
 //!     path: "/".into(),
 //!     path_type: PathType::Prefix,
 //!     backend: HttpBackend::http1(["10.0.0.7:8080".parse().unwrap()]),
@@ -321,9 +322,10 @@ impl ProxyCore {
     // ----- HTTP routes --------------------------------------------------
 
     /// Sets (or replaces) every route of `host` and swaps the new table in.
-    /// Returns the rules of this host that are not routed (invalid path,
-    /// conflict lost) — the others are live when this returns.
-    /// An empty `routes` removes the host.
+    /// Each route names `host` (compared in canonical form), else nothing
+    /// changes and this fails. Returns the rules of this host that are not
+    /// routed (invalid path, conflict lost) — the others are live when this
+    /// returns. An empty `routes` removes the host.
     ///
     /// Only this host compiles, and the new table shares every other host
     /// with the live one: a change costs O(log n) in the number of hosts,

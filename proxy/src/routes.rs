@@ -6,26 +6,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use pingora::upstreams::peer::HttpPeer;
-use tuna_routing::{BuildIssue, HostTable, Origin, PathType, RouteSpec, RouteTable, TieBreak};
+use tuna_routing::{BuildIssue, HostTable, RouteSpec, RouteTable};
 
 use crate::config::ProxyConfig;
 use crate::error::{Error, Result};
 use crate::metrics::HostStats;
 
-/// One path rule of a host: where requests whose path matches go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpRoute {
-    /// Request path to match (`/`, `/api`, …), compared in canonical form.
-    pub path: String,
-    /// How `path` is compared (Ingress semantics, see `tuna-routing`).
-    pub path_type: PathType,
-    /// Where matching requests go.
-    pub backend: HttpBackend,
-    /// The object this rule came from, echoed in build issues.
-    pub origin: Origin,
-    /// Who wins when two registrations give an equal rule.
-    pub tie_break: TieBreak,
-}
+/// One path rule of a host: requests for `host` whose path matches go to
+/// `backend`, an [`HttpBackend`]. The route type of the whole workspace
+/// (`tuna_routing::RouteSpec`), with the backend resolved to addresses: the
+/// plan emits the same type with a Service as its backend, and the proxy
+/// compiles it with its peers built.
+pub type HttpRoute = RouteSpec<HttpBackend>;
 
 /// An upstream: the addresses the caller resolved and how to speak to them.
 ///
@@ -229,7 +221,7 @@ impl Registry {
             }
         }
         let stats = self.hosts.get(key.as_str()).cloned().unwrap_or_default();
-        let specs = specs_of(&key, &routes, &stats, config);
+        let specs = specs_of(&routes, &stats, config);
         let (table, issues) = match HostTable::build(&key, specs) {
             Ok(built) => built,
             // A name a request may carry but a route may not (`a_b.example`):
@@ -287,7 +279,6 @@ fn canonical_host(host: &str) -> Result<String> {
 }
 
 fn specs_of(
-    host: &str,
     routes: &[HttpRoute],
     stats: &Arc<HostStats>,
     config: &ProxyConfig,
@@ -295,7 +286,7 @@ fn specs_of(
     routes
         .iter()
         .map(|r| RouteSpec {
-            host: host.to_owned(),
+            host: r.host.clone(),
             path: r.path.clone(),
             path_type: r.path_type,
             backend: Arc::new(CompiledBackend::new(&r.backend, stats.clone(), config)),

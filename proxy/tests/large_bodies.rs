@@ -73,7 +73,7 @@ async fn one_gib_each_way_with_bounded_memory() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "bulk.example.com",
-        vec![route("/", PathType::Prefix, &[backend])],
+        vec![route("bulk.example.com", "/", PathType::Prefix, &[backend])],
     )
     .unwrap();
     let client = client();

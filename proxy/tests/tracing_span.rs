@@ -40,7 +40,7 @@ async fn request_span_carries_the_request_id() {
     let core = ProxyCore::new(ProxyConfig::default());
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[web])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[web])],
     )
     .unwrap();
     let (client_io, server_io) = tokio::io::duplex(64 * 1024);

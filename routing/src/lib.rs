@@ -283,6 +283,38 @@ pub struct RouteSpec<B> {
     pub tie_break: TieBreak,
 }
 
+impl<B> RouteSpec<B> {
+    /// The same rule with another backend. A route keeps this one type from
+    /// the plan (a Service) to the proxy (addresses) and its compiled form;
+    /// only what it points at changes on the way.
+    ///
+    /// ```
+    /// use tuna_routing::{Origin, PathType, RouteSpec, TieBreak};
+    ///
+    /// let planned = RouteSpec {
+    ///     host: "shop.example.com".into(),
+    ///     path: "/api".into(),
+    ///     path_type: PathType::Prefix,
+    ///     backend: "api:8080",
+    ///     origin: Origin::default(),
+    ///     tie_break: TieBreak::default(),
+    /// };
+    /// let resolved = planned.map_backend(|service| vec![format!("10.0.0.7 ({service})")]);
+    /// assert_eq!(resolved.path, "/api");
+    /// assert_eq!(resolved.backend, ["10.0.0.7 (api:8080)"]);
+    /// ```
+    pub fn map_backend<C>(self, f: impl FnOnce(B) -> C) -> RouteSpec<C> {
+        RouteSpec {
+            host: self.host,
+            path: self.path,
+            path_type: self.path_type,
+            backend: f(self.backend),
+            origin: self.origin,
+            tie_break: self.tie_break,
+        }
+    }
+}
+
 /// The result of a successful lookup.
 #[derive(Debug)]
 pub struct Match<'a, B> {

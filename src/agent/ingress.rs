@@ -166,15 +166,10 @@ async fn apply_hosts(
                 let routes = h
                     .routes
                     .iter()
+                    // Unresolved backends were refused by the plan already.
                     .filter_map(|r| {
-                        Some(tuna_routing::RouteSpec {
-                            host: r.host.clone(),
-                            path: r.path.clone(),
-                            path_type: r.path_type,
-                            backend: r.backend.upstream.clone()?,
-                            origin: r.origin.clone(),
-                            tie_break: r.tie_break.clone(),
-                        })
+                        let upstream = r.backend.upstream.clone()?;
+                        Some(r.clone().map_backend(|_| upstream))
                     })
                     .collect();
                 let mut token_labels = state.token_labels("Ingress", &h.namespace, host);

@@ -559,6 +559,7 @@ async fn http_route(spec: &RouteSpec<ResolvedUpstream>) -> Result<HttpRoute, Str
         _ => UpstreamProtocol::Http1,
     };
     Ok(HttpRoute {
+        host: spec.host.clone(),
         path: spec.path.clone(),
         path_type: spec.path_type,
         backend: HttpBackend { addrs, protocol },

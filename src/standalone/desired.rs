@@ -275,17 +275,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
         let routes = h
             .routes
             .into_iter()
-            .map(|r| RouteSpec {
-                host: r.host,
-                path: r.path,
-                path_type: r.path_type,
-                backend: r
-                    .backend
-                    .upstream
-                    .expect("standalone plans resolve every backend"),
-                origin: r.origin,
-                tie_break: r.tie_break,
-            })
+            .map(|r| r.map_backend(|b| b.upstream.expect("standalone plans resolve every backend")))
             .collect();
         let publishers = match h.source {
             HostSource::Tunnel(t) => vec![PublishedBy::Tunnel(t.key())],

@@ -68,8 +68,9 @@ pub fn parse_echo(body: &str) -> BTreeMap<String, Vec<String>> {
     map
 }
 
-pub fn route(path: &str, path_type: PathType, addrs: &[SocketAddr]) -> HttpRoute {
+pub fn route(host: &str, path: &str, path_type: PathType, addrs: &[SocketAddr]) -> HttpRoute {
     HttpRoute {
+        host: host.into(),
         path: path.into(),
         path_type,
         backend: HttpBackend::http1(addrs.iter().copied()),

@@ -177,8 +177,11 @@ fn header<'a>(hs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 
 async fn proxied(backend: SocketAddr) -> (ProxyCore, SocketAddr) {
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("app.test", vec![route("/", PathType::Prefix, &[backend])])
-        .unwrap();
+    core.set_host_routes(
+        "app.test",
+        vec![route("app.test", "/", PathType::Prefix, &[backend])],
+    )
+    .unwrap();
     (core, addr)
 }
 

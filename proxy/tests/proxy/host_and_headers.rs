@@ -32,11 +32,14 @@ async fn two_tenants() -> ProxyCore {
     let public = echo_backend("public").await;
     let hidden = echo_backend("hidden").await;
     let core = ProxyCore::new(ProxyConfig::default());
-    core.set_host_routes("pub.example", vec![route("/", PathType::Prefix, &[public])])
-        .unwrap();
+    core.set_host_routes(
+        "pub.example",
+        vec![route("pub.example", "/", PathType::Prefix, &[public])],
+    )
+    .unwrap();
     core.set_host_routes(
         "hidden.example",
-        vec![route("/", PathType::Prefix, &[hidden])],
+        vec![route("hidden.example", "/", PathType::Prefix, &[hidden])],
     )
     .unwrap();
     core
@@ -146,8 +149,11 @@ async fn a_tunnel_stream_serves_only_the_host_it_was_opened_for() {
 async fn clients_cannot_set_forwarding_fields_or_the_request_id() {
     let web = echo_backend("web").await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("app.example", vec![route("/", PathType::Prefix, &[web])])
-        .unwrap();
+    core.set_host_routes(
+        "app.example",
+        vec![route("app.example", "/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
     let claims = "X-Forwarded-For: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n\
                   X-Request-Id: forged-id\r\nX-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\n";
     for body in [
@@ -210,7 +216,7 @@ async fn a_content_length_beside_transfer_encoding_never_reaches_the_client() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "app.example",
-        vec![route("/", PathType::Prefix, &[backend])],
+        vec![route("app.example", "/", PathType::Prefix, &[backend])],
     )
     .unwrap();
     for request in [
@@ -231,8 +237,11 @@ async fn a_content_length_beside_transfer_encoding_never_reaches_the_client() {
 async fn ambiguous_request_framing_is_refused_before_any_backend() {
     let web = echo_backend("web").await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    core.set_host_routes("app.example", vec![route("/", PathType::Prefix, &[web])])
-        .unwrap();
+    core.set_host_routes(
+        "app.example",
+        vec![route("app.example", "/", PathType::Prefix, &[web])],
+    )
+    .unwrap();
     for framing in [
         "Content-Length: 5, 5\r\n",
         "Content-Length: 5\r\nContent-Length: 5\r\n",

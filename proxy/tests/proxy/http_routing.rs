@@ -18,15 +18,20 @@ async fn routes_by_host_and_path_and_answers_404_naming_the_host() {
         .set_host_routes(
             "shop.example.com",
             vec![
-                route("/", PathType::Prefix, &[web]),
-                route("/api", PathType::Prefix, &[api]),
+                route("shop.example.com", "/", PathType::Prefix, &[web]),
+                route("shop.example.com", "/api", PathType::Prefix, &[api]),
             ],
         )
         .unwrap();
     assert!(issues.is_empty(), "{issues:?}");
     core.set_host_routes(
         "other.example.com",
-        vec![route("/only", PathType::Exact, &[other])],
+        vec![route(
+            "other.example.com",
+            "/only",
+            PathType::Exact,
+            &[other],
+        )],
     )
     .unwrap();
 
@@ -81,20 +86,26 @@ async fn build_issues_are_returned_per_host() {
         .set_host_routes(
             "a.example.com",
             vec![
-                route("/ok", PathType::Prefix, &[web]),
-                route("/a/../b", PathType::Prefix, &[web]),
+                route("a.example.com", "/ok", PathType::Prefix, &[web]),
+                route("a.example.com", "/a/../b", PathType::Prefix, &[web]),
             ],
         )
         .unwrap();
     assert_eq!(issues.len(), 1);
     assert_eq!(issues[0].reason(), "PathDotSegment");
     assert!(
-        core.set_host_routes("bad host/", vec![route("/", PathType::Prefix, &[web])])
-            .is_err()
+        core.set_host_routes(
+            "bad host/",
+            vec![route("bad host/", "/", PathType::Prefix, &[web])]
+        )
+        .is_err()
     );
     assert!(
-        core.set_host_routes("b.example.com", vec![route("/", PathType::Prefix, &[])])
-            .is_err(),
+        core.set_host_routes(
+            "b.example.com",
+            vec![route("b.example.com", "/", PathType::Prefix, &[])]
+        )
+        .is_err(),
         "a backend without addresses is refused"
     );
 }
@@ -105,7 +116,7 @@ async fn header_policy_untrusted_listener() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[web])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[web])],
     )
     .unwrap();
     let resp = client()
@@ -166,7 +177,7 @@ async fn header_policy_trusted_peer_appends_and_keeps_request_id() {
     let (core, addr) = proxy(config).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[web])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[web])],
     )
     .unwrap();
     let resp = client()
@@ -190,7 +201,7 @@ async fn h2c_client_is_served() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[web])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[web])],
     )
     .unwrap();
     init();
@@ -248,7 +259,7 @@ async fn limits_oversized_and_too_many_headers_get_431() {
     let (core, addr) = proxy(config).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[web])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[web])],
     )
     .unwrap();
 
@@ -330,7 +341,7 @@ async fn admin_endpoints_and_metrics() {
         .unwrap();
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[web])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[web])],
     )
     .unwrap();
     let client = client();

@@ -57,7 +57,12 @@ async fn https_upstream_with_and_without_verification() {
     let backend = tls_backend().await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
     let tls_route = |host_path: &str, verify: bool, h2: bool| {
-        let mut r = route(host_path, PathType::Prefix, &[backend]);
+        let mut r = route(
+            "secure.example.com",
+            host_path,
+            PathType::Prefix,
+            &[backend],
+        );
         r.backend = HttpBackend {
             addrs: vec![backend],
             protocol: UpstreamProtocol::Tls(TlsUpstream {

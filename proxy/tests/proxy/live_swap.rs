@@ -21,21 +21,21 @@ async fn routes_swap_live_without_failed_requests() {
     let a = [echo_backend("a1").await, echo_backend("a2").await];
     let b = [echo_backend("b1").await, echo_backend("b2").await];
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    let config_for = |i: usize| {
+    let config_for = |host: &str, i: usize| {
         vec![
             // Group A serves /a in every configuration, B serves /b; which
             // member (or both) changes with each swap, and so does the
             // route shape (Prefix vs an extra Exact rule).
-            route("/a", PathType::Prefix, &[a[i % 2]]),
+            route(host, "/a", PathType::Prefix, &[a[i % 2]]),
             if i.is_multiple_of(3) {
-                route("/b", PathType::Prefix, &[b[0], b[1]])
+                route(host, "/b", PathType::Prefix, &[b[0], b[1]])
             } else {
-                route("/b", PathType::Prefix, &[b[(i + 1) % 2]])
+                route(host, "/b", PathType::Prefix, &[b[(i + 1) % 2]])
             },
-            route("/b/exact", PathType::Exact, &[b[i % 2]]),
+            route(host, "/b/exact", PathType::Exact, &[b[i % 2]]),
         ]
     };
-    core.set_host_routes("swap.example.com", config_for(0))
+    core.set_host_routes("swap.example.com", config_for("swap.example.com", 0))
         .unwrap();
 
     let swaps_done = Arc::new(AtomicUsize::new(0));
@@ -90,12 +90,12 @@ async fn routes_swap_live_without_failed_requests() {
     // Swap, then wait for a few responses to complete, so swaps interleave
     // with traffic instead of all happening before the first request.
     for i in 1..=SWAPS {
-        core.set_host_routes("swap.example.com", config_for(i))
+        core.set_host_routes("swap.example.com", config_for("swap.example.com", i))
             .unwrap();
-        // Churn an unrelated host too: whole-table rebuilds each time.
+        // Churn an unrelated host too: a new table each time.
         if i.is_multiple_of(2) {
-            core.set_host_routes(&format!("churn{i}.example.com"), config_for(i))
-                .unwrap();
+            let churn = format!("churn{i}.example.com");
+            core.set_host_routes(&churn, config_for(&churn, i)).unwrap();
         } else {
             core.remove_host(&format!("churn{}.example.com", i - 1))
                 .unwrap();
@@ -151,7 +151,7 @@ async fn concurrent_changes_are_live_on_return() {
             tokio::spawn(async move {
                 let host = format!("h{i}.example.com");
                 let issues = core
-                    .set_host_routes(&host, vec![route("/", PathType::Prefix, &[backend])])
+                    .set_host_routes(&host, vec![route(&host, "/", PathType::Prefix, &[backend])])
                     .unwrap();
                 assert!(issues.is_empty(), "{issues:?}");
                 assert_eq!(get(host.clone()).await, 200, "{host} not live on return");
@@ -179,4 +179,35 @@ async fn concurrent_changes_are_live_on_return() {
         t.await.unwrap();
     }
     assert!(core.hosts().is_empty());
+}
+
+/// Every route of a host must name it: a route of another host fails the
+/// whole call, and the host keeps serving what it had.
+#[tokio::test]
+async fn a_route_naming_another_host_changes_nothing() {
+    let backend = echo_backend("kept").await;
+    let (core, addr) = proxy(ProxyConfig::default()).await;
+    core.set_host_routes(
+        "kept.example.com",
+        vec![route("kept.example.com", "/", PathType::Prefix, &[backend])],
+    )
+    .unwrap();
+    let err = core
+        .set_host_routes(
+            "kept.example.com",
+            vec![
+                route("KEPT.example.com", "/a", PathType::Prefix, &[backend]),
+                route("other.example.com", "/b", PathType::Prefix, &[backend]),
+            ],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("other.example.com"), "{err}");
+    let resp = client()
+        .get(format!("http://{addr}/b"))
+        .header(HOST, "kept.example.com")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "the host lost its routes");
+    assert_eq!(core.hosts(), ["kept.example.com"]);
 }

@@ -56,7 +56,7 @@ async fn in_flight_requests_finish_and_new_connections_are_refused() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "slow.example.com",
-        vec![route("/", PathType::Prefix, &[backend])],
+        vec![route("slow.example.com", "/", PathType::Prefix, &[backend])],
     )
     .unwrap();
     let in_flight = tokio::spawn(async move {
@@ -97,7 +97,7 @@ async fn stragglers_are_cut_after_the_grace_period() {
     let (core, addr) = proxy(config).await;
     core.set_host_routes(
         "slow.example.com",
-        vec![route("/", PathType::Prefix, &[backend])],
+        vec![route("slow.example.com", "/", PathType::Prefix, &[backend])],
     )
     .unwrap();
     let in_flight = tokio::spawn(async move {

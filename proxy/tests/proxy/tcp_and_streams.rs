@@ -180,7 +180,7 @@ async fn serve_stream_takes_a_duplex_http_connection() {
     let core = ProxyCore::new(ProxyConfig::default());
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[web])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[web])],
     )
     .unwrap();
 

@@ -107,7 +107,7 @@ async fn path() -> Path {
     let core = ProxyCore::new(ProxyConfig::default());
     for (host, backend) in [(PUBLIC, "public"), (HIDDEN, "hidden")] {
         let addr = capture_backend(backend).await;
-        core.set_host_routes(host, vec![route("/", PathType::Prefix, &[addr])])
+        core.set_host_routes(host, vec![route(host, "/", PathType::Prefix, &[addr])])
             .unwrap();
     }
     let mut agents = Vec::new();

@@ -40,7 +40,12 @@ async fn websocket_echo_through_the_proxy() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "ws.example.com",
-        vec![route("/", PathType::Prefix, &[ws_backend])],
+        vec![route(
+            "ws.example.com",
+            "/",
+            PathType::Prefix,
+            &[ws_backend],
+        )],
     )
     .unwrap();
 
@@ -118,7 +123,7 @@ fn grpc_frame(msg: &[u8]) -> Bytes {
 async fn grpc_round_trip_over_h2c_upstream() {
     let grpc = grpc_backend().await;
     let (core, addr) = proxy(ProxyConfig::default()).await;
-    let mut r = route("/", PathType::Prefix, &[grpc]);
+    let mut r = route("grpc.example.com", "/", PathType::Prefix, &[grpc]);
     r.backend = HttpBackend {
         addrs: vec![grpc],
         protocol: UpstreamProtocol::H2c,

@@ -15,7 +15,7 @@ async fn refused_upstream_is_502_and_counted() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[dead])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[dead])],
     )
     .unwrap();
     let resp = client()
@@ -59,7 +59,7 @@ async fn silent_upstream_is_504() {
     let (core, addr) = proxy(config).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[silent])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[silent])],
     )
     .unwrap();
     let resp = client()
@@ -96,7 +96,7 @@ async fn connect_timeout_is_504() {
     let (core, addr) = proxy(config).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[target])],
+        vec![route("shop.example.com", "/", PathType::Prefix, &[target])],
     )
     .unwrap();
     let resp = client()
@@ -120,7 +120,12 @@ async fn idempotent_requests_retry_connect_failures_on_the_next_address() {
     let (core, addr) = proxy(ProxyConfig::default()).await;
     core.set_host_routes(
         "shop.example.com",
-        vec![route("/", PathType::Prefix, &[dead, web])],
+        vec![route(
+            "shop.example.com",
+            "/",
+            PathType::Prefix,
+            &[dead, web],
+        )],
     )
     .unwrap();
     let client = client();
