@@ -351,20 +351,28 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let api: Api<K> = Api::all(client.clone());
+    // Which objects are ready, and how many: counted as events arrive, not
+    // by a scan per event, which made the harness itself O(n²) and took the
+    // 2-core machine's CPU from the operator at 10 000 objects.
     let mut done: BTreeMap<String, bool> = BTreeMap::new();
+    let mut ready_count = 0usize;
     let stream = watcher(api, watcher::Config::default());
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
-        match event {
+        let (name, now) = match event {
             Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                done.insert(o.name_any(), ready(&o));
+                (o.name_any(), Some(ready(&o)))
             }
-            Ok(watcher::Event::Delete(o)) => {
-                done.remove(&o.name_any());
-            }
-            _ => {}
-        }
-        if done.values().filter(|r| **r).count() >= n {
+            Ok(watcher::Event::Delete(o)) => (o.name_any(), None),
+            _ => continue,
+        };
+        let before = match now {
+            Some(r) => done.insert(name, r),
+            None => done.remove(&name),
+        };
+        ready_count =
+            ready_count + usize::from(now == Some(true)) - usize::from(before == Some(true));
+        if ready_count >= n {
             return;
         }
     }
