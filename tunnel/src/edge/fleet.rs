@@ -71,7 +71,8 @@ use super::registry::{AgentSession, Registry, TCP_COPY_BUFFER, TunnelRoute};
 use super::tasks::TaskGuard;
 use crate::control::{FleetShare, StoreUrl};
 use crate::mux;
-use crate::wire::{Error, HANDSHAKE_TIMEOUT, Result, StreamKind, StreamMeta};
+use crate::wire::{HANDSHAKE_TIMEOUT, StreamKind, StreamMeta};
+use crate::{Error, Result};
 
 /// ALPN of the peer listener.
 pub const PEER_ALPN: &[u8] = b"tuna-peer/1";
