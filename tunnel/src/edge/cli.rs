@@ -490,6 +490,52 @@ mod tests {
         ])
         .unwrap();
         let err = serve(top.edge.serve).await.unwrap_err();
-        assert!(err.to_string().contains("loopback"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "--insecure-plaintext-api is for tests on loopback only; 0.0.0.0:7444 is not a loopback address"
+        );
+    }
+
+    /// The command's own failures name the step and carry their cause in
+    /// one message (with anyhow, the cause was a second line of `main`'s).
+    #[tokio::test]
+    async fn start_failures_name_the_step_and_the_cause() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let data_dir = file.path().join("data");
+        let data_dir_flag = data_dir.display().to_string();
+        let top = Top::try_parse_from([
+            "edge",
+            "--data-dir",
+            &data_dir_flag,
+            "--base-domain",
+            "t.example",
+        ])
+        .unwrap();
+        let mut args = top.edge.serve;
+        let err = serve(args.clone()).await.unwrap_err();
+        let cause = std::fs::create_dir_all(&data_dir).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("creating {}: {cause}", data_dir.display())
+        );
+        assert!(matches!(
+            err,
+            Error::EdgeFile {
+                action: "creating",
+                ..
+            }
+        ));
+
+        // clap requires these; a caller that builds the flags itself may not.
+        args.base_domain = None;
+        assert_eq!(
+            serve(args.clone()).await.unwrap_err().to_string(),
+            "--base-domain is required"
+        );
+        args.data_dir = None;
+        assert_eq!(
+            serve(args).await.unwrap_err().to_string(),
+            "--data-dir is required"
+        );
     }
 }
