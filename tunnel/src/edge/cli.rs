@@ -497,7 +497,7 @@ mod tests {
     }
 
     /// The command's own failures name the step and carry their cause in
-    /// one message (with anyhow, the cause was a second line of `main`'s).
+    /// one message (the cause used to be a second line of `main`'s report).
     #[tokio::test]
     async fn start_failures_name_the_step_and_the_cause() {
         let file = tempfile::NamedTempFile::new().unwrap();
