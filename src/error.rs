@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tuna_tunnel::api::ClientError;
+use tuna_tunnel::Error as TunnelError;
 
 /// The environment variable that holds the edge API key when no
 /// `--api-key-file` is given.
@@ -56,7 +56,7 @@ pub enum Error {
         what: String,
         /// The client's classified error.
         #[source]
-        source: tuna_tunnel::api::ClientError,
+        source: TunnelError,
     },
     /// Standalone mode's embedded edge refused (e.g. no free port in its range).
     #[error("{what}: {message}")]
@@ -140,10 +140,10 @@ pub enum Error {
     EmptyApiKey,
     /// The edge API client could not be built (bad URL or CA file).
     #[error("edge API client: {0}")]
-    EdgeClient(#[source] ClientError),
+    EdgeClient(#[source] TunnelError),
     /// The tunnel agent could not start (bad `--edge-agent` or TLS settings).
     #[error("starting the tunnel agent: {0}")]
-    TunnelAgent(#[source] tuna_tunnel::wire::Error),
+    TunnelAgent(#[source] TunnelError),
     /// The cluster's identity is unknown.
     #[error("the kube-system namespace has no uid; give --cluster-id")]
     NoClusterUid,
@@ -322,7 +322,7 @@ impl Error {
     }
 
     /// A failed call to the edge's REST API, saying what it was for.
-    pub fn edge(what: impl Into<String>, source: ClientError) -> Self {
+    pub fn edge(what: impl Into<String>, source: TunnelError) -> Self {
         Self::Edge {
             what: what.into(),
             source,
@@ -334,18 +334,20 @@ impl Error {
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::Edge { source, .. } => match source {
-                ClientError::Transient { .. } | ClientError::Unexpected { .. } => {
+                TunnelError::ApiTransient { .. } | TunnelError::ApiUnexpected { .. } => {
                     ErrorClass::Retryable
                 }
-                ClientError::RateLimited { retry_after, .. } => {
+                TunnelError::ApiRateLimited { retry_after, .. } => {
                     ErrorClass::RateLimited(retry_after.unwrap_or(Duration::from_secs(1)))
                 }
-                ClientError::NotFound { .. } => ErrorClass::Gone,
-                ClientError::AlreadyExists { .. }
-                | ClientError::Unauthorized { .. }
-                | ClientError::Forbidden { .. }
-                | ClientError::Invalid { .. }
-                | ClientError::Config(_) => ErrorClass::NeedsChange,
+                TunnelError::ApiNotFound { .. } => ErrorClass::Gone,
+                TunnelError::ApiAlreadyExists { .. }
+                | TunnelError::ApiUnauthorized { .. }
+                | TunnelError::ApiForbidden { .. }
+                | TunnelError::ApiInvalid { .. }
+                | TunnelError::ClientConfig(_) => ErrorClass::NeedsChange,
+                // Not a failure of `TunaClient`, which returns none of these.
+                _ => ErrorClass::Retryable,
             },
             Self::EmbeddedEdge { retryable, .. } => {
                 if *retryable {
@@ -377,15 +379,16 @@ impl Error {
     pub fn edge_message(&self) -> String {
         match self {
             Self::Edge { source, .. } => match source {
-                ClientError::AlreadyExists { message, .. }
-                | ClientError::Unauthorized { message }
-                | ClientError::Forbidden { message, .. }
-                | ClientError::NotFound { message }
-                | ClientError::Invalid { message, .. }
-                | ClientError::RateLimited { message, .. }
-                | ClientError::Transient { message, .. }
-                | ClientError::Unexpected { message, .. } => message.clone(),
-                ClientError::Config(message) => message.clone(),
+                TunnelError::ApiAlreadyExists { message, .. }
+                | TunnelError::ApiUnauthorized { message }
+                | TunnelError::ApiForbidden { message, .. }
+                | TunnelError::ApiNotFound { message }
+                | TunnelError::ApiInvalid { message, .. }
+                | TunnelError::ApiRateLimited { message, .. }
+                | TunnelError::ApiTransient { message, .. }
+                | TunnelError::ApiUnexpected { message, .. }
+                | TunnelError::ClientConfig(message) => message.clone(),
+                other => other.to_string(),
             },
             Self::EmbeddedEdge { message, .. } => message.clone(),
             other => other.to_string(),

@@ -248,41 +248,41 @@ pub fn gone_is_ok(result: crate::Result<()>) -> crate::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tuna_tunnel::api::ClientError;
+    use tuna_tunnel::Error as TunnelError;
 
     #[test]
     fn classification_follows_the_client() {
         let api = |e| Error::edge("x", e);
         let cases = [
             (
-                api(ClientError::Transient {
+                api(TunnelError::ApiTransient {
                     message: "down".into(),
                     status: Some(503),
                 }),
                 ErrorClass::Retryable,
             ),
             (
-                api(ClientError::RateLimited {
+                api(TunnelError::ApiRateLimited {
                     retry_after: Some(Duration::from_secs(7)),
                     message: "slow".into(),
                 }),
                 ErrorClass::RateLimited(Duration::from_secs(7)),
             ),
             (
-                api(ClientError::Invalid {
+                api(TunnelError::ApiInvalid {
                     code: "invalid_name".into(),
                     message: "bad".into(),
                 }),
                 ErrorClass::NeedsChange,
             ),
             (
-                api(ClientError::Unauthorized {
+                api(TunnelError::ApiUnauthorized {
                     message: "key".into(),
                 }),
                 ErrorClass::NeedsChange,
             ),
             (
-                api(ClientError::NotFound {
+                api(TunnelError::ApiNotFound {
                     message: "no".into(),
                 }),
                 ErrorClass::Gone,
@@ -292,7 +292,7 @@ mod tests {
             assert_eq!(error.class(), class, "{error}");
         }
         assert!(
-            gone_is_ok(Err(api(ClientError::NotFound {
+            gone_is_ok(Err(api(TunnelError::ApiNotFound {
                 message: "no".into()
             })))
             .is_ok()

@@ -298,7 +298,7 @@ impl RetryPolicy {
 impl Publisher {
     /// Starts the agent's connection to the edge (`config`: address, trust,
     /// name) with its streams going into `proxy`, and a publisher over both.
-    pub fn start(proxy: ProxyCore, config: AgentConfig) -> Result<Self, tuna_tunnel::wire::Error> {
+    pub fn start(proxy: ProxyCore, config: AgentConfig) -> Result<Self, tuna_tunnel::Error> {
         Self::start_with(proxy, config, PublisherOptions::default())
     }
 
@@ -307,7 +307,7 @@ impl Publisher {
         proxy: ProxyCore,
         config: AgentConfig,
         options: PublisherOptions,
-    ) -> Result<Self, tuna_tunnel::wire::Error> {
+    ) -> Result<Self, tuna_tunnel::Error> {
         let streams = proxy.clone();
         let agent = Agent::start(config, move |stream, meta| {
             crate::edge::transport::serve_stream(&streams, stream, meta)

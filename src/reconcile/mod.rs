@@ -581,7 +581,7 @@ mod tests {
     fn reasons_from_edge_codes() {
         let e = Error::edge(
             "x",
-            tuna_tunnel::api::ClientError::Forbidden {
+            tuna_tunnel::Error::ApiForbidden {
                 code: "held_by_other_account".into(),
                 message: "m".into(),
             },
@@ -589,7 +589,7 @@ mod tests {
         assert_eq!(reason_of(&e, "EdgeError"), "HeldByOtherAccount");
         let t = Error::edge(
             "x",
-            tuna_tunnel::api::ClientError::Transient {
+            tuna_tunnel::Error::ApiTransient {
                 message: "down".into(),
                 status: None,
             },

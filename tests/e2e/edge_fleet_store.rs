@@ -12,7 +12,8 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use support::{Edge, EdgeOptions, operator_bin};
-use tuna_tunnel::api::{ClientError, CreateDomain};
+use tuna_tunnel::Error;
+use tuna_tunnel::api::CreateDomain;
 
 /// `tuna-operator edge keys …` against the store; its standard output.
 fn keys(store: &str, args: &[&str]) -> String {
@@ -79,7 +80,7 @@ async fn two_edge_replicas_share_one_postgresql_store() {
         "default"
     );
     match b.client().create_domain(&shop).await {
-        Err(e @ ClientError::AlreadyExists { .. }) => {
+        Err(e @ Error::ApiAlreadyExists { .. }) => {
             let existing: tuna_tunnel::api::Domain = e.existing().unwrap();
             assert_eq!(existing.name, created.name);
         }
@@ -93,7 +94,7 @@ async fn two_edge_replicas_share_one_postgresql_store() {
     for edge in [&a, &b] {
         loop {
             match edge.client().whoami().await {
-                Err(ClientError::Unauthorized { .. }) => break,
+                Err(Error::ApiUnauthorized { .. }) => break,
                 Ok(_) if start.elapsed() < support::WAIT => {
                     tokio::time::sleep(Duration::from_millis(10)).await
                 }

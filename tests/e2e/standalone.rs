@@ -379,7 +379,7 @@ async fn a_removed_tunnel_stops_serving_and_its_token_is_revoked() {
         .await
         .expect("the edge answers in time");
     assert!(
-        matches!(outcome, Err(tuna_tunnel::wire::Error::Rejected(_))),
+        matches!(outcome, Err(tuna_tunnel::Error::Rejected(_))),
         "revoked token was accepted: {outcome:?}"
     );
     agent.shutdown().await;

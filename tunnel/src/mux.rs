@@ -28,7 +28,8 @@ use h2::{RecvStream, SendStream};
 use http::{Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::wire::{Error, HEADER_KIND, Result, StreamMeta};
+use crate::wire::{HEADER_KIND, StreamMeta};
+use crate::{Error, Result};
 
 /// Per-stream receive window: one stream can have this much in flight.
 pub const STREAM_WINDOW: u32 = 8 * 1024 * 1024;

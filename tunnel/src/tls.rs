@@ -18,7 +18,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::control::ControlError;
+use crate::{Error, Result};
 
 /// Folder of the generated CA inside the data dir.
 pub const TLS_DIR: &str = "tls";
@@ -29,8 +29,6 @@ pub const CA_KEY_FILE: &str = "ca.key";
 
 /// ALPN of a server that speaks HTTP/2 and HTTP/1.1.
 pub const ALPN_H2_HTTP1: &[&[u8]] = &[b"h2", b"http/1.1"];
-
-type Result<T, E = ControlError> = std::result::Result<T, E>;
 
 /// A certificate chain and its private key.
 pub struct ServerIdentity {
@@ -52,15 +50,8 @@ impl std::fmt::Debug for ServerIdentity {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ControlError + '_ {
-    move |source| ControlError::Io {
-        path: path.to_owned(),
-        source,
-    }
-}
-
-fn tls_error(what: &str) -> impl FnOnce(rcgen::Error) -> ControlError + '_ {
-    move |e| ControlError::Tls(format!("{what}: {e}"))
+fn tls_error(what: &str) -> impl FnOnce(rcgen::Error) -> Error + '_ {
+    move |e| Error::Tls(format!("{what}: {e}"))
 }
 
 /// The CA's parameters. They are rebuilt identically on each start: an
@@ -93,9 +84,10 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         options.mode(0o600);
     }
-    let mut file = options.open(path).map_err(io(path))?;
-    file.write_all(contents.as_bytes()).map_err(io(path))?;
-    file.sync_all().map_err(io(path))
+    let mut file = options.open(path).map_err(Error::file(path))?;
+    file.write_all(contents.as_bytes())
+        .map_err(Error::file(path))?;
+    file.sync_all().map_err(Error::file(path))
 }
 
 /// Loads the edge's CA from `<data_dir>/tls/` (generating it on first use)
@@ -103,12 +95,12 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
 /// addresses; `localhost`, `127.0.0.1` and `::1` are always included).
 pub fn self_signed_identity(data_dir: &Path, names: &[String]) -> Result<ServerIdentity> {
     let dir = data_dir.join(TLS_DIR);
-    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    std::fs::create_dir_all(&dir).map_err(Error::file(&dir))?;
     let ca_cert_path = dir.join(CA_CERT_FILE);
     let ca_key_path = dir.join(CA_KEY_FILE);
 
     let ca_key = if ca_key_path.exists() {
-        let pem = std::fs::read_to_string(&ca_key_path).map_err(io(&ca_key_path))?;
+        let pem = std::fs::read_to_string(&ca_key_path).map_err(Error::file(&ca_key_path))?;
         KeyPair::from_pem(&pem).map_err(tls_error("reading the CA key"))?
     } else {
         let key = KeyPair::generate().map_err(tls_error("generating the CA key"))?;
@@ -118,17 +110,17 @@ pub fn self_signed_identity(data_dir: &Path, names: &[String]) -> Result<ServerI
         // Key first: a crash between the two writes leaves a key without a
         // certificate, which the branch below completes.
         write_private(&ca_key_path, &key.serialize_pem())?;
-        std::fs::write(&ca_cert_path, cert.pem()).map_err(io(&ca_cert_path))?;
+        std::fs::write(&ca_cert_path, cert.pem()).map_err(Error::file(&ca_cert_path))?;
         key
     };
     if !ca_cert_path.exists() {
         let cert = ca_params()?
             .self_signed(&ca_key)
             .map_err(tls_error("signing the CA certificate"))?;
-        std::fs::write(&ca_cert_path, cert.pem()).map_err(io(&ca_cert_path))?;
+        std::fs::write(&ca_cert_path, cert.pem()).map_err(Error::file(&ca_cert_path))?;
     }
     let ca_der = CertificateDer::from_pem_file(&ca_cert_path)
-        .map_err(|e| ControlError::Tls(format!("{}: {e}", ca_cert_path.display())))?;
+        .map_err(|e| Error::Tls(format!("{}: {e}", ca_cert_path.display())))?;
 
     let mut sans: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     for name in names {
@@ -154,7 +146,7 @@ pub fn self_signed_identity(data_dir: &Path, names: &[String]) -> Result<ServerI
     Ok(ServerIdentity {
         cert_chain: vec![leaf.der().clone(), ca_der],
         key: PrivateKeyDer::try_from(leaf_key.serialize_der())
-            .map_err(|e| ControlError::Tls(format!("server key: {e}")))?,
+            .map_err(|e| Error::Tls(format!("server key: {e}")))?,
         ca_file: Some(ca_cert_path),
     })
 }
@@ -164,15 +156,15 @@ pub fn self_signed_identity(data_dir: &Path, names: &[String]) -> Result<ServerI
 pub fn pem_identity(cert_file: &Path, key_file: &Path) -> Result<ServerIdentity> {
     let cert_chain = CertificateDer::pem_file_iter(cert_file)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| ControlError::Tls(format!("{}: {e}", cert_file.display())))?;
+        .map_err(|e| Error::Tls(format!("{}: {e}", cert_file.display())))?;
     if cert_chain.is_empty() {
-        return Err(ControlError::Tls(format!(
+        return Err(Error::Tls(format!(
             "{}: no CERTIFICATE block found",
             cert_file.display()
         )));
     }
     let key = PrivateKeyDer::from_pem_file(key_file)
-        .map_err(|e| ControlError::Tls(format!("{}: {e}", key_file.display())))?;
+        .map_err(|e| Error::Tls(format!("{}: {e}", key_file.display())))?;
     Ok(ServerIdentity {
         cert_chain,
         key,
@@ -189,10 +181,10 @@ pub fn server_config(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| ControlError::Tls(e.to_string()))?
+    .map_err(|e| Error::Tls(e.to_string()))?
     .with_no_client_auth()
     .with_single_cert(identity.cert_chain.clone(), identity.key.clone_key())
-    .map_err(|e| ControlError::Tls(format!("certificate and key do not match: {e}")))?;
+    .map_err(|e| Error::Tls(format!("certificate and key do not match: {e}")))?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
 }
@@ -203,14 +195,14 @@ pub fn client_config_trusting(ca_file: &Path) -> Result<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     let certs = CertificateDer::pem_file_iter(ca_file)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| ControlError::Tls(format!("CA file {}: {e}", ca_file.display())))?;
+        .map_err(|e| Error::Tls(format!("CA file {}: {e}", ca_file.display())))?;
     for cert in certs {
         roots
             .add(cert)
-            .map_err(|e| ControlError::Tls(format!("CA file {}: {e}", ca_file.display())))?;
+            .map_err(|e| Error::Tls(format!("CA file {}: {e}", ca_file.display())))?;
     }
     if roots.is_empty() {
-        return Err(ControlError::Tls(format!(
+        return Err(Error::Tls(format!(
             "CA file {}: no CERTIFICATE block found",
             ca_file.display()
         )));
@@ -219,7 +211,7 @@ pub fn client_config_trusting(ca_file: &Path) -> Result<rustls::ClientConfig> {
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .map_err(|e| ControlError::Tls(e.to_string()))?
+    .map_err(|e| Error::Tls(e.to_string()))?
     .with_root_certificates(roots)
     .with_no_client_auth())
 }

@@ -48,6 +48,8 @@ use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::{Error, Result};
+
 /// The protocol version this build speaks (the edge accepts only this one).
 pub const PROTOCOL_VERSION: u16 = 2;
 /// First bytes of every agent connection.
@@ -98,46 +100,6 @@ pub const HEADER_HOST: &str = "tuna-host";
 pub const HEADER_ENDPOINT: &str = "tuna-endpoint";
 /// Request header: the public TCP port (TCP streams).
 pub const HEADER_PORT: &str = "tuna-port";
-
-/// The data plane's error type (the control plane has its own in `control`).
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// The peer sent bytes that are not this protocol.
-    #[error("protocol violation: {0}")]
-    Protocol(String),
-    /// A frame longer than [`MAX_FRAME_LEN`].
-    #[error(
-        "frame of {0} bytes exceeds the size limit ({MAX_FRAME_LEN} bytes, {MAX_HELLO_LEN} for hello)"
-    )]
-    FrameTooLarge(usize),
-    /// The peer refused us, with its reason.
-    #[error("rejected by the peer: {0}")]
-    Rejected(Rejection),
-    /// The handshake did not finish within its time limit.
-    #[error("handshake timed out after {0:?}")]
-    HandshakeTimeout(Duration),
-    /// The connection ended.
-    #[error("connection closed: {0}")]
-    Closed(String),
-    /// A configuration value is unusable; the message says which.
-    #[error("invalid configuration: {0}")]
-    Config(String),
-    /// No tunnel with this id is attached to the agent.
-    #[error("no tunnel {0:?} is attached to this agent")]
-    UnknownTunnel(String),
-    /// TLS setup failed (certificate, key, trust anchors).
-    #[error("TLS: {0}")]
-    Tls(String),
-    /// Socket I/O.
-    #[error("I/O: {0}")]
-    Io(#[from] std::io::Error),
-    /// HTTP/2 multiplexing layer.
-    #[error("HTTP/2 mux: {0}")]
-    Mux(#[from] h2::Error),
-}
-
-/// `Result` with the data plane's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A tunnel token in clear text; `Debug`/`Display` print a mask.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 //! arrive as [`MuxStream`]s with their [`StreamMeta`], which names the tunnel.
 //!
 //! ```no_run
-//! # async fn demo() -> tuna_tunnel::wire::Result<()> {
+//! # async fn demo() -> tuna_tunnel::Result<()> {
 //! use tuna_tunnel::agent::{Agent, AgentConfig, Trust};
 //! use tuna_tunnel::wire::{Binding, TunnelToken};
 //! let config = AgentConfig::new("edge.example:7443", Trust::SystemRoots);
@@ -55,9 +55,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::mux::MuxStream;
 use crate::wire::{
-    Attach, Binding, BindingOutcome, Error, Frame, MAX_ATTACH_LEN, MAX_BINDINGS, Rejection, Result,
-    StreamMeta, TunnelToken, validate_tunnel_id,
+    Attach, Binding, BindingOutcome, Frame, MAX_ATTACH_LEN, MAX_BINDINGS, Rejection, StreamMeta,
+    TunnelToken, validate_tunnel_id,
 };
+use crate::{Error, Result};
 
 /// Which certificates the agent accepts from the edge.
 #[derive(Debug, Clone)]

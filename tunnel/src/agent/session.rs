@@ -19,10 +19,11 @@ use tokio_util::task::AbortOnDropHandle;
 use super::{AgentConfig, AgentStatus, Shared, StreamHandler, TunnelStatus};
 use crate::mux::{self, Gate, MuxStream};
 use crate::wire::{
-    Attach, Binding, BindingOutcome, Error, ErrorCode, Frame, HANDSHAKE_TIMEOUT, HEADER_KIND,
+    Attach, Binding, BindingOutcome, ErrorCode, Frame, HANDSHAKE_TIMEOUT, HEADER_KIND,
     HEARTBEAT_MISSES, MAX_HELLO_LEN, MAX_HELLO_TUNNELS, PROTOCOL_VERSION, Preamble, Rejection,
-    Result, StreamKind, StreamMeta, read_frames,
+    StreamKind, StreamMeta, read_frames,
 };
+use crate::{Error, Result};
 
 /// Tunnels reconciled per turn of the session loop.
 const RECONCILE_BATCH: usize = 256;

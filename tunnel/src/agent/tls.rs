@@ -7,7 +7,8 @@ use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
 use super::{AgentConfig, Trust};
-use crate::wire::{ALPN, Error, Result};
+use crate::wire::ALPN;
+use crate::{Error, Result};
 
 /// Builds the connector with the ring provider explicitly, so the agent does
 /// not depend on a process-wide default provider being installed.

@@ -1,10 +1,10 @@
 //! `TunaClient`: the typed REST client the operator's reconcilers use.
 //!
-//! Its error type sorts every failure into what a reconciler does next:
-//! adopt ([`ClientError::AlreadyExists`]), give up with a condition
-//! ([`ClientError::Forbidden`], [`ClientError::Invalid`]), wait
-//! ([`ClientError::RateLimited`]) or retry with backoff
-//! ([`ClientError::Transient`]).
+//! Its failures are the crate's `Api*` errors, sorted by what a reconciler does next:
+//! adopt ([`Error::ApiAlreadyExists`]), give up with a condition
+//! ([`Error::ApiForbidden`], [`Error::ApiInvalid`]), wait
+//! ([`Error::ApiRateLimited`]) or retry with backoff
+//! ([`Error::ApiTransient`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,8 +16,9 @@ use serde::de::DeserializeOwned;
 use super::Secret;
 use super::types::{
     ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
-    CreatedToken, Domain, ErrorBody, List, RenewToken, TcpEndpoint, Token, WhoAmI, error_code,
+    CreatedToken, Domain, ErrorBody, List, RenewToken, TcpEndpoint, Token, WhoAmI,
 };
+use crate::Error;
 
 /// How to reach an edge's REST API.
 #[derive(Clone, Debug)]
@@ -52,100 +53,6 @@ impl ClientOptions {
     }
 }
 
-/// Why a call failed, sorted by what the caller should do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// 409: the caller's account already holds this reservation; adopt it
-    /// with [`ClientError::existing`].
-    #[error("already exists: {message}")]
-    AlreadyExists {
-        /// The server's explanation.
-        message: String,
-        /// The object the account holds.
-        existing: Box<serde_json::Value>,
-    },
-    /// 401: the API key is missing, unknown or revoked.
-    #[error("unauthorized: {message}")]
-    Unauthorized {
-        /// The server's explanation.
-        message: String,
-    },
-    /// 403: the key lacks a scope (`missing_scope`) or another account holds
-    /// the name (`held_by_other_account`).
-    #[error("forbidden ({code}): {message}")]
-    Forbidden {
-        /// `missing_scope` or `held_by_other_account`.
-        code: String,
-        /// The server's explanation.
-        message: String,
-    },
-    /// 404: no such object in the caller's account.
-    #[error("not found: {message}")]
-    NotFound {
-        /// The server's explanation.
-        message: String,
-    },
-    /// 422 (or 400): the request can never succeed as sent.
-    #[error("invalid ({code}): {message}")]
-    Invalid {
-        /// `invalid_name`, `port_out_of_range`, `invalid_request`, `token_expired`.
-        code: String,
-        /// The server's explanation.
-        message: String,
-    },
-    /// 429: wait `retry_after` before the next call.
-    #[error("rate limited, retry after {retry_after:?}: {message}")]
-    RateLimited {
-        /// From the `Retry-After` header.
-        retry_after: Option<Duration>,
-        /// The server's explanation.
-        message: String,
-    },
-    /// Network failures, timeouts and 5xx answers: retry with backoff.
-    #[error("transient failure: {message}")]
-    Transient {
-        /// What failed.
-        message: String,
-        /// The HTTP status, when there was an answer.
-        status: Option<u16>,
-    },
-    /// Any other answer the contract does not define.
-    #[error("unexpected answer {status}: {message}")]
-    Unexpected {
-        /// The HTTP status.
-        status: u16,
-        /// The body or its `message`.
-        message: String,
-    },
-    /// The client could not be built (bad URL, unreadable CA file).
-    #[error("client configuration: {0}")]
-    Config(String),
-}
-
-impl ClientError {
-    /// The object behind a 409, decoded as `T` (e.g. [`Domain`]).
-    pub fn existing<T: DeserializeOwned>(&self) -> Option<T> {
-        match self {
-            Self::AlreadyExists { existing, .. } => {
-                serde_json::from_value((**existing).clone()).ok()
-            }
-            _ => None,
-        }
-    }
-
-    /// The machine-readable code of the server's answer, when there was one.
-    pub fn code(&self) -> Option<&str> {
-        match self {
-            Self::AlreadyExists { .. } => Some(error_code::ALREADY_EXISTS),
-            Self::Unauthorized { .. } => Some(error_code::UNAUTHORIZED),
-            Self::Forbidden { code, .. } | Self::Invalid { code, .. } => Some(code),
-            Self::NotFound { .. } => Some(error_code::NOT_FOUND),
-            Self::RateLimited { .. } => Some(error_code::RATE_LIMITED),
-            Self::Transient { .. } | Self::Unexpected { .. } | Self::Config(_) => None,
-        }
-    }
-}
-
 /// A reservation made by [`TunaClient::ensure_domain`] or
 /// [`TunaClient::ensure_tcp_endpoint`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,11 +77,11 @@ pub struct TunaClient {
 impl TunaClient {
     /// Builds a client. Needs a rustls crypto provider installed in the
     /// process (`rustls::crypto::ring::default_provider().install_default()`).
-    pub fn new(options: ClientOptions) -> Result<Self, ClientError> {
+    pub fn new(options: ClientOptions) -> Result<Self, Error> {
         let mut base = Url::parse(&options.base_url)
-            .map_err(|e| ClientError::Config(format!("base URL {:?}: {e}", options.base_url)))?;
+            .map_err(|e| Error::ClientConfig(format!("base URL {:?}: {e}", options.base_url)))?;
         if base.cannot_be_a_base() {
-            return Err(ClientError::Config(format!(
+            return Err(Error::ClientConfig(format!(
                 "base URL {:?} cannot carry paths",
                 options.base_url
             )));
@@ -189,12 +96,12 @@ impl TunaClient {
             .connect_timeout(options.timeout.min(Duration::from_secs(10)));
         if let Some(ca_file) = &options.ca_file {
             let tls = crate::tls::client_config_trusting(ca_file)
-                .map_err(|e| ClientError::Config(e.to_string()))?;
+                .map_err(|e| Error::ClientConfig(e.to_string()))?;
             builder = builder.tls_backend_preconfigured(tls);
         }
         let http = builder
             .build()
-            .map_err(|e| ClientError::Config(format!("building the HTTP client: {e}")))?;
+            .map_err(|e| Error::ClientConfig(format!("building the HTTP client: {e}")))?;
         Ok(Self {
             http,
             base,
@@ -203,19 +110,19 @@ impl TunaClient {
     }
 
     /// `GET /v1/account`.
-    pub async fn whoami(&self) -> Result<WhoAmI, ClientError> {
+    pub async fn whoami(&self) -> Result<WhoAmI, Error> {
         self.call(Method::GET, &["v1", "account"], None::<&()>, &[])
             .await
     }
 
     /// `POST /v1/domains`.
-    pub async fn create_domain(&self, request: &CreateDomain) -> Result<Domain, ClientError> {
+    pub async fn create_domain(&self, request: &CreateDomain) -> Result<Domain, Error> {
         self.call(Method::POST, &["v1", "domains"], Some(request), &[])
             .await
     }
 
     /// `GET /v1/domains`.
-    pub async fn list_domains(&self) -> Result<Vec<Domain>, ClientError> {
+    pub async fn list_domains(&self) -> Result<Vec<Domain>, Error> {
         let list: List<Domain> = self
             .call(Method::GET, &["v1", "domains"], None::<&()>, &[])
             .await?;
@@ -223,19 +130,19 @@ impl TunaClient {
     }
 
     /// `GET /v1/domains/{name}`.
-    pub async fn get_domain(&self, name: &str) -> Result<Domain, ClientError> {
+    pub async fn get_domain(&self, name: &str) -> Result<Domain, Error> {
         self.call(Method::GET, &["v1", "domains", name], None::<&()>, &[])
             .await
     }
 
     /// `DELETE /v1/domains/{name}`.
-    pub async fn delete_domain(&self, name: &str) -> Result<(), ClientError> {
+    pub async fn delete_domain(&self, name: &str) -> Result<(), Error> {
         self.call_empty(Method::DELETE, &["v1", "domains", name])
             .await
     }
 
     /// `POST /v1/domains/{name}/verify`: looks the DNS records up now.
-    pub async fn verify_domain(&self, name: &str) -> Result<Domain, ClientError> {
+    pub async fn verify_domain(&self, name: &str) -> Result<Domain, Error> {
         self.call(
             Method::POST,
             &["v1", "domains", name, "verify"],
@@ -249,13 +156,13 @@ impl TunaClient {
     pub async fn create_tcp_endpoint(
         &self,
         request: &CreateTcpEndpoint,
-    ) -> Result<TcpEndpoint, ClientError> {
+    ) -> Result<TcpEndpoint, Error> {
         self.call(Method::POST, &["v1", "tcp-endpoints"], Some(request), &[])
             .await
     }
 
     /// `GET /v1/tcp-endpoints`.
-    pub async fn list_tcp_endpoints(&self) -> Result<Vec<TcpEndpoint>, ClientError> {
+    pub async fn list_tcp_endpoints(&self) -> Result<Vec<TcpEndpoint>, Error> {
         let list: List<TcpEndpoint> = self
             .call(Method::GET, &["v1", "tcp-endpoints"], None::<&()>, &[])
             .await?;
@@ -263,7 +170,7 @@ impl TunaClient {
     }
 
     /// `GET /v1/tcp-endpoints/{aliasOrPort}`.
-    pub async fn get_tcp_endpoint(&self, alias_or_port: &str) -> Result<TcpEndpoint, ClientError> {
+    pub async fn get_tcp_endpoint(&self, alias_or_port: &str) -> Result<TcpEndpoint, Error> {
         self.call(
             Method::GET,
             &["v1", "tcp-endpoints", alias_or_port],
@@ -274,19 +181,19 @@ impl TunaClient {
     }
 
     /// `DELETE /v1/tcp-endpoints/{aliasOrPort}`.
-    pub async fn delete_tcp_endpoint(&self, alias_or_port: &str) -> Result<(), ClientError> {
+    pub async fn delete_tcp_endpoint(&self, alias_or_port: &str) -> Result<(), Error> {
         self.call_empty(Method::DELETE, &["v1", "tcp-endpoints", alias_or_port])
             .await
     }
 
     /// `POST /v1/tokens`.
-    pub async fn create_token(&self, request: &CreateToken) -> Result<CreatedToken, ClientError> {
+    pub async fn create_token(&self, request: &CreateToken) -> Result<CreatedToken, Error> {
         self.call(Method::POST, &["v1", "tokens"], Some(request), &[])
             .await
     }
 
     /// `GET /v1/tokens?selector=k=v,k2=v2` (empty selector: all tokens).
-    pub async fn list_tokens(&self, selector: &str) -> Result<Vec<Token>, ClientError> {
+    pub async fn list_tokens(&self, selector: &str) -> Result<Vec<Token>, Error> {
         let query: &[(&str, &str)] = if selector.is_empty() {
             &[]
         } else {
@@ -299,18 +206,18 @@ impl TunaClient {
     }
 
     /// `GET /v1/tokens/{id}`.
-    pub async fn get_token(&self, id: &str) -> Result<Token, ClientError> {
+    pub async fn get_token(&self, id: &str) -> Result<Token, Error> {
         self.call(Method::GET, &["v1", "tokens", id], None::<&()>, &[])
             .await
     }
 
     /// `DELETE /v1/tokens/{id}`: revokes the token; its sessions close.
-    pub async fn revoke_token(&self, id: &str) -> Result<(), ClientError> {
+    pub async fn revoke_token(&self, id: &str) -> Result<(), Error> {
         self.call_empty(Method::DELETE, &["v1", "tokens", id]).await
     }
 
     /// `POST /v1/tokens/{id}/renew`.
-    pub async fn renew_token(&self, id: &str, request: &RenewToken) -> Result<Token, ClientError> {
+    pub async fn renew_token(&self, id: &str, request: &RenewToken) -> Result<Token, Error> {
         self.call(
             Method::POST,
             &["v1", "tokens", id, "renew"],
@@ -321,13 +228,13 @@ impl TunaClient {
     }
 
     /// `POST /v1/keys` (full access): a new key for the caller's account.
-    pub async fn create_key(&self, request: &CreateApiKey) -> Result<CreatedApiKey, ClientError> {
+    pub async fn create_key(&self, request: &CreateApiKey) -> Result<CreatedApiKey, Error> {
         self.call(Method::POST, &["v1", "keys"], Some(request), &[])
             .await
     }
 
     /// `GET /v1/keys` (full access): the account's keys, without secrets.
-    pub async fn list_keys(&self) -> Result<Vec<ApiKey>, ClientError> {
+    pub async fn list_keys(&self) -> Result<Vec<ApiKey>, Error> {
         let list: List<ApiKey> = self
             .call(Method::GET, &["v1", "keys"], None::<&()>, &[])
             .await?;
@@ -335,16 +242,13 @@ impl TunaClient {
     }
 
     /// `DELETE /v1/keys/{id}` (full access): revokes one of the account's keys.
-    pub async fn revoke_key(&self, id: &str) -> Result<(), ClientError> {
+    pub async fn revoke_key(&self, id: &str) -> Result<(), Error> {
         self.call_empty(Method::DELETE, &["v1", "keys", id]).await
     }
 
     /// Reserves a domain, or adopts it when the caller's account already
     /// holds it (the `409` case). Other errors pass through.
-    pub async fn ensure_domain(
-        &self,
-        request: &CreateDomain,
-    ) -> Result<Reserved<Domain>, ClientError> {
+    pub async fn ensure_domain(&self, request: &CreateDomain) -> Result<Reserved<Domain>, Error> {
         match self.create_domain(request).await {
             Ok(domain) => Ok(Reserved {
                 object: domain,
@@ -366,7 +270,7 @@ impl TunaClient {
     pub async fn ensure_tcp_endpoint(
         &self,
         request: &CreateTcpEndpoint,
-    ) -> Result<Reserved<TcpEndpoint>, ClientError> {
+    ) -> Result<Reserved<TcpEndpoint>, Error> {
         match self.create_tcp_endpoint(request).await {
             Ok(endpoint) => Ok(Reserved {
                 object: endpoint,
@@ -407,7 +311,7 @@ impl TunaClient {
         segments: &[&str],
         body: Option<&(impl Serialize + ?Sized)>,
         query: &[(&str, &str)],
-    ) -> Result<reqwest::Response, ClientError> {
+    ) -> Result<reqwest::Response, Error> {
         let mut request = self
             .http
             .request(method, self.url(segments, query))
@@ -415,7 +319,7 @@ impl TunaClient {
         if let Some(body) = body {
             request = request.json(body);
         }
-        let response = request.send().await.map_err(|e| ClientError::Transient {
+        let response = request.send().await.map_err(|e| Error::ApiTransient {
             message: error_chain(&e),
             status: None,
         })?;
@@ -432,17 +336,17 @@ impl TunaClient {
         segments: &[&str],
         body: Option<&(impl Serialize + ?Sized)>,
         query: &[(&str, &str)],
-    ) -> Result<T, ClientError> {
+    ) -> Result<T, Error> {
         let response = self.send(method, segments, body, query).await?;
         let status = response.status().as_u16();
         response.json().await.map_err(|e| {
             if e.is_decode() {
-                ClientError::Unexpected {
+                Error::ApiUnexpected {
                     status,
                     message: format!("undecodable body: {e}"),
                 }
             } else {
-                ClientError::Transient {
+                Error::ApiTransient {
                     message: error_chain(&e),
                     status: Some(status),
                 }
@@ -450,13 +354,13 @@ impl TunaClient {
         })
     }
 
-    async fn call_empty(&self, method: Method, segments: &[&str]) -> Result<(), ClientError> {
+    async fn call_empty(&self, method: Method, segments: &[&str]) -> Result<(), Error> {
         self.send(method, segments, None::<&()>, &[]).await?;
         Ok(())
     }
 }
 
-async fn error_from_response(response: reqwest::Response) -> ClientError {
+async fn error_from_response(response: reqwest::Response) -> Error {
     let status = response.status();
     let retry_after = response
         .headers()
@@ -472,26 +376,26 @@ async fn error_from_response(response: reqwest::Response) -> ClientError {
     };
     match status {
         StatusCode::CONFLICT => match existing {
-            Some(existing) => ClientError::AlreadyExists {
+            Some(existing) => Error::ApiAlreadyExists {
                 message,
                 existing: Box::new(existing),
             },
-            None => ClientError::Unexpected {
+            None => Error::ApiUnexpected {
                 status: status.as_u16(),
                 message,
             },
         },
-        StatusCode::UNAUTHORIZED => ClientError::Unauthorized { message },
-        StatusCode::FORBIDDEN => ClientError::Forbidden { code, message },
-        StatusCode::NOT_FOUND => ClientError::NotFound { message },
+        StatusCode::UNAUTHORIZED => Error::ApiUnauthorized { message },
+        StatusCode::FORBIDDEN => Error::ApiForbidden { code, message },
+        StatusCode::NOT_FOUND => Error::ApiNotFound { message },
         StatusCode::UNPROCESSABLE_ENTITY | StatusCode::BAD_REQUEST => {
-            ClientError::Invalid { code, message }
+            Error::ApiInvalid { code, message }
         }
-        StatusCode::TOO_MANY_REQUESTS => ClientError::RateLimited {
+        StatusCode::TOO_MANY_REQUESTS => Error::ApiRateLimited {
             retry_after,
             message,
         },
-        s if s.is_server_error() || s == StatusCode::REQUEST_TIMEOUT => ClientError::Transient {
+        s if s.is_server_error() || s == StatusCode::REQUEST_TIMEOUT => Error::ApiTransient {
             message: if code.is_empty() {
                 message
             } else {
@@ -499,7 +403,7 @@ async fn error_from_response(response: reqwest::Response) -> ClientError {
             },
             status: Some(s.as_u16()),
         },
-        s => ClientError::Unexpected {
+        s => Error::ApiUnexpected {
             status: s.as_u16(),
             message,
         },

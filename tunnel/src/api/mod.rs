@@ -6,6 +6,6 @@ mod client;
 mod secret;
 mod types;
 
-pub use client::{ClientError, ClientOptions, Reserved, TunaClient};
+pub use client::{ClientOptions, Reserved, TunaClient};
 pub use secret::Secret;
 pub use types::*;

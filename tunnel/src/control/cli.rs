@@ -10,10 +10,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::DEFAULT_ACCOUNT;
-use super::error::{ControlError, Result};
 use super::keys;
 use super::store::{Store, StoreUrl};
 use crate::api::Scope;
+use crate::{Error, Result};
 
 /// `edge keys …`.
 #[derive(Debug, clap::Args)]
@@ -60,7 +60,7 @@ impl DataDirArgs {
         match (&self.store, &self.data_dir) {
             (Some(store), _) => Store::open_at(Some(store), Path::new("")),
             (None, Some(data_dir)) => Store::open(data_dir),
-            (None, None) => Err(ControlError::Config(
+            (None, None) => Err(Error::ControlConfig(
                 "give --data-dir (the edge's redb store) or --store postgres://…".into(),
             )),
         }
@@ -105,7 +105,7 @@ pub struct RevokeKeyArgs {
 /// can capture it); notes go to `note`. Blocks: not on an async runtime's
 /// thread.
 pub fn run(args: &KeysArgs, out: &mut dyn Write, note: &mut dyn Write) -> Result<()> {
-    let io = |source: std::io::Error| ControlError::Io {
+    let io = |source: std::io::Error| Error::File {
         path: PathBuf::from("<stdout>"),
         source,
     };

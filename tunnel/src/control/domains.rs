@@ -2,12 +2,12 @@
 //! domains (usable once their DNS records are verified).
 
 use super::dns::challenge_record_name;
-use super::error::{ControlError, Result};
 use super::store::{DomainRecord, State, Write};
 use super::{Caller, ControlPlane, names, secrets};
 use crate::api::{CreateDomain, DnsRecord, Domain, DomainKind, DomainStatus, Scope, Timestamp};
 use crate::edge::authority::Revocation;
 use crate::wire::BoundTarget;
+use crate::{Error, Result};
 
 impl ControlPlane {
     pub(crate) fn domain_view(&self, record: &DomainRecord) -> Domain {
@@ -59,7 +59,7 @@ impl ControlPlane {
                 DomainKind::Custom,
             ),
             _ => {
-                return Err(ControlError::InvalidRequest(
+                return Err(Error::InvalidRequest(
                     "give exactly one of `subdomain` and `domain`".into(),
                 ));
             }
@@ -82,7 +82,7 @@ impl ControlPlane {
             }
             let key = (name.clone(), caller.account.clone());
             if let Some(claim) = state.claims.get(&key) {
-                return Err(ControlError::AlreadyExists {
+                return Err(Error::AlreadyExists {
                     message: format!("your account already claims the domain {name:?}; verify it"),
                     existing: Box::new(
                         serde_json::to_value(self.domain_view(claim))
@@ -143,15 +143,15 @@ impl ControlPlane {
         holder: &str,
         same_account: impl FnOnce() -> (String, serde_json::Result<serde_json::Value>),
         what: &str,
-    ) -> ControlError {
+    ) -> Error {
         if holder == caller.account {
             let (message, existing) = same_account();
-            ControlError::AlreadyExists {
+            Error::AlreadyExists {
                 message,
                 existing: Box::new(existing.unwrap_or(serde_json::Value::Null)),
             }
         } else {
-            ControlError::HeldByOtherAccount(format!(
+            Error::HeldByOtherAccount(format!(
                 "{what} is held by another account; choose another name"
             ))
         }
@@ -181,7 +181,7 @@ impl ControlPlane {
             .filter(|d| d.account == caller.account)
             .or_else(|| state.claims.get(&(name.clone(), caller.account.clone())))
             .cloned()
-            .ok_or_else(|| ControlError::NotFound(format!("your account holds no domain {name:?}")))
+            .ok_or_else(|| Error::NotFound(format!("your account holds no domain {name:?}")))
     }
 
     /// One of the caller's domains.
@@ -244,9 +244,7 @@ impl ControlPlane {
             plane.record_verification(&caller, &record, &outcome, now)
         })
         .await
-        .map_err(|e| {
-            ControlError::Internal(format!("recording a verification did not finish: {e}"))
-        })?
+        .map_err(|e| Error::Internal(format!("recording a verification did not finish: {e}")))?
     }
 
     fn record_verification(
@@ -268,7 +266,7 @@ impl ControlPlane {
                 .get(&key)
                 .filter(|d| d.challenge == record.challenge);
             let Some(current) = held.or(claimed) else {
-                return Err(ControlError::NotFound(format!(
+                return Err(Error::NotFound(format!(
                     "the domain {:?} was released during verification",
                     record.name
                 )));
@@ -296,7 +294,7 @@ impl ControlPlane {
             }
             // A verified claim becomes the reservation; the others' claims go.
             if let Some(holder) = state.domains.get(&record.name) {
-                return Err(ControlError::HeldByOtherAccount(format!(
+                return Err(Error::HeldByOtherAccount(format!(
                     "the domain {:?} was verified by another account first (holder {})",
                     record.name,
                     if holder.account == caller.account {
@@ -336,7 +334,7 @@ fn held_count(state: &State, account: &str) -> usize {
 /// `Err(quota_exceeded)` when `count` objects already use up `quota`.
 pub(crate) fn check_quota(count: usize, quota: usize, what: &str, flag: &str) -> Result<()> {
     if count >= quota {
-        return Err(ControlError::QuotaExceeded(format!(
+        return Err(Error::QuotaExceeded(format!(
             "your account holds {count} {what}, its quota (tuna-operator edge {flag}); delete some first"
         )));
     }

@@ -1,12 +1,12 @@
 //! API keys: created by the `edge keys` command, checked on every request.
 
 use super::authority::KEY_GRANT_PREFIX;
-use super::error::{ControlError, Result};
 use super::secrets::{self, API_KEY_PREFIX};
 use super::store::{KeyRecord, Store, Write};
 use super::{ControlPlane, names};
 use crate::api::{ApiKey, CreateApiKey, CreatedApiKey, Scope, Secret, Timestamp};
 use crate::edge::authority::{Revocation, TokenId};
+use crate::{Error, Result};
 
 /// Who is calling: the authenticated key's identity, never its secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ impl Caller {
             Ok(())
         } else {
             let wanted: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
-            Err(ControlError::MissingScope(format!(
+            Err(Error::MissingScope(format!(
                 "this API key lacks the scope {} (it has {:?}); create a key with --scope {}",
                 wanted.join(" or "),
                 self.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
@@ -59,12 +59,12 @@ pub(crate) fn create_key(
     scopes: Vec<Scope>,
 ) -> Result<(ApiKey, Secret)> {
     if !names::is_dns_label(account) {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "account {account:?} must be an RFC 1123 label (a-z, 0-9, '-')"
         )));
     }
     if scopes.is_empty() {
-        return Err(ControlError::InvalidRequest(
+        return Err(Error::InvalidRequest(
             "a key needs at least one scope: tunnels:write, tunnels:connect or full".into(),
         ));
     }
@@ -98,7 +98,7 @@ pub(crate) fn revoke_key(store: &Store, id: &str) -> Result<(ApiKey, Vec<String>
         let record = state
             .keys
             .get(id)
-            .ok_or_else(|| ControlError::NotFound(format!("no API key with id {id:?}")))?;
+            .ok_or_else(|| Error::NotFound(format!("no API key with id {id:?}")))?;
         let minted: Vec<String> = state
             .tokens
             .values()
@@ -185,7 +185,7 @@ impl ControlPlane {
             .get(id)
             .is_some_and(|k| k.account == caller.account);
         if !owned {
-            return Err(ControlError::NotFound(format!(
+            return Err(Error::NotFound(format!(
                 "your account has no API key {id:?}"
             )));
         }
@@ -195,7 +195,7 @@ impl ControlPlane {
     /// Checks a presented API key; 401 for anything but a live key.
     pub fn authenticate_key(&self, presented: &str) -> Result<Caller> {
         let unauthorized = || {
-            ControlError::Unauthorized(
+            Error::Unauthorized(
                 "missing, malformed, unknown or revoked API key; send `Authorization: Bearer tunak_…`"
                     .into(),
             )

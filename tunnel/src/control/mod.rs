@@ -17,7 +17,6 @@ mod authority;
 pub mod cli;
 mod dns;
 mod domains;
-mod error;
 mod keys;
 mod names;
 mod ratelimit;
@@ -38,10 +37,10 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use crate::edge::authority::{Revocation, TokenId};
+use crate::{Error, Result};
 
 pub use authority::KEY_GRANT_PREFIX;
 pub use dns::{DnsVerifier, challenge_record_name};
-pub use error::{ControlError, Result};
 pub use keys::Caller;
 pub use names::RESERVED_SUBDOMAINS;
 pub(crate) use ratelimit::RateLimiter;
@@ -176,7 +175,7 @@ struct Shared {
 
 impl ControlPlane {
     /// Opens the store in `config.data_dir` (creating it). Fails with
-    /// [`ControlError::StoreInUse`] when another process has it open.
+    /// [`Error::StoreInUse`] when another process has it open.
     ///
     /// With [`ControlConfig::store`] it opens the PostgreSQL store instead
     /// (any number of processes may); that connects, migrates and loads,
@@ -320,7 +319,7 @@ fn validate(config: &ControlConfig) -> Result<(String, String)> {
         if valid {
             Ok(name)
         } else {
-            Err(ControlError::Config(format!(
+            Err(Error::ControlConfig(format!(
                 "{flag} {value:?} is neither a DNS name nor an IP address"
             )))
         }
@@ -328,7 +327,7 @@ fn validate(config: &ControlConfig) -> Result<(String, String)> {
     let base_domain = edge_name("base domain", &config.base_domain)?;
     let public_host = edge_name("public host", &config.public_host)?;
     if config.tcp_port_range.is_empty() || *config.tcp_port_range.start() == 0 {
-        return Err(ControlError::Config(format!(
+        return Err(Error::ControlConfig(format!(
             "TCP port range {:?} is empty or starts at 0",
             config.tcp_port_range
         )));
@@ -440,7 +439,7 @@ mod tests {
             outcomes
                 .iter()
                 .filter_map(|o| o.as_ref().err())
-                .all(|e| matches!(e, ControlError::HeldByOtherAccount(_)))
+                .all(|e| matches!(e, Error::HeldByOtherAccount(_)))
         );
     }
 
@@ -475,7 +474,7 @@ mod tests {
             assert!(
                 matches!(
                     open(base, public, ports.clone()),
-                    Err(ControlError::Config(_))
+                    Err(Error::ControlConfig(_))
                 ),
                 "{base:?} {public:?} {ports:?}"
             );

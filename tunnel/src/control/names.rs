@@ -1,7 +1,7 @@
 //! Validation of the names callers reserve: subdomain labels, custom host
 //! names, TCP aliases, token labels. Pure functions; every refusal says why.
 
-use super::error::{ControlError, Result};
+use crate::{Error, Result};
 
 /// Subdomains nobody may reserve: they name the edge itself or are names
 /// users would be misled by (`www`, `api`, mail hosts…).
@@ -50,23 +50,23 @@ pub fn normalize_host(name: &str) -> String {
 pub fn subdomain_host(label: &str, base_domain: &str, public_host: &str) -> Result<String> {
     let label = label.to_ascii_lowercase();
     if label.contains('.') {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "subdomain {label:?} must be a single DNS label (no dots); use `domain` for a custom host name"
         )));
     }
     if !is_dns_label(&label) {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "subdomain {label:?} is not an RFC 1123 label: 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
         )));
     }
     if RESERVED_SUBDOMAINS.contains(&label.as_str()) {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "subdomain {label:?} is reserved; choose another name"
         )));
     }
     let host = format!("{label}.{base_domain}");
     if host == public_host {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "{host:?} is the edge's own public host name; choose another name"
         )));
     }
@@ -77,8 +77,7 @@ pub fn subdomain_host(label: &str, base_domain: &str, public_host: &str) -> Resu
 /// least two labels, not an IP address. Returns it normalised.
 pub fn host_name(name: &str) -> Result<String> {
     let host = normalize_host(name);
-    let invalid =
-        |why: &str| ControlError::InvalidName(format!("host name {name:?} is invalid: {why}"));
+    let invalid = |why: &str| Error::InvalidName(format!("host name {name:?} is invalid: {why}"));
     if host.is_empty() || host.len() > 253 {
         return Err(invalid("it must have 1 to 253 characters"));
     }
@@ -104,12 +103,12 @@ pub fn host_name(name: &str) -> Result<String> {
 pub fn custom_domain(name: &str, base_domain: &str, public_host: &str) -> Result<String> {
     let host = host_name(name)?;
     if host == base_domain || host.ends_with(&format!(".{base_domain}")) {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "{host:?} lies under the edge's base domain {base_domain:?}; reserve it with `subdomain` instead"
         )));
     }
     if host == public_host {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "{host:?} is the edge's own public host name"
         )));
     }
@@ -121,7 +120,7 @@ pub fn custom_domain(name: &str, base_domain: &str, public_host: &str) -> Result
 pub fn tcp_alias(alias: &str) -> Result<String> {
     let alias = alias.to_ascii_lowercase();
     if !is_dns_label(&alias) || !alias.starts_with(|c: char| c.is_ascii_lowercase()) {
-        return Err(ControlError::InvalidName(format!(
+        return Err(Error::InvalidName(format!(
             "alias {alias:?} must be an RFC 1123 label starting with a letter (a-z, 0-9, '-', at most 63 characters)"
         )));
     }
@@ -142,7 +141,7 @@ pub fn label(key: &str, value: &str) -> Result<()> {
         if prefix_ok { name } else { "" }
     });
     if !segment_ok(name, false) || !segment_ok(value, true) {
-        return Err(ControlError::InvalidRequest(format!(
+        return Err(Error::InvalidRequest(format!(
             "label {key:?}={value:?} is invalid: keys are [prefix/]name, names and values at most 63 characters of A-Z, a-z, 0-9, '-', '_', '.'"
         )));
     }
@@ -181,7 +180,7 @@ mod tests {
             assert!(
                 matches!(
                     subdomain_host(bad, "tuna.test", "gate.tuna.test"),
-                    Err(ControlError::InvalidName(_))
+                    Err(Error::InvalidName(_))
                 ),
                 "{bad:?}"
             );

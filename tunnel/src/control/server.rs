@@ -12,13 +12,13 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::error::{ControlError, Result};
 use super::serve::ClientAddr;
 use super::{Caller, ControlPlane};
 use crate::api::{
     ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
     CreatedToken, Domain, List, RenewToken, TcpEndpoint, Token, WhoAmI,
 };
+use crate::{Error, Result};
 
 /// Every route of the REST API as `(method, path)`, as written in
 /// `docs/tuna-api.md` (a test checks the document lists each one).
@@ -97,7 +97,7 @@ async fn authenticate(
         && let Err(retry_after) = plane.shared.auth_failures.peek(client)
     {
         tracing::debug!(%client, "REST API authentication rate limited");
-        return ControlError::RateLimited { retry_after }.into_response();
+        return Error::RateLimited { retry_after }.into_response();
     }
     // Another replica may have committed a moment ago (a key, the object
     // this request names): catch up first, so that the request sees every
@@ -117,7 +117,7 @@ async fn authenticate(
     };
     if let Err(retry_after) = plane.shared.limiter.check(&caller.key_id) {
         tracing::debug!(key_id = %caller.key_id, "REST API request rate limited");
-        return ControlError::RateLimited { retry_after }.into_response();
+        return Error::RateLimited { retry_after }.into_response();
     }
     request.extensions_mut().insert(caller);
     next.run(request).await
@@ -127,8 +127,8 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-async fn not_found() -> ControlError {
-    ControlError::NotFound("no such endpoint; see docs/tuna-api.md".into())
+async fn not_found() -> Error {
+    Error::NotFound("no such endpoint; see docs/tuna-api.md".into())
 }
 
 /// Runs an operation that writes the store off the async runtime: a redb
@@ -139,7 +139,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T> {
     tokio::task::spawn_blocking(move || op(&plane))
         .await
-        .map_err(|e| ControlError::Internal(format!("a store operation did not finish: {e}")))?
+        .map_err(|e| Error::Internal(format!("a store operation did not finish: {e}")))?
 }
 
 /// Decodes a JSON body whatever its content type; an empty body is `T::default()`
@@ -149,7 +149,7 @@ fn body<T: DeserializeOwned + Default>(bytes: &Bytes) -> Result<T> {
         return Ok(T::default());
     }
     serde_json::from_slice(bytes).map_err(|e| {
-        ControlError::InvalidRequest(format!(
+        Error::InvalidRequest(format!(
             "request body is not valid JSON for this endpoint: {e}"
         ))
     })
@@ -272,7 +272,7 @@ async fn list_tokens(
     Extension(caller): Extension<Caller>,
     query: std::result::Result<Query<TokenQuery>, QueryRejection>,
 ) -> Result<Json<List<Token>>> {
-    let Query(query) = query.map_err(|e| ControlError::InvalidRequest(e.body_text()))?;
+    let Query(query) = query.map_err(|e| Error::InvalidRequest(e.body_text()))?;
     Ok(Json(List {
         items: plane.list_tokens(&caller, &query.selector)?,
     }))

@@ -30,8 +30,8 @@ use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{ControlError, Result};
 use crate::api::{Bindings, DomainKind, Scope};
+use crate::{Error, Result};
 
 pub use self::postgres::StoreUrl;
 
@@ -346,12 +346,12 @@ impl Store {
         self.backend.commit(&self.mirror, &mut |state| {
             let decide = decide
                 .take()
-                .ok_or_else(|| ControlError::Internal("a store decision was asked twice".into()))?;
+                .ok_or_else(|| Error::Internal("a store decision was asked twice".into()))?;
             let (value, writes) = decide(state)?;
             answer = Some(value);
             Ok(writes)
         })?;
-        answer.ok_or_else(|| ControlError::Internal("a store commit did not decide".into()))
+        answer.ok_or_else(|| Error::Internal("a store commit did not decide".into()))
     }
 
     /// Brings the mirror up to every change committed before the call, by
@@ -475,13 +475,12 @@ mod tests {
             store
                 .commit(|_| Ok(((), vec![Write::DeleteKey("a".to_owned())])))
                 .unwrap();
-            let refused: Result<()> =
-                store.commit(|_| Err(ControlError::NotFound("no".to_owned())));
+            let refused: Result<()> = store.commit(|_| Err(Error::NotFound("no".to_owned())));
             assert!(refused.is_err());
             // Open twice in one process: refused with a clear error.
             assert!(matches!(
                 Store::open(dir.path()),
-                Err(ControlError::StoreInUse { .. })
+                Err(Error::StoreInUse { .. })
             ));
         }
         let store = Store::open(dir.path()).unwrap();

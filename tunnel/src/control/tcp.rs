@@ -1,11 +1,11 @@
 //! TCP endpoints: an alias reserves one public port of the edge's range.
 
-use super::error::{ControlError, Result};
 use super::store::{State, TcpRecord, Write};
 use super::{Caller, ControlPlane, names};
 use crate::api::{CreateTcpEndpoint, Scope, TcpEndpoint, Timestamp};
 use crate::edge::authority::Revocation;
 use crate::wire::BoundTarget;
+use crate::{Error, Result};
 
 impl ControlPlane {
     pub(crate) fn tcp_view(&self, record: &TcpRecord) -> TcpEndpoint {
@@ -30,7 +30,7 @@ impl ControlPlane {
         if let Some(port) = request.port
             && !range.contains(&port)
         {
-            return Err(ControlError::PortOutOfRange(format!(
+            return Err(Error::PortOutOfRange(format!(
                 "port {port} lies outside this edge's TCP range {}-{}",
                 range.start(),
                 range.end()
@@ -103,7 +103,7 @@ impl ControlPlane {
             .find(|p| !taken.contains(p))
             .ok_or_else(|| {
                 let range = self.tcp_port_range();
-                ControlError::PortsExhausted(format!(
+                Error::PortsExhausted(format!(
                     "every port of the range {}-{} is reserved; delete unused TCP endpoints",
                     range.start(),
                     range.end()
@@ -135,7 +135,7 @@ impl ControlPlane {
 
     fn own_tcp(&self, caller: &Caller, alias_or_port: &str) -> Result<TcpRecord> {
         Self::find_tcp(&self.store().read(), &caller.account, alias_or_port).ok_or_else(|| {
-            ControlError::NotFound(format!(
+            Error::NotFound(format!(
                 "your account holds no TCP endpoint {alias_or_port:?}"
             ))
         })

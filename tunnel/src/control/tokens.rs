@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use super::error::{ControlError, Result};
 use super::secrets::{self, TUNNEL_TOKEN_PREFIX};
 use super::store::{TokenRecord, Write};
 use super::{Caller, ControlPlane, names};
@@ -11,6 +10,7 @@ use crate::api::{
     Bindings, CreateToken, CreatedToken, RenewToken, Scope, Timestamp, Token, TokenInfo,
 };
 use crate::edge::authority::{Revocation, TokenId};
+use crate::{Error, Result};
 
 /// Lifetime of a token when the request names none: one day.
 pub const DEFAULT_TTL_SECONDS: u64 = 24 * 3600;
@@ -26,7 +26,7 @@ const TOKEN_SCOPES: &[Scope] = &[Scope::TunnelsWrite, Scope::TunnelsConnect];
 fn ttl(requested: Option<u64>) -> Result<u64> {
     let ttl = requested.unwrap_or(DEFAULT_TTL_SECONDS);
     if ttl == 0 || ttl > MAX_TTL_SECONDS {
-        return Err(ControlError::InvalidRequest(format!(
+        return Err(Error::InvalidRequest(format!(
             "ttlSeconds must be between 1 and {MAX_TTL_SECONDS} (30 days), got {ttl}"
         )));
     }
@@ -51,7 +51,7 @@ pub(crate) fn parse_selector(selector: &str) -> Result<Vec<Requirement>> {
         } else if let Some((k, v)) = term.split_once('=') {
             Requirement::Equals(k.trim().to_owned(), v.trim().to_owned())
         } else {
-            return Err(ControlError::InvalidRequest(format!(
+            return Err(Error::InvalidRequest(format!(
                 "selector term {term:?} is not key=value, key==value or key!=value"
             )));
         };
@@ -82,9 +82,7 @@ fn normalize_bindings(bindings: &Bindings) -> Result<Bindings> {
         .iter()
         .map(|e| match e.parse::<u16>() {
             Ok(port) if port > 0 => Ok(port.to_string()),
-            Ok(_) => Err(ControlError::InvalidName(
-                "TCP port 0 cannot be bound".into(),
-            )),
+            Ok(_) => Err(Error::InvalidName("TCP port 0 cannot be bound".into())),
             Err(_) => names::tcp_alias(e),
         })
         .collect::<Result<Vec<_>>>()?;
@@ -182,9 +180,7 @@ impl ControlPlane {
             .get(id)
             .filter(|t| t.account == caller.account)
             .cloned()
-            .ok_or_else(|| {
-                ControlError::NotFound(format!("your account has no tunnel token {id:?}"))
-            })
+            .ok_or_else(|| Error::NotFound(format!("your account has no tunnel token {id:?}")))
     }
 
     /// One of the caller's tokens (without its secret).
@@ -229,17 +225,17 @@ impl ControlPlane {
                 .get(id)
                 .filter(|t| t.account == caller.account)
                 .ok_or_else(|| {
-                    ControlError::NotFound(format!("your account has no tunnel token {id:?}"))
+                    Error::NotFound(format!("your account has no tunnel token {id:?}"))
                 })?;
             if record.expires_at <= now.unix_seconds() {
-                return Err(ControlError::TokenExpired(format!(
+                return Err(Error::TokenExpired(format!(
                     "tunnel token {id:?} expired at {}; create a new token",
                     Timestamp(record.expires_at)
                 )));
             }
             let end_of_life = record.created_at.saturating_add(lifetime);
             if end_of_life <= now.unix_seconds() {
-                return Err(ControlError::TokenExpired(format!(
+                return Err(Error::TokenExpired(format!(
                     "tunnel token {id:?} reached its maximum lifetime at {}; create a new token",
                     Timestamp(end_of_life)
                 )));

@@ -14,13 +14,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-
 use super::limits::EdgeLimits;
 use super::server::{EdgeConfig, EdgeServer};
 use crate::control::cli::KeysArgs;
 use crate::control::{ControlConfig, ControlPlane, Quotas};
-use crate::tls;
+use crate::{Error, Result, tls};
 
 /// `edge`: serve (the default) or manage keys.
 #[derive(Debug, clap::Args)]
@@ -216,18 +214,20 @@ pub fn parse_port_range(s: &str) -> Result<RangeInclusive<u16>, String> {
 }
 
 /// Runs `edge …` until interrupted (SIGINT/SIGTERM) or, for `keys`, once.
-pub async fn run(cli: EdgeCli) -> anyhow::Result<()> {
+pub async fn run(cli: EdgeCli) -> Result<()> {
     match cli.command {
         Some(EdgeCommand::Keys(keys)) => {
             // Opening the store blocks (a PostgreSQL store has its own runtime).
             tokio::task::spawn_blocking(move || {
                 let (mut out, mut note) = (std::io::stdout(), std::io::stderr());
                 crate::control::cli::run(&keys, &mut out, &mut note)?;
-                out.flush()?;
-                Ok(())
+                out.flush().map_err(|source| Error::File {
+                    path: PathBuf::from("<stdout>"),
+                    source,
+                })
             })
             .await
-            .context("the keys command did not finish")?
+            .map_err(|e| Error::Internal(format!("the keys command did not finish: {e}")))?
         }
         Some(EdgeCommand::Serve(args)) => serve(*args).await,
         None => serve(cli.serve).await,
@@ -239,7 +239,7 @@ fn identity(
     key: &Option<PathBuf>,
     data_dir: &Path,
     names: &[String],
-) -> anyhow::Result<tls::ServerIdentity> {
+) -> Result<tls::ServerIdentity> {
     Ok(match (cert, key) {
         (Some(cert), Some(key)) => tls::pem_identity(cert, key)?,
         _ => tls::self_signed_identity(data_dir, names)?,
@@ -247,24 +247,27 @@ fn identity(
 }
 
 /// Starts the edge with `args` and serves until a shutdown signal.
-pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
-    let data_dir = args.data_dir.clone().context("--data-dir is required")?;
+pub async fn serve(args: EdgeArgs) -> Result<()> {
+    let data_dir = args
+        .data_dir
+        .clone()
+        .ok_or(Error::FlagRequired("--data-dir"))?;
     let base_domain = args
         .base_domain
         .clone()
-        .context("--base-domain is required")?;
+        .ok_or(Error::FlagRequired("--base-domain"))?;
     let public_host = args
         .public_host
         .clone()
         .unwrap_or_else(|| base_domain.clone());
     if args.insecure_plaintext_api && !args.api_listen.ip().is_loopback() {
-        bail!(
-            "--insecure-plaintext-api is for tests on loopback only; {} is not a loopback address",
-            args.api_listen
-        );
+        return Err(Error::PlaintextApiOffLoopback(args.api_listen));
     }
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("creating {}", data_dir.display()))?;
+    std::fs::create_dir_all(&data_dir).map_err(|source| Error::EdgeFile {
+        action: "creating",
+        path: data_dir.clone(),
+        source,
+    })?;
     let mut control_config = ControlConfig::new(&data_dir, &base_domain, &public_host);
     control_config.tcp_port_range = args.tcp_port_range.clone();
     control_config.dns_nameservers = args.dns_nameservers.clone();
@@ -290,7 +293,7 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
     // Opening blocks (a redb sync; PostgreSQL: connect, migrate, load).
     let control = tokio::task::spawn_blocking(move || ControlPlane::open(control_config))
         .await
-        .context("opening the store did not finish")??;
+        .map_err(|e| Error::Internal(format!("opening the store did not finish: {e}")))??;
 
     let names = vec![
         public_host.clone(),
@@ -356,8 +359,13 @@ pub async fn serve(args: EdgeArgs) -> anyhow::Result<()> {
             "peer": edge.peer_addr.map(|a| a.to_string()),
             "caFile": agent_identity.ca_file.as_ref().map(|p| p.display().to_string()),
         });
-        crate::fsutil::write_atomically(path, addresses.to_string().as_bytes())
-            .with_context(|| format!("writing {}", path.display()))?;
+        crate::fsutil::write_atomically(path, addresses.to_string().as_bytes()).map_err(
+            |source| Error::EdgeFile {
+                action: "writing",
+                path: path.clone(),
+                source,
+            },
+        )?;
     }
     tracing::info!(
         agent = %edge.agent_addr,
@@ -482,6 +490,52 @@ mod tests {
         ])
         .unwrap();
         let err = serve(top.edge.serve).await.unwrap_err();
-        assert!(err.to_string().contains("loopback"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "--insecure-plaintext-api is for tests on loopback only; 0.0.0.0:7444 is not a loopback address"
+        );
+    }
+
+    /// The command's own failures name the step and carry their cause in
+    /// one message (the cause used to be a second line of `main`'s report).
+    #[tokio::test]
+    async fn start_failures_name_the_step_and_the_cause() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let data_dir = file.path().join("data");
+        let data_dir_flag = data_dir.display().to_string();
+        let top = Top::try_parse_from([
+            "edge",
+            "--data-dir",
+            &data_dir_flag,
+            "--base-domain",
+            "t.example",
+        ])
+        .unwrap();
+        let mut args = top.edge.serve;
+        let err = serve(args.clone()).await.unwrap_err();
+        let cause = std::fs::create_dir_all(&data_dir).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("creating {}: {cause}", data_dir.display())
+        );
+        assert!(matches!(
+            err,
+            Error::EdgeFile {
+                action: "creating",
+                ..
+            }
+        ));
+
+        // clap requires these; a caller that builds the flags itself may not.
+        args.base_domain = None;
+        assert_eq!(
+            serve(args.clone()).await.unwrap_err().to_string(),
+            "--base-domain is required"
+        );
+        args.data_dir = None;
+        assert_eq!(
+            serve(args).await.unwrap_err().to_string(),
+            "--data-dir is required"
+        );
     }
 }

@@ -71,7 +71,8 @@ use super::registry::{AgentSession, Registry, TCP_COPY_BUFFER, TunnelRoute};
 use super::tasks::TaskGuard;
 use crate::control::{FleetShare, StoreUrl};
 use crate::mux;
-use crate::wire::{Error, HANDSHAKE_TIMEOUT, Result, StreamKind, StreamMeta};
+use crate::wire::{HANDSHAKE_TIMEOUT, StreamKind, StreamMeta};
+use crate::{Error, Result};
 
 /// ALPN of the peer listener.
 pub const PEER_ALPN: &[u8] = b"tuna-peer/1";
@@ -253,10 +254,7 @@ pub(crate) async fn start(
     registry: Arc<Registry>,
     guard: TaskGuard,
 ) -> Result<SocketAddr> {
-    let pg = config
-        .store
-        .config()
-        .map_err(|e| Error::Config(e.to_string()))?;
+    let pg = config.store.config()?;
     let listener = TcpListener::bind(config.peer_bind).await.map_err(|e| {
         Error::Config(format!(
             "cannot listen on {} for the peer listener: {e}",
@@ -670,5 +668,46 @@ impl Lease {
         });
         let (session, _events) = AgentSession::new(format!("peer:{id}"), sender, PEER_OPEN_TIMEOUT);
         Ok((TunnelRoute::new(&session, String::new()), driver))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `--store` the fleet cannot use is reported with the store's own
+    /// message, once (it read "invalid configuration: configuration: …"
+    /// while the store and the data plane had error types of their own).
+    #[tokio::test]
+    async fn a_store_url_that_is_not_postgres_is_reported_once() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        crate::tls::self_signed_identity(dir.path(), &[PEER_SERVER_NAME.into()]).unwrap();
+        let tls_dir = dir.path().join(crate::tls::TLS_DIR);
+        let (ca, key) = (
+            tls_dir.join(crate::tls::CA_CERT_FILE),
+            tls_dir.join(crate::tls::CA_KEY_FILE),
+        );
+        let config = FleetConfig {
+            store: "mysql://edge@db/tuna".parse().unwrap(),
+            replica_id: "a".into(),
+            peer_bind: "127.0.0.1:0".parse().unwrap(),
+            peer_advertise: None,
+            tls: PeerTls::from_files(&ca, &key, &ca).unwrap(),
+            share: FleetShare::default(),
+        };
+        let (guard, _tasks) = super::super::tasks::task_set();
+        let registry = Registry::new(
+            "127.0.0.1".parse().unwrap(),
+            1024..=65535,
+            &[],
+            guard.clone(),
+        )
+        .unwrap();
+        let err = start(config, registry, guard).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "configuration: --store takes a postgres://USER[:PASSWORD]@HOST:PORT/DB URL"
+        );
     }
 }

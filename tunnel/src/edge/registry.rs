@@ -24,9 +24,8 @@ use tokio_util::sync::CancellationToken;
 use super::fleet::FleetIndex;
 use super::tasks::TaskGuard;
 use crate::mux::{self, Gate, MuxStream};
-use crate::wire::{
-    Binding, BoundTarget, Error, ErrorCode, Rejection, Result, StreamKind, StreamMeta,
-};
+use crate::wire::{Binding, BoundTarget, ErrorCode, Rejection, StreamKind, StreamMeta};
+use crate::{Error, Result};
 
 /// Most host names remembered as "served before" (for 503 instead of 404).
 const MAX_OFFLINE_HOSTS: usize = 65_536;

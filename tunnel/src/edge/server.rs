@@ -20,7 +20,8 @@ use super::registry::Registry;
 use super::session::{Admission, AgentContext, serve_agent};
 use super::tasks::{TaskGuard, TaskSet, task_set};
 use super::{hyper_path, relay};
-use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Error, Result, Scheme};
+use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Scheme};
+use crate::{Error, Result};
 
 /// Where the edge listens and with which TLS material.
 ///

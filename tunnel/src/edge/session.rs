@@ -36,10 +36,11 @@ use super::tasks::TaskGuard;
 use crate::control::RateLimiter;
 use crate::mux::{self, MuxStream};
 use crate::wire::{
-    Attach, Binding, BindingOutcome, BoundTarget, Error, ErrorCode, Frame, HANDSHAKE_TIMEOUT,
-    HEARTBEAT_MISSES, MAX_BINDINGS, MAX_HELLO_LEN, PROTOCOL_VERSION, Preamble, Rejection, Result,
+    Attach, Binding, BindingOutcome, BoundTarget, ErrorCode, Frame, HANDSHAKE_TIMEOUT,
+    HEARTBEAT_MISSES, MAX_BINDINGS, MAX_HELLO_LEN, PROTOCOL_VERSION, Preamble, Rejection,
     read_frames, validate_tunnel_id,
 };
+use crate::{Error, Result};
 
 /// How long a goodbye frame gets to leave before the connection is cut.
 const GOODBYE_GRACE: Duration = Duration::from_millis(100);

@@ -11,7 +11,8 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tuna_tunnel::api::{ClientError, CreateDomain, RenewToken, Scope, Timestamp};
+use tuna_tunnel::Error;
+use tuna_tunnel::api::{CreateDomain, RenewToken, Scope, Timestamp};
 use tuna_tunnel::control::{ControlConfig, ControlPlane, RateLimit};
 use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeLimits, EdgeServer};
 
@@ -195,13 +196,13 @@ async fn revoking_a_key_revokes_the_tokens_it_minted() {
     assert!(
         matches!(
             admin.get_token(&minted.id).await,
-            Err(ClientError::NotFound { .. })
+            Err(Error::ApiNotFound { .. })
         ),
         "a token minted by a revoked key is still alive"
     );
     assert!(matches!(
         admin.renew_token(&minted.id, &RenewToken::default()).await,
-        Err(ClientError::NotFound { .. })
+        Err(Error::ApiNotFound { .. })
     ));
     assert!(admin.get_token(&other.id).await.is_ok());
     edge.stop().await;
@@ -253,7 +254,7 @@ async fn account_quotas_answer_403_quota_exceeded() {
     let edge = TestEdge::start(config).await;
     let client = edge.client(&edge.key("default", &[Scope::Full]));
     let other = edge.client(&edge.key("other", &[Scope::Full]));
-    fn quota<T: std::fmt::Debug>(r: Result<T, ClientError>) {
+    fn quota<T: std::fmt::Debug>(r: Result<T, Error>) {
         let e = r.unwrap_err();
         assert_eq!(e.code(), Some("quota_exceeded"), "{e:?}");
     }

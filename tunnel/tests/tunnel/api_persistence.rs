@@ -5,10 +5,8 @@ use crate::api_support;
 
 use api_support::{TestEdge, config};
 use clap::Parser;
-use tuna_tunnel::api::{
-    Bindings, ClientError, CreateDomain, CreateTcpEndpoint, CreateToken, Scope, Secret,
-};
-use tuna_tunnel::control::ControlError;
+use tuna_tunnel::Error;
+use tuna_tunnel::api::{Bindings, CreateDomain, CreateTcpEndpoint, CreateToken, Scope, Secret};
 use tuna_tunnel::control::cli::{KeysArgs, run};
 use tuna_tunnel::edge::authority::SessionAuthority;
 use tuna_tunnel::wire::{Binding, BoundTarget, TunnelToken};
@@ -80,7 +78,7 @@ async fn restart_keeps_keys_reservations_and_tokens() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(again, ClientError::AlreadyExists { .. }));
+    assert!(matches!(again, Error::ApiAlreadyExists { .. }));
     edge.stop().await;
 }
 
@@ -95,7 +93,7 @@ enum Command {
     Keys(KeysArgs),
 }
 
-fn keys(args: &[&str]) -> Result<(String, String), ControlError> {
+fn keys(args: &[&str]) -> Result<(String, String), Error> {
     let Cli {
         command: Command::Keys(keys),
     } = Cli::try_parse_from(
@@ -168,7 +166,7 @@ async fn keys_cli_creates_lists_and_revokes() {
     // While the edge runs, the CLI refuses to touch its store.
     assert!(matches!(
         keys(&["list", "--data-dir", data_dir]),
-        Err(ControlError::StoreInUse { .. })
+        Err(Error::StoreInUse { .. })
     ));
     let me = edge
         .client(&Secret::new(key.clone()))
@@ -193,13 +191,13 @@ async fn keys_cli_creates_lists_and_revokes() {
     assert!(revoked.contains(&key_id));
     assert!(matches!(
         keys(&["revoke", "--data-dir", data_dir, &key_id]),
-        Err(ControlError::NotFound(_))
+        Err(Error::NotFound(_))
     ));
 
     let edge = TestEdge::start(config(dir.path())).await;
     let refused = edge.client(&Secret::new(key)).whoami().await.unwrap_err();
     assert!(
-        matches!(refused, ClientError::Unauthorized { .. }),
+        matches!(refused, Error::ApiUnauthorized { .. }),
         "{refused:?}"
     );
     edge.stop().await;

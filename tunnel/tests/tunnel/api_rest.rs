@@ -9,9 +9,10 @@ use std::time::Duration;
 use api_support::{TestEdge, config};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use tuna_tunnel::Error;
 use tuna_tunnel::api::{
-    Bindings, ClientError, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, Domain,
-    DomainKind, DomainStatus, RenewToken, Scope, TcpEndpoint, Timestamp,
+    Bindings, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, Domain, DomainKind,
+    DomainStatus, RenewToken, Scope, TcpEndpoint, Timestamp,
 };
 use tuna_tunnel::control::{ROUTES, RateLimit};
 
@@ -36,7 +37,7 @@ fn tcp(alias: &str, port: Option<u16>) -> CreateTcpEndpoint {
     }
 }
 
-fn code(result: Result<impl std::fmt::Debug, ClientError>) -> String {
+fn code(result: Result<impl std::fmt::Debug, Error>) -> String {
     result
         .expect_err("the call should fail")
         .code()
@@ -65,10 +66,7 @@ async fn domains_lifecycle_and_errors() {
 
     // Same account again: 409 carrying the existing object, ready to adopt.
     let again = ours.create_domain(&subdomain("app")).await.unwrap_err();
-    assert!(
-        matches!(again, ClientError::AlreadyExists { .. }),
-        "{again:?}"
-    );
+    assert!(matches!(again, Error::ApiAlreadyExists { .. }), "{again:?}");
     assert_eq!(again.existing::<Domain>(), Some(app.clone()));
 
     // Another account: 403, and it cannot even see ours.
@@ -208,11 +206,11 @@ async fn tcp_endpoints_lifecycle_and_errors() {
     );
     assert!(matches!(
         ours.ensure_tcp_endpoint(&tcp("db", Some(40001))).await,
-        Err(ClientError::AlreadyExists { .. })
+        Err(Error::ApiAlreadyExists { .. })
     ));
     assert!(matches!(
         ours.ensure_tcp_endpoint(&tcp("other", Some(40002))).await,
-        Err(ClientError::AlreadyExists { .. })
+        Err(Error::ApiAlreadyExists { .. })
     ));
 
     assert_eq!(
@@ -266,7 +264,7 @@ async fn tcp_endpoints_lifecycle_and_errors() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&exhausted, ClientError::Transient { status: Some(503), message } if message.contains("ports_exhausted")),
+        matches!(&exhausted, Error::ApiTransient { status: Some(503), message } if message.contains("ports_exhausted")),
         "{exhausted:?}"
     );
 
@@ -512,10 +510,7 @@ async fn authentication_scopes_and_error_shapes() {
     .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let typed = edge.client(&doomed.1).list_domains().await.unwrap_err();
-    assert!(
-        matches!(typed, ClientError::Unauthorized { .. }),
-        "{typed:?}"
-    );
+    assert!(matches!(typed, Error::ApiUnauthorized { .. }), "{typed:?}");
 
     // 403: missing scope, for each scope-guarded family.
     for (method, path, body) in [
@@ -540,7 +535,7 @@ async fn authentication_scopes_and_error_shapes() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&typed, ClientError::Forbidden { code, .. } if code == "missing_scope"),
+        matches!(&typed, Error::ApiForbidden { code, .. } if code == "missing_scope"),
         "{typed:?}"
     );
     // A connect-only key still reads reservations and mints tokens.
@@ -681,7 +676,7 @@ async fn rate_limit_answers_429_with_retry_after_per_key() {
 
     let typed = edge.client(&key).list_domains().await.unwrap_err();
     match typed {
-        ClientError::RateLimited {
+        Error::ApiRateLimited {
             retry_after: Some(wait),
             ..
         } => assert!(wait >= Duration::from_secs(1)),

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use axum::response::IntoResponse;
 use pg_support::PgServer;
+use tuna_tunnel::Error;
 use tuna_tunnel::api::{Bindings, CreateDomain, CreateTcpEndpoint, CreateToken, Scope};
-use tuna_tunnel::control::{Caller, ControlConfig, ControlError, ControlPlane, StoreUrl};
+use tuna_tunnel::control::{Caller, ControlConfig, ControlPlane, StoreUrl};
 use tuna_tunnel::edge::{Revocation, TokenId};
 
 /// One store and a way to open control planes on it.
@@ -200,7 +201,7 @@ fn racing_creates_have_one_winner_across_replicas(store: Fixture) {
         outcomes
             .iter()
             .filter_map(|o| o.as_ref().err())
-            .all(|e| matches!(e, ControlError::HeldByOtherAccount(_))),
+            .all(|e| matches!(e, Error::HeldByOtherAccount(_))),
         "{outcomes:?}"
     );
 
@@ -225,7 +226,7 @@ fn racing_creates_have_one_winner_across_replicas(store: Fixture) {
     assert_eq!(winner.len(), 1, "{outcomes:?}");
     for outcome in &outcomes {
         if let Err(e) = outcome {
-            let ControlError::AlreadyExists { existing, .. } = e else {
+            let Error::AlreadyExists { existing, .. } = e else {
                 panic!("expected 409, got {e:?}");
             };
             assert_eq!(existing["port"], winner[0].port, "{existing}");
@@ -261,7 +262,7 @@ fn adoption_and_conflicts_hold_across_replicas(store: Fixture) {
         .unwrap();
     // The other replica sees it at once: its commit catches up first.
     match b.create_domain(&caller("acme"), &subdomain("shop")) {
-        Err(ControlError::AlreadyExists { existing, .. }) => {
+        Err(Error::AlreadyExists { existing, .. }) => {
             assert_eq!(existing["name"], created.name);
             assert_eq!(existing["account"], "acme");
         }
@@ -269,7 +270,7 @@ fn adoption_and_conflicts_hold_across_replicas(store: Fixture) {
     }
     assert!(matches!(
         b.create_domain(&caller("rival"), &subdomain("shop")),
-        Err(ControlError::HeldByOtherAccount(_))
+        Err(Error::HeldByOtherAccount(_))
     ));
     let endpoint = b.create_tcp_endpoint(&caller("acme"), &tcp("db")).unwrap();
     // The port is held under another alias: 409, not an adoption.
@@ -281,7 +282,7 @@ fn adoption_and_conflicts_hold_across_replicas(store: Fixture) {
         },
     );
     assert!(
-        matches!(taken, Err(ControlError::AlreadyExists { .. })),
+        matches!(taken, Err(Error::AlreadyExists { .. })),
         "{taken:?}"
     );
     assert!(matches!(
@@ -292,7 +293,7 @@ fn adoption_and_conflicts_hold_across_replicas(store: Fixture) {
                 port: Some(endpoint.port),
             },
         ),
-        Err(ControlError::HeldByOtherAccount(_))
+        Err(Error::HeldByOtherAccount(_))
     ));
     // Deleting on one replica frees the name for another account on the other.
     a.delete_domain(&caller("acme"), "shop.tuna.test").unwrap();
@@ -366,7 +367,7 @@ fn revocations_reach_every_replica(store: Fixture) {
     eprintln!("key revocation reached the other replica in {took:?}");
     assert!(matches!(
         b.authenticate_key(secret.expose()),
-        Err(ControlError::Unauthorized(_))
+        Err(Error::Unauthorized(_))
     ));
 
     // A released TCP endpoint closes its tunnels on the other replica too.
@@ -475,7 +476,7 @@ fn two_replicas_migrate_an_empty_database_at_once() {
         .unwrap();
     assert!(matches!(
         planes[REPLICAS - 1].create_domain(&caller("rival"), &subdomain("one")),
-        Err(ControlError::HeldByOtherAccount(_))
+        Err(Error::HeldByOtherAccount(_))
     ));
 }
 
@@ -494,7 +495,7 @@ fn a_store_down_answers_503_and_loses_nothing() {
         .create_domain(&owner, &subdomain("during"))
         .unwrap_err();
     assert!(
-        matches!(refused, ControlError::StoreUnavailable { .. }),
+        matches!(refused, Error::StoreUnavailable { .. }),
         "{refused:?}"
     );
     let response = refused.into_response();
@@ -534,10 +535,7 @@ fn an_unreachable_store_at_start_is_a_clear_error_without_the_password() {
     assert!(!format!("{config:?}").contains("hunter2"));
     let error = ControlPlane::open(config).unwrap_err();
     let message = error.to_string();
-    assert!(
-        matches!(error, ControlError::StoreUnreachable { .. }),
-        "{error:?}"
-    );
+    assert!(matches!(error, Error::StoreUnreachable { .. }), "{error:?}");
     assert!(
         message.contains(&format!("postgres://edge:***@127.0.0.1:{port}/tuna")),
         "{message}"

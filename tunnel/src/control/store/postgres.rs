@@ -77,7 +77,7 @@
 //! A store that cannot be reached at start is an error naming it (without
 //! its password). While running, a commit that cannot reach it, or that the
 //! server aborts for a transient reason (serialisation failure, shutdown,
-//! too many connections), fails with [`ControlError::StoreUnavailable`]: the
+//! too many connections), fails with [`Error::StoreUnavailable`]: the
 //! API answers `503 store_unavailable` with `Retry-After`, nothing is
 //! acknowledged, and reads keep answering from the mirror. A commit whose
 //! `COMMIT` was sent but not answered may have happened; the next catch-up
@@ -100,7 +100,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, Config, GenericClient, IsolationLevel, NoTls, Row};
 
 use super::{Backend, DomainRecord, KeyRecord, Mirror, State, TcpRecord, TokenRecord, Write};
-use crate::control::error::{ControlError, Result};
+use crate::{Error, Result};
 
 /// How often every replica looks for changes when no notification came.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -221,22 +221,22 @@ impl FromStr for StoreUrl {
 }
 
 impl StoreUrl {
-    /// The connection settings, or a [`ControlError::Config`] that does not
+    /// The connection settings, or a [`Error::ControlConfig`] that does not
     /// quote the text.
     pub(crate) fn config(&self) -> Result<Config> {
         let text = self.0.trim();
         if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
-            return Err(ControlError::Config(
+            return Err(Error::ControlConfig(
                 "--store takes a postgres://USER[:PASSWORD]@HOST:PORT/DB URL".into(),
             ));
         }
         let mut config = Config::from_str(text).map_err(|e| {
-            ControlError::Config(format!(
+            Error::ControlConfig(format!(
                 "the --store URL does not parse ({e}); it is not shown, as it may hold a password"
             ))
         })?;
         if config.get_dbname().is_none() || config.get_user().is_none() {
-            return Err(ControlError::Config(
+            return Err(Error::ControlConfig(
                 "the --store URL must name a user and a database: postgres://USER[:PASSWORD]@HOST:PORT/DB".into(),
             ));
         }
@@ -336,18 +336,17 @@ impl Postgres {
             .thread_name("tuna-store")
             .enable_all()
             .build()
-            .map_err(|source| ControlError::Io {
+            .map_err(|source| Error::File {
                 path: "<the store's runtime>".into(),
                 source,
             })?;
         let (client, seq) = runtime.block_on(async {
-            let mut client =
-                connect(&config)
-                    .await
-                    .map_err(|source| ControlError::StoreUnreachable {
-                        store: name.clone(),
-                        source,
-                    })?;
+            let mut client = connect(&config)
+                .await
+                .map_err(|source| Error::StoreUnreachable {
+                    store: name.clone(),
+                    source,
+                })?;
             migrate(&mut client, &name).await?;
             let tx = client
                 .build_transaction()
@@ -359,7 +358,7 @@ impl Postgres {
             let (state, seq) = load_all(&tx, &name).await?;
             tx.commit().await.map_err(classify(&name, "loading"))?;
             mirror.replace(state);
-            Ok::<_, ControlError>((client, seq))
+            Ok::<_, Error>((client, seq))
         })?;
         let shared = Arc::new(Shared {
             config,
@@ -405,13 +404,13 @@ impl Backend for Postgres {
         let runtime = self
             .runtime
             .as_ref()
-            .ok_or_else(|| ControlError::Internal("the store is closing".into()))?;
+            .ok_or_else(|| Error::Internal("the store is closing".into()))?;
         runtime.block_on(Arc::clone(&self.shared).sync())
     }
 
     fn sync_async(&self) -> futures::future::BoxFuture<'static, Result<()>> {
         let Some(runtime) = self.runtime.as_ref() else {
-            return Box::pin(std::future::ready(Err(ControlError::Internal(
+            return Box::pin(std::future::ready(Err(Error::Internal(
                 "the store is closing".into(),
             ))));
         };
@@ -419,7 +418,7 @@ impl Backend for Postgres {
         let task = runtime.spawn(Arc::clone(&self.shared).sync());
         Box::pin(async move {
             task.await
-                .map_err(|e| ControlError::Internal(format!("catching up did not finish: {e}")))?
+                .map_err(|e| Error::Internal(format!("catching up did not finish: {e}")))?
         })
     }
 
@@ -432,7 +431,7 @@ impl Backend for Postgres {
         let runtime = self
             .runtime
             .as_ref()
-            .ok_or_else(|| ControlError::Internal("the store is closing".into()))?;
+            .ok_or_else(|| Error::Internal("the store is closing".into()))?;
         runtime.block_on(async {
             match tokio::time::timeout(OPERATION_TIMEOUT, self.shared.commit(decide)).await {
                 Ok(result) => result,
@@ -537,14 +536,14 @@ impl Shared {
                 .await
                 .map_err(classify(&self.name, "reading the head"))?
                 .get(0);
-            Ok::<_, ControlError>(head != known)
+            Ok::<_, Error>(head != known)
         };
         let check = async {
             let moved = check.await?;
             if !moved {
                 self.fresh(began);
             }
-            Ok::<_, ControlError>(moved)
+            Ok::<_, Error>(moved)
         };
         match tokio::time::timeout(OPERATION_TIMEOUT, async {
             if check.await? {
@@ -561,9 +560,9 @@ impl Shared {
 
     /// After an operation timed out: drops the connection (the next
     /// operation reconnects) and says so.
-    async fn timed_out(&self, context: &'static str) -> ControlError {
+    async fn timed_out(&self, context: &'static str) -> Error {
         self.writer.lock().await.client = None;
-        ControlError::StoreTimedOut {
+        Error::StoreTimedOut {
             store: self.name.clone(),
             context,
             after: OPERATION_TIMEOUT,
@@ -920,7 +919,7 @@ async fn load_all(client: &impl GenericClient, name: &str) -> Result<(State, i64
     }
     for row in tcp {
         let alias: String = row.get(0);
-        let port = u16::try_from(row.get::<_, i32>(1)).map_err(|_| ControlError::CorruptRow {
+        let port = u16::try_from(row.get::<_, i32>(1)).map_err(|_| Error::CorruptRow {
             table: "tcp_endpoints",
             key: alias.clone(),
             message: "port out of range".into(),
@@ -968,7 +967,7 @@ fn decode<T: serde::de::DeserializeOwned>(
     table: &'static str,
     key: &dyn fmt::Display,
 ) -> Result<T> {
-    serde_json::from_value(value).map_err(|e| ControlError::CorruptRow {
+    serde_json::from_value(value).map_err(|e| Error::CorruptRow {
         table,
         key: key.to_string(),
         message: e.to_string(),
@@ -1056,7 +1055,7 @@ async fn migrate(client: &mut Client, name: &str) -> Result<()> {
 fn classify<'n>(
     name: &'n str,
     context: &'static str,
-) -> impl Fn(tokio_postgres::Error) -> ControlError + 'n {
+) -> impl Fn(tokio_postgres::Error) -> Error + 'n {
     move |source| {
         let transient = match source.code() {
             // No server answer at all: the connection failed or closed.
@@ -1071,13 +1070,13 @@ fn classify<'n>(
             }
         };
         if transient {
-            ControlError::StoreUnavailable {
+            Error::StoreUnavailable {
                 store: name.to_owned(),
                 context,
                 source,
             }
         } else {
-            ControlError::Database {
+            Error::Database {
                 store: name.to_owned(),
                 context,
                 source,

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use super::{
     Backend, DomainRecord, KeyRecord, Mirror, STORE_FILE, State, TcpRecord, TokenRecord, Write,
 };
-use crate::control::error::{ControlError, Result};
+use crate::{Error, Result};
 
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_keys");
 const DOMAINS: TableDefinition<&str, &[u8]> = TableDefinition::new("domains");
@@ -39,16 +39,14 @@ pub(crate) struct Redb {
 impl Redb {
     /// Opens (or creates) `<data_dir>/control.redb` and loads it into `mirror`.
     pub(crate) fn open(data_dir: &Path, mirror: &Mirror) -> Result<Self> {
-        std::fs::create_dir_all(data_dir).map_err(|source| ControlError::Io {
+        std::fs::create_dir_all(data_dir).map_err(|source| Error::File {
             path: data_dir.to_owned(),
             source,
         })?;
         let path = data_dir.join(STORE_FILE);
         let db = Database::create(&path).map_err(|e| match e {
-            ::redb::DatabaseError::DatabaseAlreadyOpen => {
-                ControlError::StoreInUse { path: path.clone() }
-            }
-            other => ControlError::storage(&path, "opening")(other.into()),
+            ::redb::DatabaseError::DatabaseAlreadyOpen => Error::StoreInUse { path: path.clone() },
+            other => Error::storage(&path, "opening")(other.into()),
         })?;
         Self::with_database(path, db, mirror)
     }
@@ -62,7 +60,7 @@ impl Redb {
         let path = PathBuf::from("<backend>");
         let db = Database::builder()
             .create_with_backend(backend)
-            .map_err(|e| ControlError::storage(&path, "opening")(e.into()))?;
+            .map_err(|e| Error::storage(&path, "opening")(e.into()))?;
         Self::with_database(path, db, mirror)
     }
 
@@ -70,17 +68,17 @@ impl Redb {
         // Create the tables so that first reads find them.
         let txn = db
             .begin_write()
-            .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
+            .map_err(|e| Error::storage(&path, "creating tables")(e.into()))?;
         for table in [KEYS, DOMAINS, TCP_ENDPOINTS, TOKENS, CLAIMS] {
             txn.open_table(table)
-                .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
+                .map_err(|e| Error::storage(&path, "creating tables")(e.into()))?;
         }
         txn.commit()
-            .map_err(|e| ControlError::storage(&path, "creating tables")(e.into()))?;
+            .map_err(|e| Error::storage(&path, "creating tables")(e.into()))?;
 
         let read = db
             .begin_read()
-            .map_err(|e| ControlError::storage(&path, "loading")(e.into()))?;
+            .map_err(|e| Error::storage(&path, "loading")(e.into()))?;
         let state = State {
             keys: load(&path, &read, KEYS, "api_keys", |r: &KeyRecord| r.id.clone())?,
             domains: load(&path, &read, DOMAINS, "domains", |r: &DomainRecord| {
@@ -141,9 +139,9 @@ impl Backend for Redb {
         let txn = self
             .db
             .begin_write()
-            .map_err(|e| ControlError::storage(path, "beginning a write")(e.into()))?;
+            .map_err(|e| Error::storage(path, "beginning a write")(e.into()))?;
         {
-            let fail = |e: ::redb::Error| ControlError::storage(path, "writing")(e);
+            let fail = |e: ::redb::Error| Error::storage(path, "writing")(e);
             let mut keys = txn.open_table(KEYS).map_err(|e| fail(e.into()))?;
             let mut domains = txn.open_table(DOMAINS).map_err(|e| fail(e.into()))?;
             let mut tcp = txn.open_table(TCP_ENDPOINTS).map_err(|e| fail(e.into()))?;
@@ -174,7 +172,7 @@ impl Backend for Redb {
             }
         }
         txn.commit()
-            .map_err(|e| ControlError::storage(path, "committing")(e.into()))?;
+            .map_err(|e| Error::storage(path, "committing")(e.into()))?;
         mirror.apply(writes);
         Ok(())
     }
@@ -197,19 +195,18 @@ fn load<T: DeserializeOwned>(
     table_name: &'static str,
     key_of: impl Fn(&T) -> String,
 ) -> Result<BTreeMap<String, T>> {
-    let fail = |e: ::redb::Error| ControlError::storage(path, "loading")(e);
+    let fail = |e: ::redb::Error| Error::storage(path, "loading")(e);
     let table = read.open_table(table).map_err(|e| fail(e.into()))?;
     let mut out = BTreeMap::new();
     for entry in table.iter().map_err(|e| fail(e.into()))? {
         let (key, value) = entry.map_err(|e| fail(e.into()))?;
-        let record: T = serde_json::from_slice(value.value()).map_err(|source| {
-            ControlError::CorruptRecord {
+        let record: T =
+            serde_json::from_slice(value.value()).map_err(|source| Error::CorruptRecord {
                 path: path.to_owned(),
                 table: table_name,
                 key: key.value().to_owned(),
                 source,
-            }
-        })?;
+            })?;
         out.insert(key_of(&record), record);
     }
     Ok(out)
