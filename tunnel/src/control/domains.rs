@@ -2,7 +2,7 @@
 //! domains (usable once their DNS records are verified).
 
 use super::dns::challenge_record_name;
-use super::store::{DomainRecord, State, Write};
+use super::store::{DomainRecord, Write};
 use super::{Caller, ControlPlane, names, secrets};
 use crate::api::{CreateDomain, DnsRecord, Domain, DomainKind, DomainStatus, Scope, Timestamp};
 use crate::edge::authority::Revocation;
@@ -109,7 +109,7 @@ impl ControlPlane {
             let write = match kind {
                 DomainKind::Subdomain => {
                     check_quota(
-                        held_count(state, &caller.account),
+                        state.domains_held(&caller.account),
                         quotas.domains,
                         "domains",
                         "--quota-domains",
@@ -117,13 +117,8 @@ impl ControlPlane {
                     Write::PutDomain(record.clone())
                 }
                 DomainKind::Custom => {
-                    let pending = state
-                        .claims
-                        .values()
-                        .filter(|c| c.account == caller.account)
-                        .count();
                     check_quota(
-                        pending,
+                        state.claims_pending(&caller.account),
                         quotas.pending_domains,
                         "unverified custom domains",
                         "--quota-pending-domains",
@@ -305,30 +300,19 @@ impl ControlPlane {
                 )));
             }
             check_quota(
-                held_count(state, &caller.account),
+                state.domains_held(&caller.account),
                 quotas.domains,
                 "domains",
                 "--quota-domains",
             )?;
             let mut writes: Vec<Write> = state
-                .claims
-                .keys()
-                .filter(|(name, _)| *name == record.name)
-                .map(|(name, account)| Write::DeleteClaim(name.clone(), account.clone()))
+                .claims_of(&record.name)
+                .map(|c| Write::DeleteClaim(c.name.clone(), c.account.clone()))
                 .collect();
             writes.push(Write::PutDomain(updated));
             Ok((view, writes))
         })
     }
-}
-
-/// Reserved domains (subdomains and verified custom domains) of `account`.
-fn held_count(state: &State, account: &str) -> usize {
-    state
-        .domains
-        .values()
-        .filter(|d| d.account == account)
-        .count()
 }
 
 /// `Err(quota_exceeded)` when `count` objects already use up `quota`.

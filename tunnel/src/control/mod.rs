@@ -348,9 +348,7 @@ async fn expiry_watcher(shared: Weak<Shared>) {
         let expired: Vec<String> = shared
             .store
             .read()
-            .tokens
-            .values()
-            .filter(|t| t.expires_at <= now)
+            .tokens_expired_by(now)
             .map(|t| t.id.clone())
             .collect();
         {
@@ -364,12 +362,15 @@ async fn expiry_watcher(shared: Weak<Shared>) {
                 }
             }
         }
-        let stale = move |t: &store::TokenRecord| t.expires_at + PURGE_AFTER_SECS <= now;
+        // Tokens expired this long ago, and claims made this long ago.
+        let stale = now.saturating_sub(PURGE_AFTER_SECS);
         let claim_ttl = i64::try_from(shared.pending_domain_ttl.as_secs()).unwrap_or(i64::MAX);
-        let lapsed = move |c: &store::DomainRecord| c.created_at.saturating_add(claim_ttl) <= now;
+        let lapsed = now.saturating_sub(claim_ttl);
         {
             let state = shared.store.read();
-            if !state.tokens.values().any(stale) && !state.claims.values().any(lapsed) {
+            if state.tokens_expired_by(stale).next().is_none()
+                && state.claims_made_by(lapsed).next().is_none()
+            {
                 continue;
             }
         }
@@ -378,15 +379,11 @@ async fn expiry_watcher(shared: Weak<Shared>) {
         let purge = tokio::task::spawn_blocking(move || {
             purging.store.commit(|state| {
                 let tokens = state
-                    .tokens
-                    .values()
-                    .filter(|t| stale(t))
+                    .tokens_expired_by(stale)
                     .map(|t| store::Write::DeleteToken(t.id.clone()));
                 // Unverified custom domains do not squat a name forever.
                 let claims = state
-                    .claims
-                    .values()
-                    .filter(|c| lapsed(c))
+                    .claims_made_by(lapsed)
                     .map(|c| store::Write::DeleteClaim(c.name.clone(), c.account.clone()));
                 Ok(((), tokens.chain(claims).collect()))
             })

@@ -24,7 +24,7 @@
 mod postgres;
 mod redb;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 
@@ -121,7 +121,10 @@ pub struct TokenRecord {
     pub minted_by: Option<String>,
 }
 
-/// Everything the store holds, as it is in memory.
+/// Everything the store holds, as it is in memory. Change it through
+/// [`Write`]s only (the mirror keeps an index of it, see [`State::live_tokens`]
+/// and its neighbours); a `State` built field by field is indexed when it
+/// replaces the mirror's.
 #[derive(Clone, Debug, Default)]
 pub struct State {
     /// By key id.
@@ -134,12 +137,201 @@ pub struct State {
     pub tcp: BTreeMap<String, TcpRecord>,
     /// By token id.
     pub tokens: BTreeMap<String, TokenRecord>,
+    /// What the quota checks, the port allocator and the expiry sweep look
+    /// up, kept by [`State::apply`]: each would otherwise scan every record
+    /// per call, which made minting N tokens O(N²).
+    index: Index,
+}
+
+/// Counts and reverse lookups of a [`State`], always equal to what a scan of
+/// its maps would give (`the_index_agrees_with_a_scan_after_every_write`).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Index {
+    /// Per account.
+    accounts: HashMap<String, Held>,
+    /// Reserved TCP ports: port → alias.
+    ports: BTreeMap<u16, String>,
+    /// Every token as (expires_at, id).
+    token_expiry: BTreeSet<(i64, String)>,
+    /// Every pending claim as (created_at, name, account).
+    claim_age: BTreeSet<(i64, String, String)>,
+}
+
+/// What one account holds.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Held {
+    /// Its tokens: expires_at → how many.
+    token_expiry: BTreeMap<i64, usize>,
+    domains: usize,
+    claims: usize,
+    tcp: usize,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.token_expiry.is_empty() && self.domains == 0 && self.claims == 0 && self.tcp == 0
+    }
+}
+
+/// Which of an account's counts a record is in.
+#[derive(Clone, Copy)]
+enum Counted {
+    Domain,
+    Claim,
+    Tcp,
+}
+
+impl Index {
+    fn of(state: &State) -> Self {
+        let mut index = Self::default();
+        for d in state.domains.values() {
+            index.count(&d.account, Counted::Domain, 1);
+        }
+        for c in state.claims.values() {
+            index.add_claim(c);
+        }
+        for t in state.tcp.values() {
+            index.add_tcp(t);
+        }
+        for t in state.tokens.values() {
+            index.add_token(t);
+        }
+        index
+    }
+
+    fn held(&mut self, account: &str) -> &mut Held {
+        if !self.accounts.contains_key(account) {
+            self.accounts.insert(account.to_owned(), Held::default());
+        }
+        self.accounts.get_mut(account).expect("inserted above")
+    }
+
+    /// Drops an account's entry once it holds nothing (so that the index
+    /// equals a fresh one of the same state).
+    fn tidy(&mut self, account: &str) {
+        if self.accounts.get(account).is_some_and(Held::is_empty) {
+            self.accounts.remove(account);
+        }
+    }
+
+    fn count(&mut self, account: &str, what: Counted, delta: isize) {
+        let held = self.held(account);
+        let n = match what {
+            Counted::Domain => &mut held.domains,
+            Counted::Claim => &mut held.claims,
+            Counted::Tcp => &mut held.tcp,
+        };
+        *n = n.saturating_add_signed(delta);
+        self.tidy(account);
+    }
+
+    fn add_claim(&mut self, c: &DomainRecord) {
+        self.count(&c.account, Counted::Claim, 1);
+        self.claim_age
+            .insert((c.created_at, c.name.clone(), c.account.clone()));
+    }
+
+    fn remove_claim(&mut self, c: &DomainRecord) {
+        self.count(&c.account, Counted::Claim, -1);
+        self.claim_age
+            .remove(&(c.created_at, c.name.clone(), c.account.clone()));
+    }
+
+    fn add_tcp(&mut self, t: &TcpRecord) {
+        self.count(&t.account, Counted::Tcp, 1);
+        self.ports.insert(t.port, t.alias.clone());
+    }
+
+    fn remove_tcp(&mut self, t: &TcpRecord) {
+        self.count(&t.account, Counted::Tcp, -1);
+        if self.ports.get(&t.port) == Some(&t.alias) {
+            self.ports.remove(&t.port);
+        }
+    }
+
+    fn add_token(&mut self, t: &TokenRecord) {
+        *self
+            .held(&t.account)
+            .token_expiry
+            .entry(t.expires_at)
+            .or_default() += 1;
+        self.token_expiry.insert((t.expires_at, t.id.clone()));
+    }
+
+    fn remove_token(&mut self, t: &TokenRecord) {
+        let held = self.held(&t.account);
+        if let Some(n) = held.token_expiry.get_mut(&t.expires_at) {
+            *n -= 1;
+            if *n == 0 {
+                held.token_expiry.remove(&t.expires_at);
+            }
+        }
+        self.tidy(&t.account);
+        self.token_expiry.remove(&(t.expires_at, t.id.clone()));
+    }
 }
 
 impl State {
     /// The TCP endpoint on `port`, if reserved.
     pub fn tcp_by_port(&self, port: u16) -> Option<&TcpRecord> {
-        self.tcp.values().find(|t| t.port == port)
+        self.index
+            .ports
+            .get(&port)
+            .and_then(|alias| self.tcp.get(alias))
+    }
+
+    /// The reserved TCP ports, in order.
+    pub fn tcp_ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.index.ports.keys().copied()
+    }
+
+    /// How many tokens of `account` expire after `now` (Unix seconds).
+    pub fn live_tokens(&self, account: &str, now: i64) -> usize {
+        self.index.accounts.get(account).map_or(0, |held| {
+            held.token_expiry
+                .range(now.saturating_add(1)..)
+                .map(|(_, n)| n)
+                .sum()
+        })
+    }
+
+    /// The tokens that expired at or before `at` (Unix seconds), soonest first.
+    pub fn tokens_expired_by(&self, at: i64) -> impl Iterator<Item = &TokenRecord> + '_ {
+        self.index
+            .token_expiry
+            .range(..(at.saturating_add(1), String::new()))
+            .filter_map(|(_, id)| self.tokens.get(id))
+    }
+
+    /// The pending claims made at or before `at` (Unix seconds), oldest first.
+    pub fn claims_made_by(&self, at: i64) -> impl Iterator<Item = &DomainRecord> + '_ {
+        self.index
+            .claim_age
+            .range(..(at.saturating_add(1), String::new(), String::new()))
+            .filter_map(|(_, name, account)| self.claims.get(&(name.clone(), account.clone())))
+    }
+
+    /// The pending claims of the host name `name`, one per claiming account.
+    pub fn claims_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a DomainRecord> + 'a {
+        self.claims
+            .range((name.to_owned(), String::new())..)
+            .take_while(move |((n, _), _)| n == name)
+            .map(|(_, c)| c)
+    }
+
+    /// How many domains `account` holds (subdomains and verified custom domains).
+    pub fn domains_held(&self, account: &str) -> usize {
+        self.index.accounts.get(account).map_or(0, |h| h.domains)
+    }
+
+    /// How many custom domains `account` claims and has not verified.
+    pub fn claims_pending(&self, account: &str) -> usize {
+        self.index.accounts.get(account).map_or(0, |h| h.claims)
+    }
+
+    /// How many TCP endpoints `account` holds.
+    pub fn tcp_held(&self, account: &str) -> usize {
+        self.index.accounts.get(account).map_or(0, |h| h.tcp)
     }
 }
 
@@ -225,6 +417,7 @@ impl Mirror {
             let gone = state.deletions_to(&new);
             let released = state.released_tcp(&gone);
             *state = new;
+            state.index = Index::of(&state);
             (gone, released)
         };
         if let (Some(listener), false) = (self.remote.get(), gone.is_empty()) {
@@ -382,8 +575,9 @@ impl Store {
 }
 
 impl State {
-    /// Applies one write.
+    /// Applies one write, to the maps and to their index.
     fn apply(&mut self, write: Write) {
+        let index = &mut self.index;
         match write {
             Write::PutKey(r) => {
                 self.keys.insert(r.id.clone(), r);
@@ -392,28 +586,53 @@ impl State {
                 self.keys.remove(&id);
             }
             Write::PutDomain(r) => {
+                if let Some(old) = self.domains.remove(&r.name) {
+                    index.count(&old.account, Counted::Domain, -1);
+                }
+                index.count(&r.account, Counted::Domain, 1);
                 self.domains.insert(r.name.clone(), r);
             }
             Write::DeleteDomain(name) => {
-                self.domains.remove(&name);
+                if let Some(old) = self.domains.remove(&name) {
+                    index.count(&old.account, Counted::Domain, -1);
+                }
             }
             Write::PutClaim(r) => {
-                self.claims.insert((r.name.clone(), r.account.clone()), r);
+                let key = (r.name.clone(), r.account.clone());
+                if let Some(old) = self.claims.remove(&key) {
+                    index.remove_claim(&old);
+                }
+                index.add_claim(&r);
+                self.claims.insert(key, r);
             }
             Write::DeleteClaim(name, account) => {
-                self.claims.remove(&(name, account));
+                if let Some(old) = self.claims.remove(&(name, account)) {
+                    index.remove_claim(&old);
+                }
             }
             Write::PutTcp(r) => {
+                if let Some(old) = self.tcp.remove(&r.alias) {
+                    index.remove_tcp(&old);
+                }
+                index.add_tcp(&r);
                 self.tcp.insert(r.alias.clone(), r);
             }
             Write::DeleteTcp(alias) => {
-                self.tcp.remove(&alias);
+                if let Some(old) = self.tcp.remove(&alias) {
+                    index.remove_tcp(&old);
+                }
             }
             Write::PutToken(r) => {
+                if let Some(old) = self.tokens.remove(&r.id) {
+                    index.remove_token(&old);
+                }
+                index.add_token(&r);
                 self.tokens.insert(r.id.clone(), r);
             }
             Write::DeleteToken(id) => {
-                self.tokens.remove(&id);
+                if let Some(old) = self.tokens.remove(&id) {
+                    index.remove_token(&old);
+                }
             }
         }
     }
@@ -461,6 +680,152 @@ mod tests {
             scopes: vec![Scope::Full],
             hash: "00".to_owned(),
             created_at: 1,
+        }
+    }
+
+    /// Writes over a few names, accounts, ports and times, so that puts
+    /// replace records (of another account, port or age) and deletes hit.
+    fn write() -> impl proptest::strategy::Strategy<Value = Write> {
+        use proptest::prelude::*;
+        let name = || (0..4u8).prop_map(|n| format!("n{n}"));
+        let account = || (0..3u8).prop_map(|a| format!("a{a}"));
+        let time = || 0..4i64;
+        let domain = (name(), account(), time()).prop_map(|(name, account, t)| DomainRecord {
+            name,
+            kind: DomainKind::Custom,
+            account,
+            challenge: String::new(),
+            created_at: t,
+            verified_at: None,
+            verification_message: None,
+        });
+        prop_oneof![
+            domain.clone().prop_map(Write::PutDomain),
+            name().prop_map(Write::DeleteDomain),
+            domain.prop_map(Write::PutClaim),
+            (name(), account()).prop_map(|(n, a)| Write::DeleteClaim(n, a)),
+            // One port per alias, as the commits keep it.
+            ((0..4u16), account()).prop_map(|(port, account)| Write::PutTcp(TcpRecord {
+                alias: format!("n{port}"),
+                port,
+                account,
+                created_at: 0,
+            })),
+            name().prop_map(Write::DeleteTcp),
+            (name(), account(), time()).prop_map(|(id, account, expires_at)| Write::PutToken(
+                TokenRecord {
+                    id,
+                    hash: String::new(),
+                    account,
+                    labels: BTreeMap::new(),
+                    bindings: Bindings::default(),
+                    created_at: 0,
+                    expires_at,
+                    minted_by: None,
+                }
+            )),
+            name().prop_map(Write::DeleteToken),
+        ]
+    }
+
+    /// What the index answers for one account at one time: live tokens,
+    /// domains, claims, TCP endpoints; tokens expired and claims made by then.
+    #[derive(Debug, PartialEq)]
+    struct Answers(
+        usize,
+        usize,
+        usize,
+        usize,
+        Vec<String>,
+        Vec<(String, String)>,
+    );
+
+    /// What the index answers, computed by a scan of the maps.
+    fn scanned(state: &State, account: &str, at: i64) -> Answers {
+        Answers(
+            state
+                .tokens
+                .values()
+                .filter(|t| t.account == account && t.expires_at > at)
+                .count(),
+            state
+                .domains
+                .values()
+                .filter(|d| d.account == account)
+                .count(),
+            state
+                .claims
+                .values()
+                .filter(|c| c.account == account)
+                .count(),
+            state.tcp.values().filter(|t| t.account == account).count(),
+            state
+                .tokens
+                .values()
+                .filter(|t| t.expires_at <= at)
+                .map(|t| t.id.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            state
+                .claims
+                .values()
+                .filter(|c| c.created_at <= at)
+                .map(|c| (c.name.clone(), c.account.clone()))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        )
+    }
+
+    fn indexed(state: &State, account: &str, at: i64) -> Answers {
+        Answers(
+            state.live_tokens(account, at),
+            state.domains_held(account),
+            state.claims_pending(account),
+            state.tcp_held(account),
+            state
+                .tokens_expired_by(at)
+                .map(|t| t.id.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+            state
+                .claims_made_by(at)
+                .map(|c| (c.name.clone(), c.account.clone()))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        )
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_index_agrees_with_a_scan_after_every_write(
+            writes in proptest::collection::vec(write(), 1..60)
+        ) {
+            let mut state = State::default();
+            for write in writes {
+                state.apply(write);
+                for port in 0..4u16 {
+                    let scan = state.tcp.values().find(|t| t.port == port);
+                    proptest::prop_assert_eq!(state.tcp_by_port(port), scan);
+                }
+                let ports: Vec<u16> = state.tcp.values().map(|t| t.port).collect::<BTreeSet<_>>().into_iter().collect();
+                proptest::prop_assert_eq!(state.tcp_ports().collect::<Vec<_>>(), ports);
+                for account in ["a0", "a1", "a2"] {
+                    for at in -1..5 {
+                        proptest::prop_assert_eq!(indexed(&state, account, at), scanned(&state, account, at));
+                    }
+                }
+                for name in ["n0", "n1", "n2", "n3"] {
+                    let of: Vec<_> = state.claims_of(name).map(|c| c.account.clone()).collect();
+                    let scan: Vec<_> = state.claims.keys().filter(|(n, _)| n == name).map(|(_, a)| a.clone()).collect();
+                    proptest::prop_assert_eq!(of, scan);
+                }
+                // And the index kept write by write equals one built afresh.
+                proptest::prop_assert_eq!(&state.index, &Index::of(&state));
+            }
         }
     }
 

@@ -54,13 +54,8 @@ impl ControlPlane {
                     &format!("the TCP endpoint alias {alias:?}"),
                 ));
             }
-            let held = state
-                .tcp
-                .values()
-                .filter(|t| t.account == caller.account)
-                .count();
             super::domains::check_quota(
-                held,
+                state.tcp_held(&caller.account),
                 self.shared.quotas.tcp_endpoints,
                 "TCP endpoints",
                 "--quota-tcp-endpoints",
@@ -97,18 +92,25 @@ impl ControlPlane {
         })
     }
 
+    /// The lowest port of the range that no endpoint holds.
     fn free_port(&self, state: &State) -> Result<u16> {
-        let taken: std::collections::HashSet<u16> = state.tcp.values().map(|t| t.port).collect();
-        self.tcp_port_range()
-            .find(|p| !taken.contains(p))
-            .ok_or_else(|| {
-                let range = self.tcp_port_range();
-                Error::PortsExhausted(format!(
-                    "every port of the range {}-{} is reserved; delete unused TCP endpoints",
-                    range.start(),
-                    range.end()
-                ))
-            })
+        let range = self.tcp_port_range();
+        let mut candidate = Some(*range.start());
+        // The reserved ports in order: the first gap is the answer.
+        for taken in state.tcp_ports().skip_while(|p| p < range.start()) {
+            match candidate {
+                Some(c) if c == taken => candidate = c.checked_add(1),
+                _ => break,
+            }
+        }
+        candidate.filter(|p| range.contains(p)).ok_or_else(|| {
+            let range = self.tcp_port_range();
+            Error::PortsExhausted(format!(
+                "every port of the range {}-{} is reserved; delete unused TCP endpoints",
+                range.start(),
+                range.end()
+            ))
+        })
     }
 
     /// The caller's TCP endpoints, sorted by alias.

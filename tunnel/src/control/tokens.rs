@@ -142,13 +142,8 @@ impl ControlPlane {
         };
         let live = now.unix_seconds();
         self.store().commit(|state| {
-            let held = state
-                .tokens
-                .values()
-                .filter(|t| t.account == caller.account && t.expires_at > live)
-                .count();
             super::domains::check_quota(
-                held,
+                state.live_tokens(&caller.account, live),
                 self.shared.quotas.tokens,
                 "live tunnel tokens",
                 "--quota-tokens",

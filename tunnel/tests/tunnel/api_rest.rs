@@ -186,6 +186,12 @@ async fn tcp_endpoints_lifecycle_and_errors() {
         .await
         .unwrap();
     assert_eq!(cache.port, 40002);
+    // Allocation takes the lowest free port: the gap first, then past the taken one.
+    let mid = ours.create_tcp_endpoint(&tcp("mid", None)).await.unwrap();
+    let top = ours.create_tcp_endpoint(&tcp("top", None)).await.unwrap();
+    assert_eq!((mid.port, top.port), (40001, 40003));
+    ours.delete_tcp_endpoint("mid").await.unwrap();
+    ours.delete_tcp_endpoint("top").await.unwrap();
 
     // The port is taken by our own alias: 409 with that endpoint.
     let port_taken = ours
@@ -256,8 +262,9 @@ async fn tcp_endpoints_lifecycle_and_errors() {
     assert_eq!(code(ours.delete_tcp_endpoint("cache").await), "not_found");
 
     // Fill the range (4 ports, db holds one): the next allocation is refused with 503.
-    for alias in ["e1", "e2", "e3"] {
-        ours.create_tcp_endpoint(&tcp(alias, None)).await.unwrap();
+    for (alias, port) in [("e1", 40001), ("e2", 40002), ("e3", 40003)] {
+        let created = ours.create_tcp_endpoint(&tcp(alias, None)).await.unwrap();
+        assert_eq!(created.port, port, "{alias}");
     }
     let exhausted = ours
         .create_tcp_endpoint(&tcp("e4", None))

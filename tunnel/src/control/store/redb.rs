@@ -98,6 +98,8 @@ impl Redb {
                 .into_values()
                 .map(|r| ((r.name.clone(), r.account.clone()), r))
                 .collect(),
+            // Built by the mirror when the state replaces its own.
+            ..State::default()
         };
         drop(read);
         mirror.replace(state);
