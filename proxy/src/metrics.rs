@@ -15,6 +15,10 @@ const LATENCY_BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// The configured hosts' counters by canonical host, sorted for `/metrics`:
+/// a persistent map, so that a snapshot shares it with the route registry.
+pub(crate) type HostStatsMap = imbl::OrdMap<Arc<str>, Arc<HostStats>>;
+
 /// Requests of one host, by status class (1xx … 5xx).
 #[derive(Debug, Default)]
 pub(crate) struct HostStats {
@@ -177,7 +181,7 @@ impl Metrics {
 
     /// Renders the Prometheus text format. `hosts` are the per-host counters
     /// of the current configuration.
-    pub(crate) fn render(&self, hosts: &crate::routes::HostStatsMap) -> String {
+    pub(crate) fn render(&self, hosts: &HostStatsMap) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str(
             "# HELP tuna_proxy_http_requests_total HTTP requests answered, by host and status class.\n\

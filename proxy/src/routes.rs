@@ -10,7 +10,7 @@ use tuna_routing::{BuildIssue, HostTable, RouteSpec, RouteTable};
 
 use crate::config::ProxyConfig;
 use crate::error::{Error, Result};
-use crate::metrics::HostStats;
+use crate::metrics::{HostStats, HostStatsMap};
 
 /// One path rule of a host: requests for `host` whose path matches go to
 /// `backend`, an [`HttpBackend`]. The route type of the whole workspace
@@ -179,10 +179,6 @@ impl CompiledBackend {
 }
 
 pub(crate) type Table = RouteTable<Arc<CompiledBackend>>;
-
-/// The configured hosts' counters by canonical host, sorted for `/metrics`:
-/// a persistent map, so that a snapshot shares it with the registry.
-pub(crate) type HostStatsMap = imbl::OrdMap<Arc<str>, Arc<HostStats>>;
 
 /// What the request path reads: replaced whole, never mutated.
 #[derive(Debug, Default)]
