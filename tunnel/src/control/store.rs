@@ -280,11 +280,6 @@ impl State {
             .and_then(|alias| self.tcp.get(alias))
     }
 
-    /// The reserved TCP ports, in order.
-    pub fn tcp_ports(&self) -> impl Iterator<Item = u16> + '_ {
-        self.index.ports.keys().copied()
-    }
-
     /// How many tokens of `account` expire after `now` (Unix seconds).
     pub fn live_tokens(&self, account: &str, now: i64) -> usize {
         self.index.accounts.get(account).map_or(0, |held| {
@@ -811,8 +806,6 @@ mod tests {
                     let scan = state.tcp.values().find(|t| t.port == port);
                     proptest::prop_assert_eq!(state.tcp_by_port(port), scan);
                 }
-                let ports: Vec<u16> = state.tcp.values().map(|t| t.port).collect::<BTreeSet<_>>().into_iter().collect();
-                proptest::prop_assert_eq!(state.tcp_ports().collect::<Vec<_>>(), ports);
                 for account in ["a0", "a1", "a2"] {
                     for at in -1..5 {
                         proptest::prop_assert_eq!(indexed(&state, account, at), scanned(&state, account, at));

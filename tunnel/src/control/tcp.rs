@@ -95,22 +95,16 @@ impl ControlPlane {
     /// The lowest port of the range that no endpoint holds.
     fn free_port(&self, state: &State) -> Result<u16> {
         let range = self.tcp_port_range();
-        let mut candidate = Some(*range.start());
-        // The reserved ports in order: the first gap is the answer.
-        for taken in state.tcp_ports().skip_while(|p| p < range.start()) {
-            match candidate {
-                Some(c) if c == taken => candidate = c.checked_add(1),
-                _ => break,
-            }
-        }
-        candidate.filter(|p| range.contains(p)).ok_or_else(|| {
-            let range = self.tcp_port_range();
-            Error::PortsExhausted(format!(
-                "every port of the range {}-{} is reserved; delete unused TCP endpoints",
-                range.start(),
-                range.end()
-            ))
-        })
+        range
+            .clone()
+            .find(|p| state.tcp_by_port(*p).is_none())
+            .ok_or_else(|| {
+                Error::PortsExhausted(format!(
+                    "every port of the range {}-{} is reserved; delete unused TCP endpoints",
+                    range.start(),
+                    range.end()
+                ))
+            })
     }
 
     /// The caller's TCP endpoints, sorted by alias.
