@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Installs what building and testing tuna-operator needs on a fresh Debian machine.
 # Idempotent: does nothing when everything is already there.
-# `scripts/setup.sh --fuzz` also installs cargo-fuzz (for scripts/fuzz.sh).
+# `scripts/setup.sh --fuzz` also installs cargo-fuzz (for scripts/fuzz.sh);
+# `scripts/setup.sh --k8s MINOR` builds that Kubernetes control plane (default
+# 1.37) for the cluster suites.
 set -euo pipefail
+k8s=1.37 fuzz=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --fuzz) fuzz=1; shift ;;
+    --k8s) k8s=${2:?--k8s needs a minor version}; shift 2 ;;
+    *) echo "setup.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 
 need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)          # pingora's zlib-ng build
@@ -32,12 +42,17 @@ fi
 # failed on a fresh machine without them (android_system_properties).
 cargo fetch --locked --quiet --manifest-path "$(dirname "$0")/../Cargo.toml"
 
-# The Kubernetes API emulator's suite drives the real kubectl (v1.32 is on the
-# development machines). Debian only ships a far older client, so we don't guess.
+# The cluster suites drive the real kubectl (v1.32 is on the development
+# machines). Debian only ships a far older client, so we don't guess.
 if ! command -v kubectl >/dev/null 2>&1; then
-  echo "setup: kubectl not found. Install kubectl v1.32 (https://kubernetes.io/docs/tasks/tools/)," >&2
-  echo "       the emulator's kubectl tests fail without it." >&2
+  echo "setup: kubectl not found. Install kubectl v1.32 or newer (https://kubernetes.io/docs/tasks/tools/)," >&2
+  echo "       the cluster suites fail without it." >&2
 fi
+
+# The cluster suites run on a real control plane (etcd, kube-apiserver,
+# kube-controller-manager) built from the Go module proxy with the pins of
+# conformance/k8s/ into .tools/k8s/ (a no-op once built).
+"$(dirname "$0")/../conformance/k8s/build.sh" "$k8s"
 
 # The chart's checks (tests/e2e/chart*.rs) run a real Helm 4 and validate the
 # rendered manifests against the Kubernetes 1.32 schemas. Neither is a Debian
@@ -80,7 +95,7 @@ if ! "$tools/venv/bin/kubernetes-validate" --version 2>/dev/null | grep -q "$kv_
   "$tools/venv/bin/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$kv_version"
 fi
 
-if [ "${1:-}" = "--fuzz" ]; then
+if [ -n "$fuzz" ]; then
   if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
     echo "setup: fuzzing needs the nightly toolchain: rustup toolchain install nightly" >&2
     exit 1

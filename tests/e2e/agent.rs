@@ -555,6 +555,7 @@ async fn api_key_secret_refs_connect_only_missing_scope_and_recovery() {
         .iter()
         .filter(|e| {
             e["resource"] == "secrets"
+                && e["user"] == support::ADMIN_USER
                 && !e["user_agent"]
                     .as_str()
                     .unwrap_or("")
@@ -571,12 +572,15 @@ async fn api_key_secret_refs_connect_only_missing_scope_and_recovery() {
 async fn refused_upstreams_and_allow_external_upstreams() {
     let env = Env::start(&[]).await;
     let web = http_backend("web", bind_loopback(8080).await).await;
+    // Another namespace's Service, with a cluster IP of its own (the API
+    // server allocates each at most once).
+    let theirs = http_backend("theirs", bind_loopback(8080).await).await;
     env.cluster.kubectl_ok(&["create", "namespace", "other"]);
     env.cluster.apply(&service("web", web, None));
     env.cluster.apply(&format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: theirs, namespace: other}}\nspec: {{clusterIP: {}, ports: [{{port: {}}}]}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: ext}}\nspec: {{type: ExternalName, externalName: example.com, ports: [{{port: 80}}]}}\n",
-        web.ip(),
-        web.port()
+        theirs.ip(),
+        theirs.port()
     ));
     let cases = [
         (
@@ -743,6 +747,7 @@ async fn orphaned_tokens_are_revoked_at_start_up() {
         .iter()
         .filter(|e| {
             e["resource"] == "services"
+                && e["user"] == support::ADMIN_USER
                 && !e["user_agent"]
                     .as_str()
                     .unwrap_or("")
@@ -949,14 +954,18 @@ async fn classes_account_domains_merging_ownership_and_headless_services() {
     let env = Env::start(&[]).await;
     let web = http_backend("web", bind_loopback(8080).await).await;
     let api = http_backend("api", bind_loopback(8080).await).await;
-    let pods = http_backend("pods", bind_loopback(8080).await).await;
+    // A headless Service's endpoints are pod addresses, which Kubernetes
+    // refuses in the loopback range: its backend is a host of its own.
+    let pod_host = support::NetnsHost::create();
+    let pods = http_backend("pods", pod_host.bind(8080)).await;
     env.cluster.apply(&service("web", web, None));
     env.cluster.apply(&service("api", api, None));
     // A headless Service and its EndpointSlice (one ready endpoint, one not).
     env.cluster.apply(&format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: pods}}\nspec: {{clusterIP: None, ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: pods-1, labels: {{kubernetes.io/service-name: pods}}}}\naddressType: IPv4\nports: [{{name: http, port: {}}}]\nendpoints:\n- addresses: ['{}']\n  conditions: {{ready: true}}\n- addresses: ['127.255.255.254']\n  conditions: {{ready: false}}\n",
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: pods}}\nspec: {{clusterIP: None, ports: [{{name: http, port: 80, targetPort: 8080}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: pods-1, labels: {{kubernetes.io/service-name: pods}}}}\naddressType: IPv4\nports: [{{name: http, port: {}}}]\nendpoints:\n- addresses: ['{}']\n  conditions: {{ready: true}}\n- addresses: ['{}']\n  conditions: {{ready: false}}\n",
         pods.port(),
-        pods.ip()
+        pods.ip(),
+        pod_host.host_ip,
     ));
     env.cluster.kubectl_ok(&["create", "namespace", "other"]);
     // The default class; the account holds `account.example.com` (no Domain).

@@ -1,7 +1,8 @@
-//! Shared support of the end-to-end tests: the real binaries (`kube-emulator`,
-//! `tuna-operator edge`, `controller`, `agent`), the real `kubectl`, and
-//! readiness by signals (the emulator's kubeconfig and listening line, the
-//! edge's addresses file, watches of conditions), never by sleeping.
+//! Shared support of the end-to-end tests: a real Kubernetes control plane
+//! (`scripts/test-cluster.sh`), the real binaries (`tuna-operator edge`,
+//! `controller`, `agent`), the real `kubectl`, and readiness by signals (the
+//! API server's /readyz, the edge's addresses file, watches of conditions),
+//! never by sleeping.
 //!
 //! Every process is killed when its handle is dropped; its output goes to a
 //! log file in the test's temporary directory, printed when a wait fails.
@@ -19,27 +20,12 @@ use kube::runtime::wait::await_condition;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 pub mod connectors;
 
 /// How long any wait of a test may take before it fails (with logs).
 pub const WAIT: Duration = Duration::from_secs(30);
-
-/// Path of a binary of the workspace, built by `cargo test --workspace`.
-pub fn workspace_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    // target/debug/deps/<test> → target/debug/<name>
-    let dir = exe.parent().and_then(Path::parent).expect("target/debug");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test --workspace` (scripts/test.sh) so that it is built",
-        path.display()
-    );
-    path
-}
 
 /// The operator binary of this package.
 pub fn operator_bin() -> PathBuf {
@@ -107,70 +93,110 @@ impl Process {
     }
 }
 
-/// The Kubernetes API: a `kube-emulator` process with the CRDs applied.
+/// The user of the test clusters' admin kubeconfig (a client certificate of
+/// `scripts/test-cluster.sh`, group `system:masters`): what kubectl and the
+/// operator's roles in most suites act as. The control plane's own components
+/// have users of their own.
+pub const ADMIN_USER: &str = "tuna-test-admin";
+
+/// The Kubernetes minor version the cluster suites run on: `TUNA_TEST_K8S`
+/// (`scripts/test.sh --k8s 1.34`), 1.37 by default.
+pub fn k8s_version() -> String {
+    std::env::var("TUNA_TEST_K8S").unwrap_or_else(|_| "1.37".into())
+}
+
+/// The workspace's `scripts/test-cluster.sh`.
+fn test_cluster_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test-cluster.sh")
+}
+
+/// A real control plane (etcd, kube-apiserver, kube-controller-manager of
+/// [`k8s_version`]) started by `scripts/test-cluster.sh`, with the chart's
+/// CRDs applied. One per test: the operator's roles watch the whole cluster,
+/// so two tests' agents in one cluster would both serve every Tunnel.
+///
+/// Dropping it stops every process it started; a watchdog stops them too
+/// when the test binary dies without dropping it.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
-    /// Held for its drop, which kills the emulator.
-    #[allow(dead_code)]
-    pub process: Process,
+    /// The cluster's files (`scripts/test-cluster.sh --dir`).
+    pub cluster_dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub audit_log: PathBuf,
     /// The API server's URL, for a suite that talks to it without kubectl.
     #[allow(dead_code)]
     pub url: String,
+    /// The write end of the watchdog's stdin: closed on drop or exit.
+    watchdog: Option<std::process::ChildStdin>,
 }
 
 impl Cluster {
-    /// Starts the emulator (HTTPS, RBAC enforced for non-admin tokens, audit
+    /// Starts a control plane (HTTPS, RBAC, ServiceAccount admission, audit
     /// log) and applies the chart's CRDs with the real kubectl.
     pub async fn start() -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().expect("temp dir");
-        let kubeconfig = dir.path().join("admin.kubeconfig");
-        let audit_log = dir.path().join("audit.jsonl");
-        let log = dir.path().join("kube-emulator.log");
-        let mut child = Command::new(workspace_bin("kube-emulator"))
-            .args([
-                "--kubeconfig-out".as_ref(),
-                kubeconfig.as_os_str(),
-                "--audit-log".as_ref(),
-                audit_log.as_os_str(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .kill_on_drop(true)
+        let cluster_dir = dir.path().join("cluster");
+        let script = test_cluster_script();
+        let version = k8s_version();
+        let started = {
+            let (script, cluster_dir) = (script.clone(), cluster_dir.clone());
+            tokio::task::spawn_blocking(move || {
+                std::process::Command::new(&script)
+                    .args(["start", "--version", &version, "--dir"])
+                    .arg(&cluster_dir)
+                    .stdin(Stdio::null())
+                    .output()
+                    .expect("scripts/test-cluster.sh runs")
+            })
+            .await
+            .expect("start task")
+        };
+        // The watchdog: `stop` once the pipe closes, whoever closes it. In
+        // a session of its own, so that a ^C to the tests does not kill it first.
+        let watchdog = std::process::Command::new("setsid")
+            .arg("sh")
+            .arg("-c")
+            .arg(r#"cat >/dev/null; exec "$0" stop --dir "$1""#)
+            .arg(&script)
+            .arg(&cluster_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
-            .expect("spawn kube-emulator");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let url = tokio::time::timeout(WAIT, async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(url) = line.strip_prefix("kube-emulator listening on ") {
-                    return url.to_owned();
-                }
-            }
-            panic!(
-                "kube-emulator exited: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        })
-        .await
-        .expect("kube-emulator starts");
-        // Keep draining stdout so the emulator never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            .expect("watchdog")
+            .stdin
+            .take();
+        assert!(
+            started.status.success(),
+            "scripts/test-cluster.sh start failed:\n{}{}",
+            String::from_utf8_lossy(&started.stdout),
+            String::from_utf8_lossy(&started.stderr)
+        );
+        let env = std::fs::read_to_string(cluster_dir.join("cluster.env")).expect("cluster.env");
+        let url = env
+            .lines()
+            .find_map(|l| l.strip_prefix("SERVER="))
+            .expect("SERVER in cluster.env")
+            .to_owned();
         let cluster = Self {
-            process: Process {
-                name: "kube-emulator".into(),
-                child,
-                log,
-            },
+            kubeconfig: cluster_dir.join("kubeconfig"),
+            audit_log: cluster_dir.join("audit.jsonl"),
+            cluster_dir,
             dir,
-            kubeconfig,
-            audit_log,
             url,
+            watchdog,
         };
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/tuna-k8s-operator/crds");
         cluster.kubectl_ok(&["apply", "-f", crds.to_str().unwrap()]);
+        // A CRD serves once it is Established.
+        cluster.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            crds.to_str().unwrap(),
+        ]);
         cluster
     }
 
@@ -241,14 +267,65 @@ impl Cluster {
         Client::try_from(config).expect("kube client")
     }
 
-    /// The audit log so far: one JSON object per request.
+    /// The audit log so far, one entry per answered request, flattened:
+    /// `user`, `groups`, `verb`, `group`, `resource`, `subresource`,
+    /// `namespace`, `name`, `path` (non-resource requests), `code`,
+    /// `user_agent`. A watch is one entry (its `ResponseStarted` stage).
     pub fn audit(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.audit_log)
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|e| flatten_audit_event(&e))
             .collect()
     }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(test_cluster_script())
+            .arg("stop")
+            .arg("--dir")
+            .arg(&self.cluster_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status();
+        drop(self.watchdog.take());
+    }
+}
+
+/// One `audit.k8s.io/v1` Event as [`Cluster::audit`] gives it, or `None` for
+/// a stage that repeats a request (a watch's `ResponseComplete`).
+fn flatten_audit_event(e: &Value) -> Option<Value> {
+    let stage = e["stage"].as_str().unwrap_or("");
+    let watch = e["verb"] == "watch";
+    if (watch && stage != "ResponseStarted") || (!watch && stage != "ResponseComplete") {
+        return None;
+    }
+    let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+    let object = &e["objectRef"];
+    let path = if object.is_null() {
+        text(&e["requestURI"])
+            .split('?')
+            .next()
+            .unwrap_or("")
+            .to_owned()
+    } else {
+        String::new()
+    };
+    Some(serde_json::json!({
+        "user": text(&e["user"]["username"]),
+        "groups": e["user"]["groups"].clone(),
+        "verb": text(&e["verb"]),
+        "group": text(&object["apiGroup"]),
+        "resource": text(&object["resource"]),
+        "subresource": text(&object["subresource"]),
+        "namespace": text(&object["namespace"]),
+        "name": text(&object["name"]),
+        "path": path,
+        "code": e["responseStatus"]["code"].clone(),
+        "user_agent": text(&e["userAgent"]),
+    }))
 }
 
 /// The edge's bound addresses (`--addresses-file`).
@@ -708,15 +785,18 @@ impl DnsServer {
     }
 }
 
-/// A random loopback address other than 127.0.0.1, so that tests in parallel
-/// can each bind the documentation's ports (8080, 5432) as Services' cluster IPs.
+/// A random address of the test clusters' service CIDR (127.16.0.0/12,
+/// `scripts/test-cluster.sh`), other than its first (the `kubernetes`
+/// Service's): tests in parallel each bind the documentation's ports (8080,
+/// 5432) on one and give it to a Service as its cluster IP, which the agent
+/// dials as it dials a ClusterIP in a cluster.
 pub fn loopback_ip() -> std::net::Ipv4Addr {
     use rand::Rng;
     let mut rng = rand::rng();
     std::net::Ipv4Addr::new(
         127,
-        rng.random_range(1..=254),
-        rng.random_range(0..=255),
+        rng.random_range(16..=31),
+        rng.random_range(1..=255),
         rng.random_range(1..=254),
     )
 }
@@ -944,4 +1024,99 @@ pub async fn fault_injecting_proxy(upstream: SocketAddr, failures: usize) -> Soc
         }
     });
     addr
+}
+
+/// A test host in a network namespace of its own, joined to this one by a
+/// veth pair with a /30 of 198.18.0.0/15 (RFC 2544's benchmarking range,
+/// never routed): the only kind of non-loopback address a test may send to.
+/// Where Kubernetes refuses loopback addresses (EndpointSlice endpoints), a
+/// backend listens here. Dropping it deletes the namespace and the pair.
+pub struct NetnsHost {
+    name: String,
+    host_link: String,
+    /// The address of the namespace's side.
+    pub ip: std::net::Ipv4Addr,
+    /// The address of this side (local: nothing of a test's listens there).
+    pub host_ip: std::net::Ipv4Addr,
+}
+
+impl NetnsHost {
+    /// Creates the namespace and its link (`ip netns add`, `ip link`).
+    pub fn create() -> Self {
+        use rand::Rng;
+        let id: u32 = rand::rng().random_range(0..1 << 15);
+        // The /30's base in 198.18.0.0/15: host .1, namespace .2.
+        let base = u32::from(std::net::Ipv4Addr::new(198, 18, 0, 0)) + (id << 2);
+        let (host_ip, ip) = (
+            std::net::Ipv4Addr::from(base + 1),
+            std::net::Ipv4Addr::from(base + 2),
+        );
+        let name = format!("tuna-e2e-{id}");
+        let (host_link, ns_link) = (format!("tvh{id}"), format!("tvn{id}"));
+        let ip_cmd = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .expect("`ip` (iproute2) on PATH");
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        ip_cmd(&["netns", "add", &name]);
+        let host = Self {
+            name: name.clone(),
+            host_link: host_link.clone(),
+            ip,
+            host_ip,
+        };
+        ip_cmd(&[
+            "link", "add", &host_link, "type", "veth", "peer", "name", &ns_link,
+        ]);
+        ip_cmd(&["link", "set", &ns_link, "netns", &name]);
+        ip_cmd(&["addr", "add", &format!("{host_ip}/30"), "dev", &host_link]);
+        ip_cmd(&["link", "set", &host_link, "up"]);
+        let ns_addr = format!("{ip}/30");
+        for args in [
+            ["addr", "add", ns_addr.as_str(), "dev", ns_link.as_str()],
+            ["link", "set", ns_link.as_str(), "up", ""],
+            ["link", "set", "lo", "up", ""],
+        ] {
+            let mut all = vec!["netns", "exec", name.as_str(), "ip"];
+            all.extend(args.into_iter().filter(|a| !a.is_empty()));
+            ip_cmd(&all);
+        }
+        host
+    }
+
+    /// A listener on `port` of the namespace's address: bound by a thread
+    /// that entered the namespace (setns), so the socket lives there.
+    pub fn bind(&self, port: u16) -> tokio::net::TcpListener {
+        use std::os::fd::AsRawFd;
+        let path = format!("/run/netns/{}", self.name);
+        let addr = SocketAddr::from((self.ip, port));
+        let listener = std::thread::spawn(move || {
+            let ns = std::fs::File::open(&path).expect("the namespace's file");
+            // SAFETY: setns on this short-lived thread only; the fd is open.
+            let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            std::net::TcpListener::bind(addr).expect("bind in the namespace")
+        })
+        .join()
+        .expect("binding thread");
+        listener.set_nonblocking(true).unwrap();
+        tokio::net::TcpListener::from_std(listener).expect("tokio listener")
+    }
+}
+
+impl Drop for NetnsHost {
+    fn drop(&mut self) {
+        for args in [
+            ["link", "del", self.host_link.as_str()],
+            ["netns", "del", self.name.as_str()],
+        ] {
+            let _ = std::process::Command::new("ip").args(args).output();
+        }
+    }
 }
