@@ -257,6 +257,16 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Writes to `path` a kubeconfig for this cluster that authenticates
+    /// with `token` (a ServiceAccount's, from TokenRequest) instead of the
+    /// admin's client certificate.
+    pub fn write_token_kubeconfig(&self, path: &Path, token: &str) {
+        let mut kubeconfig: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(&self.kubeconfig).unwrap()).unwrap();
+        kubeconfig["users"][0]["user"] = serde_json::json!({ "token": token.trim() });
+        std::fs::write(path, serde_json::to_string(&kubeconfig).unwrap()).unwrap();
+    }
+
     /// A kube-rs client acting as admin.
     pub async fn client(&self) -> Client {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
