@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scale benchmark of the operator's roles (a script, not a test), against the
-# real binaries on loopback: kube-emulator, tuna-operator edge, controller and
-# agent. See benches/operator_bench.rs for what each scenario measures.
+# real binaries on loopback: a real Kubernetes control plane
+# (scripts/test-cluster.sh; K8S=1.34 for the older one), tuna-operator edge,
+# controller and agent. See benches/operator_bench.rs for what each scenario measures.
 #
 #   benches/operator.sh                 # the figures (takes minutes)
 #   COUNT=200 benches/operator.sh       # a quick run
@@ -16,9 +17,9 @@ CHANGES=${CHANGES:-100}
 
 echo "== building (release)"
 cargo build --release --locked -p tuna-operator --bin tuna-operator --example operator_bench
-cargo build --release --locked -p kube-emulator --bin kube-emulator
+scripts/setup.sh --k8s "${K8S:-1.37}"
 BENCH=$TARGET/release/examples/operator_bench
-RUN=("$BENCH" --emulator "$TARGET/release/kube-emulator" --operator "$TARGET/release/tuna-operator")
+RUN=("$BENCH" --k8s "${K8S:-1.37}" --operator "$TARGET/release/tuna-operator")
 
 echo "== $(date -u +%FT%TZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 "${RUN[@]}" --scenario controller --count "$COUNT"

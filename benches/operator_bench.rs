@@ -1,10 +1,11 @@
-//! Scale benchmark of the operator's roles against the real binaries: a
-//! `kube-emulator`, a `tuna-operator edge`, `controller` and `agent`
+//! Scale benchmark of the operator's roles against the real binaries: a real
+//! Kubernetes control plane (`scripts/test-cluster.sh`: etcd, kube-apiserver,
+//! kube-controller-manager), a `tuna-operator edge`, `controller` and `agent`
 //! processes on loopback. Run by `benches/operator.sh` (release builds); the
 //! figures go to `benches/README.md`.
 //!
 //! ```text
-//! operator_bench --emulator BIN --operator BIN --scenario NAME [--count N] [--changes M]
+//! operator_bench [--k8s MINOR] --operator BIN --scenario NAME [--count N] [--changes M]
 //! ```
 //!
 //! Scenarios:
@@ -35,12 +36,13 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 
 struct Args {
-    emulator: PathBuf,
+    /// The Kubernetes minor version (`scripts/test-cluster.sh --version`).
+    k8s: String,
     operator: PathBuf,
     scenario: String,
     count: usize,
@@ -50,7 +52,7 @@ struct Args {
 fn args() -> Args {
     let mut a = std::env::args().skip(1);
     let mut out = Args {
-        emulator: PathBuf::new(),
+        k8s: "1.37".into(),
         operator: PathBuf::new(),
         scenario: "controller".into(),
         count: 1000,
@@ -59,7 +61,7 @@ fn args() -> Args {
     while let Some(flag) = a.next() {
         let value = a.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
-            "--emulator" => out.emulator = value.into(),
+            "--k8s" => out.k8s = value,
             "--operator" => out.operator = value.into(),
             "--scenario" => out.scenario = value,
             "--count" => out.count = value.parse().expect("--count N"),
@@ -170,9 +172,43 @@ fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
+/// A control plane of `scripts/test-cluster.sh`, stopped on drop.
+struct TestCluster {
+    dir: PathBuf,
+}
+
+impl TestCluster {
+    fn script() -> &'static str {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-cluster.sh")
+    }
+
+    fn start(version: &str, dir: &Path) -> Self {
+        let status = std::process::Command::new(Self::script())
+            .args(["start", "--version", version, "--dir"])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .status()
+            .expect("scripts/test-cluster.sh");
+        assert!(status.success(), "scripts/test-cluster.sh start failed");
+        Self {
+            dir: dir.to_owned(),
+        }
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(Self::script())
+            .arg("stop")
+            .arg("--dir")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
 struct World {
     dir: tempfile::TempDir,
-    _emulator: Child,
+    _cluster: TestCluster,
     client: Client,
     kubeconfig: PathBuf,
     edge: Proc,
@@ -184,21 +220,8 @@ struct World {
 async fn world(args: &Args) -> World {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("admin.kubeconfig");
-    let mut emulator = Command::new(&args.emulator)
-        .args(["--kubeconfig-out".as_ref(), kubeconfig.as_os_str()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("kube-emulator");
-    let mut lines = BufReader::new(emulator.stdout.take().unwrap()).lines();
-    while let Some(line) = lines.next_line().await.unwrap() {
-        if line.starts_with("kube-emulator listening on") {
-            break;
-        }
-    }
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let cluster = TestCluster::start(&args.k8s, &dir.path().join("cluster"));
+    let kubeconfig = dir.path().join("cluster/kubeconfig");
     let status = std::process::Command::new("kubectl")
         .args([
             "apply",
@@ -211,6 +234,20 @@ async fn world(args: &Args) -> World {
         .status()
         .unwrap();
     assert!(status.success());
+    let established = std::process::Command::new("kubectl")
+        .args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "-f",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/charts/tuna-k8s-operator/crds"),
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("HOME", dir.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(established.success());
     let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
     let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
@@ -286,7 +323,7 @@ async fn world(args: &Args) -> World {
     };
     World {
         dir,
-        _emulator: emulator,
+        _cluster: cluster,
         client,
         kubeconfig,
         edge,
@@ -388,8 +425,14 @@ fn object<K: DeserializeOwned>(value: serde_json::Value) -> K {
     serde_json::from_value(value).expect("object")
 }
 
+/// A backend on an address of the cluster's service CIDR (127.16.0.0/12) of
+/// its own, which its Service takes as its cluster IP (each is allocated once).
 async fn http_backend(name: &'static str) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(2);
+    let host = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::new(127, 17, 0, host), 0))
+        .await
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
