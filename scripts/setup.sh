@@ -18,6 +18,11 @@ need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)          # pingora's zlib-ng build
 command -v cc >/dev/null 2>&1 || need_apt+=(build-essential)
 command -v nc >/dev/null 2>&1 || need_apt+=(netcat-openbsd)  # the README's TCP example
+# scripts/test-cluster.sh: the test control plane's PKI and readiness probes;
+# `ip` for the tests' hosts in network namespaces (tests/e2e/support).
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # The edge's PostgreSQL store tests start their own throw-away server with the
 # server binaries (initdb, pg_ctl under `pg_config --bindir`); Debian's
 # `postgresql` package brings them, `libpq-dev` brings pg_config.
