@@ -1,7 +1,7 @@
 //! The chart end to end, as the product documentation tells users to run it:
 //! a real Helm 4 installs it from a chart repository (`helm repo add tuna …`,
 //! `helm install tuna-operator tuna/tuna-k8s-operator … --set
-//! credentials.apiKey=…` plus the edge values) into the API emulator; the real
+//! credentials.apiKey=…` plus the edge values) into a real control plane; the real
 //! `controller` and `agent` processes then run with the arguments and
 //! environment of the *installed* Deployments (`helm get manifest`; env from
 //! the chart's Secret, the edge CA from its ConfigMap) and the tokens of the
