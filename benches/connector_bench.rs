@@ -12,9 +12,10 @@
 //!   `kubectl get pods` receives it — a fixed answer, so that what differs
 //!   between the two paths is the proxy alone;
 //! - the **proxy** is the connectors role's: the proxy core's CONNECT
-//!   listener with the real `KubeAuthorizer` (TokenReview against an
-//!   in-process kube-emulator as the operator's cluster, cached as in
-//!   production) and a target published as the reconciler publishes it;
+//!   listener with the real `KubeAuthorizer` (TokenReview against a real
+//!   control plane as the operator's cluster — `scripts/test-cluster.sh`,
+//!   Kubernetes `TUNA_TEST_K8S` or 1.37 —, cached as in production) and a
+//!   target published as the reconciler publishes it;
 //! - the **client** is reqwest (HTTP/1.1, like kubectl through a proxy),
 //!   sending kubectl's headers (`Accept` for a Table, `User-Agent`,
 //!   `Kubectl-Command`, `Authorization: Bearer fake-token` — replaced by the
@@ -293,6 +294,56 @@ fn report(name: &str, direct: &Figures, proxied: &Figures) {
     );
 }
 
+/// A real control plane (`scripts/test-cluster.sh`) in a temporary
+/// directory, stopped on drop.
+struct OperatorCluster {
+    dir: tempfile::TempDir,
+}
+
+impl OperatorCluster {
+    fn script() -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test-cluster.sh")
+    }
+
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let version = std::env::var("TUNA_TEST_K8S").unwrap_or_else(|_| "1.37".into());
+        let out = std::process::Command::new(Self::script())
+            .args(["start", "--version", &version, "--dir"])
+            .arg(dir.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("scripts/test-cluster.sh runs");
+        assert!(
+            out.status.success(),
+            "scripts/test-cluster.sh start failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { dir }
+    }
+
+    /// A client acting as the cluster's admin.
+    async fn client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(self.dir.path().join("kubeconfig"))
+            .expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("kube config");
+        kube::Client::try_from(config).expect("kube client")
+    }
+}
+
+impl Drop for OperatorCluster {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(Self::script())
+            .arg("stop")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -301,11 +352,20 @@ async fn main() {
     let (api, api_ca_der, api_ca_pem) = api_server(body.clone()).await;
 
     // The operator's cluster: a ServiceAccount token for the proxy's audience.
-    let operator = kube_emulator::Emulator::start(kube_emulator::Options::default())
+    let operator = OperatorCluster::start();
+    let admin = operator.client().await;
+    let namespace: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "demo"}})).unwrap();
+    Api::all(admin.clone())
+        .create(&PostParams::default(), &namespace)
         .await
         .unwrap();
-    operator.token_for_service_account("demo", "bench");
-    let admin = operator.client().await.unwrap();
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "bench"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(admin.clone(), "demo")
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
     let issued = Api::<ServiceAccount>::namespaced(admin.clone(), "demo")
         .create_token_request(
             "bench",

@@ -1,7 +1,7 @@
 //! The chart end to end, as the product documentation tells users to run it:
 //! a real Helm 4 installs it from a chart repository (`helm repo add tuna …`,
 //! `helm install tuna-operator tuna/tuna-k8s-operator … --set
-//! credentials.apiKey=…` plus the edge values) into the API emulator; the real
+//! credentials.apiKey=…` plus the edge values) into a real control plane; the real
 //! `controller` and `agent` processes then run with the arguments and
 //! environment of the *installed* Deployments (`helm get manifest`; env from
 //! the chart's Secret, the edge CA from its ConfigMap) and the tokens of the
@@ -864,18 +864,18 @@ fn assert_least_privilege(
         refused.is_empty(),
         "{component}: refused requests (a missing rule): {refused:#?}"
     );
-    let mut used: BTreeSet<(String, String)> = mine
+    // A server-side apply that creates its object (201) is authorized as a
+    // patch and as a create (k8s.io/apiserver, handlers/patch.go).
+    let used: BTreeSet<(String, String)> = mine
         .iter()
         .filter(|e| !e["resource"].as_str().unwrap_or("").is_empty())
-        .map(|e| request_of(e))
+        .flat_map(|e| {
+            let (verb, resource) = request_of(e);
+            let create =
+                (verb == "patch" && e["code"] == 201).then(|| ("create".into(), resource.clone()));
+            std::iter::once((verb, resource)).chain(create)
+        })
         .collect();
-    // A server-side apply that creates its object is audited as `patch` (201)
-    // but authorized as `create` too (k8s.io/apiserver, handlers/patch.go).
-    used.extend(
-        mine.iter()
-            .filter(|e| e["verb"] == "patch" && e["code"] == 201)
-            .map(|e| ("create".to_owned(), request_of(e).1)),
-    );
     let grants = granted(manifest, service_account);
     let unused: Vec<&(String, String)> = grants
         .iter()
@@ -912,16 +912,14 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
     use tuna_crds::Connector;
     use tuna_operator::csi::proto::node_client::NodeClient;
 
-    let cluster = Cluster::start().await;
+    // The operator's cluster, and the target API server (a cluster of its
+    // own): a reader's token and some pods.
+    let (cluster, target) = tokio::join!(Cluster::start(), Cluster::start());
     let home = cluster.path("home");
     std::fs::create_dir_all(&home).unwrap();
-    // The target API server: a reader's token and some pods.
-    let target = kube_emulator::Emulator::start(kube_emulator::Options::default())
-        .await
-        .unwrap();
     let target_token = seed_target(&target, &home);
     let target_ca = cluster.path("target-ca.pem");
-    std::fs::write(&target_ca, target.ca_pem().unwrap()).unwrap();
+    std::fs::write(&target_ca, target.ca_pem()).unwrap();
 
     let chart = chart_dir();
     let installed = helm(
@@ -988,7 +986,7 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
     ));
     let editor_token = cluster.kubectl_ok(&["-n", NS, "create", "token", "editor"]);
     let editor_kubeconfig = cluster.path("editor.kubeconfig");
-    cluster.write_token_kubeconfig(&editor_kubeconfig, &editor_token);
+    cluster.write_token_kubeconfig(&editor_kubeconfig, editor_token.trim());
     let stolen = quick_start(&target_token, "https://127.0.0.1:9")
         .split("---\n")
         .nth(1)
@@ -1052,8 +1050,10 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
 
     // Pods as kubelet knows them: the documentation's Job in the Connector's
     // namespace, and a pod of another namespace that RBAC lets in.
+    // (`default` is the kube-controller-manager's, in every namespace.)
+    cluster.wait_for_service_account(NS, "default");
     cluster.apply(&format!(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: {NS}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: other}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: other}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: use-k8s-connector, namespace: {NS}}}\nrules:\n- {{apiGroups: [connectors.alauda.io], resources: [connectors], resourceNames: [k8s-connector], verbs: [get]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: other-uses-k8s-connector, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: use-k8s-connector}}\nsubjects: [{{kind: ServiceAccount, name: reader, namespace: other}}]\n"
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: other}}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: other}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: use-k8s-connector, namespace: {NS}}}\nrules:\n- {{apiGroups: [connectors.alauda.io], resources: [connectors], resourceNames: [k8s-connector], verbs: [get]}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: other-uses-k8s-connector, namespace: {NS}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: use-k8s-connector}}\nsubjects: [{{kind: ServiceAccount, name: reader, namespace: other}}]\n"
     ));
     let mut published = Vec::new();
     for (namespace, name, sa) in [

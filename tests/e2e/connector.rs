@@ -1,20 +1,21 @@
 //! The Kubernetes connector end to end, as the quick start tells it: two
-//! Kubernetes API emulators — the operator's cluster (Connectors, Secrets,
-//! ServiceAccounts) and the target API server (its own token, some pods) —,
-//! the real `tuna-operator connectors` process running with exactly the
-//! RBAC of `examples/connectors/rbac.yaml`, and the real `kubectl`, whose
+//! real Kubernetes control planes (`scripts/test-cluster.sh`) — the
+//! operator's cluster (Connectors, Secrets, ServiceAccounts) and the target
+//! API server (its own token, some pods) —, the real `tuna-operator
+//! connectors` process running with exactly the RBAC of
+//! `examples/connectors/rbac.yaml`, and the real `kubectl`, whose
 //! kubeconfig comes from `tuna-operator connector kubeconfig`.
 //!
-//! Both clusters run in this process (the operator's, so that a token can be
-//! ended early: TokenRequest refuses lifetimes under ten minutes); the role
-//! and kubectl are separate processes. The role trusts the target's CA as a
-//! system root (`SSL_CERT_FILE`), so that the quick start's Connector —
-//! which has no `caCertSecretRef` — works as written.
+//! TokenRequest refuses lifetimes under ten minutes, so an expired token is
+//! the operator cluster's own token re-signed with its service-account key
+//! and earlier times ([`support::Cluster::reissue_token`]). The role trusts
+//! the target's CA as a system root (`SSL_CERT_FILE`), so that the quick
+//! start's Connector — which has no `caCertSecretRef` — works as written.
 
 use crate::support;
 
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde_json::Value;
 use support::WAIT;
@@ -154,12 +155,22 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
         pods.contains("web-7d4f9") && pods.contains("coredns-5d78c"),
         "{pods}"
     );
+    // (The target's kube-controller-manager lists pods too: kubectl's
+    // request is the one with kubectl's User-Agent.)
+    let by_kubectl = |e: &Value| {
+        e["user_agent"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("kubectl/")
+    };
     let list = env
         .target
-        .wait_for_audit(|e| e.resource == "pods" && e.verb == "list" && e.namespace.is_empty())
+        .wait_for_audit(|e| {
+            by_kubectl(e) && e["resource"] == "pods" && e["verb"] == "list" && e["namespace"] == ""
+        })
         .await;
     assert_eq!(
-        list.user, "system:serviceaccount:default:reader",
+        list["user"], "system:serviceaccount:default:reader",
         "the real token was injected"
     );
 
@@ -176,7 +187,12 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
         .unwrap();
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
     env.target
-        .wait_for_audit(|e| e.resource == "pods" && e.verb == "watch" && e.namespace == "default")
+        .wait_for_audit(|e| {
+            by_kubectl(e)
+                && e["resource"] == "pods"
+                && e["verb"] == "watch"
+                && e["namespace"] == "default"
+        })
         .await;
     ok(
         env.tgt(
@@ -203,17 +219,28 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
     let wrong = env.kubeconfig_file("wrong.kubeconfig", &rendered.replace(&token, "not-a-token"));
     let err = fails(env.via(&wrong, &["get", "pods", "-A"]), "a wrong password");
     assert!(err.contains("Proxy Authentication Required"), "{err}");
-    // An expired one: the same.
+    // An expired one: the same. (The kubeconfig's token as its issuer would
+    // have signed it two hours ago for one hour: the API server refuses it
+    // as expired.)
     let fresh = env.mint_kubeconfig("k8s-access");
-    assert!(env.operator.expire_token(&password_of(&fresh)));
-    let expired = env.kubeconfig_file("expired.kubeconfig", &fresh);
+    let now = SystemTime::now();
+    let hour = Duration::from_secs(3600);
+    let expired_token =
+        env.operator
+            .reissue_token(&password_of(&fresh), now - 2 * hour, now - hour);
+    let expired = env.kubeconfig_file(
+        "expired.kubeconfig",
+        &fresh.replace(&password_of(&fresh), &expired_token),
+    );
     let err = fails(
         env.via(&expired, &["get", "pods", "-A"]),
         "an expired password",
     );
     assert!(err.contains("Proxy Authentication Required"), "{err}");
     // A token for the API server's audience (not the proxy's) is no password.
-    let api_token = env.operator.token_for_service_account(NS, "k8s-access");
+    let api_token = env
+        .operator
+        .token_for_service_account(NS, "k8s-access", &[]);
     let api_aud = env.kubeconfig_file(
         "api-audience.kubeconfig",
         &rendered.replace(&token, &api_token),
@@ -395,7 +422,7 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
                 "generic",
                 "target-ca",
                 "--from-literal",
-                &format!("ca.crt={}", env.operator.ca_pem().unwrap()),
+                &format!("ca.crt={}", env.operator.ca_pem()),
             ],
             None,
         ),
@@ -426,7 +453,6 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: target-ca, namespace: {NS}}}\nstringData:\n  ca.crt: |\n{}",
         env.target
             .ca_pem()
-            .unwrap()
             .lines()
             .map(|l| format!("    {l}\n"))
             .collect::<String>()
@@ -586,7 +612,7 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
 mod trust {
     use std::net::SocketAddr;
     use std::sync::Arc;
-    use std::time::{Duration, Instant};
+    use std::time::{Duration, Instant, SystemTime};
 
     use bytes::Bytes;
     use http_body_util::{BodyExt, Empty};
@@ -602,6 +628,12 @@ mod trust {
     /// The documented revocation bound (docs/connector.md): the tests run the
     /// role with a re-check interval well under it.
     const BOUND: Duration = Duration::from_secs(10);
+
+    /// How long kube-apiserver goes on accepting a token it authenticated
+    /// (its cache of successful token authentications, TokenReviews
+    /// included: `TokenSuccessCacheTTL`, 10 s, no flag): a deleted
+    /// ServiceAccount reaches the proxy's TokenReview only after it.
+    const API_SERVER_TOKEN_CACHE: Duration = Duration::from_secs(10);
 
     /// The quick start applied and Ready, ServiceAccount `k8s-access`, and a
     /// kubeconfig of it.
@@ -727,17 +759,17 @@ mod trust {
 
     /// Requests on the SAME connection, as fast as they are answered, until
     /// one is refused or the connection is closed: then the connection must
-    /// be closed, all within `BOUND` of `since`. Returns the refusal, if a
+    /// be closed, all within `bound` of `since`. Returns the refusal, if a
     /// request got one (rather than finding the connection closed by its
     /// own re-check).
     async fn refused_within_the_bound(
         env: &Env,
         what: &str,
-        since: Instant,
+        (since, bound): (Instant, Duration),
         mut sender: SendRequest<Empty<Bytes>>,
         conn: tokio::task::JoinHandle<()>,
     ) -> Option<(u16, String)> {
-        let deadline = since + BOUND;
+        let deadline = since + bound;
         let refusal = tokio::time::timeout_at(deadline.into(), async {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             loop {
@@ -751,7 +783,7 @@ mod trust {
         .await
         .unwrap_or_else(|_| {
             panic!(
-                "{what}: requests on the open connection still succeed after {BOUND:?}:\n{}",
+                "{what}: requests on the open connection still succeed after {bound:?}:\n{}",
                 env.role.log()
             )
         });
@@ -778,8 +810,10 @@ mod trust {
 
     /// Revocation reaches open connections: a kept-alive connection whose
     /// token expires, whose ServiceAccount, RoleBinding or Connector is
-    /// deleted is refused and closed within the bound — and a watch under
-    /// way is cut, without any request.
+    /// deleted is refused and closed within the bound (a deleted
+    /// ServiceAccount: within the bound of the API server's refusal, which
+    /// its token cache delays up to 10 s) — and a watch under way is cut,
+    /// without any request.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn open_connections_are_refused_within_the_bound_once_revoked() {
         let env = Env::start_with(&["--proxy-recheck-interval", "1s"], &[]).await;
@@ -787,16 +821,32 @@ mod trust {
         let pods = "/api/v1/namespaces/default/pods";
 
         // The proxy token expires.
-        let token = password_of(&kubeconfig);
+        // (TokenRequest gives no token shorter than ten minutes: this is the
+        // kubeconfig's token re-signed by the cluster's issuer to expire in
+        // 5 s. The API server accepts a token up to a minute past its `exp`
+        // — go-jose's leeway — so the refusal proves the proxy holds to
+        // `exp` itself.)
+        // (`exp` is in whole seconds.)
+        let exp = SystemTime::UNIX_EPOCH
+            + Duration::from_secs(
+                (SystemTime::now() + Duration::from_secs(5))
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs(),
+            );
+        let token = env.operator.reissue_token(
+            &password_of(&kubeconfig),
+            SystemTime::now() - Duration::from_secs(1),
+            exp,
+        );
+        let expires = Instant::now() + exp.duration_since(SystemTime::now()).unwrap();
         let (mut sender, conn) = connection(&env, &kubeconfig, &token).await;
         assert_eq!(
             status_of(&mut sender, get(&env, pods)).await.unwrap().0,
             200
         );
-        assert!(env.operator.expire_token(&token));
-        let since = Instant::now();
         if let Some((status, body)) =
-            refused_within_the_bound(&env, "token expired", since, sender, conn).await
+            refused_within_the_bound(&env, "token expired", (expires, BOUND), sender, conn).await
         {
             assert_eq!(status, 407, "{body}");
         }
@@ -822,22 +872,24 @@ mod trust {
             env.op(&["-n", NS, "delete", "serviceaccount", "k8s-access"], None),
             "delete the ServiceAccount",
         );
-        let since = Instant::now();
-        let cut = tokio::time::timeout_at((since + BOUND).into(), async {
+        // The API server accepts the token for up to its cache's 10 s more.
+        let (since, bound) = (Instant::now(), API_SERVER_TOKEN_CACHE + BOUND);
+        let cut = tokio::time::timeout_at((since + bound).into(), async {
             while let Some(Ok(_)) = watch.frame().await {}
         })
         .await;
         assert!(
             cut.is_ok(),
-            "the watch is cut within {BOUND:?}:\n{}",
+            "the watch is cut within {bound:?}:\n{}",
             env.role.log()
         );
-        tokio::time::timeout_at((since + BOUND).into(), watch_conn)
+        tokio::time::timeout_at((since + bound).into(), watch_conn)
             .await
             .expect("the watch's connection is closed")
             .unwrap();
         if let Some((status, body)) =
-            refused_within_the_bound(&env, "ServiceAccount deleted", since, sender, conn).await
+            refused_within_the_bound(&env, "ServiceAccount deleted", (since, bound), sender, conn)
+                .await
         {
             assert_eq!(status, 407, "{body}");
         }
@@ -894,7 +946,8 @@ mod trust {
         );
         let since = Instant::now();
         if let Some((status, body)) =
-            refused_within_the_bound(&env, "RoleBinding deleted", since, sender, conn).await
+            refused_within_the_bound(&env, "RoleBinding deleted", (since, BOUND), sender, conn)
+                .await
         {
             assert_eq!(status, 403, "{body}");
             assert!(body.contains("may not use connector"), "{body}");
@@ -922,7 +975,7 @@ mod trust {
         );
         let since = Instant::now();
         if let Some((status, body)) =
-            refused_within_the_bound(&env, "Connector deleted", since, sender, conn).await
+            refused_within_the_bound(&env, "Connector deleted", (since, BOUND), sender, conn).await
         {
             assert_eq!(status, 403, "{body}");
         }
@@ -986,9 +1039,11 @@ mod trust {
 
     fn reviews(env: &Env) -> usize {
         env.operator
-            .audit_entries()
+            .audit()
             .iter()
-            .filter(|e| e.user == ROLE_SA && e.resource == "tokenreviews" && e.verb == "create")
+            .filter(|e| {
+                e["user"] == ROLE_SA && e["resource"] == "tokenreviews" && e["verb"] == "create"
+            })
             .count()
     }
 
@@ -1231,13 +1286,8 @@ subjects: [{{kind: User, name: mallory}}]
         ),
         "RBAC of alice and mallory",
     );
-    let as_user = |name: &str| {
-        let path = env.dir.path().join(format!("{name}.kubeconfig"));
-        env.operator
-            .write_kubeconfig(&path, &env.operator.token_for_user(name, &[]))
-            .unwrap();
-        path
-    };
+    // Each a user of the cluster's CA (a client certificate, CN the name).
+    let as_user = |name: &str| env.operator.user_kubeconfig(name, &[]);
     let (alice, mallory) = (as_user("alice"), as_user("mallory"));
     let home = env.home();
     let run = |kubeconfig: &std::path::Path, args: &[&str], stdin: Option<&str>| {
@@ -1347,15 +1397,9 @@ subjects: [{{kind: User, name: mallory}}]
 
     // Two more reconciles of alice's Connector (each reads its Secret): by
     // then a probe of an admitted address would have gone out.
-    let reads = |e: &kube_emulator::AuditEntry| {
-        e.user == ROLE_SA && e.resource == "secrets" && e.name == "k8s-secret"
-    };
-    let before = env
-        .operator
-        .audit_entries()
-        .iter()
-        .filter(|e| reads(e))
-        .count();
+    let reads =
+        |e: &Value| e["user"] == ROLE_SA && e["resource"] == "secrets" && e["name"] == "k8s-secret";
+    let before = env.operator.audit().iter().filter(|e| reads(e)).count();
     env.operator.wait_for_audit_count(before + 2, reads).await;
     assert_eq!(
         attacker.connections.load(Ordering::SeqCst),
@@ -1372,19 +1416,21 @@ subjects: [{{kind: User, name: mallory}}]
 
     // Item 8: the role reads Secrets only by `get` of a name a Connector (or
     // its own CA) names; it never lists or watches them.
+    let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
     let secret_requests: Vec<(String, String)> = env
         .operator
-        .audit_entries()
+        .audit()
         .into_iter()
-        .filter(|e| e.user == ROLE_SA && e.resource == "secrets")
-        .map(|e| (e.verb, e.name))
+        .filter(|e| e["user"] == ROLE_SA && e["resource"] == "secrets")
+        .map(|e| (text(&e["verb"]), text(&e["name"])))
         .collect();
     assert!(!secret_requests.is_empty());
     for (verb, name) in &secret_requests {
-        // (A create names no object in its path: the role's CA Secret.)
+        // (The audit names a created object by its body's name: the role
+        // creates its CA Secret.)
         let named = ["k8s-secret", "tuna-operator-connectors-ca"].contains(&name.as_str());
         assert!(
-            (verb == "get" && named) || (verb == "create" && name.is_empty()),
+            (verb == "get" && named) || (verb == "create" && name == "tuna-operator-connectors-ca"),
             "the role asked for {verb} secret {name:?}: {secret_requests:?}"
         );
     }

@@ -1,7 +1,8 @@
 //! The `connectors-csi` node plugin end to end: a test client speaks real
 //! CSI gRPC to the plugin's Unix socket, as kubelet does for an inline
 //! ephemeral volume (`podInfoOnMount: true`, `requiresRepublish: true`),
-//! against the connector family's two emulators (tests/e2e/support/connectors.rs):
+//! against the connector family's two real control planes
+//! (tests/e2e/support/connectors.rs):
 //! the real `tuna-operator csi` process runs with exactly the RBAC of
 //! `examples/connectors/csi-rbac.yaml` and its ServiceAccount's token, the
 //! real connectors role serves the proxy, and the real `kubectl` uses the
@@ -11,7 +12,9 @@
 //!
 //! What only a real kubelet shows is not here: the registration through the
 //! node-driver-registrar, the bind mount into the container, the periodic
-//! republish schedule (the test calls NodePublishVolume again itself).
+//! republish schedule (the test calls NodePublishVolume again itself). The
+//! test clusters run no kubelet and no scheduler: pods name their node
+//! (`spec.nodeName`, what the scheduler's binding sets) and stay Pending.
 
 use crate::support;
 
@@ -78,9 +81,9 @@ async fn start_plugin(env: &Env, name: &str, extra: &[&str]) -> Plugin {
     let socket = env.dir.path().join(format!("{name}/csi.sock"));
     let token = env
         .operator
-        .token_for_service_account("tuna-system", "tuna-operator-csi");
+        .token_for_service_account("tuna-system", "tuna-operator-csi", &[]);
     let kubeconfig = env.dir.path().join(format!("{name}.kubeconfig"));
-    env.operator.write_kubeconfig(&kubeconfig, &token).unwrap();
+    env.operator.write_token_kubeconfig(&kubeconfig, &token);
     let mut args: Vec<String> = [
         "--log-format",
         "json",
@@ -274,12 +277,9 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     );
 
     // --- The documentation's Job: publish writes a kubeconfig. -------------
-    // Its pod runs as `default` (the emulator runs no controller-manager,
-    // whose ServiceAccount controller makes `default` in every namespace).
-    ok(
-        env.op(&["-n", NS, "create", "serviceaccount", "default"], None),
-        "the namespace's default ServiceAccount",
-    );
+    // Its pod runs as `default`, which the kube-controller-manager's
+    // ServiceAccount controller makes in every namespace.
+    env.operator.wait_for_service_account(NS, "default");
     let job = create_pod(&env, NS, "k8s-access-x7k2p", "default", "node-1");
     let target = target_of(&env, &job);
     let (tokens, kubelet_token) = kubelet_tokens(&env.client, &job).await;
@@ -353,9 +353,9 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     // --- A repeated call is idempotent: same files, no API call. ----------
     let requests = |env: &Env| {
         env.operator
-            .audit_entries()
+            .audit()
             .into_iter()
-            .filter(|e| e.user == CSI_SA)
+            .filter(|e| e["user"] == CSI_SA)
             .count()
     };
     let before = requests(&env);
@@ -417,26 +417,32 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         env.via(&target.join("kubeconfig"), &["get", "pods", "-A"]),
         "kubectl with the rotated kubeconfig",
     );
-    // The old token expires: the proxy refuses it (once its review cache,
-    // ten seconds, has let go of it).
-    assert!(env.operator.expire_token(&token));
-    let refused = tokio::time::timeout(WAIT, async {
-        loop {
-            let out = env.via(&old_kubeconfig, &["get", "pods", "-A"]);
-            if String::from_utf8_lossy(&out.stderr).contains("Proxy Authentication Required") {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    })
-    .await;
+    // The old token, once expired, is refused by the proxy. Both of
+    // kubelet's tokens are bound to the same pod, and a real API server
+    // accepts the old one until its own expiry (30 min): here it is that
+    // token as its issuer would have signed it two hours ago, expired an
+    // hour ago. (That a token the proxy accepted stops working once the API
+    // server refuses it is shown when the pod goes, below.)
+    let now = std::time::SystemTime::now();
+    let hour = Duration::from_secs(3600);
+    let expired = env
+        .operator
+        .reissue_token(&token, now - 2 * hour, now - hour);
+    let expired_kubeconfig =
+        env.kubeconfig_file("expired.kubeconfig", &kubeconfig.replace(&token, &expired));
+    let out = env.via(&expired_kubeconfig, &["get", "pods", "-A"]);
     assert!(
-        refused.is_ok(),
-        "the expired token stops working at the proxy"
+        String::from_utf8_lossy(&out.stderr).contains("Proxy Authentication Required"),
+        "the expired token is refused at the proxy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ok(
+        env.via(&old_kubeconfig, &["get", "pods", "-A"]),
+        "the old token works until it expires",
     );
     ok(
         env.via(&target.join("kubeconfig"), &["get", "pods", "-A"]),
-        "the rotated kubeconfig still works",
+        "the rotated kubeconfig works",
     );
 
     // --- Refusals: no files, the right codes. -----------------------------
@@ -529,7 +535,7 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         ),
     ];
     // The documentation's inspect Pod, applied as written, on node-1 (what
-    // the scheduler's binding sets: the emulator runs no scheduler).
+    // the scheduler's binding sets: the test cluster runs no scheduler).
     check_examples_use_the_documented_volume();
     let mut inspect: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(repo("examples/connectors/inspect-pod.yaml")).unwrap(),
@@ -683,6 +689,50 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         );
     }
 
+    // --- The Job's pod goes: its tokens die with it. -----------------------
+    // (Deleted at once, as kubelet confirms a stopped pod's deletion: the
+    // test cluster has no kubelet.) The API server refuses every token bound
+    // to it from then on — after its own cache of successful token
+    // authentications (10 s) and the proxy's (`--proxy-recheck-interval`,
+    // 10 s) let go —, the other pod's volume still works.
+    ok(
+        env.op(
+            &[
+                "-n",
+                NS,
+                "delete",
+                "pod",
+                &job.name,
+                "--grace-period=0",
+                "--force",
+            ],
+            None,
+        ),
+        "delete the Job's pod",
+    );
+    let refused = tokio::time::timeout(Duration::from_secs(45), async {
+        loop {
+            let refused = |kubeconfig: &Path| {
+                let out = env.via(kubeconfig, &["get", "pods", "-A"]);
+                String::from_utf8_lossy(&out.stderr).contains("Proxy Authentication Required")
+            };
+            if refused(&old_kubeconfig) && refused(&target.join("kubeconfig")) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await;
+    assert!(
+        refused.is_ok(),
+        "the deleted pod's tokens stop working at the proxy:\n{}",
+        env.role.log()
+    );
+    ok(
+        env.via(&other_target.join("kubeconfig"), &["get", "pods", "-A"]),
+        "the other pod's volume still works",
+    );
+
     // --- Unpublish leaves nothing; again is fine. --------------------------
     for (pod, t) in [(&job, &target), (&other_pod, &other_target)] {
         for _ in 0..2 {
@@ -736,9 +786,9 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     // csi-rbac.yaml): enough, all used. ------------------------------------
     let minted: Vec<_> = env
         .operator
-        .audit_entries()
+        .audit()
         .into_iter()
-        .filter(|e| e.user == CSI_SA && e.subresource == "token")
+        .filter(|e| e["user"] == CSI_SA && e["subresource"] == "token")
         .collect();
     assert!(minted.is_empty(), "the plugin minted tokens: {minted:?}");
     let used = rbac_used(&env.operator, CSI_SA);

@@ -1,7 +1,8 @@
-//! The connector family's two-emulator set-up (tests/e2e/connector.rs,
-//! tests/e2e/csi.rs): the operator's cluster with the connector CRDs and the
-//! role's RBAC, the target API server with a reader and some pods, and the
-//! real `tuna-operator connectors` process with its proxy.
+//! The connector family's two-cluster set-up (tests/e2e/connector.rs,
+//! tests/e2e/csi.rs): two real control planes (`scripts/test-cluster.sh`),
+//! the operator's cluster with the connector CRDs and the role's RBAC, the
+//! target API server with a reader and some pods, and the real
+//! `tuna-operator connectors` process with its proxy.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -9,13 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use kube_emulator::{Emulator, EmulatorHandle, Options};
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint};
 use tuna_crds::Connector;
 use tuna_operator::csi::proto::{NodePublishVolumeRequest, VolumeCapability, volume_capability};
 
-use super::{Process, WAIT, operator_bin, wait_for};
+use super::{Cluster, Process, WAIT, operator_bin, wait_for};
 
 pub const NS: &str = "k8s-connector-demo";
 pub const ROLE_SA: &str = "system:serviceaccount:tuna-system:tuna-operator-connectors";
@@ -112,8 +112,8 @@ pub fn password_of(kubeconfig: &str) -> String {
 
 pub struct Env {
     pub dir: tempfile::TempDir,
-    pub operator: EmulatorHandle,
-    pub target: EmulatorHandle,
+    pub operator: Cluster,
+    pub target: Cluster,
     /// The target's token the Connector's Secret holds.
     pub target_token: String,
     pub role: Process,
@@ -130,11 +130,10 @@ impl Env {
     pub async fn start_with(extra_args: &[&str], extra_env: &[(&str, String)]) -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::tempdir().unwrap();
-        let operator = Emulator::start(Options::default()).await.unwrap();
-        let target = Emulator::start(Options::default()).await.unwrap();
+        let (operator, target) = tokio::join!(Cluster::start(), Cluster::start());
         let home = dir.path().join("home");
         std::fs::create_dir_all(&home).unwrap();
-        let admin = operator.kubeconfig_path().to_owned();
+        let admin = operator.kubeconfig.clone();
         let k = |args: &[&str], stdin: Option<&str>| kubectl(&admin, &home, args, stdin);
         ok(
             k(
@@ -160,17 +159,15 @@ impl Env {
         );
         ok(k(&["create", "namespace", NS], None), "namespace");
         let role_token =
-            operator.token_for_service_account("tuna-system", "tuna-operator-connectors");
+            operator.token_for_service_account("tuna-system", "tuna-operator-connectors", &[]);
         let role_kubeconfig = dir.path().join("role.kubeconfig");
-        operator
-            .write_kubeconfig(&role_kubeconfig, &role_token)
-            .unwrap();
+        operator.write_token_kubeconfig(&role_kubeconfig, &role_token);
 
         // The target: a reader that may list and watch pods, and some pods.
         let target_token = seed_target(&target, &home);
 
         let target_ca = dir.path().join("target-ca.pem");
-        std::fs::write(&target_ca, target.ca_pem().unwrap()).unwrap();
+        std::fs::write(&target_ca, target.ca_pem()).unwrap();
         let args: Vec<String> = [
             "--log-format",
             "json",
@@ -201,7 +198,7 @@ impl Env {
         env.extend(extra_env.iter().cloned());
         let role = Process::spawn(dir.path(), "connectors", &operator_bin(), &args, &env);
         let proxy = proxy_addr(&role).await;
-        let client = operator.client().await.unwrap();
+        let client = operator.client().await;
         Self {
             dir,
             operator,
@@ -219,12 +216,12 @@ impl Env {
 
     /// kubectl as the operator cluster's admin.
     pub fn op(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        kubectl(self.operator.kubeconfig_path(), &self.home(), args, stdin)
+        kubectl(&self.operator.kubeconfig, &self.home(), args, stdin)
     }
 
     /// kubectl as the target's admin.
     pub fn tgt(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        kubectl(self.target.kubeconfig_path(), &self.home(), args, stdin)
+        kubectl(&self.target.kubeconfig, &self.home(), args, stdin)
     }
 
     /// `tuna-operator connector kubeconfig …` as the operator cluster's admin
@@ -244,7 +241,7 @@ impl Env {
                 "--proxy-url",
                 &format!("http://{}", self.proxy),
             ])
-            .env("KUBECONFIG", self.operator.kubeconfig_path())
+            .env("KUBECONFIG", &self.operator.kubeconfig)
             .output()
             .unwrap();
         assert!(
@@ -327,10 +324,15 @@ spec: {containers: [{name: coredns, image: coredns}]}
 /// Seeds a target API server: a `reader` that may list and watch pods
 /// ([`TARGET_RBAC`]), some pods ([`TARGET_PODS`]); returns a 2 h token of
 /// the reader.
-pub fn seed_target(target: &EmulatorHandle, home: &Path) -> String {
-    let t =
-        |args: &[&str], stdin: Option<&str>| kubectl(target.kubeconfig_path(), home, args, stdin);
+pub fn seed_target(target: &Cluster, home: &Path) -> String {
+    let t = |args: &[&str], stdin: Option<&str>| kubectl(&target.kubeconfig, home, args, stdin);
     ok(t(&["apply", "-f", "-"], Some(TARGET_RBAC)), "target RBAC");
+    // The pods run as their namespace's `default` ServiceAccount, which the
+    // kube-controller-manager creates (ServiceAccount admission refuses a
+    // pod whose ServiceAccount does not exist yet).
+    for namespace in ["default", "kube-system"] {
+        target.wait_for_service_account(namespace, "default");
+    }
     ok(t(&["apply", "-f", "-"], Some(TARGET_PODS)), "target pods");
     let token = t(
         &[
@@ -347,20 +349,28 @@ pub fn seed_target(target: &EmulatorHandle, home: &Path) -> String {
     ok(token, "the target's token").trim().to_owned()
 }
 
-/// Every (group, resource, verb) `user` asked the emulator for, none refused.
-pub fn rbac_used(emulator: &EmulatorHandle, user: &str) -> BTreeSet<(String, String, String)> {
-    emulator
-        .audit_entries()
+/// Every (group, resource, verb) `user` asked the cluster for (its audit
+/// log), none refused. A server-side apply that creates its object (`201`)
+/// counts as a `patch` and a `create`: the API server's patch handler
+/// authorizes the creation as a create.
+pub fn rbac_used(cluster: &Cluster, user: &str) -> BTreeSet<(String, String, String)> {
+    let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+    cluster
+        .audit()
         .into_iter()
-        .filter(|e| e.user == user && e.path.is_empty())
-        .map(|e| {
-            assert!(e.code != 403, "{user} was refused {e:?}");
-            let resource = if e.subresource.is_empty() {
-                e.resource
+        .filter(|e| e["user"] == user && text(&e["path"]).is_empty())
+        .flat_map(|e| {
+            assert!(e["code"] != 403, "{user} was refused {e}");
+            let (resource, subresource) = (text(&e["resource"]), text(&e["subresource"]));
+            let resource = if subresource.is_empty() {
+                resource
             } else {
-                format!("{}/{}", e.resource, e.subresource)
+                format!("{resource}/{subresource}")
             };
-            (e.group, resource, e.verb)
+            let verb = text(&e["verb"]);
+            let create = (verb == "patch" && e["code"] == 201)
+                .then(|| (text(&e["group"]), resource.clone(), "create".to_owned()));
+            std::iter::once((text(&e["group"]), resource, verb)).chain(create)
         })
         .collect()
 }

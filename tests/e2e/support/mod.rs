@@ -124,7 +124,6 @@ pub struct Cluster {
     pub kubeconfig: PathBuf,
     pub audit_log: PathBuf,
     /// The API server's URL, for a suite that talks to it without kubectl.
-    #[allow(dead_code)]
     pub url: String,
     /// The write end of the watchdog's stdin: closed on drop or exit.
     watchdog: Option<std::process::ChildStdin>,
@@ -205,7 +204,7 @@ impl Cluster {
         self.dir.path().join(name)
     }
 
-    /// Runs the real kubectl against the emulator as admin.
+    /// Runs the real kubectl against the cluster as admin.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_stdin(args, None)
     }
@@ -257,16 +256,6 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    /// Writes to `path` a kubeconfig for this cluster that authenticates
-    /// with `token` (a ServiceAccount's, from TokenRequest) instead of the
-    /// admin's client certificate.
-    pub fn write_token_kubeconfig(&self, path: &Path, token: &str) {
-        let mut kubeconfig: Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(&self.kubeconfig).unwrap()).unwrap();
-        kubeconfig["users"][0]["user"] = serde_json::json!({ "token": token.trim() });
-        std::fs::write(path, serde_json::to_string(&kubeconfig).unwrap()).unwrap();
-    }
-
     /// A kube-rs client acting as admin.
     pub async fn client(&self) -> Client {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
@@ -288,6 +277,216 @@ impl Cluster {
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .filter_map(|e| flatten_audit_event(&e))
             .collect()
+    }
+}
+
+impl Cluster {
+    /// The API server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The cluster's CA (PEM): it signs the API server's certificate and the
+    /// client certificates the API server accepts.
+    pub fn ca_pem(&self) -> String {
+        std::fs::read_to_string(self.cluster_dir.join("pki/ca.crt")).expect("the cluster's CA")
+    }
+
+    /// Writes a kubeconfig of this cluster that authenticates with `token`.
+    pub fn write_token_kubeconfig(&self, path: &Path, token: &str) {
+        let ca = self.cluster_dir.join("pki/ca.crt");
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{}\", certificate-authority: \"{}\"}}\nusers:\n- name: user\n  user: {{token: \"{token}\"}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: user}}\ncurrent-context: test\n",
+                self.url,
+                ca.display()
+            ),
+        )
+        .expect("writing a kubeconfig");
+    }
+
+    /// A 2 h token of ServiceAccount `namespace/name` for the API server
+    /// (TokenRequest, `kubectl create token`); the ServiceAccount is created
+    /// first if it does not exist. `extra`: more flags (`--audience`,
+    /// `--bound-object-kind`, ...).
+    pub fn token_for_service_account(&self, namespace: &str, name: &str, extra: &[&str]) -> String {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {name}, namespace: {namespace}}}\n"
+        ));
+        let mut args = vec!["-n", namespace, "create", "token", name, "--duration", "2h"];
+        args.extend_from_slice(extra);
+        self.kubectl_ok(&args).trim().to_owned()
+    }
+
+    /// A kubeconfig of user `name` in `groups`: a client certificate signed
+    /// by the cluster's CA (the API server's `--client-ca-file`), CN the
+    /// user, O each group, as a cluster's administrator issues one.
+    pub fn user_kubeconfig(&self, name: &str, groups: &[&str]) -> PathBuf {
+        let pki = self.cluster_dir.join("pki");
+        let (key, cert) = (
+            self.path(&format!("{name}.key")),
+            self.path(&format!("{name}.crt")),
+        );
+        let csr = self.path(&format!("{name}.csr"));
+        let ext = self.path(&format!("{name}.ext"));
+        std::fs::write(&ext, "extendedKeyUsage=clientAuth\n").unwrap();
+        let subject: String = groups
+            .iter()
+            .map(|g| format!("/O={g}"))
+            .chain([format!("/CN={name}")])
+            .collect();
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl on PATH");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let p = |p: &Path| p.display().to_string();
+        openssl(&[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+            &p(&key),
+        ]);
+        openssl(&[
+            "req",
+            "-new",
+            "-key",
+            &p(&key),
+            "-subj",
+            &subject,
+            "-out",
+            &p(&csr),
+        ]);
+        let serial = format!("0x{:x}", rand::random::<u64>());
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &p(&csr),
+            "-CA",
+            &p(&pki.join("ca.crt")),
+            "-CAkey",
+            &p(&pki.join("ca.key")),
+            "-set_serial",
+            &serial,
+            "-days",
+            "1",
+            "-extfile",
+            &p(&ext),
+            "-out",
+            &p(&cert),
+        ]);
+        let path = self.path(&format!("{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{}\", certificate-authority: \"{}\"}}\nusers:\n- name: {name}\n  user: {{client-certificate: \"{}\", client-key: \"{}\"}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {name}}}\ncurrent-context: test\n",
+                self.url,
+                p(&pki.join("ca.crt")),
+                p(&cert),
+                p(&key)
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// Waits until ServiceAccount `namespace/name` exists (the
+    /// kube-controller-manager creates `default` in each new namespace;
+    /// ServiceAccount admission refuses a pod of one that does not exist).
+    pub fn wait_for_service_account(&self, namespace: &str, name: &str) {
+        self.kubectl_ok(&[
+            "-n",
+            namespace,
+            "wait",
+            "--for=create",
+            "--timeout=30s",
+            &format!("serviceaccount/{name}"),
+        ]);
+    }
+
+    /// `token` (a ServiceAccount token this cluster issued) with its times
+    /// replaced: issued at `iat`, valid until `exp`, signed again with the
+    /// cluster's service-account signing key (`pki/sa.key`, the API
+    /// server's `--service-account-signing-key-file`) and the same key id.
+    /// Every other claim (issuer, audiences, ServiceAccount and its UID,
+    /// bound objects) is the real token's, so the API server treats it as
+    /// the token it would have issued at `iat` for that lifetime: the only
+    /// way to have a token that expires sooner than TokenRequest's
+    /// ten-minute minimum.
+    pub fn reissue_token(
+        &self,
+        token: &str,
+        iat: std::time::SystemTime,
+        exp: std::time::SystemTime,
+    ) -> String {
+        use base64::Engine as _;
+        use rustls::pki_types::PrivateKeyDer;
+        use rustls::pki_types::pem::PemObject;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let mut parts = token.split('.');
+        let (header, payload) = (parts.next().unwrap(), parts.next().unwrap());
+        let mut claims: Value = serde_json::from_slice(&b64.decode(payload).unwrap()).unwrap();
+        let secs =
+            |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        claims["iat"] = secs(iat).into();
+        claims["nbf"] = secs(iat).into();
+        claims["exp"] = secs(exp).into();
+        let signed = format!("{header}.{}", b64.encode(claims.to_string()));
+        let key = match PrivateKeyDer::from_pem_file(self.cluster_dir.join("pki/sa.key"))
+            .expect("the service-account key")
+        {
+            PrivateKeyDer::Pkcs8(der) => der,
+            other => panic!("sa.key is not PKCS#8: {other:?}"),
+        };
+        let pair = ring::signature::RsaKeyPair::from_pkcs8(key.secret_pkcs8_der()).unwrap();
+        let mut signature = vec![0; pair.public().modulus_len()];
+        pair.sign(
+            &ring::signature::RSA_PKCS1_SHA256,
+            &ring::rand::SystemRandom::new(),
+            signed.as_bytes(),
+            &mut signature,
+        )
+        .unwrap();
+        format!("{signed}.{}", b64.encode(signature))
+    }
+
+    /// Waits until an entry of the audit log matches `pred`; returns it.
+    pub async fn wait_for_audit(&self, pred: impl Fn(&Value) -> bool) -> Value {
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Some(e) = self.audit().into_iter().find(|e| pred(e)) {
+                    return e;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("no such request in the audit log within {WAIT:?}"))
+    }
+
+    /// Waits until at least `count` entries of the audit log match `pred`.
+    pub async fn wait_for_audit_count(&self, count: usize, pred: impl Fn(&Value) -> bool) {
+        let reached = tokio::time::timeout(WAIT, async {
+            while self.audit().iter().filter(|e| pred(e)).count() < count {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        assert!(
+            reached.is_ok(),
+            "fewer than {count} such requests in the audit log within {WAIT:?}"
+        );
     }
 }
 
