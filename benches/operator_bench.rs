@@ -207,8 +207,10 @@ impl Drop for TestCluster {
 }
 
 struct World {
-    dir: tempfile::TempDir,
+    /// First: fields drop in order, and the cluster's `stop` reads its pids
+    /// from a file in `dir`.
     _cluster: TestCluster,
+    dir: tempfile::TempDir,
     client: Client,
     kubeconfig: PathBuf,
     edge: Proc,

@@ -80,27 +80,30 @@ echo "image: $image ($(du -h "$archive" | cut -f1)), user $user -> $archive"
 
 echo "== run check"
 # The agent in the image, as the chart runs it: user 65532, read-only root,
-# no capabilities, no privilege escalation, against a kube-emulator on this
-# machine (the edge is not there: the agent says so and serves anyway).
-# Ready = its watches synced. With podman when containers can run here, else
-# with scripts/image-run-check.py (mount namespace + chroot + setuid).
-cargo build --locked -p kube-emulator --bin kube-emulator
+# no capabilities, no privilege escalation, against a real control plane on
+# this machine (scripts/test-cluster.sh; the edge is not there: the agent says
+# so and serves anyway). Ready = its watches synced. With podman when
+# containers can run here, else with scripts/image-run-check.py (mount
+# namespace + chroot + setuid).
 work="$(mktemp -d)"
-"$target/debug/kube-emulator" --plain-http --kubeconfig-out "$work/kubeconfig" \
-  -f charts/tuna-k8s-operator/crds > "$work/emulator.log" 2>&1 &
-emulator=$!
+scripts/test-cluster.sh start --version 1.37 --dir "$work/cluster" >/dev/null
 name="tuna-image-check-$$"
 agent=""
 cleanup() {
   [ -n "$agent" ] && kill "$agent" 2>/dev/null
   command -v podman >/dev/null 2>&1 && podman --storage-driver "$STORAGE_DRIVER" rm -f "$name" >/dev/null 2>&1
-  kill "$emulator" 2>/dev/null
+  scripts/test-cluster.sh stop --dir "$work/cluster"
   buildah rm "$ctr" >/dev/null 2>&1
   rm -rf "$work"
   true
 }
 trap cleanup EXIT
-for _ in $(seq 100); do [ -s "$work/kubeconfig" ] && break; sleep 0.1; done
+export KUBECONFIG="$work/cluster/kubeconfig"
+kubectl apply -f charts/tuna-k8s-operator/crds >/dev/null
+kubectl wait --for=condition=Established --timeout=60s -f charts/tuna-k8s-operator/crds >/dev/null
+# The certificates inline: the container sees only this one file.
+kubectl config view --raw --flatten > "$work/kubeconfig"
+unset KUBECONFIG
 chmod 0644 "$work/kubeconfig"
 probe_port=$(( 20000 + RANDOM % 10000 ))
 agent_args=(--log-format json agent --edge-api https://127.0.0.1:9 --edge-agent 127.0.0.1:9

@@ -112,7 +112,7 @@ cert apiserver /CN=kube-apiserver \
   "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc
 extendedKeyUsage=serverAuth"
 cert admin "/O=system:masters/CN=tuna-test-admin" "extendedKeyUsage=clientAuth"
-cert controller-manager /CN=system:kube-controller-manager "extendedKeyUsage=clientAuth"
+cert controller-manager "/O=system:masters/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
 # The service-account signing key (TokenRequest, pod-bound tokens, TokenReview).
 ssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$pki/sa.key"
 ssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
@@ -191,7 +191,6 @@ spawn kube-controller-manager "$bin/kube-controller-manager" \
   --authentication-kubeconfig "$dir/controller-manager.kubeconfig" \
   --authorization-kubeconfig "$dir/controller-manager.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$kcm_port" --leader-elect=false \
-  --use-service-account-credentials \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
   --profiling=false

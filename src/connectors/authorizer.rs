@@ -583,7 +583,7 @@ mod tests {
             jwt_expiry(&jwt),
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_900_000_000))
         );
-        for opaque in ["kube-emulator-sa-1234", "a.b", "a.b.c.d", "a.!!.c", ""] {
+        for opaque in ["opaque-sa-1234", "a.b", "a.b.c.d", "a.!!.c", ""] {
             assert_eq!(jwt_expiry(opaque), None, "{opaque}");
         }
         let no_exp = format!("{}.{}.c2ln", b64("{}"), b64(r#"{"sub":"x"}"#));

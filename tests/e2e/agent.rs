@@ -1,7 +1,8 @@
-//! The agent role end to end: the real `kube-emulator`, `tuna-operator edge`,
-//! `controller` and `agent` processes, the real `kubectl`, and real HTTP and
-//! TCP traffic through the edge to backends standing in for Services (a
-//! Service's cluster IP is a loopback address here). The journeys are those of
+//! The agent role end to end: a real control plane (kube-apiserver, etcd,
+//! kube-controller-manager), the real `tuna-operator edge`, `controller` and
+//! `agent` processes, the real `kubectl`, and real HTTP and TCP traffic
+//! through the edge to backends standing in for Services (a Service's cluster
+//! IP is a loopback address of the clusters' service CIDR here). The journeys are those of
 //! the product documentation.
 
 use crate::support;

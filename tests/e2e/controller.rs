@@ -1,4 +1,4 @@
-//! The controller role end to end: the real `kube-emulator`, the real
+//! The controller role end to end: a real control plane, the real
 //! `tuna-operator edge` and `tuna-operator controller` processes, the real
 //! `kubectl`. Readiness comes from watches of the objects' conditions.
 

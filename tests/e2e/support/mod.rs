@@ -129,62 +129,119 @@ pub struct Cluster {
     watchdog: Option<std::process::ChildStdin>,
 }
 
+/// A control plane of `scripts/test-cluster.sh`, started but not yet a
+/// test's. Dropped untaken, it stops its processes.
+struct Started {
+    dir: Option<tempfile::TempDir>,
+    cluster_dir: PathBuf,
+    url: String,
+    watchdog: Option<std::process::ChildStdin>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if self.dir.is_some() {
+            stop_cluster(&self.cluster_dir);
+        }
+    }
+}
+
+/// `scripts/test-cluster.sh stop --dir DIR`.
+fn stop_cluster(cluster_dir: &Path) {
+    let _ = std::process::Command::new(test_cluster_script())
+        .arg("stop")
+        .arg("--dir")
+        .arg(cluster_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status();
+}
+
+/// Starts a control plane: the start, then `stop` once the returned pipe
+/// closes (dropped, or the test binary gone), run by one watchdog shell in a
+/// session of its own (a ^C to the tests does not kill it first). The start
+/// runs inside it, so a test binary that dies mid-start leaves nothing.
+fn start_control_plane() -> Result<Started, String> {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cluster_dir = dir.path().join("cluster");
+    let start_log = dir.path().join("cluster-start.log");
+    let mut watchdog = std::process::Command::new("setsid")
+        .arg("sh")
+        .arg("-c")
+        .arg(
+            r#""$0" start --version "$2" --dir "$1" >"$3" 2>&1; echo "$?"; cat >/dev/null; exec "$0" stop --dir "$1""#,
+        )
+        .arg(test_cluster_script())
+        .arg(&cluster_dir)
+        .arg(k8s_version())
+        .arg(&start_log)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the watchdog shell");
+    let pipe = watchdog.stdin.take();
+    let mut status = String::new();
+    std::io::BufReader::new(watchdog.stdout.take().expect("piped"))
+        .read_line(&mut status)
+        .expect("the start's status");
+    let mut started = Started {
+        dir: Some(dir),
+        cluster_dir,
+        url: String::new(),
+        watchdog: pipe,
+    };
+    if status.trim() != "0" {
+        return Err(format!(
+            "scripts/test-cluster.sh start failed ({}):\n{}",
+            status.trim(),
+            std::fs::read_to_string(&start_log).unwrap_or_default()
+        ));
+    }
+    let env = std::fs::read_to_string(started.cluster_dir.join("cluster.env"))
+        .map_err(|e| format!("cluster.env: {e}"))?;
+    started.url = env
+        .lines()
+        .find_map(|l| l.strip_prefix("SERVER="))
+        .ok_or("no SERVER in cluster.env")?
+        .to_owned();
+    Ok(started)
+}
+
+/// The spare: a control plane started on a thread of its own while tests
+/// run, so that the next [`Cluster::start`] finds one ready (each test still
+/// gets a fresh cluster; only the wait for its start is hidden).
+static SPARE: std::sync::Mutex<Option<std::thread::JoinHandle<Result<Started, String>>>> =
+    std::sync::Mutex::new(None);
+
 impl Cluster {
     /// Starts a control plane (HTTPS, RBAC, ServiceAccount admission, audit
     /// log) and applies the chart's CRDs with the real kubectl.
     pub async fn start() -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().expect("temp dir");
-        let cluster_dir = dir.path().join("cluster");
-        let script = test_cluster_script();
-        let version = k8s_version();
-        let started = {
-            let (script, cluster_dir) = (script.clone(), cluster_dir.clone());
-            tokio::task::spawn_blocking(move || {
-                std::process::Command::new(&script)
-                    .args(["start", "--version", &version, "--dir"])
-                    .arg(&cluster_dir)
-                    .stdin(Stdio::null())
-                    .output()
-                    .expect("scripts/test-cluster.sh runs")
-            })
-            .await
-            .expect("start task")
-        };
-        // The watchdog: `stop` once the pipe closes, whoever closes it. In
-        // a session of its own, so that a ^C to the tests does not kill it first.
-        let watchdog = std::process::Command::new("setsid")
-            .arg("sh")
-            .arg("-c")
-            .arg(r#"cat >/dev/null; exec "$0" stop --dir "$1""#)
-            .arg(&script)
-            .arg(&cluster_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("watchdog")
-            .stdin
-            .take();
-        assert!(
-            started.status.success(),
-            "scripts/test-cluster.sh start failed:\n{}{}",
-            String::from_utf8_lossy(&started.stdout),
-            String::from_utf8_lossy(&started.stderr)
-        );
-        let env = std::fs::read_to_string(cluster_dir.join("cluster.env")).expect("cluster.env");
-        let url = env
-            .lines()
-            .find_map(|l| l.strip_prefix("SERVER="))
-            .expect("SERVER in cluster.env")
-            .to_owned();
+        let spare = SPARE.lock().unwrap().take();
+        let started = tokio::task::spawn_blocking(move || {
+            let started = match spare {
+                Some(thread) => thread.join().expect("the spare's thread"),
+                None => start_control_plane(),
+            };
+            let mut next = SPARE.lock().unwrap();
+            if next.is_none() {
+                *next = Some(std::thread::spawn(start_control_plane));
+            }
+            started
+        })
+        .await
+        .expect("start task");
+        let mut started = started.unwrap_or_else(|e| panic!("{e}"));
         let cluster = Self {
-            kubeconfig: cluster_dir.join("kubeconfig"),
-            audit_log: cluster_dir.join("audit.jsonl"),
-            cluster_dir,
-            dir,
-            url,
-            watchdog,
+            kubeconfig: started.cluster_dir.join("kubeconfig"),
+            audit_log: started.cluster_dir.join("audit.jsonl"),
+            cluster_dir: started.cluster_dir.clone(),
+            dir: started.dir.take().expect("untaken"),
+            url: std::mem::take(&mut started.url),
+            watchdog: started.watchdog.take(),
         };
         let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/tuna-k8s-operator/crds");
         cluster.kubectl_ok(&["apply", "-f", crds.to_str().unwrap()]);
@@ -492,13 +549,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let _ = std::process::Command::new(test_cluster_script())
-            .arg("stop")
-            .arg("--dir")
-            .arg(&self.cluster_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .status();
+        stop_cluster(&self.cluster_dir);
         drop(self.watchdog.take());
     }
 }
