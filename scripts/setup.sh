@@ -41,11 +41,6 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo not found. Install Rust with rustup (https://rustup.rs), then re-run." >&2
   exit 1
 fi
-# Every package of Cargo.lock, for every target: a build downloads only the
-# host's, but `cargo metadata --offline` (the emulator's protobuf-schema test
-# reads the sources of k8s-pb and k8s-openapi through it) needs them all, and
-# failed on a fresh machine without them (android_system_properties).
-cargo fetch --locked --quiet --manifest-path "$(dirname "$0")/../Cargo.toml"
 
 # The cluster suites drive the real kubectl (v1.32 is on the development
 # machines). Debian only ships a far older client, so we don't guess.

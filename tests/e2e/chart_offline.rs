@@ -4,7 +4,7 @@
 //! --strict) and compared with its golden file under `tests/golden/chart/`;
 //! wrong combinations fail with their messages; README.md's values table is
 //! generated from values.yaml's comments; the chart's examples pass the CRDs'
-//! schemas and CEL rules in the API emulator.
+//! schemas and CEL rules in a real kube-apiserver.
 //!
 //! After an intended change: `UPDATE_GOLDEN=1 cargo test --test e2e chart_offline::`
 //! rewrites the golden files and the README table; review the diff.
@@ -684,8 +684,8 @@ fn the_values_table_generator_requires_a_comment_on_every_key() {
 
 // ---- examples ----
 
-/// The chart's examples pass the CRDs' schemas and CEL rules (the emulator
-/// validates custom resources as the API server does), and a broken one fails.
+/// The chart's examples pass the CRDs' schemas and CEL rules (a real
+/// kube-apiserver validates them), and a broken one fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_examples_pass_the_crd_schemas_and_cel_rules() {
     let cluster = support::Cluster::start().await;
