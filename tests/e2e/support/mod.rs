@@ -125,8 +125,8 @@ pub struct Cluster {
     pub audit_log: PathBuf,
     /// The API server's URL, for a suite that talks to it without kubectl.
     pub url: String,
-    /// The write end of the watchdog's stdin: closed on drop or exit.
-    watchdog: Option<std::process::ChildStdin>,
+    /// Closed on drop or exit: the watchdog then stops the cluster.
+    watchdog: Option<Watchdog>,
 }
 
 /// A control plane of `scripts/test-cluster.sh`, started but not yet a
@@ -135,7 +135,20 @@ struct Started {
     dir: Option<tempfile::TempDir>,
     cluster_dir: PathBuf,
     url: String,
-    watchdog: Option<std::process::ChildStdin>,
+    watchdog: Option<Watchdog>,
+}
+
+/// The shell that started a control plane and stops it once `pipe` closes.
+struct Watchdog {
+    pipe: Option<std::process::ChildStdin>,
+    shell: std::process::Child,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.pipe.take());
+        let _ = self.shell.wait();
+    }
 }
 
 impl Drop for Started {
@@ -182,15 +195,20 @@ fn start_control_plane() -> Result<Started, String> {
         .spawn()
         .expect("the watchdog shell");
     let pipe = watchdog.stdin.take();
+    let stdout = watchdog.stdout.take().expect("piped");
+    let watchdog = Watchdog {
+        pipe,
+        shell: watchdog,
+    };
     let mut status = String::new();
-    std::io::BufReader::new(watchdog.stdout.take().expect("piped"))
+    std::io::BufReader::new(stdout)
         .read_line(&mut status)
         .expect("the start's status");
     let mut started = Started {
         dir: Some(dir),
         cluster_dir,
         url: String::new(),
-        watchdog: pipe,
+        watchdog: Some(watchdog),
     };
     if status.trim() != "0" {
         return Err(format!(
