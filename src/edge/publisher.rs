@@ -40,6 +40,10 @@ pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 /// of it, and the edge counts lifetimes in whole seconds.
 pub const MIN_TOKEN_TTL: Duration = Duration::from_secs(3);
 
+/// How long a stopping tunnel waits for a token request already sent, so
+/// that what the edge minted is revoked rather than left live.
+const MINT_ON_STOP: Duration = Duration::from_secs(5);
+
 /// What one tunnel serves: an HTTP host, or the TCP endpoint of a tcp Tunnel.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TunnelKey {
@@ -658,9 +662,25 @@ async fn run_tunnel(
                 step: "minting a token",
             },
         );
+        let mint = spec.edge.create_token(
+            &spec.labels,
+            std::slice::from_ref(&binding),
+            inner.token_ttl,
+        );
+        tokio::pin!(mint);
         let minted = tokio::select! {
-            _ = stop.cancelled() => break,
-            m = spec.edge.create_token(&spec.labels, std::slice::from_ref(&binding), inner.token_ttl) => m,
+            m = &mut mint => m,
+            _ = stop.cancelled() => {
+                // The request may have reached the edge already: dropping it
+                // would leave a live token nobody revokes. Let it finish
+                // (bounded) and hand what it made to the end of the task.
+                if let Ok(Ok(late)) = tokio::time::timeout(MINT_ON_STOP, mint).await
+                    && let Some((edge, old)) = held.replace((Arc::clone(&spec.edge), late))
+                {
+                    revoke(&key, edge.as_ref(), &old.id).await;
+                }
+                break;
+            }
         };
         let minted = match minted {
             Ok(m) => m,
@@ -965,6 +985,7 @@ async fn remint_in_place(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::future::BoxFuture;
     use tuna_proxy::ProxyConfig;
     use tuna_tunnel::agent::Trust;
 
@@ -1009,5 +1030,149 @@ mod tests {
             publisher.keys().is_empty(),
             "a tunnel started after shutdown"
         );
+    }
+
+    /// An edge whose token requests wait at a gate, then complete at the
+    /// edge whether or not the caller still waits (as an HTTP request that
+    /// was sent does).
+    struct GatedMint {
+        inner: Arc<dyn EdgeApi>,
+        started: Arc<tokio::sync::Notify>,
+        gate: Arc<tokio::sync::Semaphore>,
+        /// A permit per token request the edge has answered.
+        answered: Arc<tokio::sync::Semaphore>,
+    }
+
+    impl EdgeApi for GatedMint {
+        fn whoami(&self) -> BoxFuture<'_, crate::Result<tuna_tunnel::api::WhoAmI>> {
+            self.inner.whoami()
+        }
+        fn ensure_domain<'a>(
+            &'a self,
+            request: &'a tuna_tunnel::api::CreateDomain,
+        ) -> BoxFuture<'a, crate::Result<tuna_tunnel::api::Reserved<tuna_tunnel::api::Domain>>>
+        {
+            self.inner.ensure_domain(request)
+        }
+        fn verify_domain<'a>(
+            &'a self,
+            name: &'a str,
+        ) -> BoxFuture<'a, crate::Result<tuna_tunnel::api::Domain>> {
+            self.inner.verify_domain(name)
+        }
+        fn list_domains(&self) -> BoxFuture<'_, crate::Result<Vec<tuna_tunnel::api::Domain>>> {
+            self.inner.list_domains()
+        }
+        fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<()>> {
+            self.inner.delete_domain(name)
+        }
+        fn ensure_tcp_endpoint<'a>(
+            &'a self,
+            request: &'a tuna_tunnel::api::CreateTcpEndpoint,
+        ) -> BoxFuture<'a, crate::Result<tuna_tunnel::api::Reserved<tuna_tunnel::api::TcpEndpoint>>>
+        {
+            self.inner.ensure_tcp_endpoint(request)
+        }
+        fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>> {
+            self.inner.delete_tcp_endpoint(alias)
+        }
+        fn create_token<'a>(
+            &'a self,
+            labels: &'a BTreeMap<String, String>,
+            bindings: &'a [Binding],
+            ttl: Duration,
+        ) -> BoxFuture<'a, crate::Result<MintedToken>> {
+            let (inner, gate) = (Arc::clone(&self.inner), Arc::clone(&self.gate));
+            let answered = Arc::clone(&self.answered);
+            let (labels, bindings) = (labels.clone(), bindings.to_vec());
+            self.started.notify_one();
+            let sent = tokio::spawn(async move {
+                let _pass = gate.acquire().await;
+                let minted = inner.create_token(&labels, &bindings, ttl).await;
+                answered.add_permits(1);
+                minted
+            });
+            Box::pin(async move { sent.await.expect("mint task") })
+        }
+        fn renew_token<'a>(
+            &'a self,
+            id: &'a str,
+            ttl: Duration,
+        ) -> BoxFuture<'a, crate::Result<i64>> {
+            self.inner.renew_token(id, ttl)
+        }
+        fn revoke_token<'a>(&'a self, id: &'a str) -> BoxFuture<'a, crate::Result<()>> {
+            self.inner.revoke_token(id)
+        }
+        fn list_tokens<'a>(
+            &'a self,
+            selector: &'a str,
+        ) -> BoxFuture<'a, crate::Result<Vec<tuna_tunnel::api::Token>>> {
+            self.inner.list_tokens(selector)
+        }
+    }
+
+    /// A shutdown that comes while a token request is on its way revokes
+    /// the token the edge minted for it (the chart suite on a real cluster
+    /// saw one left live after `helm uninstall`).
+    #[tokio::test]
+    async fn a_token_minted_while_stopping_is_revoked() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let embedded: Arc<dyn EdgeApi> = Arc::new(
+            crate::standalone::edge::Embedded::open(
+                tuna_tunnel::edge::MemoryAuthority::new(),
+                "localhost",
+                20000..=20001,
+                dir.path(),
+            )
+            .unwrap(),
+        );
+        let started = Arc::new(tokio::sync::Notify::new());
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let answered = Arc::new(tokio::sync::Semaphore::new(0));
+        let edge: Arc<dyn EdgeApi> = Arc::new(GatedMint {
+            inner: Arc::clone(&embedded),
+            started: Arc::clone(&started),
+            gate: Arc::clone(&gate),
+            answered: Arc::clone(&answered),
+        });
+        let publisher = Publisher::start(
+            ProxyCore::new(ProxyConfig::default()),
+            AgentConfig::new("127.0.0.1:9", Trust::SystemRoots),
+        )
+        .unwrap();
+        let _ = publisher.publish(
+            TunnelKey::Host("web.localhost".into()),
+            TunnelSpec {
+                serving: Serving::Http {
+                    host: "web.localhost".into(),
+                    routes: Vec::new(),
+                },
+                labels: BTreeMap::new(),
+                edge,
+                edge_identity: "operator".into(),
+                keep_on_shutdown: false,
+            },
+        );
+        started.notified().await;
+        let stopping = tokio::spawn({
+            let publisher = publisher.clone();
+            async move { publisher.shutdown().await }
+        });
+        // The shutdown has cancelled the tunnel task's wait by now or does
+        // so while the edge answers; either way the answer must be revoked.
+        tokio::task::yield_now().await;
+        gate.add_permits(1);
+        stopping.await.unwrap();
+        let _ = answered.acquire().await.unwrap();
+        let live: Vec<_> = embedded
+            .list_tokens("")
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|t| !t.expired)
+            .collect();
+        assert!(live.is_empty(), "left live: {live:?}");
     }
 }

@@ -836,7 +836,11 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         .into_iter()
         .filter(|t| !t.expired)
         .collect();
-    assert!(tokens.is_empty(), "{tokens:?}");
+    assert!(
+        tokens.is_empty(),
+        "{tokens:?}\n{}",
+        logs(&[&controller, &agent, edge.process.as_ref().unwrap()])
+    );
 }
 
 /// Every rule bound to `service_account` in `manifest` was used by it, and
