@@ -40,7 +40,12 @@ impl FleetCerts {
             "127.0.0.1".into(),
         ];
         names.extend((2..=5).map(|i| format!("127.0.0.{i}")));
-        let leaf = CertificateParams::new(names).unwrap();
+        let mut leaf = CertificateParams::new(names).unwrap();
+        // The peer listener wants clientAuth; the other listeners serverAuth.
+        leaf.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         let leaf_key = KeyPair::generate().unwrap();
         let leaf = leaf.signed_by(&leaf_key, &Issuer::new(ca, ca_key)).unwrap();
         let certs = Self {

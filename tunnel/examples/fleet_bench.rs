@@ -63,10 +63,13 @@ fn certs(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf, std:
     let mut names: Vec<String> = vec!["tuna-edge-peer".into(), "localhost".into()];
     names.extend((0..REPLICAS).map(|i| ip(i).to_string()));
     let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(names)
-        .unwrap()
-        .signed_by(&leaf_key, &Issuer::new(ca, ca_key))
-        .unwrap();
+    let mut leaf = CertificateParams::new(names).unwrap();
+    // As a peer, both sides of the hop: server and client.
+    leaf.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let leaf = leaf.signed_by(&leaf_key, &Issuer::new(ca, ca_key)).unwrap();
     let paths = (
         dir.join("ca.pem"),
         dir.join("cert.pem"),

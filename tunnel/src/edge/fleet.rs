@@ -46,11 +46,14 @@
 //! # Trust between replicas
 //!
 //! The peer listener accepts only clients whose certificate chains to
-//! `--peer-ca`, and a replica dialling a peer checks the peer's certificate
-//! against the same CA for the name [`PEER_SERVER_NAME`]. Each replica's
-//! `--peer-tls-cert` must therefore carry that DNS name and be issued by
-//! the fleet's CA (one certificate shared by all replicas works too). A
-//! peer is trusted to state the public client's address.
+//! `--peer-ca`, carries the DNS name [`PEER_SERVER_NAME`] and lists the
+//! extended key usage `clientAuth`; a replica dialling a peer checks the
+//! peer's certificate against the same CA for the same name. Each replica's
+//! `--peer-tls-cert` must therefore carry that DNS name and both usages
+//! (`serverAuth`, `clientAuth`) and be issued by the fleet's CA (one
+//! certificate shared by all replicas works too). Another certificate of
+//! the same CA is not a peer. A peer is trusted to state the public
+//! client's address.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -130,12 +133,17 @@ impl PeerTls {
         }
         let roots = Arc::new(roots);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        let chain_of_ca = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::clone(&roots),
             Arc::clone(&provider),
         )
         .build()
         .map_err(|e| tls(ca_file, &e))?;
+        let verifier = Arc::new(PeerClientVerifier {
+            chain_of_ca,
+            roots: Arc::clone(&roots),
+            algorithms: provider.signature_verification_algorithms,
+        });
         let mut server = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::Tls(e.to_string()))?
@@ -154,6 +162,91 @@ impl PeerTls {
             server: Arc::new(server),
             client: Arc::new(client),
         })
+    }
+}
+
+/// The object identifier of the extended key usage `clientAuth`
+/// (1.3.6.1.5.5.7.3.2), DER-encoded without its tag and length.
+const EKU_CLIENT_AUTH: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x02];
+
+/// The peer listener's check of a client: a chain to `--peer-ca` (as
+/// rustls' WebPKI verifier checks it) **and** a certificate made for a
+/// peer — the DNS name [`PEER_SERVER_NAME`] and the extended key usage
+/// `clientAuth`, which WebPKI requires only when the certificate lists key
+/// usages at all. A CA that also issues other certificates (a corporate
+/// CA, a cert-manager issuer) thereby does not make their holders peers.
+#[derive(Debug)]
+struct PeerClientVerifier {
+    chain_of_ca: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    roots: Arc<rustls::RootCertStore>,
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl rustls::server::danger::ClientCertVerifier for PeerClientVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.chain_of_ca.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> std::result::Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self
+            .chain_of_ca
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let refused = |error: rustls::CertificateError, why: &str| {
+            tracing::warn!(%why, "peer listener: a client certificate of --peer-ca refused");
+            rustls::Error::InvalidCertificate(error)
+        };
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|_| refused(rustls::CertificateError::BadEncoding, "not a certificate"))?;
+        cert.verify_for_usage(
+            self.algorithms.all,
+            &self.roots.roots,
+            intermediates,
+            now,
+            webpki::KeyUsage::required(EKU_CLIENT_AUTH),
+            None,
+            None,
+        )
+        .map_err(|_| {
+            refused(
+                rustls::CertificateError::InvalidPurpose,
+                "no extended key usage clientAuth",
+            )
+        })?;
+        let name = ServerName::try_from(PEER_SERVER_NAME).expect("a DNS name");
+        cert.verify_is_valid_for_subject_name(&name).map_err(|_| {
+            refused(
+                rustls::CertificateError::NotValidForName,
+                "no DNS name tuna-edge-peer",
+            )
+        })?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain_of_ca.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain_of_ca.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.chain_of_ca.supported_verify_schemes()
     }
 }
 
@@ -674,6 +767,103 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose as Eku, IsCa, Issuer, KeyPair,
+    };
+
+    /// A leaf of `issuer` for `name` with extended key usages `usages`
+    /// (none: no such extension), as (certificate PEM, key PEM).
+    fn leaf(issuer: &Issuer<'_, KeyPair>, name: &str, usages: &[Eku]) -> (String, String) {
+        let mut params = CertificateParams::new(vec![name.to_owned()]).unwrap();
+        params.extended_key_usages = usages.to_vec();
+        let key = KeyPair::generate().unwrap();
+        (
+            params.signed_by(&key, issuer).unwrap().pem(),
+            key.serialize_pem(),
+        )
+    }
+
+    /// Whether the peer listener's TLS (of `tls`) completes a handshake
+    /// with a client showing `client` (certificate PEM, key PEM).
+    async fn peer_accepts(tls: &PeerTls, ca_pem: &str, client: &(String, String)) -> bool {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = TlsAcceptor::from(Arc::clone(&tls.server));
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            acceptor.accept(tcp).await.is_ok()
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).unwrap())
+            .unwrap();
+        let mut config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(client.0.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(client.1.as_bytes()).unwrap(),
+            )
+            .unwrap();
+        config.alpn_protocols = vec![PEER_ALPN.to_vec()];
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        // TLS 1.3: the client is done before the server has judged its
+        // certificate; the server's side of the handshake tells.
+        let _client = TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from(PEER_SERVER_NAME).unwrap(), tcp)
+            .await;
+        server.await.unwrap()
+    }
+
+    /// Any certificate of `--peer-ca` was a peer: one for `metrics.internal`
+    /// completed the handshake and could have hopped streams with a client
+    /// address of its choosing. Only the peer name with `clientAuth` is.
+    #[tokio::test]
+    async fn only_peer_certificates_of_the_ca_are_peers() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let dir = tempfile::tempdir().unwrap();
+        let replica = leaf(
+            &issuer,
+            PEER_SERVER_NAME,
+            &[Eku::ServerAuth, Eku::ClientAuth],
+        );
+        let files = [
+            ("ca.pem", &ca_pem),
+            ("peer.pem", &replica.0),
+            ("peer.key", &replica.1),
+        ];
+        for (name, pem) in files {
+            std::fs::write(dir.path().join(name), pem).unwrap();
+        }
+        let tls = PeerTls::from_files(
+            &dir.path().join("peer.pem"),
+            &dir.path().join("peer.key"),
+            &dir.path().join("ca.pem"),
+        )
+        .unwrap();
+
+        assert!(peer_accepts(&tls, &ca_pem, &replica).await, "a replica");
+        let client_only = leaf(&issuer, PEER_SERVER_NAME, &[Eku::ClientAuth]);
+        assert!(peer_accepts(&tls, &ca_pem, &client_only).await);
+        let refused = [
+            (
+                "another name",
+                leaf(&issuer, "metrics.internal", &[Eku::ClientAuth]),
+            ),
+            ("no usages", leaf(&issuer, PEER_SERVER_NAME, &[])),
+            (
+                "server only",
+                leaf(&issuer, PEER_SERVER_NAME, &[Eku::ServerAuth]),
+            ),
+        ];
+        for (what, client) in &refused {
+            assert!(!peer_accepts(&tls, &ca_pem, client).await, "{what}: a peer");
+        }
+    }
 
     /// A `--store` the fleet cannot use is reported with the store's own
     /// message, once (it read "invalid configuration: configuration: …"
