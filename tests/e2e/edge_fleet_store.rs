@@ -114,3 +114,68 @@ async fn two_edge_replicas_share_one_postgresql_store() {
         assert!(!log.contains("hunter2"), "{log}");
     }
 }
+
+/// `edge keys create --store …` at `RUST_LOG=trace` with its standard
+/// error on a pipe, or on a terminal (`script` gives it one): its stderr.
+fn keys_create_stderr(store: &str, terminal: bool, no_color: Option<&str>) -> String {
+    let mut command = if terminal {
+        let mut c = std::process::Command::new("script");
+        // -e: its exit code; -q: no banner; the typescript goes nowhere.
+        let line = format!(
+            "{} edge keys create --scope tunnels:write >/dev/null",
+            operator_bin().display()
+        );
+        c.args(["-qec", &line, "/dev/null"]);
+        c
+    } else {
+        let mut c = std::process::Command::new(operator_bin());
+        c.args(["edge", "keys", "create", "--scope", "tunnels:write"]);
+        c
+    };
+    command
+        .env("TUNA_EDGE_STORE", store)
+        .env("RUST_LOG", "trace")
+        .env_remove("NO_COLOR");
+    if let Some(value) = no_color {
+        command.env("NO_COLOR", value);
+    }
+    let out = command.output().expect("edge keys create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Through `script`, the terminal's output arrives on its stdout.
+    let text = if terminal { out.stdout } else { out.stderr };
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// At `RUST_LOG=trace` tokio-postgres logged every statement with its
+/// parameters (the store's key hashes and change log), and text lines on a
+/// pipe carried colour codes. Now the store's driver logs at `info` at
+/// most, and colour needs a terminal and no `NO_COLOR`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_statements_and_colour_codes_stay_out_of_logs() {
+    let server = tokio::task::spawn_blocking(pg_support::PgServer::start)
+        .await
+        .unwrap();
+    const ESC: char = '\u{1b}';
+    // A new database each time: each run logs the store's migrations.
+    let piped = keys_create_stderr(&server.create_database(), false, None);
+    assert!(piped.contains("applied a store migration"), "{piped}");
+    assert!(!piped.contains("tokio_postgres"), "{piped}");
+    assert!(!piped.contains("with parameters"), "{piped}");
+    assert!(!piped.contains(ESC), "colour on a pipe: {piped:?}");
+
+    let terminal = keys_create_stderr(&server.create_database(), true, None);
+    assert!(
+        terminal.contains(ESC),
+        "no colour on a terminal: {terminal:?}"
+    );
+    assert!(!terminal.contains("tokio_postgres"), "{terminal}");
+    for value in ["1", "true"] {
+        let plain = keys_create_stderr(&server.create_database(), true, Some(value));
+        assert!(plain.contains("applied a store migration"), "{plain}");
+        assert!(!plain.contains(ESC), "NO_COLOR={value}: {plain:?}");
+    }
+}
