@@ -179,3 +179,90 @@ async fn store_statements_and_colour_codes_stay_out_of_logs() {
         assert!(!plain.contains(ESC), "NO_COLOR={value}: {plain:?}");
     }
 }
+
+/// `edge keys create --store URL`: whether it succeeded, and its stderr.
+fn try_keys_create(store: &str) -> (bool, String) {
+    let out = std::process::Command::new(operator_bin())
+        .args(["edge", "keys", "create", "--scope", "tunnels:write"])
+        .env("TUNA_EDGE_STORE", store)
+        .output()
+        .expect("edge keys create");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The store took only plain TCP (`NoTls`: `sslmode=require` failed), so an
+/// attacker on the database path could feed every replica keys of their
+/// choosing. Now libpq's `sslmode`/`sslrootcert` work: `verify-full`
+/// connects to a server that takes only TLS, and a certificate that does
+/// not verify — another CA, another name — is refused before any
+/// statement is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_connection_is_tls_verified_as_libpq_says() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let server = tokio::task::spawn_blocking(pg_support::PgServer::start)
+        .await
+        .unwrap();
+    let ca = |name: &str| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let pem = params.self_signed(&key).unwrap().pem();
+        (pem, Issuer::new(params, key))
+    };
+    let (ca_pem, issuer) = ca("database CA");
+    let (other_ca_pem, _) = ca("another CA");
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    server.require_tls(&cert.pem(), &key.serialize_pem());
+    let dir = tempfile::tempdir().unwrap();
+    let (ca_file, other_ca_file) = (dir.path().join("ca.pem"), dir.path().join("other.pem"));
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    std::fs::write(&other_ca_file, &other_ca_pem).unwrap();
+    let tables = |url: &str| {
+        let db = url.rsplit('/').next().unwrap();
+        server.psql(
+            db,
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'",
+        )
+    };
+
+    let url = server.create_database();
+    let (ok, log) = try_keys_create(&format!(
+        "{url}?sslmode=verify-full&sslrootcert={}",
+        ca_file.display()
+    ));
+    assert!(ok, "verify-full: {log}");
+    assert_ne!(tables(&url), "0", "migrated over TLS");
+
+    // Without TLS the server refuses: what was used above was TLS.
+    let (ok, log) = try_keys_create(&format!("{}?sslmode=disable", server.create_database()));
+    assert!(!ok && log.contains("no encryption"), "{log}");
+
+    // Another CA: refused in the handshake, nothing run.
+    let url = server.create_database();
+    let (ok, log) = try_keys_create(&format!(
+        "{url}?sslmode=verify-full&sslrootcert={}",
+        other_ca_file.display()
+    ));
+    assert!(!ok && log.contains("certificate"), "{log}");
+    assert_eq!(tables(&url), "0", "a statement ran before the refusal");
+
+    // Another name: verify-full refuses it, verify-ca (the chain only) not.
+    let by_name = server
+        .create_database()
+        .replacen("127.0.0.1", "localhost", 1);
+    let root = format!("sslrootcert={}", ca_file.display());
+    let (ok, log) = try_keys_create(&format!("{by_name}?sslmode=verify-full&{root}"));
+    assert!(!ok && log.contains("certificate"), "{log}");
+    let (ok, log) = try_keys_create(&format!("{by_name}?sslmode=verify-ca&{root}"));
+    assert!(ok, "verify-ca: {log}");
+}

@@ -115,7 +115,7 @@ pub enum Error {
     },
     /// The PostgreSQL store cannot be reached at start (`--store`).
     #[error(
-        "cannot reach the PostgreSQL store {store}: {source}; check that it runs and that the URL, user and password are right"
+        "cannot reach the PostgreSQL store {store}: {source}; check that it runs and that the URL, user, password and TLS settings (sslmode, sslrootcert) are right"
     )]
     StoreUnreachable {
         /// The URL without its password.

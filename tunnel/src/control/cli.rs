@@ -41,9 +41,10 @@ pub struct DataDirArgs {
     /// `--store` (an environment shared with the edge may set both).
     #[arg(long, env = "TUNA_EDGE_DATA_DIR", required_unless_present = "store")]
     pub data_dir: Option<PathBuf>,
-    /// The fleet's PostgreSQL store, `postgres://USER[:PASSWORD]@HOST:PORT/DB`
-    /// (prefer the environment variable: a command line is visible to every
-    /// local user).
+    /// The fleet's PostgreSQL store, `postgres://USER[:PASSWORD]@HOST:PORT/DB`,
+    /// with `?sslmode=verify-full&sslrootcert=CA.pem` for a database on
+    /// another machine (prefer the environment variable: a command line is
+    /// visible to every local user).
     #[arg(
         long,
         env = "TUNA_EDGE_STORE",

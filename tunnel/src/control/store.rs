@@ -21,6 +21,7 @@
 //! [`postgres`](self::postgres)); [`Store::on_remote_changes`] hears them, so
 //! that the control plane closes the tunnels of a token revoked elsewhere.
 
+mod pg_tls;
 mod postgres;
 mod redb;
 
@@ -33,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::{Bindings, DomainKind, Scope};
 use crate::{Error, Result};
 
+pub(crate) use self::postgres::StoreTarget;
 pub use self::postgres::StoreUrl;
 
 /// File name of the store inside the data dir.

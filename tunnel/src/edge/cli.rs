@@ -49,9 +49,10 @@ pub struct EdgeArgs {
     pub data_dir: Option<PathBuf>,
     /// Keeps keys, reservations and tokens in this PostgreSQL database,
     /// shared by every replica of an edge fleet, instead of
-    /// `<data-dir>/control.redb`: `postgres://USER[:PASSWORD]@HOST:PORT/DB`
-    /// (prefer the environment variable: a command line is visible to every
-    /// local user). See docs/edge-fleet.md.
+    /// `<data-dir>/control.redb`: `postgres://USER[:PASSWORD]@HOST:PORT/DB`,
+    /// with `?sslmode=verify-full&sslrootcert=CA.pem` for a database on
+    /// another machine (prefer the environment variable: a command line is
+    /// visible to every local user). See docs/edge-fleet.md.
     #[arg(
         long,
         env = "TUNA_EDGE_STORE",

@@ -493,7 +493,7 @@ async fn hop_in(
 
 /// The lease task: publishes this replica's attachments, reads the others'.
 struct Lease {
-    pg: tokio_postgres::Config,
+    pg: crate::control::StoreTarget,
     store: String,
     me: String,
     advertise: SocketAddr,
@@ -530,7 +530,7 @@ impl Lease {
 
     /// One connection to the store: LISTEN, then renew and re-read until it fails.
     async fn session(self: Arc<Self>, wake: Arc<Notify>) -> Result<(), tokio_postgres::Error> {
-        let (client, mut connection) = self.pg.connect(tokio_postgres::NoTls).await?;
+        let (client, mut connection) = self.pg.connect().await?;
         let notified = Arc::clone(&wake);
         let driver = tokio::spawn(async move {
             let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));

@@ -200,6 +200,41 @@ impl PgServer {
             .unwrap()
     }
 
+    /// Turns TLS on with `cert_pem`/`key_pem` and from then on accepts TCP
+    /// connections only over TLS (`hostssl` in `pg_hba.conf`); returns once
+    /// a new session sees `ssl = on`.
+    pub fn require_tls(&self, cert_pem: &str, key_pem: &str) {
+        let data = self.data();
+        let files = [
+            ("server.crt", cert_pem),
+            ("server.key", key_pem),
+            (
+                "pg_hba.conf",
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+            ),
+        ];
+        for (name, text) in files {
+            let path = data.join(name);
+            std::fs::write(&path, text).unwrap();
+            // The server refuses a key others may read.
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
+            if self.as_postgres {
+                run_ok(Command::new("chown").arg("postgres:").arg(&path));
+            }
+        }
+        self.psql("postgres", "ALTER SYSTEM SET ssl = on");
+        self.psql("postgres", "SELECT pg_reload_conf()");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.psql("postgres", "SHOW ssl") != "on" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ssl not on after the reload"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// The directory the server lives in.
     pub fn dir(&self) -> &Path {
         self.dir.path()

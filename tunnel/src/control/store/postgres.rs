@@ -84,8 +84,9 @@
 //! brings it into the mirror from the change log, so an acknowledged write is
 //! never lost and an unacknowledged one is either fully there or absent.
 //!
-//! The connection is plain TCP (`NoTls`): a URL with `sslmode=require` is
-//! refused at connect. Run PostgreSQL on the replicas' private network.
+//! The connection takes libpq's `sslmode` and `sslrootcert` from the URL
+//! (`super::pg_tls`): `sslmode=verify-full&sslrootcert=ca.pem` is what a
+//! fleet whose database is on another machine should use.
 
 use std::fmt;
 use std::str::FromStr;
@@ -96,8 +97,14 @@ use futures::future::try_join_all;
 use tokio::runtime::Runtime;
 use tokio::sync::{Mutex, Notify};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, Config, GenericClient, IsolationLevel, NoTls, Row};
+use tokio_postgres::{
+    AsyncMessage, Client, Config, Connection, GenericClient, IsolationLevel, Row, Socket,
+};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::pg_tls::{self, SslMode};
 
 use super::{Backend, DomainRecord, KeyRecord, Mirror, State, TcpRecord, TokenRecord, Write};
 use crate::{Error, Result};
@@ -205,6 +212,37 @@ CREATE TABLE edge_attachments (
     ),
 ];
 
+/// A connection to the store as tokio-postgres drives it.
+pub(crate) type StoreConnection =
+    Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
+
+/// Where the store is and how its connection is secured.
+#[derive(Clone)]
+pub(crate) struct StoreTarget {
+    pub(crate) pg: Config,
+    tls: MakeRustlsConnect,
+    mode: SslMode,
+}
+
+impl StoreTarget {
+    /// Opens a connection (TLS as the URL's `sslmode` says).
+    pub(crate) async fn connect(&self) -> Result<(Client, StoreConnection), tokio_postgres::Error> {
+        self.pg.connect(self.tls.clone()).await
+    }
+
+    /// Says once, at start, when the connection is open to an attacker on
+    /// the path to a database on another machine.
+    fn report_exposure(&self, store: &str) {
+        if let Some(why) = pg_tls::exposure(self.mode, self.pg.get_hosts()) {
+            tracing::warn!(
+                %store,
+                "the store's connection can be read or changed on its way: {why}; use \
+                 sslmode=verify-full&sslrootcert=CA.pem (docs/edge-fleet.md)"
+            );
+        }
+    }
+}
+
 /// A PostgreSQL connection URL, e.g. `postgres://edge:secret@db:5432/tuna`.
 /// Its `Debug` and `Display` never show the password; the text is checked
 /// when the store opens (not while parsing flags, whose errors would echo
@@ -223,14 +261,15 @@ impl FromStr for StoreUrl {
 impl StoreUrl {
     /// The connection settings, or a [`Error::ControlConfig`] that does not
     /// quote the text.
-    pub(crate) fn config(&self) -> Result<Config> {
+    pub(crate) fn config(&self) -> Result<StoreTarget> {
         let text = self.0.trim();
         if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
             return Err(Error::ControlConfig(
                 "--store takes a postgres://USER[:PASSWORD]@HOST:PORT/DB URL".into(),
             ));
         }
-        let mut config = Config::from_str(text).map_err(|e| {
+        let tls = pg_tls::split_url(text)?;
+        let mut config = Config::from_str(&tls.rest).map_err(|e| {
             Error::ControlConfig(format!(
                 "the --store URL does not parse ({e}); it is not shown, as it may hold a password"
             ))
@@ -242,13 +281,21 @@ impl StoreUrl {
         }
         config
             .connect_timeout(CONNECT_TIMEOUT)
-            .application_name("tuna-edge");
-        Ok(config)
+            .application_name("tuna-edge")
+            .ssl_mode(pg_tls::negotiation(tls.mode));
+        Ok(StoreTarget {
+            tls: pg_tls::connector(&tls)?,
+            mode: tls.mode,
+            pg: config,
+        })
     }
 
     /// `postgres://user@host:port/db`, without the password.
     pub fn redacted(&self) -> String {
-        let Ok(config) = Config::from_str(self.0.trim()) else {
+        let Ok(config) = pg_tls::split_url(self.0.trim())
+            .map_err(|_| ())
+            .and_then(|tls| Config::from_str(&tls.rest).map_err(|_| ()))
+        else {
             return "<an unparseable --store URL>".to_owned();
         };
         let hosts: Vec<String> = config
@@ -302,7 +349,7 @@ pub(crate) struct Postgres {
 }
 
 struct Shared {
-    config: Config,
+    config: StoreTarget,
     /// The URL without its password, for errors and logs.
     name: String,
     mirror: Arc<Mirror>,
@@ -331,6 +378,7 @@ impl Postgres {
     pub(crate) fn open(url: &StoreUrl, mirror: Arc<Mirror>) -> Result<Self> {
         let config = url.config()?;
         let name = url.redacted();
+        config.report_exposure(&name);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("tuna-store")
@@ -588,8 +636,8 @@ impl Shared {
 /// can hold: the server ends a session idle inside a transaction (a replica
 /// that vanished while holding the write lock frees it), a write waits for
 /// the lock and a statement runs only so long (the API then answers 503).
-async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
+async fn connect(config: &StoreTarget) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect().await?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "store connection ended");
@@ -610,7 +658,7 @@ async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
 /// Follows `NOTIFY tuna_store` on a dedicated connection, reconnecting.
 async fn listen(shared: Arc<Shared>) {
     loop {
-        match shared.config.connect(NoTls).await {
+        match shared.config.connect().await {
             Ok((client, mut connection)) => {
                 // Notifications arrive only through `poll_message`.
                 let drive = async {
