@@ -47,7 +47,9 @@ pub struct ConnectorsArgs {
     /// The connectors role's own flags.
     #[command(flatten)]
     pub connectors: ConnectorsFlags,
-    /// (`--resync-interval` is how often every Connector is probed again.)
+    /// (`--resync-interval` is how often every Ready Connector is probed
+    /// again; one that is not Ready is checked again sooner, with a backoff
+    /// from 1 s up to it.)
     /// Probes, metrics and resync.
     #[command(flatten)]
     pub serve: ServeArgs,

@@ -604,6 +604,43 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
     assert_eq!(used, granted, "used (left) and granted (right) differ");
 }
 
+/// A user who fixes a wrong Secret does not wait for the resync: a
+/// Connector whose checks fail is checked again with a short backoff, so it
+/// turns Ready within seconds of the fix, with the resync interval at its
+/// default of 5 minutes (before: up to 5 m 30 s — the role may not watch
+/// Secrets, and nothing else changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connector_turns_ready_within_seconds_of_its_secret_being_fixed() {
+    let env = Env::start_with(&["--resync-interval", "5m"], &[]).await;
+    ok(
+        env.op(
+            &["apply", "-n", NS, "-f", "-"],
+            Some(&quick_start("not-the-token", env.target.url())),
+        ),
+        "the quick start with a wrong token",
+    );
+    env.connector("Unauthorized", |c| {
+        is(c, "AuthReady", "False", "Unauthorized")
+    })
+    .await;
+    let secret = quick_start(&env.target_token, env.target.url());
+    let secret = secret.split("---").next().unwrap();
+    ok(
+        env.op(&["apply", "-n", NS, "-f", "-"], Some(secret)),
+        "the right token",
+    );
+    let fixed = std::time::Instant::now();
+    let bound = Duration::from_secs(15);
+    let turned = tokio::time::timeout(bound, env.connector("Ready", ready)).await;
+    assert!(
+        turned.is_ok(),
+        "not Ready within {bound:?} of the fix: {:#?}\n{}",
+        condition(&env.connector("any", |_| true).await, "Ready"),
+        env.role.log()
+    );
+    eprintln!("Ready {:?} after the fix", fixed.elapsed());
+}
+
 // ---------------------------------------------------------------------------
 // Trust of the proxy (issue 19: revocation on open connections, strangers'
 // budget, negative reviews, no secret at any log level).
