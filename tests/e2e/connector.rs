@@ -1145,6 +1145,51 @@ mod trust {
         assert!(limited > 0, "the budget ran out");
     }
 
+    /// The budget of reviews is kept per source: one address sending
+    /// garbage passwords spends its own share (at most 20 reviews for 50
+    /// passwords), and a new caller from another address is reviewed at
+    /// once, with the role's default budgets. (Before: the one global
+    /// budget, burst 40, went to the garbage, and the caller got 429.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn garbage_from_one_source_does_not_spend_the_budget_of_another() {
+        let env = Env::start().await;
+        let kubeconfig = quick_start_ready(&env).await;
+        let before = reviews(&env);
+        let attacker: std::net::Ipv4Addr = [127, 0, 0, 2].into();
+        // In rounds within the unauthenticated places of one address (32).
+        let mut heads = Vec::new();
+        for round in 0..2 {
+            heads.extend(
+                futures::future::join_all((0..25).map(|i| {
+                    let env = &env;
+                    async move {
+                        connect_from(env, attacker, &format!("garbage-{round}-{i}"))
+                            .await
+                            .0
+                    }
+                }))
+                .await,
+            );
+        }
+        for head in &heads {
+            assert!(
+                head.starts_with("HTTP/1.1 407 ") || head.starts_with("HTTP/1.1 429 "),
+                "{head}"
+            );
+        }
+        let reviewed = reviews(&env) - before;
+        assert!(
+            reviewed <= 20,
+            "{reviewed} TokenReviews for 50 garbage passwords from one source"
+        );
+        let (head, _) = connect_from(&env, [127, 0, 0, 1].into(), &password_of(&kubeconfig)).await;
+        assert!(
+            head.starts_with("HTTP/1.1 200 "),
+            "a new valid token from another source: {head}"
+        );
+        eprintln!("{reviewed} TokenReviews for 50 garbage passwords from one source");
+    }
+
     /// No log level prints a secret: the role at `RUST_LOG=trace` serves
     /// kubectl, and neither the target's token, the proxy password nor the
     /// role's own token is anywhere in its output.
