@@ -34,13 +34,20 @@
 //!
 //! # Strangers
 //!
-//! Tokens never seen valid are reviewed within a budget (a token bucket,
-//! [`AuthorizerOptions::reviews_per_second`] and
-//! [`AuthorizerOptions::review_burst`]): past it they are answered `429`
-//! without a review. Tokens that were valid in the last hour are exempt,
-//! so the connections of known callers are re-checked whatever strangers do.
+//! Tokens never seen valid are reviewed within two budgets (token buckets):
+//! one per source — the client's IPv4 address, or its IPv6 /64, which one
+//! host usually holds whole — ([`AuthorizerOptions::reviews_per_second_per_source`],
+//! [`AuthorizerOptions::review_burst_per_source`]), and the proxy's whole
+//! ceiling ([`AuthorizerOptions::reviews_per_second`],
+//! [`AuthorizerOptions::review_burst`]). Past either they are answered `429`
+//! without a review. So a source sending garbage passwords spends its own
+//! budget, not the budget of new callers elsewhere; only many sources
+//! together reach the ceiling. Tokens that were valid in the last hour are
+//! exempt, so the connections of known callers are re-checked whatever
+//! strangers do.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -74,10 +81,16 @@ pub struct AuthorizerOptions {
     pub recheck_interval: Duration,
     /// How long a refusal is reused. Default 3 s.
     pub negative_ttl: Duration,
-    /// TokenReviews of tokens never seen valid, per second.
+    /// TokenReviews of tokens never seen valid, per second, from all
+    /// sources together: the ceiling. Default 20.
     pub reviews_per_second: NonZeroU32,
-    /// How many such reviews may come at once.
+    /// How many such reviews may come at once, from all sources. Default 40.
     pub review_burst: NonZeroU32,
+    /// TokenReviews of tokens never seen valid, per second, from one source
+    /// (an IPv4 address, an IPv6 /64). Default 1.
+    pub reviews_per_second_per_source: NonZeroU32,
+    /// How many such reviews one source may have at once. Default 10.
+    pub review_burst_per_source: NonZeroU32,
 }
 
 impl AuthorizerOptions {
@@ -89,6 +102,8 @@ impl AuthorizerOptions {
             negative_ttl: Duration::from_secs(3),
             reviews_per_second: NonZeroU32::new(20).expect("not zero"),
             review_burst: NonZeroU32::new(40).expect("not zero"),
+            reviews_per_second_per_source: NonZeroU32::new(1).expect("not zero"),
+            review_burst_per_source: NonZeroU32::new(10).expect("not zero"),
         }
     }
 }
@@ -145,8 +160,13 @@ pub struct KubeAuthorizer {
     known: moka::sync::Cache<[u8; 32], ()>,
     /// (user, namespace, connector): may get it.
     access: moka::future::Cache<(String, String, String), Timed<bool>>,
-    /// The budget of reviews of tokens never seen valid.
+    /// The budget of reviews of tokens never seen valid: the ceiling.
     reviews: DefaultDirectRateLimiter,
+    /// The same, per source ([`source_of`]); a bucket idle long enough to
+    /// have filled again is dropped (a new one is the same).
+    sources: moka::sync::Cache<IpAddr, Arc<DefaultDirectRateLimiter>>,
+    /// The quota of each of `sources`.
+    source_quota: Quota,
 }
 
 impl KubeAuthorizer {
@@ -164,6 +184,13 @@ impl KubeAuthorizer {
         options: AuthorizerOptions,
     ) -> Self {
         let quota = Quota::per_second(options.reviews_per_second).allow_burst(options.review_burst);
+        let source_quota = Quota::per_second(options.reviews_per_second_per_source)
+            .allow_burst(options.review_burst_per_source);
+        // A bucket is full again after burst / rate: idle that long, it can go.
+        let refilled = Duration::from_secs(
+            u64::from(options.review_burst_per_source.get())
+                .div_ceil(u64::from(options.reviews_per_second_per_source.get())),
+        );
         Self {
             client,
             targets,
@@ -174,12 +201,47 @@ impl KubeAuthorizer {
                 .build(),
             access: timed_cache(),
             reviews: RateLimiter::direct(quota),
+            sources: moka::sync::Cache::builder()
+                .max_capacity(MAX_CACHED)
+                .time_to_idle(refilled.max(Duration::from_secs(1)))
+                .build(),
+            source_quota,
             options,
         }
     }
 
-    /// Who `token` is, and until when that answer holds.
-    async fn authenticate(&self, token: &Credential) -> Result<Timed<Caller>, ConnectRefusal> {
+    /// Takes one review of an unknown token from `client`'s budget and the
+    /// ceiling, or says when to try again.
+    fn spend_review(&self, client: IpAddr) -> Result<(), ConnectRefusal> {
+        let too_many = |not_until: governor::NotUntil<_>, whose: &str| {
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(
+                &governor::clock::DefaultClock::default(),
+            ));
+            ConnectRefusal::TooManyRequests {
+                message: format!(
+                    "the proxy is checking too many unknown tokens {whose}; try again"
+                ),
+                retry_after: wait,
+            }
+        };
+        let source = self.sources.get_with(source_of(client), || {
+            Arc::new(RateLimiter::direct(self.source_quota))
+        });
+        source
+            .check()
+            .map_err(|n| too_many(n, "from this address"))?;
+        self.reviews
+            .check()
+            .map_err(|n| too_many(n, "at the moment"))
+    }
+
+    /// Who `token` is, and until when that answer holds; `client` pays for
+    /// the review of a token the proxy has not seen valid.
+    async fn authenticate(
+        &self,
+        token: &Credential,
+        client: IpAddr,
+    ) -> Result<Timed<Caller>, ConnectRefusal> {
         let digest: [u8; 32] =
             ring::digest::digest(&ring::digest::SHA256, token.expose().as_bytes())
                 .as_ref()
@@ -191,15 +253,9 @@ impl KubeAuthorizer {
             .tokens
             .try_get_with(digest, async {
                 if !self.known.contains_key(&digest)
-                    && let Err(not_until) = self.reviews.check()
+                    && let Err(refusal) = self.spend_review(client)
                 {
-                    let wait = not_until.wait_time_from(governor::clock::Clock::now(
-                        &governor::clock::DefaultClock::default(),
-                    ));
-                    return Err(ConnectRefusal::TooManyRequests {
-                        message: "the proxy is checking too many unknown tokens; try again".into(),
-                        retry_after: wait,
-                    });
+                    return Err(refusal);
                 }
                 let answer = self.review_token(token).await?;
                 let until = match &answer {
@@ -331,6 +387,19 @@ impl KubeAuthorizer {
                 name,
             )))
         }
+    }
+}
+
+/// The source whose budget a client's reviews come from: its IPv4 address
+/// (an IPv4-mapped IPv6 address is one), or its IPv6 /64 — a host is
+/// usually given a whole /64, so finer keys would give one host 2^64 budgets.
+fn source_of(client: IpAddr) -> IpAddr {
+    match client {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !(u128::MAX >> 64)).into()),
+        },
     }
 }
 
@@ -504,7 +573,9 @@ impl ConnectAuthorizer for KubeAuthorizer {
                 "the proxy user must be <namespace>/<connector>".into(),
             ));
         };
-        let caller = self.authenticate(&request.credentials.password).await?;
+        let caller = self
+            .authenticate(&request.credentials.password, request.client_addr.ip())
+            .await?;
         let mut valid_until = caller.until;
         let caller = caller.value;
         if let Some(until) = self.may_use(&caller, namespace, name).await? {
@@ -555,6 +626,21 @@ mod tests {
             "", "/", "ns/", "/name", "ns", "NS/name", "ns/na me", "ns/a/b",
         ] {
             assert_eq!(connector_of(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn reviews_are_budgeted_per_ipv4_address_and_ipv6_64() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (client, source) in [
+            ("10.1.2.3", "10.1.2.3"),
+            ("::ffff:10.1.2.3", "10.1.2.3"),
+            ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::"),
+            ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::"),
+            ("2001:db8:1:3::1", "2001:db8:1:3::"),
+            ("::1", "::"),
+        ] {
+            assert_eq!(source_of(ip(client)), ip(source), "{client}");
         }
     }
 

@@ -23,9 +23,12 @@
 //! | `Ready` | all of the above but `CACertReady` (which LivenessReady depends on) |
 //!
 //! A condition whose prerequisite failed is `Unknown` (`NotChecked`). The
-//! Connector is re-probed, and its Secrets read again by `get`, every
-//! `--resync-interval`, and at once when it, its class or its Service
-//! change; Secrets are not watched (a changed Secret waits for the resync).
+//! Connector is re-probed, and its Secrets read again by `get`, at once when
+//! it, its class or its Service change, and then every `--resync-interval`
+//! while it is Ready. Secrets are not watched (the role may not), so a
+//! Connector that is not Ready is checked again sooner, with a backoff of
+//! its own ([`RECHECK_FIRST`], doubling up to the resync interval): a user
+//! who fixes a wrong Secret sees it Ready within seconds, not at the resync.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -52,7 +55,7 @@ use crate::connectors::probe::{self, ProbeResult};
 use crate::connectors::targets::{ProxyTarget, ProxyTargets};
 use crate::metrics::Metrics;
 use crate::reconcile::kit::{self, Deletion, KitContext, Reconciler};
-use crate::reconcile::{Backoff, Events, apply_status, publish_event, resync};
+use crate::reconcile::{Backoff, Events, apply_status, key_of, publish_event, resync};
 
 /// Field manager of the Services and the built-in class the connectors role applies.
 pub const FIELD_MANAGER: &str = "tuna-operator-connectors";
@@ -62,6 +65,9 @@ pub const REPORTER: &str = "tuna-operator-connectors";
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", FIELD_MANAGER);
 /// Label naming the Connector of a Service.
 pub const CONNECTOR_LABEL: &str = "connectors.alauda.io/connector";
+/// A Connector that is not Ready is checked again after this (jittered),
+/// then after twice as long each time, up to the resync interval.
+pub const RECHECK_FIRST: Duration = Duration::from_secs(1);
 
 /// Condition types.
 pub mod types {
@@ -84,7 +90,8 @@ pub mod types {
 /// Settings of the Connector reconciler.
 #[derive(Debug, Clone)]
 pub struct ConnectorOptions {
-    /// Every Connector is probed again this often.
+    /// Every Ready Connector is probed again this often (one that is not
+    /// Ready sooner, see [`RECHECK_FIRST`]).
     pub probe_interval: Duration,
     /// A probe gives up after this long.
     pub probe_timeout: Duration,
@@ -105,8 +112,11 @@ pub struct ConnectorContext {
     pub recorder: Events,
     /// Metrics of this process.
     pub metrics: Arc<Metrics>,
-    /// Per-object backoff.
+    /// Per-object backoff of failed reconciles (errors of the API server).
     pub backoff: Backoff,
+    /// Per-object backoff of the checks of a Connector that is not Ready
+    /// (its reconcile succeeded: the kit resets `backoff` then).
+    pub recheck: Backoff,
     /// Settings.
     pub options: ConnectorOptions,
     /// PEM of the proxy's CA (published in each Connector's status).
@@ -137,6 +147,7 @@ impl ConnectorContext {
             recorder,
             metrics,
             backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(300)),
+            recheck: Backoff::new(RECHECK_FIRST, options.probe_interval.max(RECHECK_FIRST)),
             options,
             proxy_ca_pem,
             targets,
@@ -871,7 +882,24 @@ async fn apply(
     if let Some(e) = errors.into_iter().next() {
         return Err(Error::Kube(e));
     }
-    Ok(resync(ctx.options.probe_interval))
+    Ok(next_check(ctx, connector, &status))
+}
+
+/// When to check `connector` again: at the resync once Ready; else sooner,
+/// with its own backoff — Secrets are not watched, and a fixed Secret should
+/// not wait for the resync.
+fn next_check(ctx: &ConnectorContext, connector: &Connector, status: &ConnectorStatus) -> Action {
+    let key = key_of(connector);
+    let ready = status
+        .conditions
+        .condition(types::READY)
+        .is_some_and(|c| c.status == ConditionStatus::True.as_str());
+    if ready {
+        ctx.recheck.reset(&key);
+        resync(ctx.options.probe_interval)
+    } else {
+        Action::requeue(ctx.recheck.fail(&key))
+    }
 }
 
 /// The Connector reconciler: no finalizer — once a Connector is gone the
@@ -900,6 +928,7 @@ impl Reconciler for Connectors {
     }
 
     async fn forget(self: Arc<Self>, namespace: String, name: String) {
+        self.ctx.recheck.reset(&format!("{namespace}/{name}"));
         self.ctx.targets.remove(&namespace, &name);
     }
 }

@@ -47,7 +47,9 @@ pub struct ConnectorsArgs {
     /// The connectors role's own flags.
     #[command(flatten)]
     pub connectors: ConnectorsFlags,
-    /// (`--resync-interval` is how often every Connector is probed again.)
+    /// (`--resync-interval` is how often every Ready Connector is probed
+    /// again; one that is not Ready is checked again sooner, with a backoff
+    /// from 1 s up to it.)
     /// Probes, metrics and resync.
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -100,13 +102,22 @@ pub struct ConnectorsFlags {
     /// ServiceAccount, RoleBinding or Connector is refused within it).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub proxy_recheck_interval: Duration,
-    /// TokenReviews per second for tokens the proxy has not seen valid
-    /// (more are answered 429 with Retry-After).
+    /// TokenReviews per second for tokens the proxy has not seen valid,
+    /// from all sources together: the ceiling (more are answered 429 with
+    /// Retry-After).
     #[arg(long, value_name = "N", default_value = "20")]
     pub proxy_token_reviews_per_second: std::num::NonZeroU32,
-    /// How many of those may come at once.
+    /// How many of those may come at once, from all sources.
     #[arg(long, value_name = "N", default_value = "40")]
     pub proxy_token_review_burst: std::num::NonZeroU32,
+    /// TokenReviews per second for tokens the proxy has not seen valid, from
+    /// one source (a client IPv4 address, an IPv6 /64): one source sending
+    /// garbage passwords spends its own budget, not that of new callers.
+    #[arg(long, value_name = "N", default_value = "1")]
+    pub proxy_token_reviews_per_second_per_source: std::num::NonZeroU32,
+    /// How many of those one source may have at once.
+    #[arg(long, value_name = "N", default_value = "10")]
+    pub proxy_token_review_burst_per_source: std::num::NonZeroU32,
     /// Longest silence of a target during a response (a watch without events).
     #[arg(long, value_name = "DURATION", default_value = "30m", value_parser = parse_duration)]
     pub proxy_idle_timeout: Duration,
@@ -253,6 +264,8 @@ pub async fn serve(
             recheck_interval: flags.proxy_recheck_interval,
             reviews_per_second: flags.proxy_token_reviews_per_second,
             review_burst: flags.proxy_token_review_burst,
+            reviews_per_second_per_source: flags.proxy_token_reviews_per_second_per_source,
+            review_burst_per_source: flags.proxy_token_review_burst_per_source,
             ..AuthorizerOptions::new(flags.token_audience.clone())
         },
     );

@@ -604,6 +604,43 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
     assert_eq!(used, granted, "used (left) and granted (right) differ");
 }
 
+/// A user who fixes a wrong Secret does not wait for the resync: a
+/// Connector whose checks fail is checked again with a short backoff, so it
+/// turns Ready within seconds of the fix, with the resync interval at its
+/// default of 5 minutes (before: up to 5 m 30 s — the role may not watch
+/// Secrets, and nothing else changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connector_turns_ready_within_seconds_of_its_secret_being_fixed() {
+    let env = Env::start_with(&["--resync-interval", "5m"], &[]).await;
+    ok(
+        env.op(
+            &["apply", "-n", NS, "-f", "-"],
+            Some(&quick_start("not-the-token", env.target.url())),
+        ),
+        "the quick start with a wrong token",
+    );
+    env.connector("Unauthorized", |c| {
+        is(c, "AuthReady", "False", "Unauthorized")
+    })
+    .await;
+    let secret = quick_start(&env.target_token, env.target.url());
+    let secret = secret.split("---").next().unwrap();
+    ok(
+        env.op(&["apply", "-n", NS, "-f", "-"], Some(secret)),
+        "the right token",
+    );
+    let fixed = std::time::Instant::now();
+    let bound = Duration::from_secs(15);
+    let turned = tokio::time::timeout(bound, env.connector("Ready", ready)).await;
+    assert!(
+        turned.is_ok(),
+        "not Ready within {bound:?} of the fix: {:#?}\n{}",
+        condition(&env.connector("any", |_| true).await, "Ready"),
+        env.role.log()
+    );
+    eprintln!("Ready {:?} after the fix", fixed.elapsed());
+}
+
 // ---------------------------------------------------------------------------
 // Trust of the proxy (issue 19: revocation on open connections, strangers'
 // budget, negative reviews, no secret at any log level).
@@ -1106,6 +1143,51 @@ mod trust {
             "{reviewed} reviews: no more than the burst left (2) and 1/s over {elapsed} s"
         );
         assert!(limited > 0, "the budget ran out");
+    }
+
+    /// The budget of reviews is kept per source: one address sending
+    /// garbage passwords spends its own share (at most 20 reviews for 50
+    /// passwords), and a new caller from another address is reviewed at
+    /// once, with the role's default budgets. (Before: the one global
+    /// budget, burst 40, went to the garbage, and the caller got 429.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn garbage_from_one_source_does_not_spend_the_budget_of_another() {
+        let env = Env::start().await;
+        let kubeconfig = quick_start_ready(&env).await;
+        let before = reviews(&env);
+        let attacker: std::net::Ipv4Addr = [127, 0, 0, 2].into();
+        // In rounds within the unauthenticated places of one address (32).
+        let mut heads = Vec::new();
+        for round in 0..2 {
+            heads.extend(
+                futures::future::join_all((0..25).map(|i| {
+                    let env = &env;
+                    async move {
+                        connect_from(env, attacker, &format!("garbage-{round}-{i}"))
+                            .await
+                            .0
+                    }
+                }))
+                .await,
+            );
+        }
+        for head in &heads {
+            assert!(
+                head.starts_with("HTTP/1.1 407 ") || head.starts_with("HTTP/1.1 429 "),
+                "{head}"
+            );
+        }
+        let reviewed = reviews(&env) - before;
+        assert!(
+            reviewed <= 20,
+            "{reviewed} TokenReviews for 50 garbage passwords from one source"
+        );
+        let (head, _) = connect_from(&env, [127, 0, 0, 1].into(), &password_of(&kubeconfig)).await;
+        assert!(
+            head.starts_with("HTTP/1.1 200 "),
+            "a new valid token from another source: {head}"
+        );
+        eprintln!("{reviewed} TokenReviews for 50 garbage passwords from one source");
     }
 
     /// No log level prints a secret: the role at `RUST_LOG=trace` serves

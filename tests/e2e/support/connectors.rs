@@ -178,15 +178,19 @@ impl Env {
             "127.0.0.1:0",
             "--probe-listen",
             "127.0.0.1:0",
-            "--resync-interval",
-            "1s",
             "--namespace",
             "tuna-system",
         ]
         .map(String::from)
         .to_vec();
+        // A fast resync unless the test sets its own (clap takes a flag once).
+        let resync = (!extra_args.contains(&"--resync-interval"))
+            .then_some(["--resync-interval", "1s"])
+            .into_iter()
+            .flatten();
         let args: Vec<String> = args
             .into_iter()
+            .chain(resync.map(String::from))
             .chain(extra_args.iter().map(|a| a.to_string()))
             .collect();
         let mut env = vec![
