@@ -4,8 +4,11 @@
 //!
 //! One renderer for every consumer: `tuna-operator connector kubeconfig`
 //! (people, CI pipelines) and the CSI driver (files in pod volumes, with
-//! tokens bound to pods). Both start from the Connector object, whose status
-//! carries the proxy's address and CA ([`KubeconfigInput::from_connector`]).
+//! tokens bound to pods). The command takes the proxy's address and CA from
+//! the Connector's status ([`KubeconfigInput::from_connector`]); the CSI
+//! plugin derives them from the proxy's Service name and CA Secret
+//! ([`KubeconfigInput::with_proxy`]), so that patching a status cannot
+//! redirect workloads.
 
 use serde::Serialize;
 use tuna_crds::{Connector, KUBECONFIG_CONFIGURATION};
@@ -54,16 +57,6 @@ impl KubeconfigInput {
         token: Credential,
         proxy_url: Option<&str>,
     ) -> crate::Result<Self> {
-        let namespace = connector
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let name = connector.metadata.name.clone().unwrap_or_default();
-        let id = format!("{namespace}/{name}");
-        if connector.spec.address.is_empty() {
-            return Err(Error::NoConnectorAddress(id));
-        }
         let address = connector
             .status
             .as_ref()
@@ -73,18 +66,48 @@ impl KubeconfigInput {
             address.and_then(|a| a.url.as_deref()),
             address.and_then(|a| a.ca_certs.as_deref()),
         ) else {
-            return Err(Error::NoProxyAddress(id));
+            return Err(Error::NoProxyAddress(connector_id(connector)));
         };
-        let url = proxy_url.unwrap_or(url);
+        Self::with_proxy(connector, token, proxy_url.unwrap_or(url), ca.to_owned())
+    }
+
+    /// The input for `connector` and `token` with the proxy's URL
+    /// (`http://host[:port]`) and CA given, not read from the Connector's
+    /// status (which whoever may patch `connectors/status` can change: the
+    /// CSI plugin derives both from the proxy's Service and CA Secret).
+    pub fn with_proxy(
+        connector: &Connector,
+        token: Credential,
+        proxy_url: &str,
+        proxy_ca_pem: String,
+    ) -> crate::Result<Self> {
+        let namespace = connector
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = connector.metadata.name.clone().unwrap_or_default();
+        if connector.spec.address.is_empty() {
+            return Err(Error::NoConnectorAddress(connector_id(connector)));
+        }
         Ok(Self {
             namespace,
             name,
             server: connector.spec.address.clone(),
-            proxy_host: proxy_host_of(url)?,
-            proxy_ca_pem: ca.to_owned(),
+            proxy_host: proxy_host_of(proxy_url)?,
+            proxy_ca_pem,
             token,
         })
     }
+}
+
+/// `namespace/name` of `connector`.
+fn connector_id(connector: &Connector) -> String {
+    format!(
+        "{}/{}",
+        connector.metadata.namespace.as_deref().unwrap_or("default"),
+        connector.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// `host[:port]` of an `http://host[:port][/]` URL.

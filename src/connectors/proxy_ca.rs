@@ -76,6 +76,42 @@ pub async fn load_or_create(client: &Client, namespace: &str, name: &str) -> cra
     Err(Error::ProxyCaIncomplete(id))
 }
 
+/// The certificate (PEM) of the CA in Secret `namespace/name`, as the CSI
+/// plugin puts it in workload kubeconfigs: only `tls.crt` is read, and it
+/// must parse as a certificate. `Ok(None)`: the Secret does not exist yet
+/// (the connectors role makes it at its start).
+pub async fn certificate(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> crate::Result<Option<String>> {
+    let id = format!("{namespace}/{name}");
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let Some(secret) = api
+        .get_opt(name)
+        .await
+        .map_err(|source| Error::ProxyCaSecret {
+            secret: id.clone(),
+            source,
+        })?
+    else {
+        return Ok(None);
+    };
+    let pem = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("tls.crt"))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+        .filter(|pem| {
+            use rustls::pki_types::{CertificateDer, pem::PemObject};
+            CertificateDer::pem_slice_iter(pem.as_bytes())
+                .next()
+                .is_some_and(|c| c.is_ok())
+        })
+        .ok_or(Error::ProxyCaIncomplete(id))?;
+    Ok(Some(pem))
+}
+
 fn from_secret(secret: &Secret) -> Option<CaPem> {
     let data = secret.data.as_ref()?;
     let text = |k: &str| {

@@ -92,10 +92,33 @@ pub struct CsiArgs {
     #[arg(long, value_name = "NODE", env = "NODE_NAME")]
     pub node_id: String,
     /// Proxy URL written into kubeconfigs instead of the Connector's
-    /// `status.proxy.httpAddress.url` (`http://host[:port]`), for nodes
-    /// whose pods cannot resolve the cluster's DNS names (tests, debugging).
+    /// Service, `http://c-<name>.<namespace>.svc.<cluster domain>`, for
+    /// nodes whose pods cannot resolve the cluster's DNS names (tests,
+    /// debugging).
     #[arg(long, value_name = "URL")]
     pub proxy_url: Option<String>,
+    /// The operator's namespace, of the proxy's CA Secret. Default: the
+    /// environment variable POD_NAMESPACE, else the kubeconfig's namespace.
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Secret holding the proxy's CA (the connectors role's `--ca-secret`):
+    /// its `tls.crt` is the CA that kubeconfigs trust. The Connector's
+    /// `status.proxy.httpAddress` is not read: whoever may patch a status
+    /// could redirect workloads with it.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "tuna-operator-connectors-ca"
+    )]
+    pub ca_secret: String,
+    /// The cluster's DNS domain (of the proxy URL).
+    #[arg(long, value_name = "DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Audience of the pod tokens used as proxy passwords: the connectors
+    /// role's `--token-audience`, and one of the CSIDriver's
+    /// `tokenRequests`.
+    #[arg(long, value_name = "AUDIENCE", default_value = crate::connectors::role::DEFAULT_AUDIENCE)]
+    pub token_audience: String,
 }
 
 /// The socket path of `endpoint` (`unix:///path`, `unix:/path` or `/path`).

@@ -22,7 +22,8 @@ use super::{CsiArgs, DRIVER_NAME};
 use crate::Error;
 use crate::connectors::authorizer::{Subject, may_use_connector, refusal};
 use crate::connectors::kubeconfig::{self, KubeconfigInput};
-use crate::connectors::role::DEFAULT_AUDIENCE;
+use crate::connectors::proxy_ca;
+use crate::connectors::reconciler::proxy_service_url;
 
 /// The built-in files every volume gets (unless excluded with `!name`).
 pub const TOKEN_FILE: &str = "context.token";
@@ -37,6 +38,10 @@ pub struct NodeContext {
     client: Client,
     node_id: String,
     proxy_url: Option<String>,
+    /// Namespace and name of the proxy's CA Secret.
+    ca_secret: (String, String),
+    cluster_domain: String,
+    token_audience: String,
     /// Volumes with a call in progress: a second call on one gets ABORTED,
     /// as the CSI spec recommends.
     busy: Arc<Mutex<HashSet<String>>>,
@@ -45,10 +50,22 @@ pub struct NodeContext {
 impl NodeContext {
     /// The services' context for `args`, reading the cluster with `client`.
     pub fn new(client: Client, args: &CsiArgs) -> Self {
+        let namespace = args
+            .namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|n| !n.is_empty())
+            })
+            .unwrap_or_else(|| client.default_namespace().to_owned());
         Self {
-            client,
             node_id: args.node_id.clone(),
             proxy_url: args.proxy_url.clone(),
+            ca_secret: (namespace, args.ca_secret.clone()),
+            cluster_domain: args.cluster_domain.clone(),
+            token_audience: args.token_audience.clone(),
+            client,
             busy: Arc::default(),
         }
     }
@@ -371,17 +388,33 @@ impl NodeService {
                 return Err(render_error(Error::UnknownConfiguration(c.clone())));
             }
         }
-        let audience = connector
-            .status
-            .as_ref()
-            .and_then(|s| s.proxy.as_ref())
-            .and_then(|p| p.http_address.as_ref())
-            .and_then(|a| a.audience.clone())
-            .unwrap_or_else(|| DEFAULT_AUDIENCE.to_owned());
-        let token = attributes::pod_token(tokens, &audience, now)?;
-        let input =
-            KubeconfigInput::from_connector(&connector, token.token, self.ctx.proxy_url.as_deref())
-                .map_err(render_error)?;
+        // The proxy's URL and CA come from its Service's name and CA Secret,
+        // never from the Connector's status: whoever may patch
+        // `connectors/status` could otherwise send workloads' tokens to a
+        // proxy of their own.
+        let token = attributes::pod_token(tokens, &self.ctx.token_audience, now)?;
+        let (ca_namespace, ca_name) = &self.ctx.ca_secret;
+        let ca = proxy_ca::certificate(&self.ctx.client, ca_namespace, ca_name)
+            .await
+            .map_err(|e| match e {
+                Error::ProxyCaSecret { source, .. } => kube_error(
+                    format!("reading the proxy's CA Secret {ca_namespace}/{ca_name}"),
+                    source,
+                ),
+                e => Error::CsiFailedPrecondition(e.to_string()),
+            })?
+            .ok_or_else(|| {
+                Error::CsiUnavailable(format!(
+                    "there is no proxy CA Secret {ca_namespace}/{ca_name} yet (the connectors role makes it at its start; --ca-secret, --namespace)"
+                ))
+            })?;
+        let proxy_url = self
+            .ctx
+            .proxy_url
+            .clone()
+            .unwrap_or_else(|| proxy_service_url(ns, name, &self.ctx.cluster_domain));
+        let input = KubeconfigInput::with_proxy(&connector, token.token, &proxy_url, ca)
+            .map_err(render_error)?;
         let mut files = Vec::new();
         for c in &configurations {
             for f in kubeconfig::render_configuration(c, &input).map_err(render_error)? {

@@ -77,6 +77,8 @@ struct Plugin {
     socket: PathBuf,
 }
 
+/// The plugin as `name`, with `--proxy-url` of the test's proxy unless
+/// `extra` has `--cluster-domain` (then the URL is the Connector's Service).
 async fn start_plugin(env: &Env, name: &str, extra: &[&str]) -> Plugin {
     let socket = env.dir.path().join(format!("{name}/csi.sock"));
     let token = env
@@ -92,11 +94,14 @@ async fn start_plugin(env: &Env, name: &str, extra: &[&str]) -> Plugin {
         &format!("unix://{}", socket.display()),
         "--node-id",
         "node-1",
-        "--proxy-url",
-        &format!("http://{}", env.proxy),
+        "--namespace",
+        "tuna-system",
     ]
     .map(String::from)
     .to_vec();
+    if !extra.contains(&"--cluster-domain") {
+        args.extend(["--proxy-url".to_owned(), format!("http://{}", env.proxy)]);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let process = Process::spawn(
         env.dir.path(),
@@ -772,6 +777,111 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
+
+    // --- Whoever may patch connectors/status cannot redirect workloads: the
+    // proxy's URL and CA come from its Service's name and its CA Secret. The
+    // role is stopped first, so that the status stays as patched. ---------
+    let proxy_ca = ok(
+        env.op(
+            &[
+                "get",
+                "secret",
+                "-n",
+                "tuna-system",
+                "tuna-operator-connectors-ca",
+                "-o",
+                "jsonpath={.data.tls\\.crt}",
+            ],
+            None,
+        ),
+        "the proxy's CA certificate",
+    );
+    let published = |target: &Path| {
+        let v: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(target.join("kubeconfig")).unwrap())
+                .unwrap();
+        (
+            // http://<user>:<token>@host[:port], without the credentials.
+            v["clusters"][0]["cluster"]["proxy-url"]
+                .as_str()
+                .and_then(|u| u.rsplit_once('@'))
+                .map(|(_, host)| format!("http://{host}"))
+                .unwrap(),
+            v["clusters"][0]["cluster"]["certificate-authority-data"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        )
+    };
+    let mut env = env;
+    env.role.kill().await;
+    let forged = serde_json::json!({"status": {"proxy": {"httpAddress": {
+        "url": "http://proxy.attacker.example:8080",
+        "CACerts": env.target.ca_pem(),
+        // The real audience, so that the URL and CA are what differ (an
+        // audience of its own would fail the publish).
+        "audience": "connectors.alauda.io",
+    }}}})
+    .to_string();
+    ok(
+        env.op(
+            &[
+                "patch",
+                "connector",
+                "-n",
+                NS,
+                "k8s-connector",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &forged,
+            ],
+            None,
+        ),
+        "forge the Connector's status",
+    );
+    env.connector("the forged status", |c| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.proxy.as_ref())
+            .and_then(|p| p.http_address.as_ref())
+            .and_then(|a| a.url.as_deref())
+            == Some("http://proxy.attacker.example:8080")
+    })
+    .await;
+    let dns = start_plugin(&env, "csi-dns", &["--cluster-domain", "cluster.local"]).await;
+    let mut dns_node = NodeClient::new(support::connectors::channel(&dns.socket).await);
+    for (client, want_url, pod_name) in [
+        (&mut node, format!("http://{}", env.proxy), "after-forgery"),
+        (
+            &mut dns_node,
+            format!("http://c-k8s-connector.{NS}.svc.cluster.local"),
+            "after-forgery-dns",
+        ),
+    ] {
+        let pod = create_pod(&env, NS, pod_name, "default", "node-1");
+        let target = target_of(&env, &pod);
+        let (tokens, _) = kubelet_tokens(&env.client, &pod).await;
+        client
+            .node_publish_volume(with_tokens(
+                publish_request(&pod, &target, DOCUMENTED),
+                &tokens,
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            published(&target),
+            (want_url, proxy_ca.trim().to_owned()),
+            "the proxy's own URL and CA, not the forged status's"
+        );
+        client
+            .node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: format!("csi-{}", pod.uid),
+                target_path: target.display().to_string(),
+            })
+            .await
+            .unwrap();
+    }
 
     // --- No token in the plugin's log. -------------------------------------
     let log = plugin.process.log();
