@@ -249,6 +249,10 @@ fn identity(
 
 /// Starts the edge with `args` and serves until a shutdown signal.
 pub async fn serve(args: EdgeArgs) -> Result<()> {
+    match super::limits::raise_fd_limit() {
+        Ok(soft) => tracing::info!(open_files = soft, "open-file limit (RLIMIT_NOFILE)"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit (RLIMIT_NOFILE)"),
+    }
     let data_dir = args
         .data_dir
         .clone()

@@ -70,3 +70,51 @@ impl Default for EdgeLimits {
         }
     }
 }
+
+/// Raises this process's soft open-file limit (`RLIMIT_NOFILE`) to its hard
+/// limit and returns the new soft limit: every connection the edge holds is
+/// a descriptor, and the soft default (often 1024) is far below what a
+/// replica serves. The hard limit is the operator's (systemd `LimitNOFILE`).
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: `raised` is a valid rlimit that outlives the call.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit = raised;
+    }
+    Ok(limit.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raise_fd_limit_reaches_the_hard_limit() {
+        let soft = raise_fd_limit().expect("raising RLIMIT_NOFILE");
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+            0
+        );
+        assert_eq!(soft, limit.rlim_cur);
+        assert_eq!(limit.rlim_cur, limit.rlim_max);
+    }
+}
