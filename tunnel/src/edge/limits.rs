@@ -76,45 +76,49 @@ impl Default for EdgeLimits {
 /// a descriptor, and the soft default (often 1024) is far below what a
 /// replica serves. The hard limit is the operator's (systemd `LimitNOFILE`).
 pub fn raise_fd_limit() -> std::io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(std::io::Error::last_os_error());
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
     }
-    if limit.rlim_cur < limit.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: limit.rlim_max,
-            rlim_max: limit.rlim_max,
-        };
-        // SAFETY: `raised` is a valid rlimit that outlives the call.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        limit = raised;
-    }
-    Ok(limit.rlim_cur)
+    Ok(getrlimit(Resource::RLIMIT_NOFILE)?.0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nix::sys::resource::{Resource, getrlimit};
+
+    /// Set in the child process the test runs under a low soft limit.
+    const CHILD: &str = "TUNA_TEST_FD_LIMIT_CHILD";
 
     #[test]
     fn raise_fd_limit_reaches_the_hard_limit() {
-        let soft = raise_fd_limit().expect("raising RLIMIT_NOFILE");
-        let mut limit = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: `limit` is a valid, writable rlimit for the call's duration.
-        assert_eq!(
-            unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-            0
+        if std::env::var_os(CHILD).is_some() {
+            assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (512, 4096));
+            assert_eq!(raise_fd_limit().expect("raising RLIMIT_NOFILE"), 4096);
+            assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (4096, 4096));
+            return;
+        }
+        // In a process of its own, started with a soft limit below the hard
+        // one (as a shell's default 1024 is): lowering this test process's
+        // limit would starve the tests running beside it.
+        let out = std::process::Command::new("prlimit")
+            .arg("--nofile=512:4096")
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "edge::limits::tests::raise_fd_limit_reaches_the_hard_limit",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("prlimit (util-linux)");
+        let log = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{log}{}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(soft, limit.rlim_cur);
-        assert_eq!(limit.rlim_cur, limit.rlim_max);
+        assert!(log.contains("1 passed"), "the child ran the test: {log}");
     }
 }
