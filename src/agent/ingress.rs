@@ -35,10 +35,12 @@ use tuna_crds::{Domain, Tunnel};
 use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
 use crate::Error;
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::plan::ingress::{SkipReason, TranslateOptions, rule_hosts, service_names};
+use crate::plan::ingress::{
+    SkipReason, TranslateOptions, next_claims, recorded_claims, rule_hosts, service_names,
+};
 use crate::plan::{HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
-use crate::reconcile::{apply_status, resync};
+use crate::reconcile::{apply_status, record_claims, resync};
 
 /// The host a Domain reserves, given the base domain.
 fn domain_host(d: &Domain, base_domain: &str) -> Option<String> {
@@ -312,6 +314,11 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
         .lock()
         .expect("claims")
         .set_hosts(&me, now.clone());
+    // The hosts it holds (issue 30, item 2): recorded when first served,
+    // kept while named and not lost, dropped otherwise (which frees them).
+    let api: Api<Ingress> = Api::namespaced(ctx.client.clone(), namespace);
+    let claims = held_claims(ingress, &me, &plan, &now);
+    record_claims(&api, ingress, &claims).await?;
     if !ours {
         // Another controller's Ingress: nothing to report.
         return Ok(Action::await_change());
@@ -320,6 +327,50 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
     // `TunnelStopped` is reported once.
     report(state, ingress, &me, &plan, &affected).await?;
     Ok(resync(ctx.resync_interval))
+}
+
+/// The next record of the hosts `ingress` claims (`named`, empty when it is
+/// not ours), given the plan of those hosts (pure): a host another object
+/// publishes, or refused to it as another namespace's (or a Tunnel's, or not
+/// reserved), is lost; a host it publishes is won.
+pub fn held_claims(
+    ingress: &Ingress,
+    me: &ObjectRef,
+    plan: &Plan,
+    named: &BTreeSet<String>,
+) -> BTreeMap<String, i64> {
+    let rules = ingress.spec.as_ref().and_then(|s| s.rules.as_ref());
+    let lost_by_refusal: BTreeSet<String> = plan
+        .refusals_of(me)
+        .filter(|r| {
+            matches!(
+                r.reason,
+                Reason::HostOwnedByOtherNamespace
+                    | Reason::HostNotReserved
+                    | Reason::HostUsedByTunnel
+                    | Reason::Ingress(SkipReason::HostOwnedByOtherNamespace)
+            )
+        })
+        .filter_map(|r| rules?.get(r.rule?)?.host.as_deref())
+        .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+        .collect();
+    let kept: BTreeSet<String> = named
+        .iter()
+        .filter(|h| !lost_by_refusal.contains(*h))
+        .filter(|h| {
+            plan.hosts
+                .get(*h)
+                .is_none_or(|p| p.publishers().contains(me))
+        })
+        .cloned()
+        .collect();
+    let won: BTreeSet<String> = plan.hosts_of(me).into_iter().collect();
+    next_claims(
+        &recorded_claims(&ingress.metadata),
+        &kept,
+        &won,
+        k8s_openapi::jiff::Timestamp::now().as_second(),
+    )
 }
 
 /// Events and `status.loadBalancer` of one Ingress.

@@ -631,6 +631,43 @@ pub fn recorded_claims(meta: &ObjectMeta) -> BTreeMap<String, i64> {
         .collect()
 }
 
+/// The next record of an object's claims: the hosts in `kept` (still named
+/// and not lost to another claimant) keep their recorded time; the hosts in
+/// `won` (served now) that have none are recorded at `now`; every other host
+/// is dropped, which frees it.
+pub fn next_claims(
+    old: &BTreeMap<String, i64>,
+    kept: &BTreeSet<String>,
+    won: &BTreeSet<String>,
+    now: i64,
+) -> BTreeMap<String, i64> {
+    let mut next: BTreeMap<String, i64> = old
+        .iter()
+        .filter(|(h, _)| kept.contains(*h))
+        .map(|(h, t)| (h.clone(), *t))
+        .collect();
+    for host in won.iter().filter(|h| kept.contains(*h)) {
+        next.entry(host.clone()).or_insert(now);
+    }
+    next
+}
+
+/// The value of [`HOSTS_CLAIMED_AT`] for `claims`; `None` (remove the
+/// annotation) when there are none.
+pub fn claims_annotation(claims: &BTreeMap<String, i64>) -> Option<String> {
+    if claims.is_empty() {
+        return None;
+    }
+    let map: BTreeMap<&str, String> = claims
+        .iter()
+        .filter_map(|(h, t)| {
+            let at = k8s_openapi::jiff::Timestamp::from_second(*t).ok()?;
+            Some((h.as_str(), at.to_string()))
+        })
+        .collect();
+    serde_json::to_string(&map).ok()
+}
+
 /// What orders the claims on one host: the first claimant owns it.
 ///
 /// A claim the agent recorded ([`HOSTS_CLAIMED_AT`]) comes before every
@@ -989,6 +1026,30 @@ spec:
         let out = translate(&ingresses, &TranslateOptions::default(), &owners);
         let kept: Vec<&str> = out.specs.iter().map(|s| s.origin.name.as_str()).collect();
         assert_eq!(kept, ["late", "own"]);
+    }
+
+    #[test]
+    fn claim_records_are_kept_added_and_dropped() {
+        let old = BTreeMap::from([("a.x".to_owned(), 10), ("b.x".to_owned(), 20)]);
+        let set = |h: &[&str]| h.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        // a kept at its time, b dropped (no longer named or lost), c new at now.
+        let next = next_claims(&old, &set(&["a.x", "c.x"]), &set(&["a.x", "c.x"]), 99);
+        assert_eq!(
+            next,
+            BTreeMap::from([("a.x".to_owned(), 10), ("c.x".to_owned(), 99)])
+        );
+        // A kept host that does not serve now (a broken backend) keeps its
+        // record; one not served and not recorded gets none.
+        let next = next_claims(&old, &set(&["a.x", "d.x"]), &set(&[]), 99);
+        assert_eq!(next, BTreeMap::from([("a.x".to_owned(), 10)]));
+        let value = claims_annotation(&next).unwrap();
+        assert_eq!(value, r#"{"a.x":"1970-01-01T00:00:10Z"}"#);
+        let meta = ObjectMeta {
+            annotations: Some(BTreeMap::from([(HOSTS_CLAIMED_AT.to_owned(), value)])),
+            ..ObjectMeta::default()
+        };
+        assert_eq!(recorded_claims(&meta), next);
+        assert_eq!(claims_annotation(&BTreeMap::new()), None);
     }
 
     #[test]
