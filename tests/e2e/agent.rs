@@ -1207,12 +1207,12 @@ async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingre
 }
 
 /// Issue 30, item 2: a host belongs to the object that claimed it first, not
-/// to the oldest object. An Ingress of team-a, older than the Ingress of
-/// `default` that serves an account host, is edited to add that host: it is
-/// refused (`HostOwnedByOtherNamespace`), the host keeps its backend, `route
-/// explain` on the cluster says the same, and so does a restarted agent (the
-/// claim is recorded in `k8s.tuna.am/hosts-claimed-at`). Once the holder is
-/// deleted, team-a gets the host.
+/// to the oldest object. An Ingress and a Tunnel of team-a, older than the
+/// Ingress of `default` that serves an account host, are edited to claim that
+/// host: both are refused (`HostOwnedByOtherNamespace`), the host keeps its
+/// backend, `route explain` on the cluster says the same, and so does a
+/// restarted agent (the claim is recorded in `k8s.tuna.am/hosts-claimed-at`).
+/// Once the holder is deleted, team-a gets the host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart() {
     let mut env = Env::start(&[]).await;
@@ -1238,9 +1238,24 @@ async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart
             "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: {host}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: {backend}, port: {{number: 8080}}}}}}}}]}}\n"
         )
     };
-    // team-a's Ingress first (the older object), on another host.
+    // team-a's Ingress and Tunnel first (the older objects), on other hosts.
     env.cluster
         .apply(&ingress("team-a", "old", "elsewhere.tuna.test", "thief"));
+    let tunnel = |subdomain: &str| {
+        format!(
+            "apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {{name: old-tun, namespace: team-a}}\nspec: {{subdomain: {subdomain}, upstream: {{url: 'http://thief:8080'}}}}\n"
+        )
+    };
+    env.cluster.apply(&tunnel("aside"));
+    wait_for(
+        &env.client,
+        "team-a",
+        "old-tun",
+        "Ready",
+        &env.procs(),
+        ready_true,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     env.cluster
         .apply(&ingress("default", "site", "shop.tuna.test", "web"));
@@ -1307,6 +1322,18 @@ async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart
         }
     };
     still_web().await;
+    // team-a's older Tunnel switches to the host: refused too.
+    env.cluster.apply(&tunnel("shop"));
+    wait_for(
+        &env.client,
+        "team-a",
+        "old-tun",
+        "refused HostOwnedByOtherNamespace",
+        &env.procs(),
+        |t| refused(t, "HostOwnedByOtherNamespace"),
+    )
+    .await;
+    still_web().await;
     // route explain, reading the cluster, plans as the agent did.
     let explain = || {
         let out = std::process::Command::new(support::operator_bin())
@@ -1331,6 +1358,11 @@ async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart
     let json = explain();
     assert_eq!(json["ingress"], "site", "{json}");
     assert_eq!(json["namespace"], "default", "{json}");
+    assert_eq!(json["refusedTunnels"][0]["name"], "old-tun", "{json}");
+    assert_eq!(
+        json["refusedTunnels"][0]["reason"], "HostOwnedByOtherNamespace",
+        "{json}"
+    );
 
     // A restarted agent decides the same: the record, not the ages.
     env.agent.terminate().await;
@@ -1348,8 +1380,18 @@ async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart
     assert!(serves("web").await, "{}", env.agent.log());
     tokio::time::sleep(Duration::from_secs(2)).await;
     still_web().await;
+    wait_for(
+        &env.client,
+        "team-a",
+        "old-tun",
+        "refused HostOwnedByOtherNamespace",
+        &env.procs(),
+        |t| refused(t, "HostOwnedByOtherNamespace"),
+    )
+    .await;
 
-    // The holder deleted, its claim is gone: team-a gets the host.
+    // The holder deleted, its claim is gone: team-a gets the host (its
+    // Tunnel, which owns it within the namespace).
     env.cluster
         .kubectl_ok(&["delete", "ingress", "site", "--wait=false"]);
     assert!(serves("thief").await, "{}", env.agent.log());
