@@ -330,9 +330,10 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
 }
 
 /// The next record of the hosts `ingress` claims (`named`, empty when it is
-/// not ours), given the plan of those hosts (pure): a host another object
+/// not ours), given the plan of those hosts (pure): a host another namespace
 /// publishes, or refused to it as another namespace's (or a Tunnel's, or not
-/// reserved), is lost; a host it publishes is won.
+/// reserved), is lost; a host it publishes is won; the others keep their
+/// record (a broken backend, or a sibling Ingress of its namespace serving).
 pub fn held_claims(
     ingress: &Ingress,
     me: &ObjectRef,
@@ -360,7 +361,7 @@ pub fn held_claims(
         .filter(|h| {
             plan.hosts
                 .get(*h)
-                .is_none_or(|p| p.publishers().contains(me))
+                .is_none_or(|p| p.namespace == me.namespace)
         })
         .cloned()
         .collect();
@@ -585,6 +586,64 @@ mod tests {
             .filter(|d| !d.trim().is_empty())
             .map(|d| Arc::new(serde_saphyr::from_str::<K>(d).expect("test manifest")))
             .collect()
+    }
+
+    /// Issue 30, item 2: what each Ingress records after a plan. The holder
+    /// keeps its recorded time, a new host it wins is recorded now, and the
+    /// older Ingress of another namespace that added the host records nothing
+    /// for it (and drops a host it no longer names).
+    #[test]
+    fn held_claims_keep_won_and_drop_hosts() {
+        let ingresses = objects::<Ingress>(
+            r#"metadata:
+  name: site
+  namespace: team-b
+  creationTimestamp: '2025-01-01T00:00:00Z'
+  annotations: {k8s.tuna.am/hosts-claimed-at: '{"shop.a.2na.am":"2025-06-01T00:00:00Z"}'}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: shop.a.2na.am
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+  - host: new.a.2na.am
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+---
+metadata:
+  name: old
+  namespace: team-a
+  creationTimestamp: '2023-01-01T00:00:00Z'
+  annotations: {k8s.tuna.am/hosts-claimed-at: '{"gone.a.2na.am":"2024-01-01T00:00:00Z"}'}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: shop.a.2na.am
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}"#,
+        );
+        let services = ServiceIndex::new(
+            objects::<k8s_openapi::api::core::v1::Service>(
+                "metadata: {name: web, namespace: team-a}
+spec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}
+---
+metadata: {name: web, namespace: team-b}
+spec: {clusterIP: 10.0.0.2, ports: [{port: 80}]}",
+            )
+            .iter()
+            .map(|s| ServiceInfo::from_service(s)),
+        );
+        let mut options = PlanOptions::cluster("a.2na.am");
+        options.account_hosts = ["shop.a.2na.am", "new.a.2na.am"].map(String::from).into();
+        let hosts: BTreeSet<String> = ingresses.iter().flat_map(|i| rule_hosts(i)).collect();
+        let plan = plan_hosts(&hosts, None, &ingresses, &[], &[], &services, &options);
+        let (site, old) = (&ingresses[0], &ingresses[1]);
+        let held = |i: &Ingress| {
+            let me = ObjectRef::of(Kind::Ingress, &i.metadata);
+            held_claims(i, &me, &plan, &rule_hosts(i))
+        };
+        let site_claims = held(site);
+        assert_eq!(site_claims["shop.a.2na.am"], 1_748_736_000);
+        assert!(site_claims["new.a.2na.am"] > 1_748_736_000);
+        assert_eq!(site_claims.len(), 2);
+        assert_eq!(held(old), BTreeMap::new());
     }
 
     /// The documentation's Domain + Ingress: /api → api, / → web (named port).
