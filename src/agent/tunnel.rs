@@ -13,6 +13,7 @@
 //!   every transition. A deleted Tunnel's tunnel stops and its token is
 //!   revoked; the subdomain the agent reserved for it is released.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::Ingress;
@@ -29,11 +30,12 @@ use crate::Error;
 use crate::edge::api::{EdgeApi, ErrorClass, gone_is_ok};
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
 use crate::plan::ingress::rule_hosts;
+use crate::plan::ingress::{next_claims, recorded_claims};
 use crate::plan::service::{ServiceIndex, UpstreamHost, parse_upstream_url};
 use crate::plan::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint};
 use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
-use crate::reconcile::{apply_status, ready, ready_of, reason_of, resync};
+use crate::reconcile::{apply_status, ready, ready_of, reason_of, record_claims, resync};
 
 /// The objects that compete with a Tunnel for its host or endpoint.
 #[derive(Debug, Clone, Copy, Default)]
@@ -343,9 +345,15 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
         domains: &domains,
         tcp_endpoints: &endpoints,
     };
+    let api: Api<Tunnel> = Api::namespaced(
+        ctx.client.clone(),
+        tunnel.namespace().as_deref().unwrap_or("default"),
+    );
     let desired = match desired(tunnel, competitors, &state.services.snapshot(), &options) {
         Ok(d) => d,
         Err(refusal) => {
+            // A refused Tunnel holds no host: its claim is dropped (issue 30, item 2).
+            record_claims(&api, tunnel, &BTreeMap::new()).await?;
             withdraw(state, &me, None).await;
             report(
                 state,
@@ -359,6 +367,19 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
             return Ok(resync(ctx.resync_interval));
         }
     };
+    // The plan gave the Tunnel its host: the claim is recorded when it is
+    // first won, so that no older object adding the host later takes it.
+    let held: BTreeSet<String> = match &desired.public {
+        PublicEndpoint::Http { host } => BTreeSet::from([host.clone()]),
+        PublicEndpoint::Tcp(_) => BTreeSet::new(),
+    };
+    let claims = next_claims(
+        &recorded_claims(&tunnel.metadata),
+        &held,
+        &held,
+        k8s_openapi::jiff::Timestamp::now().as_second(),
+    );
+    record_claims(&api, tunnel, &claims).await?;
     // The key this tunnel mints its token with.
     let (edge, identity): (Arc<dyn EdgeApi>, String) = match &desired.api_key_secret {
         None => (Arc::clone(&ctx.edge), "operator".to_owned()),

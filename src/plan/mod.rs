@@ -13,19 +13,23 @@
 //! - **Domains** reserve hosts; of two Domains with one host the oldest wins
 //!   (then namespace, name), the others are `DuplicateDomain`.
 //! - **TCPEndpoints** reserve aliases; the oldest wins, others `DuplicateAlias`.
-//! - **Tunnels**, oldest first: an http Tunnel owns its host; a younger Tunnel
-//!   with the same host is `HostConflict`; a host reserved by a Domain of another
-//!   namespace is refused, and so is an account host that an older Ingress of
-//!   another namespace serves (`HostOwnedByOtherNamespace`: a host no Domain
-//!   reserves belongs to the namespace of its oldest claimant, Tunnel or
-//!   Ingress). A tcp Tunnel may use a TCPEndpoint of its own
+//! - **Tunnels**, first claimant first: an http Tunnel owns its host; a later
+//!   Tunnel with the same host is `HostConflict`; a host reserved by a Domain of
+//!   another namespace is refused, and so is an account host that an Ingress of
+//!   another namespace claimed first (`HostOwnedByOtherNamespace`: a host no
+//!   Domain reserves belongs to the namespace of its first claimant, Tunnel or
+//!   Ingress). "First" is [`ingress::ClaimKey`]: a claim the agent recorded
+//!   when the object first served the host
+//!   ([`ingress::HOSTS_CLAIMED_AT`]) comes before any unrecorded claim, recorded
+//!   claims by their time, unrecorded ones by `creationTimestamp` — so adding a
+//!   host to an old object does not take it from its holder. A tcp Tunnel may use a TCPEndpoint of its own
 //!   namespace only; two tcp Tunnels on one endpoint: the younger is
 //!   `TcpEndpointInUse`. With [`PlanOptions::require_tcp_endpoint_objects`]
 //!   (standalone: there is no account to hold other reservations) an alias no
 //!   TCPEndpoint declares is `TcpEndpointNotFound`; otherwise it is left to the
 //!   edge, which knows the account's reservations.
 //! - **Ingresses** (of our class): host ownership by namespace (the Domain's
-//!   namespace, else the oldest claimant's, counting the Tunnels published), hosts must be reserved (a Domain of
+//!   namespace, else the first claimant's, counting the Tunnels published), hosts must be reserved (a Domain of
 //!   the namespace or an account host), rules on a Tunnel's host are skipped
 //!   (`HostUsedByTunnel`), backends are resolved against the Services, and the
 //!   route table of each host is built here exactly as the proxy core will build
@@ -427,23 +431,22 @@ fn created(meta: &ObjectMeta) -> i64 {
         .map_or(i64::MAX, |t| t.0.as_second())
 }
 
-/// The age and names that decide conflicts across kinds (see [`age_order`]).
-fn tie_break_of(meta: &ObjectMeta) -> TieBreak {
-    TieBreak {
-        created: created(meta),
-        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
-        name: meta.name.clone().unwrap_or_default(),
-    }
-}
-
-/// Oldest first, then by namespace and name: the order every conflict is decided in.
-fn age_order<K: kube::Resource>(objects: &[Arc<K>]) -> Vec<&Arc<K>> {
-    let mut sorted: Vec<&Arc<K>> = objects.iter().collect();
-    sorted.sort_by(|a, b| {
-        let (a, b) = (a.meta(), b.meta());
-        (created(a), &a.namespace, &a.name).cmp(&(created(b), &b.namespace, &b.name))
-    });
-    sorted
+/// Tunnels in the order their conflicts are decided: an http Tunnel by its
+/// claim on its host ([`ingress::ClaimKey`]: recorded claims first, by time,
+/// then by age), any other by age; then by namespace and name.
+fn claim_order<'a>(tunnels: &'a [Arc<Tunnel>], base_domain: &str) -> Vec<&'a Arc<Tunnel>> {
+    let mut keyed: Vec<(ingress::ClaimKey, &Arc<Tunnel>)> = tunnels
+        .iter()
+        .map(|t| {
+            let key = match tunnel_host(t, base_domain) {
+                Some(host) => ingress::ClaimKey::of(&t.metadata, &host),
+                None => ingress::ClaimKey::of(&t.metadata, ""),
+            };
+            (key, t)
+        })
+        .collect();
+    keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    keyed.into_iter().map(|(_, t)| t).collect()
 }
 
 /// Computes the plan (see the module docs).
@@ -502,18 +505,22 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
     // Tunnel or Ingress, so an Ingress's claim counts against younger Tunnels.
     let ingress_routes =
         ingress::translate_each(inputs.ingresses.iter().map(|i| &**i), &options.ingress);
-    let ingress_claims = ingress::oldest_claims(ingress_routes.specs.iter().filter(|s| {
-        let host = s.host.to_ascii_lowercase();
-        !reservations.domains.contains_key(&host) && reservations.account.contains(&host)
-    }));
+    let records = ingress::claim_records(inputs.ingresses.iter().map(|i| &**i));
+    let ingress_claims = ingress::oldest_claims(
+        ingress_routes.specs.iter().filter(|s| {
+            let host = s.host.to_ascii_lowercase();
+            !reservations.domains.contains_key(&host) && reservations.account.contains(&host)
+        }),
+        &records,
+    );
     let older_ingress = |t: &Tunnel, host: &str, namespace: &str| -> Option<Refusal> {
         let (claim, owner) = ingress_claims.get(host)?;
-        (owner != namespace && *claim < tie_break_of(&t.metadata)).then(|| {
+        (owner != namespace && *claim < ingress::ClaimKey::of(&t.metadata, host)).then(|| {
             Refusal::new(
                 ObjectRef::of(Kind::Tunnel, &t.metadata),
                 Reason::Tunnel(TunnelReason::HostOwnedByOtherNamespace),
                 format!(
-                    "host {host} belongs to namespace {owner:?}: Ingress {owner}/{} published it first",
+                    "host {host} belongs to namespace {owner:?}: Ingress {owner}/{} claimed it first",
                     claim.name
                 ),
             )
@@ -528,7 +535,7 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
     };
     let mut tunnel_hosts: BTreeMap<String, ObjectRef> = BTreeMap::new();
     let mut tcp_claims: BTreeMap<PortOrAlias, ObjectRef> = BTreeMap::new();
-    for t in age_order(inputs.tunnels) {
+    for t in claim_order(inputs.tunnels, &options.base_domain) {
         let object = ObjectRef::of(Kind::Tunnel, &t.metadata);
         let desired = match desired_tunnel(t, services, &reservations, &aliases, &tunnel_options) {
             Ok(d) => d,
@@ -547,7 +554,10 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     tunnel_hosts.insert(host.clone(), object.clone());
                     tunnel_claims.insert(
                         host.clone(),
-                        (tie_break_of(&t.metadata), object.namespace.clone()),
+                        (
+                            ingress::ClaimKey::of(&t.metadata, &host),
+                            object.namespace.clone(),
+                        ),
                     );
                     let route = tunnel_route(t, &host, None);
                     out.hosts.insert(
@@ -572,7 +582,9 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     out.refusals.push(Refusal::new(
                         object,
                         Reason::HostConflict,
-                        format!("host {host} is already published by {first}, which is older"),
+                        format!(
+                            "host {host} is already published by {first}, which claimed it first"
+                        ),
                     ));
                     continue;
                 }
@@ -583,7 +595,10 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                 tunnel_hosts.insert(host.clone(), object.clone());
                 tunnel_claims.insert(
                     host.clone(),
-                    (tie_break_of(&t.metadata), desired.namespace.clone()),
+                    (
+                        ingress::ClaimKey::of(&t.metadata, host),
+                        desired.namespace.clone(),
+                    ),
                 );
                 out.hosts.insert(
                     host.clone(),
@@ -631,7 +646,12 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
         out.tunnels.insert(object, desired);
     }
 
-    let routes = ingress::settle_ownership(ingress_routes, &reservations.domains, &tunnel_claims);
+    let routes = ingress::settle_ownership(
+        ingress_routes,
+        &reservations.domains,
+        &tunnel_claims,
+        &records,
+    );
     plan_ingresses(
         routes,
         services,
@@ -995,6 +1015,269 @@ spec:
             &tunnel("shop", young),
         );
         assert!(p.tunnels.len() == 1, "{:?}", reasons(&p));
+    }
+
+    /// A Service `web` in each namespace the claim tests use.
+    const WEB: &str = "
+metadata: {name: web, namespace: team-a}
+spec: {clusterIP: 10.0.2.1, ports: [{port: 80}]}
+---
+metadata: {name: web, namespace: team-b}
+spec: {clusterIP: 10.0.2.2, ports: [{port: 80}]}
+---
+metadata: {name: web, namespace: a}
+spec: {clusterIP: 10.0.2.3, ports: [{port: 80}]}
+---
+metadata: {name: web, namespace: b}
+spec: {clusterIP: 10.0.2.4, ports: [{port: 80}]}
+";
+
+    /// Issue 30, item 2: a host stays with the object that claimed it first
+    /// (its recorded claim, `k8s.tuna.am/hosts-claimed-at`), not with the oldest
+    /// object: adding the host to an older Ingress or Tunnel of another
+    /// namespace does not move it, whatever the kinds.
+    #[test]
+    fn a_host_stays_with_its_first_claimant_not_the_oldest_object() {
+        const H: &str = "shop.a.2na.am";
+        let record = |at: Option<&str>| match at {
+            Some(at) => {
+                format!(", annotations: {{k8s.tuna.am/hosts-claimed-at: '{{\"{H}\":\"{at}\"}}'}}")
+            }
+            None => String::new(),
+        };
+        let ingress = |ns: &str, created: &str, at: Option<&str>| {
+            objects::<Ingress>(&format!(
+                "
+metadata: {{name: site, namespace: {ns}, creationTimestamp: '{created}'{}}}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: {H}
+    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}
+",
+                record(at)
+            ))
+            .remove(0)
+        };
+        let tunnel = |ns: &str, created: &str, at: Option<&str>| {
+            objects::<Tunnel>(&format!(
+                "metadata: {{name: tun, namespace: {ns}, creationTimestamp: '{created}'{}}}\nspec: {{subdomain: shop, upstream: {{url: 'http://web:80'}}}}",
+                record(at)
+            ))
+            .remove(0)
+        };
+        let mut options = PlanOptions::cluster("a.2na.am");
+        options.account_hosts.insert(H.into());
+        let run = |ingresses: Vec<Arc<Ingress>>, tunnels: Vec<Arc<Tunnel>>| {
+            let inputs = Inputs {
+                ingresses: &ingresses,
+                tunnels: &tunnels,
+                ..Inputs::default()
+            };
+            plan(&inputs, &services(WEB), &options)
+        };
+        let owner = |p: &Plan| p.hosts.get(H).map(|h| h.namespace.clone());
+        let (y2023, y2025) = ("2023-01-01T00:00:00Z", "2025-01-01T00:00:00Z");
+        let served = Some("2025-06-01T00:00:00Z");
+
+        // Ingress vs Ingress: team-b's 2025 Ingress serves H (recorded); team-a's
+        // 2023 Ingress adds H: team-b keeps it, team-a is refused.
+        let p = run(
+            vec![
+                ingress("team-a", y2023, None),
+                ingress("team-b", y2025, served),
+            ],
+            vec![],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-b"));
+        assert_eq!(
+            reasons(&p),
+            vec![(
+                "Ingress team-a/site rule 0 path 0".to_owned(),
+                "HostOwnedByOtherNamespace"
+            )]
+        );
+        // Both recorded: the earlier claim, not the older object.
+        let p = run(
+            vec![
+                ingress("team-a", y2023, Some("2025-07-01T00:00:00Z")),
+                ingress("team-b", y2025, served),
+            ],
+            vec![],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-b"));
+        // The claim dropped (team-b's Ingress deleted): the host is free.
+        let p = run(vec![ingress("team-a", y2023, None)], vec![]);
+        assert_eq!(owner(&p).as_deref(), Some("team-a"));
+
+        // An older Tunnel of team-a taking the subdomain of team-b's Ingress.
+        let p = run(
+            vec![ingress("team-b", y2025, served)],
+            vec![tunnel("team-a", y2023, None)],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-b"));
+        assert_eq!(
+            reasons(&p),
+            vec![("Tunnel team-a/tun".to_owned(), "HostOwnedByOtherNamespace")]
+        );
+        // An older Ingress of team-a adding the host of team-b's Tunnel.
+        let p = run(
+            vec![ingress("team-a", y2023, None)],
+            vec![tunnel("team-b", y2025, served)],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-b"));
+        assert_eq!(
+            reasons(&p),
+            vec![(
+                "Ingress team-a/site rule 0 path 0".to_owned(),
+                "HostOwnedByOtherNamespace"
+            )]
+        );
+        // An older Tunnel of team-a switching to the subdomain of team-b's Tunnel.
+        let p = run(
+            vec![],
+            vec![
+                tunnel("team-a", y2023, None),
+                tunnel("team-b", y2025, served),
+            ],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-b"));
+        assert_eq!(
+            reasons(&p),
+            vec![("Tunnel team-a/tun".to_owned(), "HostConflict")]
+        );
+
+        // First claims in one plan (nothing recorded, e.g. at an upgrade): the
+        // older object, then namespace and name.
+        let p = run(
+            vec![
+                ingress("team-a", y2025, None),
+                ingress("team-b", y2023, None),
+            ],
+            vec![],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-b"));
+        let p = run(
+            vec![
+                ingress("team-b", y2023, None),
+                ingress("team-a", y2023, None),
+            ],
+            vec![],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-a"));
+        let p = run(
+            vec![ingress("team-b", y2023, None)],
+            vec![tunnel("team-a", y2023, None)],
+        );
+        assert_eq!(owner(&p).as_deref(), Some("team-a"));
+    }
+
+    /// The rule as a property, over every combination of two claimants of
+    /// one host in two namespaces (kinds, ages, records): a recorded holder
+    /// keeps the host against any claim that is not recorded earlier; otherwise
+    /// the order is recorded time, else age, then namespace.
+    #[test]
+    fn a_recorded_holder_is_never_displaced_by_a_later_claim() {
+        const H: &str = "shop.a.2na.am";
+        let times = [
+            None,
+            Some("2023-01-01T00:00:00Z"),
+            Some("2025-01-01T00:00:00Z"),
+            Some("2026-01-01T00:00:00Z"),
+        ];
+        let created = ["2023-01-01T00:00:00Z", "2025-01-01T00:00:00Z"];
+        let meta = |ns: &str, c: &str, at: Option<&str>| {
+            let mut m = ObjectMeta {
+                name: Some("x".into()),
+                namespace: Some(ns.into()),
+                creation_timestamp: Some(serde_json::from_value(serde_json::json!(c)).unwrap()),
+                ..ObjectMeta::default()
+            };
+            if let Some(at) = at {
+                m.annotations = Some(BTreeMap::from([(
+                    ingress::HOSTS_CLAIMED_AT.to_owned(),
+                    serde_json::json!({ H: at }).to_string(),
+                )]));
+            }
+            m
+        };
+        let mut options = PlanOptions::cluster("a.2na.am");
+        options.account_hosts.insert(H.into());
+        let rule = serde_json::json!({"ingressClassName": "tuna", "rules": [{"host": H, "http": {"paths": [
+            {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]});
+        let mut cases = 0;
+        for a_is_tunnel in [false, true] {
+            for b_is_tunnel in [false, true] {
+                for (a_at, b_at) in times.iter().flat_map(|a| times.iter().map(move |b| (a, b))) {
+                    for (a_c, b_c) in created
+                        .iter()
+                        .flat_map(|a| created.iter().map(move |b| (a, b)))
+                    {
+                        let (mut ingresses, mut tunnels) = (Vec::new(), Vec::new());
+                        for (ns, is_tunnel, c, at) in
+                            [("a", a_is_tunnel, a_c, a_at), ("b", b_is_tunnel, b_c, b_at)]
+                        {
+                            let m = meta(ns, c, *at);
+                            if is_tunnel {
+                                let mut t: Tunnel = serde_json::from_value(serde_json::json!({
+                                    "metadata": {},
+                                    "spec": {"subdomain": "shop", "upstream": {"url": "http://web:80"}}
+                                }))
+                                .unwrap();
+                                t.metadata = m;
+                                tunnels.push(Arc::new(t));
+                            } else {
+                                let mut i: Ingress = serde_json::from_value(
+                                    serde_json::json!({ "metadata": {}, "spec": rule }),
+                                )
+                                .unwrap();
+                                i.metadata = m;
+                                ingresses.push(Arc::new(i));
+                            }
+                        }
+                        let inputs = Inputs {
+                            ingresses: &ingresses,
+                            tunnels: &tunnels,
+                            ..Inputs::default()
+                        };
+                        let p = plan(&inputs, &services(WEB), &options);
+                        let owner = p.hosts.get(H).map(|h| h.namespace.as_str());
+                        let key = |at: &Option<&str>, c: &str| {
+                            let secs = |s: &str| {
+                                s.parse::<k8s_openapi::jiff::Timestamp>()
+                                    .unwrap()
+                                    .as_second()
+                            };
+                            (at.is_none(), at.map_or(secs(c), secs))
+                        };
+                        let expected = if key(a_at, a_c) <= key(b_at, b_c) {
+                            "a"
+                        } else {
+                            "b"
+                        };
+                        assert_eq!(
+                            owner,
+                            Some(expected),
+                            "a: tunnel={a_is_tunnel} created={a_c} recorded={a_at:?}; b: tunnel={b_is_tunnel} created={b_c} recorded={b_at:?}; {:?}",
+                            reasons(&p)
+                        );
+                        // The property: a recorded holder is never displaced by
+                        // an unrecorded (new) claim, however old its object.
+                        if b_at.is_some() && a_at.is_none() {
+                            assert_eq!(owner, Some("b"));
+                        }
+                        let loser = if expected == "a" { "b" } else { "a" };
+                        assert!(
+                            p.refusals.iter().any(|r| r.object.namespace == loser),
+                            "{:?}",
+                            reasons(&p)
+                        );
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 4 * 16 * 4);
     }
 
     /// The table of refusals for Ingresses: every cross-kind rule, each named

@@ -1206,6 +1206,197 @@ async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingre
     assert!(serves("thief").await, "the Tunnel: {}", env.agent.log());
 }
 
+/// Issue 30, item 2: a host belongs to the object that claimed it first, not
+/// to the oldest object. An Ingress and a Tunnel of team-a, older than the
+/// Ingress of `default` that serves an account host, are edited to claim that
+/// host: both are refused (`HostOwnedByOtherNamespace`), the host keeps its
+/// backend, `route explain` on the cluster says the same, and so does a
+/// restarted agent (the claim is recorded in `k8s.tuna.am/hosts-claimed-at`).
+/// Once the holder is deleted, team-a gets the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart() {
+    let mut env = Env::start(&[]).await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let thief = http_backend("thief", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("web", web, None));
+    env.cluster.kubectl_ok(&["create", "namespace", "team-a"]);
+    env.cluster.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: thief, namespace: team-a}}\nspec: {{clusterIP: {}, ports: [{{port: {}}}]}}\n",
+        thief.ip(),
+        thief.port()
+    ));
+    env.edge
+        .client()
+        .create_domain(&tuna_tunnel::api::CreateDomain {
+            subdomain: Some("shop".into()),
+            domain: None,
+        })
+        .await
+        .unwrap();
+    let ingress = |ns: &str, name: &str, host: &str, backend: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: {host}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: {backend}, port: {{number: 8080}}}}}}}}]}}\n"
+        )
+    };
+    // team-a's Ingress and Tunnel first (the older objects), on other hosts.
+    env.cluster
+        .apply(&ingress("team-a", "old", "elsewhere.tuna.test", "thief"));
+    let tunnel = |subdomain: &str| {
+        format!(
+            "apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {{name: old-tun, namespace: team-a}}\nspec: {{subdomain: {subdomain}, upstream: {{url: 'http://thief:8080'}}}}\n"
+        )
+    };
+    env.cluster.apply(&tunnel("aside"));
+    wait_for(
+        &env.client,
+        "team-a",
+        "old-tun",
+        "Ready",
+        &env.procs(),
+        ready_true,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    env.cluster
+        .apply(&ingress("default", "site", "shop.tuna.test", "web"));
+    let backend_of = |body: &str| {
+        serde_json::from_str::<Value>(body)
+            .ok()
+            .and_then(|b| b["backend"].as_str().map(str::to_owned))
+    };
+    let http = env.http();
+    let serves = move |backend: &'static str| async move {
+        tokio::time::timeout(support::WAIT, async {
+            loop {
+                let (status, body) = http_get(http, "shop.tuna.test", "/").await;
+                if status == 200 && backend_of(&body).as_deref() == Some(backend) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .is_ok()
+    };
+    assert!(serves("web").await, "the Ingress: {}", env.agent.log());
+    // The claim is recorded on the serving Ingress.
+    let recorded = |i: &Ingress| {
+        i.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("k8s.tuna.am/hosts-claimed-at"))
+            .is_some_and(|v| v.contains("shop.tuna.test"))
+    };
+    wait_for(
+        &env.client,
+        "default",
+        "site",
+        "hosts-claimed-at",
+        &env.procs(),
+        recorded,
+    )
+    .await;
+
+    // team-a adds the host to its older Ingress: refused, the host stays.
+    env.cluster.apply(&format!(
+        "{}  - host: shop.tuna.test\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: thief, port: {{number: 8080}}}}}}}}]}}\n",
+        ingress("team-a", "old", "elsewhere.tuna.test", "thief")
+    ));
+    wait_for_event(
+        &env.cluster,
+        "team-a",
+        "Ingress",
+        "old",
+        "RuleSkipped",
+        "HostOwnedByOtherNamespace",
+    )
+    .await;
+    let still_web = || async {
+        for _ in 0..5 {
+            let (status, body) = http_get(http, "shop.tuna.test", "/").await;
+            assert_eq!(
+                (status, backend_of(&body).as_deref()),
+                (200, Some("web")),
+                "{body}"
+            );
+        }
+    };
+    still_web().await;
+    // team-a's older Tunnel switches to the host: refused too.
+    env.cluster.apply(&tunnel("shop"));
+    wait_for(
+        &env.client,
+        "team-a",
+        "old-tun",
+        "refused HostOwnedByOtherNamespace",
+        &env.procs(),
+        |t| refused(t, "HostOwnedByOtherNamespace"),
+    )
+    .await;
+    still_web().await;
+    // route explain, reading the cluster, plans as the agent did.
+    let explain = || {
+        let out = std::process::Command::new(support::operator_bin())
+            .args([
+                "route",
+                "explain",
+                "--base-domain",
+                "tuna.test",
+                "--account-domain",
+                "shop.tuna.test",
+                "-o",
+                "json",
+                "https://shop.tuna.test/",
+            ])
+            .env("KUBECONFIG", &env.cluster.kubeconfig)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let json = explain();
+    assert_eq!(json["ingress"], "site", "{json}");
+    assert_eq!(json["namespace"], "default", "{json}");
+    assert_eq!(json["refusedTunnels"][0]["name"], "old-tun", "{json}");
+    assert_eq!(
+        json["refusedTunnels"][0]["reason"], "HostOwnedByOtherNamespace",
+        "{json}"
+    );
+
+    // A restarted agent decides the same: the record, not the ages.
+    env.agent.terminate().await;
+    env.agent = agent(&env.cluster, &env.edge, "agent-new", &[]);
+    wait_for_event(
+        &env.cluster,
+        "team-a",
+        "Ingress",
+        "old",
+        "RuleSkipped",
+        "HostOwnedByOtherNamespace",
+    )
+    .await;
+    // The old agent's tunnels are gone: what serves now is the new agent's plan.
+    assert!(serves("web").await, "{}", env.agent.log());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    still_web().await;
+    wait_for(
+        &env.client,
+        "team-a",
+        "old-tun",
+        "refused HostOwnedByOtherNamespace",
+        &env.procs(),
+        |t| refused(t, "HostOwnedByOtherNamespace"),
+    )
+    .await;
+
+    // The holder deleted, its claim is gone: team-a gets the host (its
+    // Tunnel, which owns it within the namespace).
+    env.cluster
+        .kubectl_ok(&["delete", "ingress", "site", "--wait=false"]);
+    assert!(serves("thief").await, "{}", env.agent.log());
+}
+
 /// The subdomain an agent reserved for a Tunnel is released when the Tunnel
 /// is deleted, even after the agent restarted (an upgrade) and the edge calls
 /// the reservation "existing".
