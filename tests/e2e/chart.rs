@@ -570,6 +570,92 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         "web"
     );
 
+    // ---- the chart's host-claims admission policy (issue 30, item 2) ----
+    // The agent recorded its claim past the policy; a tenant who may edit
+    // Ingresses and Tunnels may not set or change the record (back-date a
+    // claim), may remove it, and may edit everything else.
+    const CLAIMS: &str = "k8s.tuna.am/hosts-claimed-at";
+    let recorded = |i: &Ingress| {
+        i.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CLAIMS))
+            .is_some_and(|v| v.contains("my-app.a.2na.am"))
+    };
+    wait_for(
+        &client,
+        "default",
+        "my-app",
+        "the agent's claim record",
+        &[&agent],
+        recorded,
+    )
+    .await;
+    cluster.apply(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: publisher, namespace: default}\nrules:\n- {apiGroups: [networking.k8s.io], resources: [ingresses], verbs: [get, list, create, update, patch]}\n- {apiGroups: [k8s.tuna.am], resources: [tunnels], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: tenant-publishes, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: publisher}\nsubjects: [{kind: User, name: tenant}]\n",
+    );
+    let tenant = cluster.user_kubeconfig("tenant", &[]);
+    let home = cluster.path("tenant-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let as_tenant = |args: &[&str], stdin: Option<&str>| {
+        support::connectors::kubectl(&tenant, &home, args, stdin)
+    };
+    let denied = format!(
+        "ValidatingAdmissionPolicy '{RELEASE}-agent-host-claims' with binding '{RELEASE}-agent-host-claims' denied request: only the tuna agent (system:serviceaccount:{NAMESPACE}:{RELEASE}-agent) may set or change the annotation {CLAIMS}"
+    );
+    let backdated = format!("{CLAIMS}={{\"my-app.a.2na.am\":\"2000-01-01T00:00:00Z\"}}");
+    let refused = as_tenant(
+        &["annotate", "--overwrite", "ingress", "my-app", &backdated],
+        None,
+    );
+    assert!(
+        !refused.status.success() && text(&refused).contains(&denied),
+        "{}",
+        text(&refused)
+    );
+    let annotated = |kind: &str, name: &str, spec: &str| {
+        format!(
+            "apiVersion: {kind}\nmetadata:\n  name: {name}\n  namespace: default\n  annotations: {{{CLAIMS}: '{{\"taken.a.2na.am\":\"2000-01-01T00:00:00Z\"}}'}}\n{spec}"
+        )
+    };
+    for manifest in [
+        annotated(
+            "networking.k8s.io/v1\nkind: Ingress",
+            "backdated",
+            "spec:\n  ingressClassName: tuna\n  rules:\n  - host: taken.a.2na.am\n    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 8080}}}}]}\n",
+        ),
+        annotated(
+            "k8s.tuna.am/v1alpha1\nkind: Tunnel",
+            "backdated",
+            "spec: {subdomain: taken, upstream: {url: 'http://web:8080'}}\n",
+        ),
+    ] {
+        let refused = as_tenant(&["create", "-f", "-"], Some(&manifest));
+        assert!(
+            !refused.status.success() && text(&refused).contains(&denied),
+            "{manifest}\n{}",
+            text(&refused)
+        );
+    }
+    // Other edits pass; so does removing the record, which the agent then
+    // writes again (the Ingress still holds the host).
+    let labelled = as_tenant(&["label", "ingress", "my-app", "team=web"], None);
+    assert!(labelled.status.success(), "{}", text(&labelled));
+    let removed = as_tenant(
+        &["annotate", "ingress", "my-app", &format!("{CLAIMS}-")],
+        None,
+    );
+    assert!(removed.status.success(), "{}", text(&removed));
+    wait_for(
+        &client,
+        "default",
+        "my-app",
+        "the claim recorded again",
+        &[&agent],
+        recorded,
+    )
+    .await;
+
     // Custom domain (examples/custom-domain.yaml): reserved, DNS records in status.
     cluster.apply(&example("custom-domain.yaml"));
     wait_for(

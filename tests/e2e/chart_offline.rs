@@ -761,8 +761,37 @@ fn the_connectors_admission_policy_is_the_examples() {
     ));
     assert!(
         !off.keys()
-            .any(|(k, _)| k.starts_with("ValidatingAdmissionPolicy")),
+            .any(|(k, n)| k.starts_with("ValidatingAdmissionPolicy") && n == name),
         "{:?}",
         off.keys().collect::<Vec<_>>()
     );
+}
+
+/// The agent's host-claims policy (tests/e2e/chart.rs proves it on a real API
+/// server) exempts exactly the agent's ServiceAccount of the release;
+/// `agentManager.claimsPolicy.enabled=false` leaves it out.
+#[test]
+fn the_host_claims_policy_exempts_the_agent_and_can_be_left_out() {
+    let home = tempfile::tempdir().unwrap();
+    let case = CASES.iter().find(|(n, _)| *n == "api-key").unwrap().1;
+    let name = "tuna-operator-agent-host-claims";
+    let policy = |values: &str| {
+        let docs = by_kind_name(&documents(&template(home.path(), values, &[]).unwrap()));
+        let key = ("ValidatingAdmissionPolicy".to_owned(), name.to_owned());
+        let binding = (
+            "ValidatingAdmissionPolicyBinding".to_owned(),
+            name.to_owned(),
+        );
+        assert_eq!(docs.contains_key(&key), docs.contains_key(&binding));
+        docs.get(&key).cloned()
+    };
+    let on = policy(case).expect("the policy is on by default");
+    assert_eq!(
+        on["spec"]["matchConditions"][0]["expression"],
+        "request.userInfo.username != 'system:serviceaccount:tuna-system:tuna-operator-agent'"
+    );
+    let off = policy(&format!(
+        "{case}agentManager: {{claimsPolicy: {{enabled: false}}}}\n"
+    ));
+    assert!(off.is_none());
 }
