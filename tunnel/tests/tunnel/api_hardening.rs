@@ -162,6 +162,99 @@ async fn failed_api_key_authentication_is_rate_limited_per_address() {
     edge.stop().await;
 }
 
+/// Issue 30, item 6: a REST request with no key, or with something that is
+/// not a key's shape, is refused without the store's catch-up round trip.
+/// Counted by PostgreSQL itself: the store's database logs every statement
+/// (`log_statement = all`), and each catch-up reads `store_head`. A replica
+/// also polls `store_head` every 250 ms on its own, so the test compares
+/// rates: well-formed unknown keys cost at least one read each; the requests
+/// without a well-formed key add less than one read per ten requests (before
+/// the fix: one each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_well_formed_key_cost_the_store_no_statement() {
+    const REQUESTS: usize = 200;
+    let server = tokio::task::spawn_blocking(crate::pg_support::PgServer::start)
+        .await
+        .unwrap();
+    let url = server.create_database();
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    server.psql(
+        "postgres",
+        &format!("ALTER DATABASE {db} SET log_statement = 'all'"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.store = Some(url.parse().unwrap());
+    config.auth_failures = RateLimit {
+        burst: 10_000,
+        per_second: 1000.0,
+    };
+    let plane = tokio::task::spawn_blocking(move || ControlPlane::open(config).unwrap())
+        .await
+        .unwrap();
+    let (edge, _) = api_edge(&plane, false, EdgeLimits::default()).await;
+    let url = format!("http://{}/v1/domains", edge.api_addr.unwrap());
+    let log = server.dir().join("log");
+    let head_reads = || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("SELECT seq FROM store_head"))
+            .count()
+    };
+    let client = reqwest::Client::new();
+    let refused = |auth: Option<String>| {
+        let mut request = client.get(&url);
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        async move { request.send().await.unwrap().status() }
+    };
+
+    let before = head_reads();
+    for _ in 0..REQUESTS / 10 {
+        let unknown = format!(
+            "Bearer tunak_{:016x}_{}",
+            rand::random::<u64>(),
+            "0".repeat(64)
+        );
+        assert_eq!(refused(Some(unknown)).await, StatusCode::UNAUTHORIZED);
+    }
+    let unknown_keys = head_reads() - before;
+    assert!(
+        unknown_keys >= REQUESTS / 10,
+        "a well-formed key catches up first: {unknown_keys} reads of the store's head"
+    );
+
+    let malformed = [
+        None,
+        Some("Bearer".to_owned()),
+        Some("Bearer ".to_owned()),
+        Some("Bearer nonsense".to_owned()),
+        Some("Basic dXNlcjpwYXNz".to_owned()),
+        Some(format!(
+            "Bearer tunak_{}_{}",
+            "z".repeat(16),
+            "0".repeat(64)
+        )),
+        Some(format!("Bearer tunnel_{:016x}_{}", 1, "0".repeat(64))),
+    ];
+    let before = head_reads();
+    for auth in malformed.iter().cycle().take(REQUESTS) {
+        assert_eq!(
+            refused(auth.clone()).await,
+            StatusCode::UNAUTHORIZED,
+            "{auth:?}"
+        );
+    }
+    let without_key = head_reads() - before;
+    assert!(
+        without_key * 10 < REQUESTS,
+        "{REQUESTS} requests without a well-formed key read the store's head {without_key} times"
+    );
+    edge.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_edges_public_host_cannot_be_reserved_as_a_subdomain() {
     let dir = tempfile::tempdir().unwrap();
