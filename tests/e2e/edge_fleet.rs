@@ -957,3 +957,61 @@ async fn a_key_s_rate_limit_is_shared_by_the_replicas_alive() {
         "admitted through A and B: the fleet's burst of 10 shared by two replicas"
     );
 }
+
+/// Issue 30, item 6: clients that never read cannot starve a peer link or an
+/// agent session of flow-control window. Sixteen clients of the `echo` TCP
+/// tunnel through replica B (over the peer link to A, then A's session with
+/// the agent) each push data and read nothing, until no write moves for
+/// 300 ms: every window on their path is full. A new request for another
+/// host (`shop.tuna.test`) through B, on the same peer link and the same
+/// agent session, is then answered within 1 s. With 8 MiB stream windows in
+/// 64 MiB connection windows, eight such clients stalled both connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_that_never_read_do_not_stall_the_hop_for_another_host() {
+    const STALLED: usize = 16;
+    let fleet = fleet().await;
+    let (web, echo_addr) = (http_backend().await, echo_backend().await);
+    let a = fleet.replica("a", "127.0.0.2").await;
+    let b = fleet.replica("b", "127.0.0.3").await;
+    let manifests = manifests(fleet.dir.path(), web, echo_addr);
+    let agent = agent(
+        fleet.dir.path(),
+        &manifests,
+        a.addrs().api,
+        &[a.addrs().agent],
+        &fleet.key,
+        &fleet.certs,
+    );
+    let logs: [&dyn Fn() -> String; 3] = [&|| a.log(), &|| b.log(), &|| agent.log()];
+    wait_served(b.addrs().http, "replica B (hop)", &logs).await;
+    let port = echo_port(a.addrs().api, &fleet.key, &fleet.certs).await;
+    let through_b = SocketAddr::new(b.ip.parse().unwrap(), port);
+    wait_echo(through_b, "TCP on replica B (hop)", &logs).await;
+
+    let chunk = vec![0x5a_u8; 256 * 1024];
+    let mut stalled = Vec::new();
+    for i in 0..STALLED {
+        let mut conn = TcpStream::connect(through_b).await.unwrap();
+        let mut pushed = 0usize;
+        while let Ok(written) =
+            tokio::time::timeout(Duration::from_millis(300), conn.write_all(&chunk)).await
+        {
+            written.unwrap_or_else(|e| panic!("client {i} after {pushed} bytes: {e}"));
+            pushed += chunk.len();
+            assert!(
+                pushed < 1 << 30,
+                "1 GiB went to a client that reads nothing"
+            );
+        }
+        eprintln!("client {i}: {} MiB pushed before it stalled", pushed >> 20);
+        stalled.push(conn);
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(1), get(b.addrs().http)).await;
+    let logs: Vec<String> = logs.iter().map(|l| l()).collect();
+    assert!(
+        matches!(answered, Ok(Ok((200, _)))),
+        "with {STALLED} stalled readers, another host through the hop: {answered:?}\n{}",
+        logs.join("\n----\n")
+    );
+    drop(stalled);
+}
