@@ -238,6 +238,21 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Reading or writing the ConfigMap that publishes the proxy CA's
+    /// certificate failed.
+    #[error("the proxy CA's ConfigMap {config_map}: {source}")]
+    ProxyCaConfigMap {
+        /// The ConfigMap, `namespace/name`.
+        config_map: String,
+        /// The API's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The ConfigMap of the proxy CA's certificate holds no certificate.
+    #[error(
+        "the proxy CA's ConfigMap {0} has no certificate in ca.crt: the connectors role writes it at its start (restart it)"
+    )]
+    ProxyCaCertificateMissing(String),
     /// The CA Secret exists but does not hold a CA.
     #[error(
         "the proxy CA Secret {0} has no tls.crt and tls.key: delete it and restart, and a new CA is made (kubeconfigs minted before stop working)"

@@ -63,7 +63,9 @@ pub struct ConnectorsFlags {
     /// kubeconfig's namespace.
     #[arg(long, value_name = "NS")]
     pub namespace: Option<String>,
-    /// Secret (in the operator's namespace) holding the proxy's CA.
+    /// Secret (in the operator's namespace) holding the proxy's CA; its
+    /// certificate alone is published in a ConfigMap of the same name (key
+    /// `ca.crt`) for the CSI node plugin.
     #[arg(
         long,
         value_name = "NAME",
@@ -243,6 +245,22 @@ pub async fn serve(
     else {
         return Ok(());
     };
+    ready.send_replace(Readiness::NotReady(
+        "publishing the proxy CA's certificate".into(),
+    ));
+    if until_ok(
+        &format!(
+            "publishing the proxy CA's certificate in ConfigMap {namespace}/{}",
+            flags.ca_secret
+        ),
+        &shutdown,
+        || proxy_ca::publish_certificate(&client, &namespace, &flags.ca_secret, &ca.cert_pem),
+    )
+    .await
+    .is_none()
+    {
+        return Ok(());
+    }
     ready.send_replace(Readiness::NotReady(
         "applying the built-in ConnectorClass k8s".into(),
     ));

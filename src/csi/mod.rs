@@ -97,20 +97,22 @@ pub struct CsiArgs {
     /// debugging).
     #[arg(long, value_name = "URL")]
     pub proxy_url: Option<String>,
-    /// The operator's namespace, of the proxy's CA Secret. Default: the
+    /// The operator's namespace, of the proxy CA's ConfigMap. Default: the
     /// environment variable POD_NAMESPACE, else the kubeconfig's namespace.
     #[arg(long, value_name = "NS")]
     pub namespace: Option<String>,
-    /// Secret holding the proxy's CA (the connectors role's `--ca-secret`):
-    /// its `tls.crt` is the CA that kubeconfigs trust. The Connector's
-    /// `status.proxy.httpAddress` is not read: whoever may patch a status
-    /// could redirect workloads with it.
+    /// ConfigMap in which the connectors role publishes its proxy CA's
+    /// certificate (named as the role's `--ca-secret`): its `ca.crt` is the
+    /// CA that kubeconfigs trust. The plugin reads no Secret (the CA's key
+    /// stays off the nodes), and not the Connector's
+    /// `status.proxy.httpAddress`: whoever may patch a status could redirect
+    /// workloads with it.
     #[arg(
-        long,
+        long = "ca-configmap",
         value_name = "NAME",
         default_value = "tuna-operator-connectors-ca"
     )]
-    pub ca_secret: String,
+    pub ca_config_map: String,
     /// The cluster's DNS domain (of the proxy URL).
     #[arg(long, value_name = "DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,

@@ -38,8 +38,8 @@ pub struct NodeContext {
     client: Client,
     node_id: String,
     proxy_url: Option<String>,
-    /// Namespace and name of the proxy's CA Secret.
-    ca_secret: (String, String),
+    /// Namespace and name of the ConfigMap of the proxy CA's certificate.
+    ca_config_map: (String, String),
     cluster_domain: String,
     token_audience: String,
     /// Volumes with a call in progress: a second call on one gets ABORTED,
@@ -62,7 +62,7 @@ impl NodeContext {
         Self {
             node_id: args.node_id.clone(),
             proxy_url: args.proxy_url.clone(),
-            ca_secret: (namespace, args.ca_secret.clone()),
+            ca_config_map: (namespace, args.ca_config_map.clone()),
             cluster_domain: args.cluster_domain.clone(),
             token_audience: args.token_audience.clone(),
             client,
@@ -388,24 +388,24 @@ impl NodeService {
                 return Err(render_error(Error::UnknownConfiguration(c.clone())));
             }
         }
-        // The proxy's URL and CA come from its Service's name and CA Secret,
-        // never from the Connector's status: whoever may patch
+        // The proxy's URL and CA come from its Service's name and the CA's
+        // ConfigMap, never from the Connector's status: whoever may patch
         // `connectors/status` could otherwise send workloads' tokens to a
         // proxy of their own.
         let token = attributes::pod_token(tokens, &self.ctx.token_audience, now)?;
-        let (ca_namespace, ca_name) = &self.ctx.ca_secret;
+        let (ca_namespace, ca_name) = &self.ctx.ca_config_map;
         let ca = proxy_ca::certificate(&self.ctx.client, ca_namespace, ca_name)
             .await
             .map_err(|e| match e {
-                Error::ProxyCaSecret { source, .. } => kube_error(
-                    format!("reading the proxy's CA Secret {ca_namespace}/{ca_name}"),
+                Error::ProxyCaConfigMap { source, .. } => kube_error(
+                    format!("reading the proxy CA's ConfigMap {ca_namespace}/{ca_name}"),
                     source,
                 ),
                 e => Error::CsiFailedPrecondition(e.to_string()),
             })?
             .ok_or_else(|| {
                 Error::CsiUnavailable(format!(
-                    "there is no proxy CA Secret {ca_namespace}/{ca_name} yet (the connectors role makes it at its start; --ca-secret, --namespace)"
+                    "there is no proxy CA ConfigMap {ca_namespace}/{ca_name} yet (the connectors role writes it at its start; --ca-configmap, --namespace)"
                 ))
             })?;
         let proxy_url = self

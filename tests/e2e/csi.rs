@@ -779,7 +779,7 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
     assert_eq!(err.code(), Code::InvalidArgument);
 
     // --- Whoever may patch connectors/status cannot redirect workloads: the
-    // proxy's URL and CA come from its Service's name and its CA Secret. The
+    // proxy's URL and CA come from its Service's name and its CA's ConfigMap. The
     // role is stopped first, so that the status stays as patched. ---------
     let proxy_ca = ok(
         env.op(
@@ -901,6 +901,15 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         .filter(|e| e["user"] == CSI_SA && e["subresource"] == "token")
         .collect();
     assert!(minted.is_empty(), "the plugin minted tokens: {minted:?}");
+    // It read no Secret: the CA's certificate comes from the ConfigMap the
+    // role publishes, and the CA's key stays off the nodes.
+    let secrets: Vec<_> = env
+        .operator
+        .audit()
+        .into_iter()
+        .filter(|e| e["user"] == CSI_SA && e["resource"] == "secrets")
+        .collect();
+    assert!(secrets.is_empty(), "the plugin read Secrets: {secrets:?}");
     let used = rbac_used(&env.operator, CSI_SA);
     let granted =
         rbac_rules(&std::fs::read_to_string(repo("examples/connectors/csi-rbac.yaml")).unwrap());
