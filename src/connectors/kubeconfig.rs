@@ -74,7 +74,7 @@ impl KubeconfigInput {
     /// The input for `connector` and `token` with the proxy's URL
     /// (`http://host[:port]`) and CA given, not read from the Connector's
     /// status (which whoever may patch `connectors/status` can change: the
-    /// CSI plugin derives both from the proxy's Service and CA Secret).
+    /// CSI plugin derives both from the proxy's Service and its CA's ConfigMap).
     pub fn with_proxy(
         connector: &Connector,
         token: Credential,
