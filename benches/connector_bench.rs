@@ -37,6 +37,10 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use tokio::net::TcpListener;
+
+#[path = "support/test_cluster.rs"]
+mod test_cluster;
+use test_cluster::TestCluster;
 use tuna_operator::connectors::authorizer::KubeAuthorizer;
 use tuna_operator::connectors::targets::{ProxyTarget, ProxyTargets};
 use tuna_proxy::{
@@ -294,56 +298,6 @@ fn report(name: &str, direct: &Figures, proxied: &Figures) {
     );
 }
 
-/// A real control plane (`scripts/test-cluster.sh`) in a temporary
-/// directory, stopped on drop.
-struct OperatorCluster {
-    dir: tempfile::TempDir,
-}
-
-impl OperatorCluster {
-    fn script() -> std::path::PathBuf {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test-cluster.sh")
-    }
-
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let version = std::env::var("TUNA_TEST_K8S").unwrap_or_else(|_| "1.37".into());
-        let out = std::process::Command::new(Self::script())
-            .args(["start", "--version", &version, "--dir"])
-            .arg(dir.path())
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("scripts/test-cluster.sh runs");
-        assert!(
-            out.status.success(),
-            "scripts/test-cluster.sh start failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Self { dir }
-    }
-
-    /// A client acting as the cluster's admin.
-    async fn client(&self) -> kube::Client {
-        let kubeconfig = kube::config::Kubeconfig::read_from(self.dir.path().join("kubeconfig"))
-            .expect("kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .expect("kube config");
-        kube::Client::try_from(config).expect("kube client")
-    }
-}
-
-impl Drop for OperatorCluster {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(Self::script())
-            .arg("stop")
-            .arg("--dir")
-            .arg(self.dir.path())
-            .status();
-    }
-}
-
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -352,7 +306,10 @@ async fn main() {
     let (api, api_ca_der, api_ca_pem) = api_server(body.clone()).await;
 
     // The operator's cluster: a ServiceAccount token for the proxy's audience.
-    let operator = OperatorCluster::start();
+    let operator_dir = tempfile::tempdir().unwrap();
+    let version = std::env::var("TUNA_TEST_K8S").unwrap_or_else(|_| "1.37".into());
+    // Declared after its directory: dropped (stopped) before the directory goes.
+    let operator = TestCluster::start(&version, operator_dir.path());
     let admin = operator.client().await;
     let namespace: k8s_openapi::api::core::v1::Namespace =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "demo"}})).unwrap();

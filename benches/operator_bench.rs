@@ -40,6 +40,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 
+#[path = "support/test_cluster.rs"]
+mod test_cluster;
+use test_cluster::TestCluster;
+
 struct Args {
     /// The Kubernetes minor version (`scripts/test-cluster.sh --version`).
     k8s: String,
@@ -172,40 +176,6 @@ fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
-/// A control plane of `scripts/test-cluster.sh`, stopped on drop.
-struct TestCluster {
-    dir: PathBuf,
-}
-
-impl TestCluster {
-    fn script() -> &'static str {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-cluster.sh")
-    }
-
-    fn start(version: &str, dir: &Path) -> Self {
-        let status = std::process::Command::new(Self::script())
-            .args(["start", "--version", version, "--dir"])
-            .arg(dir)
-            .stdin(Stdio::null())
-            .status()
-            .expect("scripts/test-cluster.sh");
-        assert!(status.success(), "scripts/test-cluster.sh start failed");
-        Self {
-            dir: dir.to_owned(),
-        }
-    }
-}
-
-impl Drop for TestCluster {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(Self::script())
-            .arg("stop")
-            .arg("--dir")
-            .arg(&self.dir)
-            .status();
-    }
-}
-
 struct World {
     /// First: fields drop in order, and the cluster's `stop` reads its pids
     /// from a file in `dir`.
@@ -223,7 +193,7 @@ async fn world(args: &Args) -> World {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let cluster = TestCluster::start(&args.k8s, &dir.path().join("cluster"));
-    let kubeconfig = dir.path().join("cluster/kubeconfig");
+    let kubeconfig = cluster.kubeconfig();
     let status = std::process::Command::new("kubectl")
         .args([
             "apply",
@@ -250,11 +220,7 @@ async fn world(args: &Args) -> World {
         .status()
         .unwrap();
     assert!(established.success());
-    let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let client = Client::try_from(config).unwrap();
+    let client = cluster.client().await;
     // The edge, with its request budget and quotas out of the way (the
     // benchmark measures the operator, not the edge's rate limit).
     let data = dir.path().join("edge");
