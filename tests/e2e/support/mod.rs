@@ -173,7 +173,8 @@ fn stop_cluster(cluster_dir: &Path) {
 /// Starts a control plane: the start, then `stop` once the returned pipe
 /// closes (dropped, or the test binary gone), run by one watchdog shell in a
 /// session of its own (a ^C to the tests does not kill it first). The start
-/// runs inside it, so a test binary that dies mid-start leaves nothing.
+/// runs inside it, so a test binary that dies mid-start leaves nothing
+/// (`harness::a_test_binary_that_exits_while_its_spare_starts_leaves_no_control_plane`).
 fn start_control_plane() -> Result<Started, String> {
     use std::io::BufRead;
     let dir = tempfile::tempdir().expect("temp dir");
@@ -183,7 +184,9 @@ fn start_control_plane() -> Result<Started, String> {
         .arg("sh")
         .arg("-c")
         .arg(
-            r#""$0" start --version "$2" --dir "$1" >"$3" 2>&1; echo "$?"; cat >/dev/null; exec "$0" stop --dir "$1""#,
+            // The status is written from a subshell: if the test binary is
+            // gone, SIGPIPE ends that subshell, not the watchdog.
+            r#""$0" start --version "$2" --dir "$1" >"$3" 2>&1; s=$?; (echo "$s"); cat >/dev/null; exec "$0" stop --dir "$1""#,
         )
         .arg(test_cluster_script())
         .arg(&cluster_dir)
