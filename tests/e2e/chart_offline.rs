@@ -767,6 +767,56 @@ fn the_connectors_admission_policy_is_the_examples() {
     );
 }
 
+/// `helm upgrade --reuse-values` (the documented upgrade) renders the new
+/// templates with the *old* release's values, not the new chart's defaults:
+/// a value added since must not be required. Shown with the chart's own
+/// values.yaml stripped of `agentManager.claimsPolicy` (what a release
+/// installed before it has): the render succeeds and keeps the policy on.
+/// Before, it failed with a nil pointer (reproduced with a real
+/// `helm upgrade --reuse-values` from the chart of c0e5582).
+#[test]
+fn a_reused_values_file_from_before_the_claims_policy_still_renders_it() {
+    let home = tempfile::tempdir().unwrap();
+    let chart = home.path().join("tuna-k8s-operator");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(chart_dir())
+        .arg(&chart)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let values = std::fs::read_to_string(chart.join("values.yaml")).unwrap();
+    let start = values
+        .find("  # Who may record host claims.\n")
+        .expect("the block");
+    let end =
+        start + values[start..].find("    enabled: true\n").unwrap() + "    enabled: true\n".len();
+    std::fs::write(
+        chart.join("values.yaml"),
+        format!("{}{}", &values[..start], &values[end..]),
+    )
+    .unwrap();
+    let out = helm(
+        home.path(),
+        &[
+            "template",
+            "tuna-operator",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "tuna-system",
+            "--set",
+            "credentials.apiKey=k",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        rendered.contains("name: tuna-operator-agent-host-claims"),
+        "{rendered}"
+    );
+}
+
 /// The agent's host-claims policy (tests/e2e/chart.rs proves it on a real API
 /// server) exempts exactly the agent's ServiceAccount of the release;
 /// `agentManager.claimsPolicy.enabled=false` leaves it out.
