@@ -493,6 +493,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_store_outage_bound_defaults_to_15_s_and_stays_within_2_to_30() {
+        let base = ["edge", "--data-dir", "/d", "--base-domain", "b"];
+        let with = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            Top::try_parse_from(args)
+        };
+        let top = with(&[]).unwrap();
+        assert_eq!(top.edge.serve.max_store_staleness_secs, 15);
+        let top = with(&["--max-store-staleness-secs", "30"]).unwrap();
+        assert_eq!(top.edge.serve.max_store_staleness_secs, 30);
+        for bad in ["0", "1", "31", "-5"] {
+            assert!(
+                with(&["--max-store-staleness-secs", bad]).is_err(),
+                "{bad} must be refused"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn plaintext_api_is_refused_off_loopback() {
         let top = Top::try_parse_from([
