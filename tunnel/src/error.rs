@@ -148,6 +148,21 @@ pub enum Error {
         /// The bound.
         after: Duration,
     },
+    /// 503: this fleet replica has not reached its PostgreSQL store for
+    /// longer than `--max-store-staleness-secs`; its copy may miss
+    /// revocations and releases made through other replicas, so it answers
+    /// nothing from it.
+    #[error(
+        "this edge replica has not reached its store for {} s (more than its bound of {} s, --max-store-staleness-secs); its copy may miss changes made through other replicas: retry later or through another replica",
+        stale.as_secs(),
+        bound.as_secs()
+    )]
+    StoreStale {
+        /// How long ago the copy was last known complete.
+        stale: Duration,
+        /// The bound it exceeds.
+        bound: Duration,
+    },
     /// The PostgreSQL store refused a statement (a schema it does not have,
     /// missing privileges, a constraint the decision should have kept).
     #[error("PostgreSQL store {store}: {context}: {source}")]
@@ -379,7 +394,9 @@ impl Error {
             Self::PortsExhausted(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, error_code::PORTS_EXHAUSTED)
             }
-            Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => (
+            Self::StoreUnavailable { .. }
+            | Self::StoreTimedOut { .. }
+            | Self::StoreStale { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 error_code::STORE_UNAVAILABLE,
             ),
@@ -463,6 +480,7 @@ impl IntoResponse for Error {
             Self::StoreUnavailable { .. } | Self::StoreTimedOut { .. } => {
                 Some(STORE_RETRY_AFTER_SECONDS)
             }
+            Self::StoreStale { .. } => Some(STORE_STALE_RETRY_AFTER_SECONDS),
             _ => None,
         };
         let existing = match self {
@@ -487,6 +505,11 @@ impl IntoResponse for Error {
 /// `Retry-After` of a `503 store_unavailable`: a reconnect is tried at the
 /// next request, so a second is enough for a server that restarts.
 const STORE_RETRY_AFTER_SECONDS: u64 = 1;
+
+/// `Retry-After` of a replica cut off from its store for longer than its
+/// bound: such an outage is seldom over within a second; another replica
+/// may answer at once.
+const STORE_STALE_RETRY_AFTER_SECONDS: u64 = 5;
 
 /// Whole seconds for `Retry-After`, rounded up and at least 1, so a client
 /// that waits exactly that long finds a token in the bucket.

@@ -14,6 +14,14 @@
 //! `check_binding`). Revocations (tokens revoked or expiring unrenewed, keys
 //! revoked with the tokens they minted) and releases (deleted domains and
 //! TCP endpoints) are broadcast; the edge closes the tunnels at once.
+//!
+//! A fleet replica judges from its copy of the PostgreSQL store. Once that
+//! copy is older than [`REVOCATION_BOUND`] it judges nothing
+//! ([`SessionAuthority::accepting`]: no hello, attach or added binding), and
+//! once it is older than [`super::ControlConfig::max_store_staleness`] the
+//! tunnels it granted stop serving ([`SessionAuthority::serving`]). In
+//! between, heartbeat re-checks still run against the copy: they can close a
+//! tunnel (an expiry, a revocation the copy holds), never grant one.
 
 use std::time::{Duration, SystemTime};
 
@@ -273,6 +281,11 @@ impl SessionAuthority for ControlPlane {
             ));
         }
         Ok(())
+    }
+
+    fn serving(&self) -> Result<(), Rejection> {
+        self.store_outage()
+            .map_err(|e| Rejection::new(ErrorCode::Unavailable, e.to_string()))
     }
 }
 

@@ -59,6 +59,10 @@ use store::Store;
 /// The account keys belong to when none is named.
 pub const DEFAULT_ACCOUNT: &str = "default";
 
+/// The default of [`ControlConfig::max_store_staleness`]: past it a fleet
+/// replica cut off from its store stops serving from its copy.
+pub const MAX_STORE_STALENESS: Duration = Duration::from_secs(15);
+
 /// How the control plane is set up (the `edge` command's flags).
 #[derive(Clone, Debug)]
 pub struct ControlConfig {
@@ -86,6 +90,12 @@ pub struct ControlConfig {
     pub quotas: Quotas,
     /// A custom domain claimed but not verified within this is released.
     pub pending_domain_ttl: Duration,
+    /// A fleet replica whose copy of the store is older than this (it has
+    /// not reached PostgreSQL for as long) ends its agent sessions and
+    /// answers the REST API `503`: its copy may miss revocations and
+    /// releases made through other replicas. `--max-store-staleness-secs`,
+    /// default [`MAX_STORE_STALENESS`]; no effect without [`Self::store`].
+    pub max_store_staleness: Duration,
     /// The replicas sharing [`Self::rate_limit`] and [`Self::auth_failures`]
     /// (an edge fleet's lease task keeps it; 1 for a single edge).
     pub fleet_share: FleetShare,
@@ -144,6 +154,7 @@ impl ControlConfig {
             max_token_lifetime: tokens::MAX_LIFETIME,
             quotas: Quotas::default(),
             pending_domain_ttl: Duration::from_secs(7 * 24 * 3600),
+            max_store_staleness: MAX_STORE_STALENESS,
             fleet_share: FleetShare::default(),
         }
     }
@@ -168,6 +179,7 @@ struct Shared {
     max_token_lifetime: Duration,
     quotas: Quotas,
     pending_domain_ttl: Duration,
+    max_store_staleness: Duration,
     revoked: broadcast::Sender<Revocation>,
     /// Expired tokens already announced on `revoked` (expiry is final:
     /// renewal of an expired token is refused).
@@ -237,6 +249,7 @@ impl ControlPlane {
                 max_token_lifetime: config.max_token_lifetime,
                 quotas: config.quotas,
                 pending_domain_ttl: config.pending_domain_ttl,
+                max_store_staleness: config.max_store_staleness,
                 revoked,
                 announced_expired: Mutex::new(HashSet::new()),
             }),
@@ -272,6 +285,18 @@ impl ControlPlane {
     /// [`authority::REVOCATION_BOUND`] the edge accepts no new sessions.
     pub fn store_staleness(&self) -> std::time::Duration {
         self.store().staleness()
+    }
+
+    /// `Err` when this replica's copy of the store is older than
+    /// [`ControlConfig::max_store_staleness`]: it then serves no tunnel and
+    /// answers no API request from that copy.
+    pub(crate) fn store_outage(&self) -> Result<(), Error> {
+        let stale = self.store().staleness();
+        let bound = self.shared.max_store_staleness;
+        if stale > bound {
+            return Err(Error::StoreStale { stale, bound });
+        }
+        Ok(())
     }
 
     fn store(&self) -> &Store {

@@ -103,13 +103,19 @@ async fn authenticate(
     // Another replica may have committed a moment ago (a key, the object
     // this request names): catch up first, so that the request sees every
     // write acknowledged before it, on any replica. If the store is down,
-    // answer from this replica's copy (writes then fail with 503). A missing
-    // or malformed key is refused without that round trip: an unauthenticated
-    // client costs the store nothing.
+    // answer from this replica's copy (writes then fail with 503) — unless
+    // the copy is older than the replica's outage bound: a key or token
+    // revoked, or a domain released, through another replica since then is
+    // not in it, so nothing (the key presented included) is judged from it.
+    // A missing or malformed key is refused without that round trip: an
+    // unauthenticated client costs the store nothing.
     if secrets::id_of(API_KEY_PREFIX, presented).is_some()
         && let Err(e) = plane.store().sync_async().await
     {
         tracing::debug!(error = %e, "catching up with the store failed; answering from this replica's copy");
+        if let Err(stale) = plane.store_outage() {
+            return stale.into_response();
+        }
     }
     let caller = match plane.authenticate_key(presented) {
         Ok(caller) => caller,

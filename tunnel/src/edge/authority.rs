@@ -111,8 +111,20 @@ pub trait SessionAuthority: Send + Sync + 'static {
     /// Whether new agent sessions may be judged now: `Err` (code
     /// `unavailable`) from an authority whose view of revocations is older
     /// than the bound it promises, e.g. a fleet replica cut off from its
-    /// store. Open sessions are not affected.
+    /// store. The edge asks it before judging anything: a hello, and an
+    /// `Attach` or an added binding on an open session (which, refused,
+    /// ends that session with `go_away{unavailable}`; the agent reconnects).
     fn accepting(&self) -> Result<(), Rejection> {
+        Ok(())
+    }
+
+    /// Whether tunnels granted earlier may keep serving: `Err` (code
+    /// `unavailable`) from an authority whose view of revocations is older
+    /// than the longer outage bound it allows (a fleet replica cut off from
+    /// its store for longer than `--max-store-staleness-secs`). The edge
+    /// checks it every second and then ends every agent session; the agents
+    /// reconnect (to another replica, or here once the store is back).
+    fn serving(&self) -> Result<(), Rejection> {
         Ok(())
     }
 }

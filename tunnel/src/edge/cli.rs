@@ -161,6 +161,17 @@ pub struct EdgeArgs {
     /// CIDR, repeatable). Everyone else's are removed.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<super::IpCidr>,
+    /// A replica that has not reached its `--store` for longer than this
+    /// (seconds, 2–30) ends its agent sessions and answers the REST API
+    /// `503` with `Retry-After` until it reaches it again: its copy may miss
+    /// revocations and releases made through other replicas. (After 1 s it
+    /// already judges no new tunnel.) See docs/edge-fleet.md.
+    #[arg(
+        long,
+        default_value_t = crate::control::MAX_STORE_STALENESS.as_secs(),
+        value_parser = clap::value_parser!(u64).range(2..=30)
+    )]
+    pub max_store_staleness_secs: u64,
     /// Peer listener of a fleet replica (needs `--store` and the
     /// `--peer-tls-*` files): public traffic for a tunnel attached to
     /// another replica hops there over mutually authenticated TLS, and the
@@ -290,6 +301,7 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
     control_config.max_token_lifetime = Duration::from_secs(args.max_token_lifetime_days * 86_400);
     control_config.pending_domain_ttl = Duration::from_secs(args.pending_domain_ttl_hours * 3600);
     control_config.store = args.store.clone();
+    control_config.max_store_staleness = Duration::from_secs(args.max_store_staleness_secs);
     // One handle: the lease task counts the replicas, the limiters divide.
     let fleet_share = control_config.fleet_share.clone();
     if let Some(store) = &args.store {
@@ -478,6 +490,25 @@ mod tests {
             ["--api-rate-per-second", "NaN"],
         ] {
             assert!(with(&bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn the_store_outage_bound_defaults_to_15_s_and_stays_within_2_to_30() {
+        let base = ["edge", "--data-dir", "/d", "--base-domain", "b"];
+        let with = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            Top::try_parse_from(args)
+        };
+        let top = with(&[]).unwrap();
+        assert_eq!(top.edge.serve.max_store_staleness_secs, 15);
+        let top = with(&["--max-store-staleness-secs", "30"]).unwrap();
+        assert_eq!(top.edge.serve.max_store_staleness_secs, 30);
+        for bad in ["0", "1", "31", "-5"] {
+            assert!(
+                with(&["--max-store-staleness-secs", bad]).is_err(),
+                "{bad} must be refused"
+            );
         }
     }
 

@@ -14,6 +14,17 @@
 //! ends the session. Missed revocation events (a lagging broadcast) and
 //! expiries nobody announced are caught by re-checking every tunnel's grant
 //! and bindings with the authority every heartbeat interval.
+//!
+//! An authority that cannot judge now ([`SessionAuthority::accepting`]: a
+//! fleet replica whose copy of the store is older than the revocation
+//! bound) judges nothing on an open session either: an `Attach`, or an
+//! `UpdateBindings` that adds a binding, ends the session with
+//! `go_away{unavailable}` — the answer its hello would get — and the agent
+//! reconnects with backoff, to another replica or to this one once it can
+//! judge again. (A per-tunnel `refused` would park the tunnel in the agent
+//! for good.) Tunnels granted before keep serving until the authority says
+//! they may not ([`SessionAuthority::serving`], asked every
+//! [`SERVING_CHECK`]): then every session ends the same way.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -44,6 +55,10 @@ use crate::{Error, Result};
 
 /// How long a goodbye frame gets to leave before the connection is cut.
 const GOODBYE_GRACE: Duration = Duration::from_millis(100);
+
+/// How often a session asks whether its tunnels may keep serving
+/// ([`SessionAuthority::serving`]): the outage bound is kept to within this.
+pub(crate) const SERVING_CHECK: Duration = Duration::from_secs(1);
 
 /// Everything an agent connection needs from the edge.
 pub(crate) struct AgentContext {
@@ -518,6 +533,9 @@ impl SessionState {
         let (frames_tx, mut frames) = mpsc::channel::<Result<Frame>>(64);
         let _reader = AbortOnDropHandle::new(tokio::spawn(read_frames(read_half, frames_tx)));
         let mut tick = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
+        let mut serving_tick =
+            tokio::time::interval_at(Instant::now() + SERVING_CHECK, SERVING_CHECK);
+        serving_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_seen = Instant::now();
         let mut empty_since: Option<Instant> = None;
         let mut seq = 0u64;
@@ -583,6 +601,12 @@ impl SessionState {
                     let answer = match frame {
                         Some(Ok(Frame::Heartbeat { .. })) => None,
                         Some(Ok(Frame::Attach(attach))) => {
+                            // Judged on a stale copy it could be granted on a
+                            // revoked token: end the session instead.
+                            if let Err(r) = self.ctx.authority.accepting() {
+                                tracing::info!(session = %self.session.id, tunnel = %attach.tunnel, "an attach this edge cannot judge now; ending the session");
+                                return Some(r);
+                            }
                             let verdict = match self.ctx.admission.auth_allowed(self.peer.ip()) {
                                 Ok(()) => judge(&self.ctx, &attach).await,
                                 Err(r) => Err(r),
@@ -597,6 +621,14 @@ impl SessionState {
                             None
                         }
                         Some(Ok(Frame::UpdateBindings { tunnel, seq, add, remove })) => {
+                            // Likewise a binding released and reserved by
+                            // another account since the copy was made.
+                            if !add.is_empty()
+                                && let Err(r) = self.ctx.authority.accepting()
+                            {
+                                tracing::info!(session = %self.session.id, %tunnel, "a binding update this edge cannot judge now; ending the session");
+                                return Some(r);
+                            }
                             self.update(tunnel, seq, add, remove).await
                         }
                         Some(Ok(other)) => return Some(Rejection::new(
@@ -611,6 +643,11 @@ impl SessionState {
                     };
                     if let Some(answer) = answer {
                         self.send(answer);
+                    }
+                }
+                _ = serving_tick.tick() => {
+                    if let Err(r) = self.ctx.authority.serving() {
+                        return Some(r);
                     }
                 }
                 _ = tick.tick() => {

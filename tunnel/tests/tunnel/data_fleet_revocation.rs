@@ -280,3 +280,403 @@ async fn a_replica_cut_off_from_the_store_by_a_cut_forwarder_refuses_new_session
     );
     edge.shutdown().await;
 }
+
+/// Issue 30, item 3: two replicas on one PostgreSQL; A reaches it
+/// directly, B (with an edge and its REST API) through a [`Forwarder`] the
+/// tests cut. Through A, before the cut: domains `one`, `two`, `three`,
+/// `late` and `shared` of the account `default`, a token per tunnel (`two`'s
+/// also for `shared`), and an API key; B has seen all of it.
+struct CutReplica {
+    _server: pg_support::PgServer,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    forwarder: Forwarder,
+    replica_a: ControlPlane,
+    replica_b: ControlPlane,
+    edge: tuna_tunnel::edge::EdgeHandle,
+    cert: TestCert,
+    owner: Caller,
+    one: tuna_tunnel::api::CreatedToken,
+    two: tuna_tunnel::api::CreatedToken,
+    three: tuna_tunnel::api::CreatedToken,
+    late: tuna_tunnel::api::CreatedToken,
+    key: tuna_tunnel::api::Secret,
+    /// B's outage bound (`max_store_staleness`).
+    bound: std::time::Duration,
+    public: reqwest::Client,
+}
+
+const CUT_HOSTS: [&str; 5] = [
+    "one.tuna.test",
+    "two.tuna.test",
+    "three.tuna.test",
+    "late.tuna.test",
+    "shared.tuna.test",
+];
+
+impl CutReplica {
+    async fn start() -> Self {
+        use std::time::{Duration, Instant};
+        init();
+        let cert = TestCert::new();
+        let server = blocking(pg_support::PgServer::start).await;
+        let url = server.create_database();
+        let forwarder = Forwarder::start(server.port()).await;
+        let via = url.replace(
+            &format!(":{}/", server.port()),
+            &format!(":{}/", forwarder.port),
+        );
+        assert_ne!(via, url);
+        // Long enough to tell a refusal of the stale copy (after 1 s) from
+        // the end of serving (after the bound) on a loaded machine.
+        let bound = Duration::from_secs(6);
+        let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let replica_a = {
+            let mut config = ControlConfig::new(dirs.0.path(), "tuna.test", "127.0.0.1");
+            config.store = Some(url.parse().unwrap());
+            blocking(move || ControlPlane::open(config).unwrap()).await
+        };
+        let replica_b = {
+            let mut config = ControlConfig::new(dirs.1.path(), "tuna.test", "127.0.0.1");
+            config.store = Some(via.parse().unwrap());
+            config.max_store_staleness = bound;
+            blocking(move || ControlPlane::open(config).unwrap()).await
+        };
+        let owner = Caller {
+            key_id: "test".into(),
+            account: "default".into(),
+            scopes: vec![Scope::Full],
+        };
+        let (one, two, three, late, key) = {
+            let (plane, owner) = (replica_a.clone(), owner.clone());
+            blocking(move || {
+                for sub in ["one", "two", "three", "late", "shared"] {
+                    let request = CreateDomain {
+                        subdomain: Some(sub.into()),
+                        domain: None,
+                    };
+                    plane.create_domain(&owner, &request).unwrap();
+                }
+                let (_, key) = plane
+                    .create_key("default", None, vec![Scope::Full])
+                    .unwrap();
+                let token = |hosts: &[&str]| {
+                    let request = CreateToken {
+                        bindings: Bindings {
+                            hosts: hosts.iter().map(|h| format!("{h}.tuna.test")).collect(),
+                            tcp_endpoints: Vec::new(),
+                        },
+                        ..Default::default()
+                    };
+                    plane.create_token(&owner, &request).unwrap()
+                };
+                let one = token(&["one"]);
+                let two = token(&["two", "shared"]);
+                let three = token(&["three"]);
+                // Last, so that B knowing it means B holds everything above.
+                let late = token(&["late"]);
+                (one, two, three, late, key)
+            })
+            .await
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while replica_b.authenticate_tunnel(late.token.expose()).is_err() {
+            assert!(Instant::now() < deadline, "replica B never saw A's writes");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut config: EdgeConfig = edge_config(&cert, "127.0.0.1:0".parse().unwrap());
+        config.api_addr = Some("127.0.0.1:0".parse().unwrap());
+        let edge = EdgeServer::start(
+            config,
+            Arc::new(replica_b.clone()),
+            Some(replica_b.router()),
+        )
+        .await
+        .unwrap();
+        let public = http_client(&cert, &edge, &CUT_HOSTS);
+        Self {
+            _server: server,
+            _dirs: dirs,
+            forwarder,
+            replica_a,
+            replica_b,
+            edge,
+            cert,
+            owner,
+            one,
+            two,
+            three,
+            late,
+            key,
+            bound,
+            public,
+        }
+    }
+
+    /// An agent on B serving `token`'s tunnel with one HTTP binding.
+    async fn agent(
+        &self,
+        token: &tuna_tunnel::api::CreatedToken,
+        host: &str,
+    ) -> tuna_tunnel::agent::AgentHandle {
+        let agent = start_agent(
+            &self.cert,
+            &self.edge,
+            token.token.expose(),
+            vec![Binding::http(host)],
+        )
+        .await;
+        agent
+            .serving(&tunnel_id(token.token.expose()))
+            .await
+            .unwrap();
+        agent
+    }
+
+    /// Cuts B off its store and waits until B's copy is older than the
+    /// revocation bound (1 s): B then judges nothing.
+    async fn cut(&self) -> std::time::Instant {
+        use std::time::Duration;
+        self.forwarder.set_cut(true);
+        let cut_at = std::time::Instant::now();
+        while self.replica_b.store_staleness() <= Duration::from_secs(1) {
+            assert!(
+                cut_at.elapsed() < Duration::from_secs(30),
+                "the copy stays fresh with the store cut off"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cut_at
+    }
+
+    /// Runs `op` on replica A (which still reaches the store).
+    async fn through_a(&self, op: impl FnOnce(&ControlPlane, &Caller) + Send + 'static) {
+        let (plane, owner) = (self.replica_a.clone(), self.owner.clone());
+        blocking(move || op(&plane, &owner)).await;
+    }
+
+    /// The status of a public request to `host` through B.
+    async fn get(&self, host: &str) -> u16 {
+        self.public
+            .get(http_url(&self.edge, host, "/"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    /// `GET /v1/domains` on B's REST API with the account's key.
+    async fn list_domains(&self) -> reqwest::Response {
+        let api = format!("http://{}/v1/domains", self.edge.api_addr.unwrap());
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(api)
+            .bearer_auth(self.key.expose())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Asserts B's copy is still younger than its outage bound: what the
+    /// test saw was a refusal of the stale copy, not the end of serving.
+    fn within_bound(&self) {
+        assert!(
+            self.replica_b.store_staleness() < self.bound,
+            "the test took too long to tell a refusal from the outage bound"
+        );
+    }
+
+    async fn heal(self) -> Self {
+        self.forwarder.set_cut(false);
+        self
+    }
+}
+
+/// Waits (at most 30 s) until `agent`'s session has ended with `unavailable`.
+async fn ended_unavailable(agent: &tuna_tunnel::agent::AgentHandle) {
+    use tuna_tunnel::agent::AgentStatus;
+    wait_status(
+        agent,
+        |s| matches!(s, AgentStatus::Rejected(r) if r.code == ErrorCode::Unavailable),
+    )
+    .await;
+}
+
+/// Waits (at most 30 s) until tunnel `id` serves again.
+async fn serves_again(
+    agent: &tuna_tunnel::agent::AgentHandle,
+    id: &str,
+) -> Vec<tuna_tunnel::wire::BindingOutcome> {
+    tokio::time::timeout(std::time::Duration::from_secs(30), agent.serving(id))
+        .await
+        .expect("the replica did not serve again once its store was back")
+        .unwrap()
+}
+
+/// A token revoked through A after B was cut off, then attached on a live
+/// session of B, is not granted from B's stale copy: the session ends with
+/// `unavailable` (its hello would get the same), the agent retries, and
+/// once the store is back the token is refused as revoked while the
+/// session's other tunnel serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_replica_does_not_grant_a_token_revoked_elsewhere_on_an_open_session() {
+    let fleet = CutReplica::start().await;
+    let agent = fleet.agent(&fleet.one, "one.tuna.test").await;
+    fleet.cut().await;
+    let id = fleet.late.id.clone();
+    fleet
+        .through_a(move |plane, owner| plane.revoke_token(owner, &id).unwrap())
+        .await;
+
+    let late_id = tunnel_id(fleet.late.token.expose());
+    agent
+        .attach(
+            late_id.clone(),
+            tuna_tunnel::wire::TunnelToken::new(fleet.late.token.expose()),
+            vec![Binding::http("late.tuna.test")],
+        )
+        .await
+        .unwrap();
+    let answer = wait_tunnel(&agent, &late_id, |s| !matches!(s, TunnelStatus::Pending)).await;
+    assert!(
+        !matches!(answer, TunnelStatus::Serving { .. }),
+        "the cut replica granted a token revoked elsewhere: {answer:?}"
+    );
+    ended_unavailable(&agent).await;
+    fleet.within_bound();
+    assert_ne!(fleet.get("late.tuna.test").await, 200);
+
+    let fleet = fleet.heal().await;
+    serves_again(&agent, &tunnel_id(fleet.one.token.expose())).await;
+    let late = wait_tunnel(&agent, &late_id, |s| {
+        matches!(s, TunnelStatus::Refused(_) | TunnelStatus::Serving { .. })
+    })
+    .await;
+    assert!(
+        matches!(&late, TunnelStatus::Refused(r) if r.code == ErrorCode::BadToken),
+        "{late:?}"
+    );
+    assert_eq!(fleet.get("one.tuna.test").await, 200);
+    assert_ne!(fleet.get("late.tuna.test").await, 200);
+    fleet.edge.shutdown().await;
+}
+
+/// A domain released through A after B was cut off and reserved there by
+/// another account is not bound from B's stale copy when a live tunnel of
+/// B adds it (`update_bindings`): the session ends with `unavailable`, and
+/// once the store is back the binding is refused while the tunnel serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_replica_does_not_bind_a_domain_released_elsewhere_on_an_open_session() {
+    let fleet = CutReplica::start().await;
+    let agent = fleet.agent(&fleet.two, "two.tuna.test").await;
+    let id = tunnel_id(fleet.two.token.expose());
+    fleet.cut().await;
+    fleet
+        .through_a(|plane, owner| {
+            plane.delete_domain(owner, "shared.tuna.test").unwrap();
+            let other = Caller {
+                key_id: "other-test".into(),
+                account: "other".into(),
+                scopes: vec![Scope::Full],
+            };
+            let request = CreateDomain {
+                subdomain: Some("shared".into()),
+                domain: None,
+            };
+            plane.create_domain(&other, &request).unwrap();
+        })
+        .await;
+
+    let shared = Binding::http("shared.tuna.test");
+    agent
+        .set_bindings(&id, vec![Binding::http("two.tuna.test"), shared.clone()])
+        .await
+        .unwrap();
+    let answer = wait_tunnel(&agent, &id, |s| match s {
+        TunnelStatus::Serving { bound, .. } => bound.iter().any(|o| o.binding == shared),
+        _ => true,
+    })
+    .await;
+    if let TunnelStatus::Serving { bound, .. } = &answer {
+        let outcome = bound.iter().find(|o| o.binding == shared).unwrap();
+        assert!(
+            outcome.bound.is_none(),
+            "the cut replica bound a domain released elsewhere: {outcome:?}"
+        );
+    }
+    ended_unavailable(&agent).await;
+    fleet.within_bound();
+    assert_ne!(fleet.get("shared.tuna.test").await, 200);
+
+    let fleet = fleet.heal().await;
+    let outcomes = serves_again(&agent, &id).await;
+    let outcome = outcomes.iter().find(|o| o.binding == shared).unwrap();
+    assert!(
+        outcome.bound.is_none() && outcome.error.is_some(),
+        "{outcome:?}"
+    );
+    assert_eq!(fleet.get("two.tuna.test").await, 200);
+    assert_ne!(fleet.get("shared.tuna.test").await, 200);
+    fleet.edge.shutdown().await;
+}
+
+/// A replica cut off from its store keeps serving the tunnels it granted
+/// (and answering API reads from its copy) up to its outage bound, then
+/// ends their sessions (`unavailable`; public requests get no answer of
+/// theirs) and answers API reads `503 store_unavailable` with
+/// `Retry-After`. Once the store is back, it serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_replica_stops_serving_and_answering_after_its_outage_bound() {
+    use tuna_tunnel::agent::AgentStatus;
+    let fleet = CutReplica::start().await;
+    let agent = fleet.agent(&fleet.three, "three.tuna.test").await;
+    let id = tunnel_id(fleet.three.token.expose());
+    assert_eq!(fleet.get("three.tuna.test").await, 200);
+    assert_eq!(fleet.list_domains().await.status(), 200);
+    let cut_at = fleet.cut().await;
+    // Stale, within the bound: nothing new is judged, what was granted serves.
+    assert_eq!(fleet.get("three.tuna.test").await, 200);
+    assert_eq!(fleet.list_domains().await.status(), 200);
+    fleet.within_bound();
+
+    let mut status = agent.status();
+    tokio::time::timeout(
+        fleet.bound + std::time::Duration::from_secs(5),
+        status.wait_for(
+            |s| matches!(s, AgentStatus::Rejected(r) if r.code == ErrorCode::Unavailable),
+        ),
+    )
+    .await
+    .expect("the cut replica kept serving past its outage bound")
+    .unwrap();
+    eprintln!(
+        "cut off from the store: the session ended {:?} after the cut (bound {:?})",
+        cut_at.elapsed(),
+        fleet.bound
+    );
+    assert!(fleet.replica_b.store_staleness() > fleet.bound);
+    assert_ne!(fleet.get("three.tuna.test").await, 200);
+    let resp = fleet.list_domains().await;
+    assert_eq!(resp.status(), 503);
+    let retry_after: u64 = resp.headers()[reqwest::header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry_after >= 1);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["code"], "store_unavailable", "{body}");
+
+    let fleet = fleet.heal().await;
+    let healed = std::time::Instant::now();
+    serves_again(&agent, &id).await;
+    eprintln!(
+        "store reachable again: serving {:?} later",
+        healed.elapsed()
+    );
+    assert_eq!(fleet.get("three.tuna.test").await, 200);
+    assert_eq!(fleet.list_domains().await.status(), 200);
+    fleet.edge.shutdown().await;
+}
