@@ -595,7 +595,7 @@ mod tests {
         let msg = err.to_string();
         for needle in [
             "--max-pending-api-connections 100000000".to_owned(),
-            "--max-pending-public-connections (HTTPS) 1024".to_owned(),
+            "--max-pending-public-connections (HTTPS) 4096".to_owned(),
             format!("open-file limit {limit}"),
         ] {
             assert!(msg.contains(&needle), "{needle:?} in {msg}");
@@ -606,8 +606,8 @@ mod tests {
             .serve;
         check_fd_budget(&pre_auth_totals(&defaults), 65_536)
             .expect("the defaults fit a 65 536 open-file limit");
-        check_fd_budget(&pre_auth_totals(&defaults), 4_096)
-            .expect("the defaults fit a 4 096 open-file limit too");
+        check_fd_budget(&pre_auth_totals(&defaults), 16_384)
+            .expect("the defaults fit a 16 384 open-file limit too");
     }
 
     /// The command's own failures name the step and carry their cause in

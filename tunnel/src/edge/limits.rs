@@ -85,8 +85,10 @@ impl Default for EdgeLimits {
             max_pending_api_connections_per_ip: 16,
             max_pending_peer_connections: 64,
             max_pending_peer_connections_per_ip: 16,
-            max_pending_public_connections: 1024,
-            max_pending_public_connections_per_ip: 64,
+            // Per client as many as `PublicLimits::max_connections_per_ip`:
+            // one client is refused nothing it was allowed before the budget.
+            max_pending_public_connections: 4096,
+            max_pending_public_connections_per_ip: 256,
             pre_auth_timeout: PRE_AUTH_TIMEOUT,
             auth_failures: RateLimit {
                 burst: 30,
