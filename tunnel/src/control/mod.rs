@@ -21,7 +21,7 @@ mod keys;
 mod names;
 mod ratelimit;
 mod secrets;
-mod serve;
+pub(crate) mod serve;
 mod server;
 mod store;
 mod tcp;

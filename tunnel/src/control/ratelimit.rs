@@ -71,6 +71,8 @@ pub struct RateLimiter {
     limit: RateLimit,
     share: FleetShare,
     buckets: Mutex<HashMap<String, Bucket>>,
+    /// Most buckets kept ([`MAX_BUCKETS`]; smaller in tests).
+    capacity: usize,
 }
 
 impl RateLimiter {
@@ -93,6 +95,7 @@ impl RateLimiter {
             limit,
             share,
             buckets: Mutex::new(HashMap::new()),
+            capacity: MAX_BUCKETS,
         }
     }
 
@@ -125,15 +128,15 @@ impl RateLimiter {
     fn take_at(&self, key: &str, now: Instant, take: bool) -> Result<(), Duration> {
         let (burst, per_second) = self.current();
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
+        if buckets.len() >= self.capacity && !buckets.contains_key(key) {
             // Keys are client addresses too: forget the buckets that have
             // refilled (they hold no information), so the map stays bounded.
             buckets.retain(|_, b| {
                 let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
                 b.tokens + elapsed * per_second < burst
             });
-            if buckets.len() >= MAX_BUCKETS {
-                buckets.clear();
+            if buckets.len() >= self.capacity {
+                evict_least_recent(&mut buckets, self.capacity);
             }
         }
         let bucket = buckets.entry(key.to_owned()).or_insert(Bucket {
@@ -158,6 +161,29 @@ impl RateLimiter {
 /// Most buckets kept before refilled ones are forgotten.
 const MAX_BUCKETS: usize = 100_000;
 
+/// Makes room in a full map by forgetting the buckets touched longest ago,
+/// a sixteenth of `capacity` at once (at least one) so that a flood of new
+/// keys sorts the map rarely. Never all of them: clearing the map would
+/// hand every drained bucket (the very clients being throttled) a fresh
+/// budget, and a flood of new keys would buy exactly that.
+fn evict_least_recent(buckets: &mut HashMap<String, Bucket>, capacity: usize) {
+    let evict = (buckets.len() + 1)
+        .saturating_sub(capacity)
+        .max(capacity / 16)
+        .clamp(1, buckets.len());
+    let mut ages: Vec<Instant> = buckets.values().map(|b| b.last).collect();
+    let cutoff = *ages.select_nth_unstable(evict - 1).1;
+    let mut left = evict;
+    buckets.retain(|_, b| {
+        if left > 0 && b.last <= cutoff {
+            left -= 1;
+            false
+        } else {
+            true
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +203,35 @@ mod tests {
         assert!(limiter.check_at("other", t0).is_ok());
         assert!(limiter.check_at("k", t0 + Duration::from_secs(1)).is_ok());
         assert!(limiter.check_at("k", t0 + Duration::from_secs(1)).is_err());
+    }
+
+    /// A full table used to be cleared, which gave every drained bucket
+    /// (the addresses being throttled) a fresh budget; now only the buckets
+    /// touched longest ago are forgotten.
+    #[test]
+    fn a_full_table_forgets_the_oldest_buckets_not_the_throttled_ones() {
+        let mut limiter = RateLimiter::new(RateLimit {
+            burst: 1,
+            per_second: 0.001,
+        });
+        limiter.capacity = 4;
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        for (i, key) in ["old-1", "old-2", "old-3"].into_iter().enumerate() {
+            assert!(limiter.check_at(key, at(i as u64)).is_ok());
+        }
+        assert!(limiter.check_at("throttled", at(10)).is_ok());
+        assert!(limiter.check_at("throttled", at(10)).is_err());
+        // The table is full (four drained buckets): a new key makes room.
+        assert!(limiter.check_at("new", at(11)).is_ok());
+        assert!(
+            limiter.check_at("throttled", at(12)).is_err(),
+            "a recently throttled client keeps its empty bucket"
+        );
+        let buckets = limiter.buckets.lock().unwrap();
+        assert!(!buckets.contains_key("old-1"), "the oldest is forgotten");
+        assert!(buckets.contains_key("old-3") && buckets.contains_key("new"));
+        assert!(buckets.len() <= 4);
     }
 
     #[test]

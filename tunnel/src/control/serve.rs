@@ -24,12 +24,19 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use crate::edge::limits::PreAuthSlot;
+
 /// A client that has not finished the TLS handshake by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A client that has not sent a request's headers by then is dropped.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Concurrent requests on one HTTP/2 connection.
 const MAX_H2_STREAMS: u32 = 64;
+
+/// Set in a response's extensions by the router's authentication when the
+/// request's key was accepted: the connection has authenticated.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Authenticated;
 
 /// The address a request came from, in every request's extensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +93,20 @@ pub async fn serve_tls_connection(
     router: axum::Router,
     header_timeout: Duration,
 ) {
+    serve_tls_connection_pre_auth(tcp, peer, acceptor, router, header_timeout, None).await;
+}
+
+/// [`serve_tls_connection`] holding `pre_auth` (the connection's place in
+/// the edge's pre-authentication budget) until the connection has carried
+/// an authenticated request; see [`serve_connection_pre_auth`].
+pub(crate) async fn serve_tls_connection_pre_auth(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    router: axum::Router,
+    header_timeout: Duration,
+    pre_auth: Option<PreAuthSlot>,
+) {
     let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
@@ -98,7 +119,7 @@ pub async fn serve_tls_connection(
         }
     };
     let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-    serve_connection(stream, h2, peer, router, header_timeout).await;
+    serve_connection_pre_auth(stream, h2, peer, router, header_timeout, pre_auth).await;
 }
 
 /// Serves one connection of `router`: HTTP/2 if `h2` (ALPN said so), else
@@ -113,10 +134,42 @@ pub async fn serve_connection<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    serve_connection_pre_auth(io, h2, peer, router, header_timeout, None).await;
+}
+
+/// [`serve_connection`] holding `pre_auth` until a response of the
+/// connection carries [`Authenticated`] (the router's authentication
+/// passed for one of its requests).
+///
+/// Why not until the first complete request head: sending one is free
+/// (`GET / HTTP/1.1` and a blank line, answered 404 or 401), after which an
+/// idle keep-alive connection would cost a descriptor for the whole header
+/// timeout outside any budget. A connection that never authenticates
+/// therefore counts as long as it is open; one that did is a key holder's,
+/// bounded by the key's request rate and the account's quotas instead.
+pub(crate) async fn serve_connection_pre_auth<I>(
+    io: I,
+    h2: bool,
+    peer: SocketAddr,
+    router: axum::Router,
+    header_timeout: Duration,
+    pre_auth: Option<PreAuthSlot>,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let inner = TowerToHyperService::new(router);
+    let pre_auth = Arc::new(parking_lot::Mutex::new(pre_auth));
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(ClientAddr(peer));
-        inner.call(request)
+        let pre_auth = Arc::clone(&pre_auth);
+        let call = inner.call(request);
+        async move {
+            let response = call.await?;
+            if response.extensions().get::<Authenticated>().is_some() {
+                pre_auth.lock().take();
+            }
+            Ok::<_, std::convert::Infallible>(response)
+        }
     });
     let io = TokioIo::new(io);
     let result = if h2 {

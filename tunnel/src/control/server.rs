@@ -88,12 +88,13 @@ async fn authenticate(
         })
         .map(str::trim)
         .unwrap_or_default();
-    // Failed authentications are budgeted per client address; once the
-    // budget is spent the address is refused before its key is looked at.
+    // Failed authentications are budgeted per client (an IPv4 address, an
+    // IPv6 /64); once the budget is spent the client is refused before its
+    // key is looked at.
     let client = request
         .extensions()
         .get::<ClientAddr>()
-        .map(|a| a.0.ip().to_string());
+        .map(|a| crate::edge::limits::source_key(a.0.ip()).to_string());
     if let Some(client) = &client
         && let Err(retry_after) = plane.shared.auth_failures.peek(client)
     {
@@ -131,7 +132,11 @@ async fn authenticate(
         return Error::RateLimited { retry_after }.into_response();
     }
     request.extensions_mut().insert(caller);
-    next.run(request).await
+    let mut response = next.run(request).await;
+    response
+        .extensions_mut()
+        .insert(super::serve::Authenticated);
+    response
 }
 
 async fn healthz() -> &'static str {

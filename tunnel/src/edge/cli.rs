@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::limits::EdgeLimits;
+use super::limits::{EdgeLimits, PreAuthTotal, check_fd_budget};
 use super::server::{EdgeConfig, EdgeServer};
 use crate::control::cli::KeysArgs;
 use crate::control::{ControlConfig, ControlPlane, Quotas};
@@ -127,9 +127,41 @@ pub struct EdgeArgs {
     /// Tunnels one tunnel token may have open at once (API keys: the account's quota only).
     #[arg(long, default_value_t = EdgeLimits::default().max_tunnels_per_token)]
     pub max_tunnels_per_token: usize,
-    /// Unauthenticated agent connections at once, edge-wide.
+    /// Unauthenticated agent connections (TCP accept to a judged hello) at
+    /// once, edge-wide; more are closed at accept. Every `--max-pending-*`
+    /// total, plus 256 descriptors of headroom, must fit in the open-file
+    /// limit (RLIMIT_NOFILE, raised to its hard limit at start), or the
+    /// edge refuses to start.
     #[arg(long, default_value_t = EdgeLimits::default().max_pending_handshakes)]
     pub max_pending_handshakes: usize,
+    /// Unauthenticated agent connections at once from one client (an IPv4
+    /// address).
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_handshakes_per_ip)]
+    pub max_pending_handshakes_per_ip: usize,
+    /// REST API connections that have not carried an authenticated request
+    /// yet (TLS handshake, no or a refused key, idle) at once, edge-wide;
+    /// more are closed at accept.
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_api_connections)]
+    pub max_pending_api_connections: usize,
+    /// The same from one client (an IPv4 address or an IPv6 /64).
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_api_connections_per_ip)]
+    pub max_pending_api_connections_per_ip: usize,
+    /// Public connections that have not sent a complete request head yet
+    /// (TLS handshake included), per listener (HTTP and HTTPS each); more
+    /// are closed at accept.
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_public_connections)]
+    pub max_pending_public_connections: usize,
+    /// The same from one client (an IPv4 address or an IPv6 /64), per listener.
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_public_connections_per_ip)]
+    pub max_pending_public_connections_per_ip: usize,
+    /// Peer-listener connections whose client certificate is not verified
+    /// yet (TCP accept to a completed mutual TLS handshake) at once; more
+    /// are closed at accept.
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_peer_connections)]
+    pub max_pending_peer_connections: usize,
+    /// The same from one client (an IPv4 address or an IPv6 /64).
+    #[arg(long, default_value_t = EdgeLimits::default().max_pending_peer_connections_per_ip)]
+    pub max_pending_peer_connections_per_ip: usize,
     /// Domains one account may hold (subdomains and verified custom domains).
     #[arg(long, default_value_t = Quotas::default().domains)]
     pub quota_domains: usize,
@@ -258,10 +290,45 @@ fn identity(
     })
 }
 
+/// The pre-authentication totals of the listeners `args` opens, named by
+/// their flags.
+fn pre_auth_totals(args: &EdgeArgs) -> Vec<PreAuthTotal> {
+    let total = |flag, total| PreAuthTotal { flag, total };
+    let mut totals = vec![
+        total("--max-pending-handshakes", args.max_pending_handshakes),
+        total(
+            "--max-pending-api-connections",
+            args.max_pending_api_connections,
+        ),
+    ];
+    if args.http_listen.is_some() {
+        totals.push(total(
+            "--max-pending-public-connections (HTTP)",
+            args.max_pending_public_connections,
+        ));
+    }
+    if args.https_listen.is_some() {
+        totals.push(total(
+            "--max-pending-public-connections (HTTPS)",
+            args.max_pending_public_connections,
+        ));
+    }
+    if args.peer_bind.is_some() {
+        totals.push(total(
+            "--max-pending-peer-connections",
+            args.max_pending_peer_connections,
+        ));
+    }
+    totals
+}
+
 /// Starts the edge with `args` and serves until a shutdown signal.
 pub async fn serve(args: EdgeArgs) -> Result<()> {
     match super::limits::raise_fd_limit() {
-        Ok(soft) => tracing::info!(open_files = soft, "open-file limit (RLIMIT_NOFILE)"),
+        Ok(soft) => {
+            tracing::info!(open_files = soft, "open-file limit (RLIMIT_NOFILE)");
+            check_fd_budget(&pre_auth_totals(&args), soft)?;
+        }
         Err(e) => tracing::warn!(error = %e, "could not raise the open-file limit (RLIMIT_NOFILE)"),
     }
     let data_dir = args
@@ -338,6 +405,13 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
         max_sessions_per_account: args.max_sessions_per_account,
         max_tunnels_per_token: args.max_tunnels_per_token,
         max_pending_handshakes: args.max_pending_handshakes,
+        max_pending_handshakes_per_ip: args.max_pending_handshakes_per_ip,
+        max_pending_api_connections: args.max_pending_api_connections,
+        max_pending_api_connections_per_ip: args.max_pending_api_connections_per_ip,
+        max_pending_public_connections: args.max_pending_public_connections,
+        max_pending_public_connections_per_ip: args.max_pending_public_connections_per_ip,
+        max_pending_peer_connections: args.max_pending_peer_connections,
+        max_pending_peer_connections_per_ip: args.max_pending_peer_connections_per_ip,
         ..EdgeLimits::default()
     };
     config.trusted_proxies = args.trusted_proxies.clone();
@@ -530,6 +604,41 @@ mod tests {
             err.to_string(),
             "--insecure-plaintext-api is for tests on loopback only; 0.0.0.0:7444 is not a loopback address"
         );
+    }
+
+    /// Caps that cannot fit in the open-file limit stop `edge` before it
+    /// opens anything, naming the flags and the limit.
+    #[tokio::test]
+    async fn caps_beyond_the_open_file_limit_are_refused_at_start() {
+        let top = Top::try_parse_from([
+            "edge",
+            "--data-dir",
+            "/nonexistent",
+            "--base-domain",
+            "t.example",
+            "--max-pending-api-connections",
+            "100000000",
+        ])
+        .unwrap();
+        let limit = super::super::limits::raise_fd_limit().unwrap();
+        let err = serve(top.edge.serve).await.unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        let msg = err.to_string();
+        for needle in [
+            "--max-pending-api-connections 100000000".to_owned(),
+            "--max-pending-public-connections (HTTPS) 4096".to_owned(),
+            format!("open-file limit {limit}"),
+        ] {
+            assert!(msg.contains(&needle), "{needle:?} in {msg}");
+        }
+        let defaults = Top::try_parse_from(["edge", "--data-dir", "/d", "--base-domain", "b"])
+            .unwrap()
+            .edge
+            .serve;
+        check_fd_budget(&pre_auth_totals(&defaults), 65_536)
+            .expect("the defaults fit a 65 536 open-file limit");
+        check_fd_budget(&pre_auth_totals(&defaults), 16_384)
+            .expect("the defaults fit a 16 384 open-file limit too");
     }
 
     /// The command's own failures name the step and carry their cause in

@@ -70,6 +70,7 @@ use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::task::AbortOnDropHandle;
 
+use super::limits::{PreAuthBudget, PreAuthSlot};
 use super::registry::{AgentSession, Registry, TCP_COPY_BUFFER, TunnelRoute};
 use super::tasks::TaskGuard;
 use crate::control::{FleetShare, StoreUrl};
@@ -341,11 +342,15 @@ struct Row {
 }
 
 /// Starts the peer listener and the lease task; returns the bound peer
-/// address. Everything ends with `guard`'s cancellation.
+/// address. Everything ends with `guard`'s cancellation. A connection to
+/// the peer listener holds a slot of `pre_auth` until its client
+/// certificate is verified (the mutual TLS handshake is done); over budget
+/// it is closed at accept.
 pub(crate) async fn start(
     config: FleetConfig,
     registry: Arc<Registry>,
     guard: TaskGuard,
+    pre_auth: PreAuthBudget,
 ) -> Result<SocketAddr> {
     let pg = config.store.config()?;
     let listener = TcpListener::bind(config.peer_bind).await.map_err(|e| {
@@ -376,6 +381,10 @@ pub(crate) async fn start(
                 };
                 match accepted {
                     Ok((tcp, peer)) => {
+                        let Some(slot) = pre_auth.try_acquire(peer.ip()) else {
+                            tracing::debug!(%peer, "peer listener: too many connections without a verified certificate; closing");
+                            continue;
+                        };
                         let _ = tcp.set_nodelay(true);
                         let acceptor = acceptor.clone();
                         let registry = Arc::clone(&registry);
@@ -384,7 +393,7 @@ pub(crate) async fn start(
                             let cancel = g.cancel.clone();
                             tokio::select! {
                                 _ = cancel.cancelled() => {}
-                                r = serve_peer(tcp, acceptor, registry, g) => if let Err(e) = r {
+                                r = serve_peer(tcp, acceptor, registry, g, slot) => if let Err(e) = r {
                                     tracing::debug!(%peer, error = %e, "peer connection ended");
                                 }
                             }
@@ -420,10 +429,13 @@ async fn serve_peer(
     acceptor: TlsAcceptor,
     registry: Arc<Registry>,
     guard: TaskGuard,
+    pre_auth: PreAuthSlot,
 ) -> Result<()> {
     let tls = timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
         .await
         .map_err(|_| Error::HandshakeTimeout(HANDSHAKE_TIMEOUT))??;
+    // The handshake verified the client's certificate: a peer.
+    drop(pre_auth);
     let mut conn = timeout(
         HANDSHAKE_TIMEOUT,
         mux::server_builder().handshake::<_, bytes::Bytes>(mux::Coalesced::new(tls)),
@@ -894,7 +906,9 @@ mod tests {
             guard.clone(),
         )
         .unwrap();
-        let err = start(config, registry, guard).await.unwrap_err();
+        let err = start(config, registry, guard, PreAuthBudget::new(1, 1))
+            .await
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             "configuration: --store takes a postgres://USER[:PASSWORD]@HOST:PORT/DB URL"

@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use super::limits::PreAuthSlot;
 use super::page::{Body, Page};
 use super::public::{MAX_IDLE_PER_CONNECTION, Peer};
 use super::registry::{Registry, Session};
@@ -47,9 +48,13 @@ pub(crate) async fn serve<IO>(
     peer: Peer,
     registry: Arc<Registry>,
     cancel: CancellationToken,
+    pre_auth: Option<PreAuthSlot>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Given up with the first complete request head (hyper calls the
+    // service then).
+    let pre_auth = Arc::new(Mutex::new(pre_auth));
     let activity = Arc::new(Activity::default());
     let conn = Arc::new(PublicConnection {
         peer,
@@ -58,6 +63,7 @@ pub(crate) async fn serve<IO>(
         activity: Arc::clone(&activity),
     });
     let service = hyper::service::service_fn(move |req| {
+        pre_auth.lock().unwrap_or_else(|p| p.into_inner()).take();
         let conn = Arc::clone(&conn);
         async move {
             let busy = conn.activity.start();

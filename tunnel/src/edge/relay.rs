@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tuna_http1::{BodyTracker, Framing};
 
 use super::hyper_path;
+use super::limits::PreAuthSlot;
 use super::page::Page;
 use super::public::{MAX_IDLE_PER_CONNECTION, Peer, PublicLimits};
 use super::registry::{Registry, Session};
@@ -169,6 +170,9 @@ struct Relay<IO> {
     idle: Vec<IdleStream>,
     /// Streams done with, finished (not reset) when the connection closes.
     retired: Vec<MuxStream>,
+    /// The connection's place in its listener's pre-auth budget, given up
+    /// with the first complete request head.
+    pre_auth: Option<PreAuthSlot>,
 }
 
 /// Serves one public HTTP/1.1 connection until it closes or the edge shuts down.
@@ -177,6 +181,7 @@ pub(crate) async fn serve<IO>(
     peer: Peer,
     registry: Arc<Registry>,
     cancel: CancellationToken,
+    pre_auth: Option<PreAuthSlot>,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -189,6 +194,7 @@ pub(crate) async fn serve<IO>(
         resp: BytesMut::new(),
         idle: Vec::new(),
         retired: Vec::new(),
+        pre_auth,
     };
     let outcome = tokio::select! {
         _ = cancel.cancelled() => return,
@@ -206,13 +212,17 @@ pub(crate) async fn serve<IO>(
         }
         Outcome::Handoff => {
             let Relay {
-                io, buf, registry, ..
+                io,
+                buf,
+                registry,
+                pre_auth,
+                ..
             } = relay;
             let io = Prefixed {
                 prefix: buf.freeze(),
                 io,
             };
-            hyper_path::serve(io, peer, registry, cancel).await;
+            hyper_path::serve(io, peer, registry, cancel, pre_auth).await;
         }
     }
 }
@@ -306,7 +316,10 @@ where
             if !self.buf.is_empty() {
                 match parse_request(&self.buf, self.peer.trusted, &mut self.out) {
                     Parsed::Partial => {}
-                    Parsed::Relay(head) => return Ok(head),
+                    Parsed::Relay(head) => {
+                        self.pre_auth = None;
+                        return Ok(head);
+                    }
                     Parsed::Handoff => return Err(Outcome::Handoff),
                     Parsed::Reject(page) => {
                         let _ = self.write_page(&page, true, false).await;

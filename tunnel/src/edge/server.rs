@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::authority::SessionAuthority;
 use super::fleet::FleetConfig;
-use super::limits::EdgeLimits;
+use super::limits::{EdgeLimits, PreAuthBudget, PreAuthSlot};
 use super::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use super::registry::Registry;
 use super::session::{Admission, AgentContext, serve_agent};
@@ -163,11 +163,27 @@ impl EdgeServer {
             guard.clone(),
         )?;
 
+        let limits = &config.limits;
         let peer_addr = match config.fleet.clone() {
             Some(fleet) => {
-                Some(super::fleet::start(fleet, Arc::clone(&registry), guard.clone()).await?)
+                let budget = PreAuthBudget::new(
+                    limits.max_pending_peer_connections,
+                    limits.max_pending_peer_connections_per_ip,
+                );
+                Some(
+                    super::fleet::start(fleet, Arc::clone(&registry), guard.clone(), budget)
+                        .await?,
+                )
             }
             None => None,
+        };
+        // Each public listener has its own budget: a flood of one cannot
+        // refuse the other's clients.
+        let public_budget = || {
+            PreAuthBudget::new(
+                limits.max_pending_public_connections,
+                limits.max_pending_public_connections_per_ip,
+            )
         };
         let agent_listener = bind(config.agent_addr, "agent").await?;
         let agent_addr = agent_listener.local_addr()?;
@@ -197,7 +213,12 @@ impl EdgeServer {
                 let g = guard.clone();
                 let policy = Arc::clone(&policy);
                 let limiter = ConnectionLimiter::new(Arc::clone(&policy));
+                let budget = public_budget();
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
+                        tracing::debug!(%peer, "public HTTP: too many connections without a request; closing");
+                        return;
+                    };
                     let Some(admitted) = limiter.admit(peer.ip()) else {
                         tracing::debug!(%peer, "public HTTP connection limit reached");
                         return;
@@ -217,6 +238,7 @@ impl EdgeServer {
                             registry,
                             policy,
                             g.cancel.clone(),
+                            pre_auth,
                         )
                         .await;
                     });
@@ -237,7 +259,12 @@ impl EdgeServer {
                 let g = guard.clone();
                 let policy = Arc::clone(&policy);
                 let limiter = ConnectionLimiter::new(Arc::clone(&policy));
+                let budget = public_budget();
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
+                        tracing::debug!(%peer, "public HTTPS: too many connections without a request; closing");
+                        return;
+                    };
                     let Some(admitted) = limiter.admit(peer.ip()) else {
                         tracing::debug!(%peer, "public HTTPS connection limit reached");
                         return;
@@ -270,6 +297,7 @@ impl EdgeServer {
                             registry,
                             policy,
                             g.cancel.clone(),
+                            pre_auth,
                         )
                         .await;
                     });
@@ -290,13 +318,21 @@ impl EdgeServer {
                 });
                 let g = guard.clone();
                 let header_timeout = config.limits.api_header_timeout;
+                let budget = PreAuthBudget::new(
+                    config.limits.max_pending_api_connections,
+                    config.limits.max_pending_api_connections_per_ip,
+                );
                 spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
+                    let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
+                        tracing::debug!(%peer, "REST API: too many unauthenticated connections; closing");
+                        return;
+                    };
                     let router = router.clone();
                     let tls = tls.clone();
                     let g = g.clone();
                     tokio::spawn(async move {
                         let _g = g.clone();
-                        serve_api(tcp, peer, router, tls, g, header_timeout).await;
+                        serve_api(tcp, peer, router, tls, g, header_timeout, pre_auth).await;
                     });
                 });
                 Some(local)
@@ -355,14 +391,19 @@ async fn serve_api(
     tls: Option<TlsAcceptor>,
     guard: TaskGuard,
     header_timeout: Duration,
+    pre_auth: PreAuthSlot,
 ) {
-    use crate::control::{serve_connection, serve_tls_connection};
+    use crate::control::serve::{serve_connection_pre_auth, serve_tls_connection_pre_auth};
+    let pre_auth = Some(pre_auth);
     let serving = async move {
         match tls {
             Some(acceptor) => {
-                serve_tls_connection(tcp, peer, acceptor, router, header_timeout).await
+                serve_tls_connection_pre_auth(tcp, peer, acceptor, router, header_timeout, pre_auth)
+                    .await
             }
-            None => serve_connection(tcp, false, peer, router, header_timeout).await,
+            None => {
+                serve_connection_pre_auth(tcp, false, peer, router, header_timeout, pre_auth).await
+            }
         }
     };
     tokio::select! {
@@ -375,7 +416,9 @@ async fn serve_api(
 /// or the edge shuts down. HTTP/1.1 goes through the byte relay, which
 /// hands anything it does not relay (upgrades, HTTP/1.0, absolute-form
 /// targets, h2 with prior knowledge, ...) to the hyper path; a TLS
-/// connection that negotiated h2 goes to the hyper path at once.
+/// connection that negotiated h2 goes to the hyper path at once. `pre_auth`
+/// is held until the first complete request head.
+#[allow(clippy::too_many_arguments)]
 async fn serve_public<IO>(
     io: IO,
     client_addr: SocketAddr,
@@ -384,6 +427,7 @@ async fn serve_public<IO>(
     registry: Arc<Registry>,
     policy: Arc<PublicPolicy>,
     cancel: CancellationToken,
+    pre_auth: PreAuthSlot,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -394,8 +438,8 @@ async fn serve_public<IO>(
         limits: policy.limits,
     };
     if alpn_h2 {
-        hyper_path::serve(io, peer, registry, cancel).await;
+        hyper_path::serve(io, peer, registry, cancel, Some(pre_auth)).await;
     } else {
-        relay::serve(io, peer, registry, cancel).await;
+        relay::serve(io, peer, registry, cancel, Some(pre_auth)).await;
     }
 }

@@ -33,5 +33,6 @@ mod data_fleet_revocation;
 mod data_multi_tunnel;
 mod data_relay;
 mod data_tunnel;
+mod edge_fd_budget;
 mod edge_hardening;
 mod store_contract;
