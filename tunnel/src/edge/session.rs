@@ -34,14 +34,14 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Instant, timeout};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::authority::{Grant, Revocation, SessionAuthority, TokenId};
-use super::limits::EdgeLimits;
+use super::limits::{EdgeLimits, PreAuthBudget, PreAuthSlot, source_key};
 use super::registry::{AgentSession, Registry, SessionEvent, TunnelRoute};
 use super::tasks::TaskGuard;
 use crate::control::RateLimiter;
@@ -71,12 +71,12 @@ pub(crate) struct AgentContext {
 }
 
 /// What the edge admits: its limits and the state they are checked against
-/// (unauthenticated connections, failed authentications per address, open
-/// tunnels and sessions per token and account).
+/// (unauthenticated connections and failed authentications per source — an
+/// IPv4 address or an IPv6 /64 —, open tunnels and sessions per token and
+/// account).
 pub(crate) struct Admission {
     limits: EdgeLimits,
-    pending: Arc<Semaphore>,
-    pending_by_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    pending: PreAuthBudget,
     auth_failures: RateLimiter,
     ledger: Mutex<Ledger>,
 }
@@ -102,24 +102,13 @@ fn drop_one<K: std::hash::Hash + Eq>(map: &mut HashMap<K, usize>, key: &K) {
     }
 }
 
-/// A slot for one unauthenticated connection; released when dropped.
-pub(crate) struct PendingSlot {
-    _permit: OwnedSemaphorePermit,
-    ip: IpAddr,
-    by_ip: Arc<Mutex<HashMap<IpAddr, usize>>>,
-}
-
-impl Drop for PendingSlot {
-    fn drop(&mut self) {
-        drop_one(&mut self.by_ip.lock(), &self.ip);
-    }
-}
-
 impl Admission {
     pub(crate) fn new(limits: EdgeLimits) -> Self {
         Self {
-            pending: Arc::new(Semaphore::new(limits.max_pending_handshakes.max(1))),
-            pending_by_ip: Arc::new(Mutex::new(HashMap::new())),
+            pending: PreAuthBudget::new(
+                limits.max_pending_handshakes.max(1),
+                limits.max_pending_handshakes_per_ip,
+            ),
             auth_failures: RateLimiter::new(limits.auth_failures),
             ledger: Mutex::new(Ledger::default()),
             limits,
@@ -127,37 +116,25 @@ impl Admission {
     }
 
     /// A pre-authentication slot for a connection from `ip`, or `None` when
-    /// the edge or the address has as many unauthenticated connections as
+    /// the edge or the source has as many unauthenticated connections as
     /// allowed (the connection is then closed at once).
-    fn admit(&self, ip: IpAddr) -> Option<PendingSlot> {
-        let permit = Arc::clone(&self.pending).try_acquire_owned().ok()?;
-        let mut by_ip = self.pending_by_ip.lock();
-        let n = by_ip.entry(ip).or_insert(0);
-        if *n >= self.limits.max_pending_handshakes_per_ip {
-            if *n == 0 {
-                by_ip.remove(&ip);
-            }
-            return None;
-        }
-        *n += 1;
-        Some(PendingSlot {
-            _permit: permit,
-            ip,
-            by_ip: Arc::clone(&self.pending_by_ip),
-        })
+    fn admit(&self, ip: IpAddr) -> Option<PreAuthSlot> {
+        self.pending.try_acquire(ip)
     }
 
     /// `Err(rate_limited)` when `ip` spent its budget of failed authentications.
     fn auth_allowed(&self, ip: IpAddr) -> Result<(), Rejection> {
-        self.auth_failures.peek(&ip.to_string()).map_err(|wait| {
-            Rejection::new(
-                ErrorCode::RateLimited,
-                format!(
-                    "too many failed tunnel authentications from {ip}; retry in {} s",
-                    wait.as_secs().max(1)
-                ),
-            )
-        })
+        self.auth_failures
+            .peek(&source_key(ip).to_string())
+            .map_err(|wait| {
+                Rejection::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "too many failed tunnel authentications from {ip}; retry in {} s",
+                        wait.as_secs().max(1)
+                    ),
+                )
+            })
     }
 
     /// Counts a refusal against `ip` if it was a failed authentication.
@@ -166,7 +143,7 @@ impl Admission {
             reason.code,
             ErrorCode::BadToken | ErrorCode::TokenExpired | ErrorCode::TokenRevoked
         ) {
-            let _ = self.auth_failures.check(&ip.to_string());
+            let _ = self.auth_failures.check(&source_key(ip).to_string());
         }
     }
 
@@ -353,7 +330,7 @@ async fn run(
     peer: SocketAddr,
     ctx: &Arc<AgentContext>,
     mut revocations: broadcast::Receiver<Revocation>,
-    slot: PendingSlot,
+    slot: PreAuthSlot,
 ) -> Result<()> {
     let limits = &ctx.admission.limits;
     let (mut tls, agent, judged) = timeout(limits.pre_auth_timeout, pre_auth(tcp, peer, ctx))
@@ -1005,4 +982,44 @@ fn new_session_id() -> String {
     use rand::Rng;
     let n: u64 = rand::rng().random();
     format!("ses_{n:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::RateLimit;
+
+    /// Issue 30, item 1: the agent listener counts an IPv6 client by its
+    /// /64, as every other listener does, for unauthenticated connections and
+    /// for failed authentications: one host owns a /64, so counting each
+    /// address would give it 2^64 budgets.
+    #[test]
+    fn agent_admission_counts_ipv6_sources_per_slash_64() {
+        let admission = Admission::new(EdgeLimits {
+            max_pending_handshakes: 8,
+            max_pending_handshakes_per_ip: 1,
+            auth_failures: RateLimit {
+                burst: 1,
+                per_second: 0.001,
+            },
+            ..EdgeLimits::default()
+        });
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let same_64: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        let held = admission.admit(a).expect("the first connection");
+        assert!(admission.admit(same_64).is_none(), "same /64: over budget");
+        assert!(admission.admit(other_64).is_some(), "another /64");
+        drop(held);
+        assert!(admission.admit(same_64).is_some(), "freed on drop");
+
+        let bad = Rejection::new(ErrorCode::BadToken, "bad token");
+        admission.note_refusal(a, &bad);
+        admission.note_refusal(a, &bad);
+        assert!(
+            admission.auth_allowed(same_64).is_err(),
+            "same /64 is limited"
+        );
+        assert!(admission.auth_allowed(other_64).is_ok());
+    }
 }
