@@ -21,6 +21,7 @@ mod condition;
 mod connector;
 mod connectorclass;
 mod domain;
+pub mod gateway;
 mod tcpendpoint;
 mod tunnel;
 
