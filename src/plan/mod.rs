@@ -40,6 +40,7 @@
 //! what `route explain` prints is what the agent serves.
 
 pub mod domain;
+pub mod gateway;
 pub mod ingress;
 pub mod service;
 pub mod tcpendpoint;
