@@ -18,8 +18,14 @@
 //! - [`path_prefix_matches`]: `PathPrefix` is element-wise (`/foo` matches
 //!   `/foo` and `/foo/bar`, not `/foobar`).
 //!
-//! Attaching routes, ReferenceGrants, filters and route status build on these
-//! (issue 31).
+//! - [`attach`]: which listeners of a Gateway a route attaches to through
+//!   one parentRef (`sectionName`, `port`, `allowedRoutes` namespaces — `Same`
+//!   by default, `All`, `Selector` — and kinds, then hostnames), or the
+//!   specification's reason it does not (`NoMatchingParent`,
+//!   `NotAllowedByListeners`, `NoMatchingListenerHostname`).
+//!
+//! ReferenceGrants, filters, the translation into the proxy core's routes and
+//! route status build on these (issue 31).
 
 use std::cmp::{Ordering, Reverse};
 
@@ -165,6 +171,167 @@ impl PartialOrd for MatchRank {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
+}
+
+/// The Gateway API group.
+pub const GROUP: &str = "gateway.networking.k8s.io";
+
+/// Why a route is not accepted by a parent Gateway (the `Accepted=False`
+/// reasons of the specification, `apis/v1/shared_types.go`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteRefusal {
+    /// No listener has the `sectionName` and `port` the parentRef names.
+    NoMatchingParent,
+    /// No listener of those lets this route's namespace or kind attach.
+    NotAllowedByListeners,
+    /// No listener of those has a hostname that intersects the route's.
+    NoMatchingListenerHostname,
+}
+
+impl RouteRefusal {
+    /// The condition reason, as the specification spells it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::NoMatchingParent => "NoMatchingParent",
+            Self::NotAllowedByListeners => "NotAllowedByListeners",
+            Self::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+        }
+    }
+}
+
+/// A route attached to one listener: its name and the hostnames served there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attached {
+    /// The listener's name.
+    pub listener: String,
+    /// [`intersect_hostnames`] of the listener and the route.
+    pub hostnames: Vec<String>,
+}
+
+/// Whether `parent` (a parentRef of a route in `route_namespace`) names
+/// `gateway` (group and kind default to the Gateway API's Gateway, the
+/// namespace to the route's).
+pub fn refers_to(
+    parent: &tuna_crds::gateway::httproutes::HttpRouteParentRefs,
+    route_namespace: &str,
+    gateway: &tuna_crds::gateway::Gateway,
+) -> bool {
+    parent.group.as_deref().unwrap_or(GROUP) == GROUP
+        && parent.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+        && Some(parent.name.as_str()) == gateway.metadata.name.as_deref()
+        && parent.namespace.as_deref().unwrap_or(route_namespace)
+            == gateway.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// The route kinds a listener admits when `allowedRoutes.kinds` is empty:
+/// those of its protocol.
+fn default_kinds(protocol: &str) -> &'static [&'static str] {
+    match protocol {
+        "HTTP" | "HTTPS" => &["HTTPRoute", "GRPCRoute"],
+        "TLS" => &["TLSRoute"],
+        "TCP" => &["TCPRoute"],
+        "UDP" => &["UDPRoute"],
+        _ => &[],
+    }
+}
+
+/// Whether a namespace with `labels` is selected by a label selector of
+/// `allowedRoutes.namespaces.selector`.
+fn selects(
+    selector: &tuna_crds::gateway::gateways::GatewayListenersAllowedRoutesNamespacesSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        match e.operator.as_str() {
+            "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
+            "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
+            "Exists" => labels.contains_key(&e.key),
+            "DoesNotExist" => !labels.contains_key(&e.key),
+            // An operator Kubernetes does not define selects nothing.
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
+}
+
+/// Attaches a route of `kind` (`HTTPRoute`, `TCPRoute`) in namespace
+/// `route_namespace` (with `namespace_labels`) and with `hostnames`, through
+/// `parent` (already known to name `gateway`, see [`refers_to`]), to the
+/// listeners of `gateway` it may attach to, as the specification decides:
+/// the listeners the parentRef's `sectionName` and `port` name (none:
+/// `NoMatchingParent`), of those the ones whose `allowedRoutes` admit the
+/// route's namespace (`Same` by default, `All`, or `Selector`) and kind (the
+/// listener protocol's kinds by default) (none: `NotAllowedByListeners`),
+/// and of those the ones whose hostname intersects the route's (none:
+/// `NoMatchingListenerHostname`). TCP routes have no hostnames.
+pub fn attach(
+    gateway: &tuna_crds::gateway::Gateway,
+    parent: &tuna_crds::gateway::httproutes::HttpRouteParentRefs,
+    kind: &str,
+    route_namespace: &str,
+    namespace_labels: &std::collections::BTreeMap<String, String>,
+    hostnames: &[String],
+) -> Result<Vec<Attached>, RouteRefusal> {
+    use tuna_crds::gateway::gateways::GatewayListenersAllowedRoutesNamespacesFrom as From;
+    let gateway_namespace = gateway.metadata.namespace.as_deref().unwrap_or("default");
+    let named: Vec<_> = gateway
+        .spec
+        .listeners
+        .iter()
+        .filter(|l| parent.section_name.as_ref().is_none_or(|s| *s == l.name))
+        .filter(|l| parent.port.is_none_or(|p| p == l.port))
+        .collect();
+    if named.is_empty() {
+        return Err(RouteRefusal::NoMatchingParent);
+    }
+    let allowed: Vec<_> = named
+        .into_iter()
+        .filter(|l| {
+            let allowed = l.allowed_routes.as_ref();
+            let namespaces = allowed.and_then(|a| a.namespaces.as_ref());
+            let namespace_ok = match namespaces.and_then(|n| n.from.as_ref()) {
+                None | Some(From::Same) => route_namespace == gateway_namespace,
+                Some(From::All) => true,
+                Some(From::Selector) => namespaces
+                    .and_then(|n| n.selector.as_ref())
+                    .is_some_and(|s| selects(s, namespace_labels)),
+            };
+            let kind_ok = match allowed.and_then(|a| a.kinds.as_ref()) {
+                Some(kinds) if !kinds.is_empty() => kinds
+                    .iter()
+                    .any(|k| k.group.as_deref().unwrap_or(GROUP) == GROUP && k.kind == kind),
+                _ => default_kinds(&l.protocol).contains(&kind),
+            };
+            namespace_ok && kind_ok
+        })
+        .collect();
+    if allowed.is_empty() {
+        return Err(RouteRefusal::NotAllowedByListeners);
+    }
+    let attached: Vec<Attached> = allowed
+        .into_iter()
+        .filter_map(|l| {
+            let hostnames = if kind == "HTTPRoute" {
+                intersect_hostnames(l.hostname.as_deref(), hostnames)?
+            } else {
+                Vec::new()
+            };
+            Some(Attached {
+                listener: l.name.clone(),
+                hostnames,
+            })
+        })
+        .collect();
+    if attached.is_empty() {
+        return Err(RouteRefusal::NoMatchingListenerHostname);
+    }
+    Ok(attached)
 }
 
 #[cfg(test)]
@@ -331,5 +498,166 @@ mod tests {
                 assert_eq!(shuffled, ladder, "rotation {k}, reversed {reversed}");
             }
         }
+    }
+
+    fn gateway(yaml: &str) -> tuna_crds::gateway::Gateway {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    fn parent(yaml: &str) -> tuna_crds::gateway::httproutes::HttpRouteParentRefs {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    const GATEWAY: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tuna, namespace: infra}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: shop, protocol: HTTP, port: 80, hostname: "*.shop.example.com",
+     allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {team: shop}}}}}
+  - {name: any, protocol: HTTP, port: 8080, allowedRoutes: {namespaces: {from: All}}}
+  - {name: local, protocol: HTTP, port: 8081}
+  - {name: db, protocol: TCP, port: 5432, allowedRoutes: {namespaces: {from: All}}}
+  - {name: only-tcp, protocol: HTTP, port: 8082,
+     allowedRoutes: {namespaces: {from: All}, kinds: [{kind: TCPRoute}]}}
+"#;
+
+    /// Attachment and its refusals as the specification words them: the
+    /// listeners a parentRef names, those that admit the route's namespace
+    /// and kind, and those whose hostname meets the route's.
+    #[test]
+    fn routes_attach_to_the_listeners_the_specification_allows() {
+        use std::collections::BTreeMap;
+        let gw = gateway(GATEWAY);
+        let shop_labels = BTreeMap::from([("team".to_owned(), "shop".to_owned())]);
+        let none = BTreeMap::new();
+        let http = |p: &str, ns: &str, labels: &BTreeMap<String, String>, h: &[&str]| {
+            attach(&gw, &parent(p), "HTTPRoute", ns, labels, &hosts(h))
+        };
+        assert!(refers_to(
+            &parent("{name: tuna, namespace: infra}"),
+            "shop",
+            &gw
+        ));
+        assert!(refers_to(&parent("{name: tuna}"), "infra", &gw));
+        assert!(!refers_to(&parent("{name: tuna}"), "shop", &gw));
+        assert!(!refers_to(
+            &parent("{name: tuna, namespace: infra, kind: Service, group: ''}"),
+            "shop",
+            &gw
+        ));
+
+        // By section: the Selector listener admits a labelled namespace, and
+        // serves the intersected hostnames.
+        assert_eq!(
+            http(
+                "{name: tuna, sectionName: shop}",
+                "shop",
+                &shop_labels,
+                &["a.shop.example.com", "b.example.com"]
+            ),
+            Ok(vec![Attached {
+                listener: "shop".into(),
+                hostnames: hosts(&["a.shop.example.com"])
+            }])
+        );
+        assert_eq!(
+            http(
+                "{name: tuna, sectionName: shop}",
+                "shop",
+                &shop_labels,
+                &["b.example.com"]
+            ),
+            Err(RouteRefusal::NoMatchingListenerHostname)
+        );
+        assert_eq!(
+            http("{name: tuna, sectionName: shop}", "blog", &none, &[]),
+            Err(RouteRefusal::NotAllowedByListeners)
+        );
+        assert_eq!(
+            http("{name: tuna, sectionName: nope}", "shop", &shop_labels, &[]),
+            Err(RouteRefusal::NoMatchingParent)
+        );
+        assert_eq!(
+            http(
+                "{name: tuna, sectionName: shop, port: 8080}",
+                "shop",
+                &shop_labels,
+                &[]
+            ),
+            Err(RouteRefusal::NoMatchingParent)
+        );
+        // `Same` by default: only the Gateway's namespace.
+        assert_eq!(
+            http("{name: tuna, port: 8081}", "shop", &shop_labels, &[]),
+            Err(RouteRefusal::NotAllowedByListeners)
+        );
+        assert_eq!(
+            http("{name: tuna, port: 8081}", "infra", &none, &[]).map(|a| a.len()),
+            Ok(1)
+        );
+        // No section or port: every listener that admits it; the TCP one
+        // and the TCPRoute-only one do not admit an HTTPRoute.
+        let all = http(
+            "{name: tuna}",
+            "shop",
+            &shop_labels,
+            &["x.shop.example.com"],
+        )
+        .unwrap();
+        let names: Vec<&str> = all.iter().map(|a| a.listener.as_str()).collect();
+        assert_eq!(names, ["shop", "any"]);
+        assert_eq!(
+            attach(
+                &gw,
+                &parent("{name: tuna, sectionName: db}"),
+                "TCPRoute",
+                "shop",
+                &none,
+                &[]
+            ),
+            Ok(vec![Attached {
+                listener: "db".into(),
+                hostnames: vec![]
+            }])
+        );
+        assert_eq!(
+            http("{name: tuna, sectionName: only-tcp}", "shop", &none, &[]),
+            Err(RouteRefusal::NotAllowedByListeners)
+        );
+    }
+
+    #[test]
+    fn namespace_selectors_use_labels_and_expressions() {
+        use std::collections::BTreeMap;
+        let selector: tuna_crds::gateway::gateways::GatewayListenersAllowedRoutesNamespacesSelector =
+            serde_saphyr::from_str(
+                "{matchLabels: {team: shop}, matchExpressions: [{key: env, operator: In, values: [prod, stage]}, {key: frozen, operator: DoesNotExist}]}",
+            )
+            .unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(selects(
+            &selector,
+            &labels(&[("team", "shop"), ("env", "prod")])
+        ));
+        assert!(!selects(
+            &selector,
+            &labels(&[("team", "shop"), ("env", "dev")])
+        ));
+        assert!(!selects(
+            &selector,
+            &labels(&[("team", "blog"), ("env", "prod")])
+        ));
+        assert!(!selects(
+            &selector,
+            &labels(&[("team", "shop"), ("env", "prod"), ("frozen", "yes")])
+        ));
     }
 }
