@@ -24,8 +24,12 @@
 //!   specification's reason it does not (`NoMatchingParent`,
 //!   `NotAllowedByListeners`, `NoMatchingListenerHostname`).
 //!
-//! ReferenceGrants, filters, the translation into the proxy core's routes and
-//! route status build on these (issue 31).
+//! - [`resolve_backend`]: a backendRef to a core Service, across namespaces
+//!   only with a ReferenceGrant of the Service's namespace, or the reason it
+//!   does not resolve (`InvalidKind`, `RefNotPermitted`, `BackendNotFound`).
+//!
+//! Filters, the translation into the proxy core's routes and route status
+//! build on these (issue 31).
 
 use std::cmp::{Ordering, Reverse};
 
@@ -332,6 +336,75 @@ pub fn attach(
         return Err(RouteRefusal::NoMatchingListenerHostname);
     }
     Ok(attached)
+}
+
+/// Why a backendRef does not resolve (the `ResolvedRefs=False` reasons of
+/// the specification); its requests then answer 500.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefRefusal {
+    /// Not a core `Service`.
+    InvalidKind,
+    /// A Service of another namespace that no ReferenceGrant there opens to
+    /// this route's namespace and kind.
+    RefNotPermitted,
+    /// No such Service.
+    BackendNotFound,
+}
+
+impl RefRefusal {
+    /// The condition reason, as the specification spells it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::InvalidKind => "InvalidKind",
+            Self::RefNotPermitted => "RefNotPermitted",
+            Self::BackendNotFound => "BackendNotFound",
+        }
+    }
+}
+
+/// Resolves a backendRef of a route of `route_kind` in `route_namespace` to
+/// the Service `(namespace, name)` it names: only core Services are
+/// backends (`InvalidKind`); a Service of another namespace needs a
+/// ReferenceGrant in that namespace whose `from` names the route's kind and
+/// namespace and whose `to` names Services (all, or this one by name)
+/// (`RefNotPermitted`); `service_exists` says whether it exists
+/// (`BackendNotFound`). The kind is checked first, then the grant, so that a
+/// route cannot probe another namespace's Services.
+pub fn resolve_backend<'a>(
+    backend: &'a tuna_crds::gateway::httproutes::HttpRouteRulesBackendRefs,
+    route_kind: &str,
+    route_namespace: &'a str,
+    grants: &[&tuna_crds::gateway::ReferenceGrant],
+    service_exists: impl Fn(&str, &str) -> bool,
+) -> Result<(&'a str, &'a str), RefRefusal> {
+    if !backend.group.as_deref().unwrap_or("").is_empty()
+        || backend.kind.as_deref().unwrap_or("Service") != "Service"
+    {
+        return Err(RefRefusal::InvalidKind);
+    }
+    let namespace = backend.namespace.as_deref().unwrap_or(route_namespace);
+    let name = backend.name.as_str();
+    if namespace != route_namespace {
+        let granted = grants
+            .iter()
+            .filter(|g| g.metadata.namespace.as_deref() == Some(namespace))
+            .any(|g| {
+                g.spec.from.iter().any(|f| {
+                    f.group == GROUP && f.kind == route_kind && f.namespace == route_namespace
+                }) && g.spec.to.iter().any(|t| {
+                    t.group.is_empty()
+                        && t.kind == "Service"
+                        && t.name.as_deref().is_none_or(|n| n == name)
+                })
+            });
+        if !granted {
+            return Err(RefRefusal::RefNotPermitted);
+        }
+    }
+    if !service_exists(namespace, name) {
+        return Err(RefRefusal::BackendNotFound);
+    }
+    Ok((namespace, name))
 }
 
 #[cfg(test)]
@@ -659,5 +732,82 @@ spec:
             &selector,
             &labels(&[("team", "shop"), ("env", "prod"), ("frozen", "yes")])
         ));
+    }
+
+    /// ReferenceGrant as the specification defines it: the grant lives in
+    /// the Service's namespace, names the route's kind and namespace in
+    /// `from` and Services (all, or one by name) in `to`.
+    #[test]
+    fn cross_namespace_backends_need_a_reference_grant() {
+        use tuna_crds::gateway::ReferenceGrant;
+        use tuna_crds::gateway::httproutes::HttpRouteRulesBackendRefs;
+        let grant = |yaml: &str| -> ReferenceGrant { serde_saphyr::from_str(yaml).unwrap() };
+        let to_db = grant(
+            "{apiVersion: gateway.networking.k8s.io/v1, kind: ReferenceGrant, metadata: {name: g, namespace: data},
+              spec: {from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}],
+                     to: [{group: '', kind: Service, name: db}]}}",
+        );
+        let wrong_ns = grant(
+            "{apiVersion: gateway.networking.k8s.io/v1, kind: ReferenceGrant, metadata: {name: g, namespace: other},
+              spec: {from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}],
+                     to: [{group: '', kind: Service}]}}",
+        );
+        let backend =
+            |yaml: &str| -> HttpRouteRulesBackendRefs { serde_saphyr::from_str(yaml).unwrap() };
+        let exists = |ns: &str, name: &str| (ns, name) != ("data", "gone");
+        let resolve = |b: &HttpRouteRulesBackendRefs, kind: &str, grants: &[&ReferenceGrant]| {
+            resolve_backend(b, kind, "shop", grants, exists).map(|(n, s)| format!("{n}/{s}"))
+        };
+        // The route's own namespace needs no grant.
+        assert_eq!(
+            resolve(&backend("{name: web, port: 80}"), "HTTPRoute", &[]),
+            Ok("shop/web".into())
+        );
+        let db = backend("{name: db, namespace: data, port: 5432}");
+        assert_eq!(
+            resolve(&db, "HTTPRoute", &[]),
+            Err(RefRefusal::RefNotPermitted)
+        );
+        assert_eq!(
+            resolve(&db, "HTTPRoute", &[&wrong_ns]),
+            Err(RefRefusal::RefNotPermitted)
+        );
+        assert_eq!(resolve(&db, "HTTPRoute", &[&to_db]), Ok("data/db".into()));
+        // Another route kind, another Service name: not granted.
+        assert_eq!(
+            resolve(&db, "TCPRoute", &[&to_db]),
+            Err(RefRefusal::RefNotPermitted)
+        );
+        assert_eq!(
+            resolve(
+                &backend("{name: cache, namespace: data}"),
+                "HTTPRoute",
+                &[&to_db]
+            ),
+            Err(RefRefusal::RefNotPermitted)
+        );
+        // Not a Service; a granted Service that does not exist.
+        assert_eq!(
+            resolve(
+                &backend("{name: b, group: example.com, kind: Bucket}"),
+                "HTTPRoute",
+                &[]
+            ),
+            Err(RefRefusal::InvalidKind)
+        );
+        let all_services = grant(
+            "{apiVersion: gateway.networking.k8s.io/v1, kind: ReferenceGrant, metadata: {name: all, namespace: data},
+              spec: {from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}],
+                     to: [{group: '', kind: Service}]}}",
+        );
+        assert_eq!(
+            resolve(
+                &backend("{name: gone, namespace: data}"),
+                "HTTPRoute",
+                &[&all_services]
+            ),
+            Err(RefRefusal::BackendNotFound)
+        );
+        assert_eq!(RefRefusal::RefNotPermitted.reason(), "RefNotPermitted");
     }
 }
