@@ -110,6 +110,30 @@ impl Env {
         self.edge.addrs.http.expect("public HTTP listener")
     }
 
+    /// The cast of the cross-namespace ownership tests: backends `web`
+    /// (Service `web` of `default`) and `thief` (Service `thief` of a new
+    /// namespace `other_ns`), and the account host `<subdomain>.tuna.test`
+    /// reserved at the edge.
+    async fn web_and_thief(&self, other_ns: &str, subdomain: &str) {
+        let web = http_backend("web", bind_loopback(8080).await).await;
+        let thief = http_backend("thief", bind_loopback(8080).await).await;
+        self.cluster.apply(&service("web", web, None));
+        self.cluster.kubectl_ok(&["create", "namespace", other_ns]);
+        self.cluster.apply(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: thief, namespace: {other_ns}}}\nspec: {{clusterIP: {}, ports: [{{port: {}}}]}}\n",
+            thief.ip(),
+            thief.port()
+        ));
+        self.edge
+            .client()
+            .create_domain(&tuna_tunnel::api::CreateDomain {
+                subdomain: Some(subdomain.into()),
+                domain: None,
+            })
+            .await
+            .unwrap();
+    }
+
     /// Waits until the agent's `/metrics` has `sample` (`name{labels} value`).
     async fn agent_metric(&self, sample: &str) {
         let addr: std::net::SocketAddr = self
@@ -1061,23 +1085,7 @@ async fn classes_account_domains_merging_ownership_and_headless_services() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingress_serves() {
     let env = Env::start(&[]).await;
-    let web = http_backend("web", bind_loopback(8080).await).await;
-    let thief = http_backend("thief", bind_loopback(8080).await).await;
-    env.cluster.apply(&service("web", web, None));
-    env.cluster.kubectl_ok(&["create", "namespace", "other"]);
-    env.cluster.apply(&format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: thief, namespace: other}}\nspec: {{clusterIP: {}, ports: [{{port: {}}}]}}\n",
-        thief.ip(),
-        thief.port()
-    ));
-    env.edge
-        .client()
-        .create_domain(&tuna_tunnel::api::CreateDomain {
-            subdomain: Some("owned".into()),
-            domain: None,
-        })
-        .await
-        .unwrap();
+    env.web_and_thief("other", "owned").await;
     let ingress = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: site}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: owned.tuna.test\n    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 8080}}}}]}\n";
     env.cluster.apply(ingress);
     let backend_of = |body: &str| {
@@ -1216,23 +1224,7 @@ async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingre
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart() {
     let mut env = Env::start(&[]).await;
-    let web = http_backend("web", bind_loopback(8080).await).await;
-    let thief = http_backend("thief", bind_loopback(8080).await).await;
-    env.cluster.apply(&service("web", web, None));
-    env.cluster.kubectl_ok(&["create", "namespace", "team-a"]);
-    env.cluster.apply(&format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: thief, namespace: team-a}}\nspec: {{clusterIP: {}, ports: [{{port: {}}}]}}\n",
-        thief.ip(),
-        thief.port()
-    ));
-    env.edge
-        .client()
-        .create_domain(&tuna_tunnel::api::CreateDomain {
-            subdomain: Some("shop".into()),
-            domain: None,
-        })
-        .await
-        .unwrap();
+    env.web_and_thief("team-a", "shop").await;
     let ingress = |ns: &str, name: &str, host: &str, backend: &str| {
         format!(
             "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: {host}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: {backend}, port: {{number: 8080}}}}}}}}]}}\n"
