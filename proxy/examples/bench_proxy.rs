@@ -47,6 +47,7 @@ fn main() -> Result<(), BoxError> {
             backend: HttpBackend::http1(backends),
             origin: Origin::default(),
             tie_break: TieBreak::default(),
+            matcher: tuna_routing::Matcher::Ingress,
         }],
     )?;
 

@@ -115,6 +115,7 @@
 //!     backend: HttpBackend::http1(["10.0.0.7:8080".parse().unwrap()]),
 //!     origin: Origin::default(),
 //!     tie_break: TieBreak::default(),
+//!     matcher: tuna_routing::Matcher::Ingress,
 //! }])?;
 //! assert!(issues.is_empty());
 //! let addr = core.listen("127.0.0.1:0".parse().unwrap()).await?;

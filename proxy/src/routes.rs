@@ -288,6 +288,7 @@ fn specs_of(
             backend: Arc::new(CompiledBackend::new(&r.backend, stats.clone(), config)),
             origin: r.origin.clone(),
             tie_break: r.tie_break.clone(),
+            matcher: r.matcher.clone(),
         })
         .collect()
 }

@@ -27,6 +27,7 @@ fn spec(host: String, path: String, path_type: PathType, backend: u32) -> RouteS
         backend,
         origin: Origin::default(),
         tie_break: TieBreak::default(),
+        matcher: tuna_routing::Matcher::Ingress,
     }
 }
 

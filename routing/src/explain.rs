@@ -136,6 +136,7 @@ impl<B> RouteTable<B> {
     ///     backend: (),
     ///     origin: Origin { namespace: "default".into(), name: "web".into(), rule, path: 0 },
     ///     tie_break: TieBreak::default(),
+    ///     matcher: tuna_routing::Matcher::Ingress,
     /// };
     /// let (table, _) = RouteTable::build(vec![
     ///     spec("/", PathType::Prefix, 0),

@@ -107,6 +107,7 @@
 //!     backend,
 //!     origin: Origin { namespace: "default".into(), name: "shop".into(), rule: 0, path: 0 },
 //!     tie_break: TieBreak { created: 0, namespace: "default".into(), name: "shop".into() },
+//!     matcher: tuna_routing::Matcher::Ingress,
 //! };
 //! let (table, issues) = RouteTable::build(vec![
 //!     spec("/", PathType::Prefix, "web"),
@@ -123,6 +124,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod action;
 mod explain;
 mod normalize;
 mod table;
@@ -281,6 +283,49 @@ pub struct RouteSpec<B> {
     pub origin: Origin,
     /// Decides equal rules.
     pub tie_break: TieBreak,
+    /// What else a request must carry (Gateway API matches); Ingress specs
+    /// match on host and path alone.
+    pub matcher: Matcher,
+}
+
+/// The conditions of a spec beyond host and path.
+///
+/// A host whose specs are all [`Matcher::Ingress`] is matched as the crate
+/// docs say (a segment trie, longest path first). A host with any
+/// [`Matcher::Gateway`] spec is matched by the Gateway API's precedence
+/// (`HTTPRoute` v1.6.1): every spec that matches the request is a candidate
+/// and the first in this order wins — the most non-wildcard characters of
+/// the route hostname that matched, then the most characters of it, an
+/// `Exact` path, the longest `Prefix`, a method, the most header matches, the
+/// most query matches, the oldest object ([`TieBreak`]), then the first rule
+/// and match ([`Origin`]'s `rule` and `path`). An Ingress spec on such a host
+/// is a Gateway spec without conditions whose hostname is the host.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum Matcher {
+    /// Host and path only.
+    #[default]
+    Ingress,
+    /// Gateway API conditions (shared: one match of one rule may be
+    /// published on several hosts).
+    Gateway(std::sync::Arc<GatewayMatch>),
+}
+
+/// One `HTTPRouteMatch`, besides its path.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct GatewayMatch {
+    /// The route hostname (after intersection with the listener's) through
+    /// which the spec serves its host: `None` when neither the route nor the
+    /// listener names one. It ranks, it is not matched: the spec's `host`
+    /// is what requests are matched on.
+    pub hostname: Option<String>,
+    /// An HTTP method, upper case, compared exactly.
+    pub method: Option<String>,
+    /// Header `Exact` matches: names lower case (compared
+    /// case-insensitively), values exactly; a name appears once.
+    pub headers: Vec<(String, String)>,
+    /// Query parameter `Exact` matches: names and values exactly; a name
+    /// appears once.
+    pub query: Vec<(String, String)>,
 }
 
 impl<B> RouteSpec<B> {
@@ -298,6 +343,7 @@ impl<B> RouteSpec<B> {
     ///     backend: "api:8080",
     ///     origin: Origin::default(),
     ///     tie_break: TieBreak::default(),
+    ///     matcher: tuna_routing::Matcher::Ingress,
     /// };
     /// let resolved = planned.map_backend(|service| vec![format!("10.0.0.7 ({service})")]);
     /// assert_eq!(resolved.path, "/api");
@@ -311,6 +357,7 @@ impl<B> RouteSpec<B> {
             backend: f(self.backend),
             origin: self.origin,
             tie_break: self.tie_break,
+            matcher: self.matcher,
         }
     }
 }

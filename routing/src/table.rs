@@ -296,6 +296,7 @@ impl<B> HostTable<B> {
     ///     backend,
     ///     origin: Origin::default(),
     ///     tie_break: TieBreak::default(),
+    ///     matcher: tuna_routing::Matcher::Ingress,
     /// };
     /// let (shop, issues) = HostTable::build("shop.example.com", vec![spec("Shop.example.com", "/", 1)]).unwrap();
     /// assert!(issues.is_empty());
@@ -513,6 +514,7 @@ impl<B> RouteTable<B> {
     ///     backend: name.to_owned(),
     ///     origin: Origin { namespace: "ns".into(), name: name.into(), rule: 0, path: 0 },
     ///     tie_break: TieBreak { created, namespace: "ns".into(), name: name.into() },
+    ///     matcher: tuna_routing::Matcher::Ingress,
     /// };
     /// let (table, issues) = RouteTable::build(vec![
     ///     spec("newer", 200, "/app"),
@@ -585,6 +587,7 @@ impl<B> RouteTable<B> {
     ///     backend,
     ///     origin: Origin::default(),
     ///     tie_break: TieBreak::default(),
+    ///     matcher: tuna_routing::Matcher::Ingress,
     /// };
     /// let host = |name: &str, backend| Arc::new(HostTable::build(name, vec![spec(name, backend)]).unwrap().0);
     /// let live = RouteTable::from_hosts([host("a.example.com", 1), host("*.example.com", 2)]);
@@ -627,6 +630,7 @@ impl<B> RouteTable<B> {
     ///     backend,
     ///     origin: Origin::default(),
     ///     tie_break: TieBreak::default(),
+    ///     matcher: tuna_routing::Matcher::Ingress,
     /// };
     /// let (table, _) = RouteTable::build(vec![
     ///     spec("*.example.com", "/", 1),

@@ -60,6 +60,7 @@ fn spec(host: &str, path: &str, path_type: PathType, backend: u32) -> RouteSpec<
         backend,
         origin: Origin::default(),
         tie_break: TieBreak::default(),
+        matcher: tuna_routing::Matcher::Ingress,
     }
 }
 

@@ -104,6 +104,7 @@ fn conformance_cases() {
                         namespace: r.namespace.clone(),
                         name: r.ingress.clone(),
                     },
+                    matcher: tuna_routing::Matcher::Ingress,
                 })
                 .collect();
             let (table, issues) = RouteTable::build(specs.clone()).unwrap();

@@ -86,6 +86,7 @@ fn specs() -> impl Strategy<Value = Vec<RouteSpec<u32>>> {
                     namespace: "ns".into(),
                     name,
                 },
+                matcher: tuna_routing::Matcher::Ingress,
             })
             .collect()
     })

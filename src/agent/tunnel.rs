@@ -476,6 +476,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
                     path: 0,
                 },
                 tie_break: tuna_routing::TieBreak::default(),
+                matcher: tuna_routing::Matcher::Ingress,
             }],
         },
         (PublicEndpoint::Tcp(endpoint), _) => Serving::Tcp {

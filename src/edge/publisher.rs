@@ -569,6 +569,7 @@ async fn http_route(spec: &RouteSpec<ResolvedUpstream>) -> Result<HttpRoute, Str
         backend: HttpBackend { addrs, protocol },
         origin: spec.origin.clone(),
         tie_break: spec.tie_break.clone(),
+        matcher: spec.matcher.clone(),
     })
 }
 

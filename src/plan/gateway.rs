@@ -407,6 +407,56 @@ pub fn resolve_backend<'a>(
     Ok((namespace, name))
 }
 
+/// What a matched HTTPRoute rule does: forward to one of its valid
+/// backends (chosen by weight), after its filters, within its timeouts — or
+/// answer 500 when it has none (every backendRef refused, or all weights 0),
+/// as the specification says.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct GatewayAction {
+    /// The rule's backendRefs that resolve, with weight > 0.
+    pub backends: Vec<WeightedBackend>,
+    /// The rule's backendRefs that do not resolve, and why.
+    pub invalid: Vec<InvalidBackend>,
+    /// The rule's filters, in order.
+    pub filters: Vec<tuna_routing::action::Filter>,
+    /// The rule's timeouts.
+    pub timeouts: tuna_routing::action::Timeouts,
+}
+
+/// A backendRef that resolves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WeightedBackend {
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The Service's name.
+    pub service: String,
+    /// The port as the backendRef gives it.
+    pub port: Option<i32>,
+    /// Its weight (1 when omitted), > 0.
+    pub weight: u32,
+    /// What the proxy dials; `None` only when Services are not checked
+    /// (`route explain` on files without Services).
+    pub upstream: Option<crate::plan::service::ResolvedUpstream>,
+}
+
+/// A backendRef that does not resolve.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InvalidBackend {
+    /// The namespace it names (the route's when omitted).
+    pub namespace: String,
+    /// The name it names.
+    pub name: String,
+    /// `group/kind` as given (`Service` for core).
+    pub kind: String,
+    /// The port as given.
+    pub port: Option<i32>,
+    /// `InvalidKind`, `RefNotPermitted`, `BackendNotFound`, or a Service
+    /// problem (no such port, …).
+    pub reason: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

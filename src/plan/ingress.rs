@@ -446,6 +446,7 @@ pub fn translate_one(ingress: &Ingress, options: &TranslateOptions) -> IngressRo
                     backend: service,
                     origin,
                     tie_break: tie_break.clone(),
+                    matcher: tuna_routing::Matcher::Ingress,
                 }),
                 Err((reason, message)) => {
                     out.skipped

@@ -333,8 +333,12 @@ pub struct Backend {
     pub service: Option<ServiceRef>,
     /// A Tunnel's `spec.upstream.url` (`None` for an Ingress).
     pub url: Option<String>,
-    /// What the proxy dials; `None` only with [`Backends::Unchecked`].
+    /// What the proxy dials; `None` only with [`Backends::Unchecked`], and
+    /// for a Gateway API rule (which has `gateway` instead).
     pub upstream: Option<ResolvedUpstream>,
+    /// A Gateway API rule: its weighted backends, filters and timeouts.
+    #[serde(skip)]
+    pub gateway: Option<Arc<gateway::GatewayAction>>,
 }
 
 impl fmt::Display for Backend {
@@ -740,9 +744,11 @@ fn plan_ingresses(
                 service: Some(spec.backend),
                 url: None,
                 upstream,
+                gateway: None,
             },
             origin: spec.origin,
             tie_break: spec.tie_break,
+            matcher: spec.matcher,
         });
     }
     // Invalid paths and equal rules are found by building the table, exactly as
@@ -822,6 +828,7 @@ fn tunnel_route(tunnel: &Tunnel, host: &str, upstream: Option<ResolvedUpstream>)
             service: None,
             url: Some(tunnel.spec.upstream.url.clone()),
             upstream,
+            gateway: None,
         },
         origin: Origin {
             namespace: object.namespace.clone(),
@@ -834,6 +841,7 @@ fn tunnel_route(tunnel: &Tunnel, host: &str, upstream: Option<ResolvedUpstream>)
             namespace: object.namespace,
             name: object.name,
         },
+        matcher: tuna_routing::Matcher::Ingress,
     }
 }
 

@@ -81,6 +81,7 @@ pub fn route(host: &str, path: &str, path_type: PathType, addrs: &[SocketAddr]) 
             path: 0,
         },
         tie_break: TieBreak::default(),
+        matcher: tuna_routing::Matcher::Ingress,
     }
 }
 
