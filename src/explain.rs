@@ -364,6 +364,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
         tunnels: &snapshot.tunnels,
         domains: &snapshot.domains,
         tcp_endpoints: &[],
+        gateway: Default::default(),
     };
     let plan = plan(&inputs, services, &options);
     let specs: Vec<HostRoute> = plan

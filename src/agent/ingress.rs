@@ -92,6 +92,7 @@ pub fn plan_hosts(
         tunnels: &tunnels,
         domains: &domains,
         tcp_endpoints: &[],
+        gateway: Default::default(),
     };
     plan(&inputs, services, options)
 }

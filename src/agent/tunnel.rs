@@ -66,6 +66,7 @@ pub fn desired(
         ingresses: competitors.ingresses,
         domains: competitors.domains,
         tcp_endpoints: competitors.tcp_endpoints,
+        gateway: Default::default(),
     };
     let plan = plan(&inputs, services, options);
     if let Some(r) = plan.refusals_of(&me).next() {

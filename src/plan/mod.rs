@@ -41,6 +41,7 @@
 
 pub mod domain;
 pub mod gateway;
+pub mod httproute;
 pub mod ingress;
 pub mod service;
 pub mod tcpendpoint;
@@ -82,6 +83,12 @@ pub enum Kind {
     Domain,
     /// `k8s.tuna.am/v1alpha1` TCPEndpoint.
     TcpEndpoint,
+    /// `gateway.networking.k8s.io/v1` HTTPRoute.
+    HttpRoute,
+    /// `gateway.networking.k8s.io/v1` Gateway.
+    Gateway,
+    /// `gateway.networking.k8s.io/v1` GatewayClass.
+    GatewayClass,
 }
 
 impl Kind {
@@ -92,6 +99,9 @@ impl Kind {
             Self::Tunnel => "Tunnel",
             Self::Domain => "Domain",
             Self::TcpEndpoint => "TCPEndpoint",
+            Self::HttpRoute => "HTTPRoute",
+            Self::Gateway => "Gateway",
+            Self::GatewayClass => "GatewayClass",
         }
     }
 }
@@ -158,6 +168,8 @@ pub enum Reason {
     HostOwnedByOtherNamespace,
     /// An Ingress route on a host an http Tunnel publishes.
     HostUsedByTunnel,
+    /// An HTTPRoute on a host an Ingress publishes.
+    HostUsedByIngress,
     /// A Tunnel whose host an older Tunnel publishes.
     HostConflict,
     /// A tcp Tunnel whose endpoint an older tcp Tunnel uses.
@@ -182,6 +194,7 @@ impl Reason {
             Self::HostNotReserved => "HostNotReserved",
             Self::HostOwnedByOtherNamespace => "HostOwnedByOtherNamespace",
             Self::HostUsedByTunnel => "HostUsedByTunnel",
+            Self::HostUsedByIngress => "HostUsedByIngress",
             Self::HostConflict => "HostConflict",
             Self::TcpEndpointInUse => "TcpEndpointInUse",
             Self::TcpEndpointNotFound => "TcpEndpointNotFound",
@@ -272,6 +285,8 @@ pub struct Inputs<'a> {
     pub domains: &'a [Arc<Domain>],
     /// TCPEndpoints.
     pub tcp_endpoints: &'a [Arc<TcpEndpoint>],
+    /// Gateway API objects.
+    pub gateway: httproute::GatewayInputs<'a>,
 }
 
 /// Whether Ingress backends are resolved against Services.
@@ -362,6 +377,8 @@ pub enum HostSource {
     Tunnel(ObjectRef),
     /// Ingresses of one namespace (sorted, deduplicated).
     Ingresses(Vec<ObjectRef>),
+    /// HTTPRoutes of one namespace (sorted, deduplicated).
+    HttpRoutes(Vec<ObjectRef>),
 }
 
 /// A host to publish: one tunnel, one route table.
@@ -383,7 +400,7 @@ impl HostPlan {
     pub fn publishers(&self) -> Vec<ObjectRef> {
         match &self.source {
             HostSource::Tunnel(t) => vec![t.clone()],
-            HostSource::Ingresses(list) => list.clone(),
+            HostSource::Ingresses(list) | HostSource::HttpRoutes(list) => list.clone(),
         }
     }
 }
@@ -412,7 +429,26 @@ pub struct Plan {
     pub tunnels: BTreeMap<ObjectRef, DesiredTunnel>,
     /// What was refused, in input order where it has one.
     pub refusals: Vec<Refusal>,
+    /// Gateway API statuses, and the routes of hostname-less listeners.
+    pub gateway: GatewayPlan,
 }
+
+/// What the plan says of Gateway API objects besides their hosts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GatewayPlan {
+    /// Our GatewayClasses.
+    pub classes: Vec<httproute::ClassStatus>,
+    /// Gateways of our classes.
+    pub gateways: Vec<httproute::GatewayStatus>,
+    /// Routes with a parentRef to one of those.
+    pub routes: Vec<httproute::RouteStatus>,
+    /// Specs that serve any host no route names (host `*`): what a request
+    /// by IP address that reaches the proxy gets.
+    pub catch_all: Vec<HostRoute>,
+}
+
+// The kopium types derive `PartialEq` only; every field here is plain data.
+impl Eq for GatewayPlan {}
 
 impl Plan {
     /// The refusals of one object.
@@ -665,7 +701,104 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
         &tunnel_hosts,
         &mut out,
     );
+    if !inputs.gateway.is_empty() {
+        plan_http_routes(&inputs.gateway, services, options, &reservations, &mut out);
+    }
     out
+}
+
+/// HTTPRoutes on the hosts Tunnels and Ingresses left (see [`httproute`]).
+fn plan_http_routes(
+    inputs: &httproute::GatewayInputs<'_>,
+    services: &dyn ServiceLookup,
+    options: &PlanOptions,
+    reservations: &HostReservations,
+    out: &mut Plan,
+) {
+    let taken: BTreeMap<String, (ObjectRef, Reason)> = out
+        .hosts
+        .iter()
+        .map(|(host, plan)| {
+            let (by, reason) = match &plan.source {
+                HostSource::Tunnel(t) => (t.clone(), Reason::HostUsedByTunnel),
+                HostSource::Ingresses(list) | HostSource::HttpRoutes(list) => {
+                    (list[0].clone(), Reason::HostUsedByIngress)
+                }
+            };
+            (host.clone(), (by, reason))
+        })
+        .collect();
+    let ctx = httproute::HostContext {
+        domains: &reservations.domains,
+        account: &reservations.account,
+        taken: &taken,
+        backends: options.backends,
+        policy: options.policy,
+    };
+    let outcome = httproute::plan_gateway_api(inputs, services, &ctx);
+    let route_ref = |namespace: &str, name: &str| ObjectRef::new(Kind::HttpRoute, namespace, name);
+    for (object, host, reason, message) in outcome.refused_hosts {
+        let _ = host;
+        out.refusals.push(Refusal::new(object, reason, message));
+    }
+    for (host, specs) in outcome.hosts {
+        let issues = match RouteTable::build(specs.clone()) {
+            Ok((_, issues)) => issues,
+            Err(e) => {
+                for name in specs
+                    .iter()
+                    .map(|s| (&s.origin.namespace, &s.origin.name))
+                    .collect::<BTreeSet<_>>()
+                {
+                    out.refusals.push(Refusal::new(
+                        route_ref(name.0, name.1),
+                        Reason::TooManyRoutes,
+                        format!("host {host}: {e}"),
+                    ));
+                }
+                continue;
+            }
+        };
+        let (mut kept, mut refused) = (specs, Vec::new());
+        for issue in &issues {
+            let origin = issue.origin();
+            let (lost, rest): (Vec<_>, Vec<_>) =
+                kept.into_iter().partition(|s| &s.origin == origin);
+            kept = rest;
+            refused.extend(lost);
+            out.refusals.push(Refusal::at(
+                route_ref(&origin.namespace, &origin.name),
+                origin,
+                Reason::Route(issue.reason()),
+                issue_message(issue),
+            ));
+        }
+        let Some(first) = kept.first() else {
+            continue;
+        };
+        let namespace = first.origin.namespace.clone();
+        let mut publishers: Vec<ObjectRef> = kept
+            .iter()
+            .map(|s| route_ref(&s.origin.namespace, &s.origin.name))
+            .collect();
+        publishers.sort();
+        publishers.dedup();
+        out.hosts.insert(
+            host,
+            HostPlan {
+                routes: kept,
+                refused,
+                source: HostSource::HttpRoutes(publishers),
+                namespace,
+            },
+        );
+    }
+    out.gateway = GatewayPlan {
+        classes: outcome.classes,
+        gateways: outcome.gateways,
+        routes: outcome.routes,
+        catch_all: outcome.catch_all,
+    };
 }
 
 fn plan_ingresses(

@@ -66,6 +66,8 @@ pub enum PublishedBy {
     Ingress(String),
     /// A Tunnel.
     Tunnel(String),
+    /// An HTTPRoute (one or more of the same namespace).
+    HttpRoute(String),
 }
 
 impl fmt::Display for PublishedBy {
@@ -73,6 +75,7 @@ impl fmt::Display for PublishedBy {
         match self {
             Self::Ingress(n) => write!(f, "Ingress {n}"),
             Self::Tunnel(n) => write!(f, "Tunnel {n}"),
+            Self::HttpRoute(n) => write!(f, "HTTPRoute {n}"),
         }
     }
 }
@@ -257,6 +260,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
         tunnels: &tunnels,
         domains: &domains,
         tcp_endpoints: &endpoints,
+        gateway: Default::default(),
     };
     let mut plan_options = PlanOptions::standalone(&options.base_domain);
     plan_options.ingress = TranslateOptions::for_class(options.ingress_class.clone());
@@ -282,6 +286,10 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             HostSource::Ingresses(list) => list
                 .into_iter()
                 .map(|i| PublishedBy::Ingress(i.key()))
+                .collect(),
+            HostSource::HttpRoutes(list) => list
+                .into_iter()
+                .map(|r| PublishedBy::HttpRoute(r.key()))
                 .collect(),
         };
         state

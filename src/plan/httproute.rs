@@ -1,0 +1,1522 @@
+//! Gateway API objects → what the proxy core serves, and the status each
+//! object shows. Pure, like the rest of the plan; built on the pieces of
+//! [`super::gateway`] (hostnames, attachment, ReferenceGrant).
+//!
+//! - A **GatewayClass** is ours when its `controllerName` is
+//!   [`tuna_crds::gateway::CONTROLLER_NAME`]; it is then `Accepted`.
+//! - A **Gateway** of one of our classes is `Accepted`; each listener of
+//!   protocol HTTP or HTTPS serves HTTPRoutes (TLS is the edge's: the
+//!   listener's `tls` and `certificateRefs` are not used, and said so in its
+//!   conditions), TCP serves TCPRoutes, TLS and UDP are `UnsupportedProtocol`.
+//! - An **HTTPRoute** attaches through each parentRef naming such a Gateway
+//!   ([`super::gateway::attach`]); each match of each rule becomes one route
+//!   spec ([`tuna_routing::Matcher::Gateway`]) on every concrete host it
+//!   serves: an exact hostname as is, a wildcard (or no hostname) on every
+//!   host reserved for the route's namespace that it covers — a Domain of the
+//!   namespace, or an account host. A host that is not reserved is reported
+//!   (`HostNotReserved`) and not served.
+//! - **Host ownership** holds across Ingress, Tunnel and HTTPRoute: a host
+//!   belongs to one namespace (its Domain's, else its first claimant's, as
+//!   [`super::ingress::ClaimKey`] orders claims). A host that a Tunnel or an
+//!   Ingress publishes is theirs: HTTPRoutes naming it are refused
+//!   (`HostUsedByTunnel`, `HostUsedByIngress`); one host is never served by
+//!   two kinds at once.
+//! - Backends resolve through [`super::gateway::resolve_backend`]; a rule
+//!   without a valid backend answers 500.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use tuna_crds::gateway::httproutes::{
+    HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesFiltersType,
+    HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
+    HttpRouteRulesMatchesQueryParamsType,
+};
+use tuna_crds::gateway::{CONTROLLER_NAME, Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+use tuna_routing::action::{Filter, HeaderModifier, PathModifier, Redirect, Rewrite, Timeouts};
+use tuna_routing::{GatewayMatch, Matcher, Origin, PathType, RouteSpec, TieBreak};
+
+use super::gateway::{
+    GatewayAction, InvalidBackend, RefRefusal, WeightedBackend, attach, hostname_matches,
+    refers_to, resolve_backend,
+};
+use super::ingress::ClaimKey;
+use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme, resolve_service};
+use super::{Backend, Backends, HostRoute, Kind, ObjectRef};
+use crate::plan::ingress::{ServicePort, ServiceRef};
+
+/// The Gateway API objects a plan reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GatewayInputs<'a> {
+    /// GatewayClasses (of any controller: the plan picks its own).
+    pub classes: &'a [Arc<GatewayClass>],
+    /// Gateways.
+    pub gateways: &'a [Arc<Gateway>],
+    /// HTTPRoutes.
+    pub http_routes: &'a [Arc<HttpRoute>],
+    /// ReferenceGrants.
+    pub grants: &'a [Arc<ReferenceGrant>],
+    /// Namespaces, for `allowedRoutes.namespaces.selector` (labels).
+    pub namespaces: &'a [Arc<Namespace>],
+}
+
+impl GatewayInputs<'_> {
+    /// Whether there is any Gateway API object at all.
+    pub fn is_empty(&self) -> bool {
+        self.classes.is_empty() && self.gateways.is_empty() && self.http_routes.is_empty()
+    }
+}
+
+/// One condition a status shows (`lastTransitionTime` is the writer's).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Cond {
+    /// `Accepted`, `Programmed`, `ResolvedRefs`, …
+    #[serde(rename = "type")]
+    pub type_: &'static str,
+    /// `True` or `False`.
+    pub status: bool,
+    /// The reason, as the specification spells it.
+    pub reason: String,
+    /// For a human.
+    pub message: String,
+}
+
+impl Cond {
+    fn yes(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status: true,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    fn no(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            type_,
+            status: false,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The status of one of our GatewayClasses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassStatus {
+    /// Its name.
+    pub name: String,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Its conditions.
+    pub conditions: Vec<Cond>,
+}
+
+/// The status of one listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerStatus {
+    /// The listener's name.
+    pub name: String,
+    /// Routes attached to it (accepted through it).
+    pub attached_routes: i32,
+    /// `HTTPRoute` for HTTP(S), `TCPRoute` for TCP, none otherwise.
+    pub supported_kinds: Vec<&'static str>,
+    /// Its conditions.
+    pub conditions: Vec<Cond>,
+}
+
+/// The status of one Gateway of our classes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayStatus {
+    /// The Gateway.
+    pub object: ObjectRef,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// Its conditions.
+    pub conditions: Vec<Cond>,
+    /// The public hosts its routes are served on (`status.addresses`,
+    /// type `Hostname`).
+    pub addresses: Vec<String>,
+    /// Per listener, in spec order.
+    pub listeners: Vec<ListenerStatus>,
+}
+
+/// The status of a route for one parentRef that names one of our Gateways.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParentStatus {
+    /// The parentRef as the route gives it.
+    pub parent_ref: HttpRouteParentRefs,
+    /// `Accepted` and `ResolvedRefs`.
+    pub conditions: Vec<Cond>,
+}
+
+/// The status of one route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteStatus {
+    /// The route.
+    pub object: ObjectRef,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// One entry per parentRef naming one of our Gateways.
+    pub parents: Vec<ParentStatus>,
+}
+
+/// A route's claim on a host not yet settled against the other kinds.
+#[derive(Debug, Clone)]
+struct HostClaim {
+    /// Whether the route names the host itself (else: a wildcard or no
+    /// hostname covers it, and losing it is not an error).
+    explicit: bool,
+    key: ClaimKey,
+}
+
+/// What the Gateway API objects make of the hosts, before they meet the
+/// Tunnels and Ingresses (see [`super::plan`]).
+#[derive(Debug, Clone, Default)]
+pub struct GatewayOutcome {
+    /// Concrete host → route specs, owned by one namespace.
+    pub hosts: BTreeMap<String, Vec<HostRoute>>,
+    /// Specs of listeners and routes without any hostname: they serve any
+    /// request host that reaches the proxy and no route names (an IP
+    /// address), `host` is `*`.
+    pub catch_all: Vec<HostRoute>,
+    /// Host refusals of routes: (route, host, reason, message).
+    pub refused_hosts: Vec<(ObjectRef, String, super::Reason, String)>,
+    /// GatewayClass statuses (ours only).
+    pub classes: Vec<ClassStatus>,
+    /// Gateway statuses (of our classes only).
+    pub gateways: Vec<GatewayStatus>,
+    /// Route statuses (routes with a parentRef to one of our Gateways).
+    pub routes: Vec<RouteStatus>,
+}
+
+/// Parses a Gateway API duration (GEP-2257: `1h`, `30s`, `500ms`, `1m30s`);
+/// `0s` means no timeout.
+pub fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err("empty duration".into());
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 5 {
+            return Err(format!(
+                "{text:?} is not a duration like 10s, 1m30s or 500ms"
+            ));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| "bad number".to_string())?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (Duration::from_millis(n), 2)
+        } else if rest.starts_with('h') {
+            (Duration::from_secs(n * 3600), 1)
+        } else if rest.starts_with('m') {
+            (Duration::from_secs(n * 60), 1)
+        } else if rest.starts_with('s') {
+            (Duration::from_secs(n), 1)
+        } else {
+            return Err(format!(
+                "{text:?} is not a duration like 10s, 1m30s or 500ms"
+            ));
+        };
+        total += unit;
+        rest = &rest[len..];
+    }
+    Ok((!total.is_zero()).then_some(total))
+}
+
+fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, String> {
+    let mut labels = namespaces
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(name))
+        .and_then(|n| n.metadata.labels.clone())
+        .unwrap_or_default();
+    // Every namespace carries this label (set by the API server since 1.22).
+    labels
+        .entry("kubernetes.io/metadata.name".into())
+        .or_insert_with(|| name.to_owned());
+    labels
+}
+
+fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> i64 {
+    meta.creation_timestamp
+        .as_ref()
+        .map_or(i64::MAX, |t| t.0.as_second())
+}
+
+/// What is wrong with a rule that this proxy cannot honour, if anything.
+fn unsupported(rule: &HttpRouteRules) -> Option<String> {
+    for m in rule.matches.iter().flatten() {
+        if let Some(p) = &m.path
+            && p.r#type == Some(HttpRouteRulesMatchesPathType::RegularExpression)
+        {
+            return Some("path type RegularExpression is not supported".into());
+        }
+        if m.headers
+            .iter()
+            .flatten()
+            .any(|h| h.r#type == Some(HttpRouteRulesMatchesHeadersType::RegularExpression))
+        {
+            return Some("header match type RegularExpression is not supported".into());
+        }
+        if m.query_params
+            .iter()
+            .flatten()
+            .any(|q| q.r#type == Some(HttpRouteRulesMatchesQueryParamsType::RegularExpression))
+        {
+            return Some("query param match type RegularExpression is not supported".into());
+        }
+    }
+    for f in rule.filters.iter().flatten() {
+        match f.r#type {
+            HttpRouteRulesFiltersType::RequestMirror => {
+                return Some("filter RequestMirror is not supported".into());
+            }
+            HttpRouteRulesFiltersType::ExtensionRef => {
+                return Some("filter ExtensionRef is not supported".into());
+            }
+            HttpRouteRulesFiltersType::Cors => {
+                return Some("filter CORS is not supported".into());
+            }
+            _ => {}
+        }
+    }
+    if rule
+        .backend_refs
+        .iter()
+        .flatten()
+        .any(|b| b.filters.as_ref().is_some_and(|f| !f.is_empty()))
+    {
+        return Some("backendRef filters are not supported".into());
+    }
+    if let Some(t) = &rule.timeouts {
+        for d in [&t.request, &t.backend_request].into_iter().flatten() {
+            if let Err(e) = parse_duration(d) {
+                return Some(format!("timeouts: {e}"));
+            }
+        }
+    }
+    None
+}
+
+fn modifier(
+    set: impl Iterator<Item = (String, String)>,
+    add: impl Iterator<Item = (String, String)>,
+    remove: Option<&Vec<String>>,
+) -> HeaderModifier {
+    HeaderModifier {
+        set: set.map(|(n, v)| (n.to_ascii_lowercase(), v)).collect(),
+        add: add.map(|(n, v)| (n.to_ascii_lowercase(), v)).collect(),
+        remove: remove
+            .into_iter()
+            .flatten()
+            .map(|n| n.to_ascii_lowercase())
+            .collect(),
+    }
+}
+
+fn filter_of(f: &HttpRouteRulesFilters) -> Option<Filter> {
+    use tuna_crds::gateway::httproutes::{
+        HttpRouteRulesFiltersRequestRedirectPathType as RedirectPath,
+        HttpRouteRulesFiltersRequestRedirectScheme as Scheme,
+        HttpRouteRulesFiltersUrlRewritePathType as RewritePath,
+    };
+    match f.r#type {
+        HttpRouteRulesFiltersType::RequestHeaderModifier => {
+            let m = f.request_header_modifier.as_ref()?;
+            Some(Filter::RequestHeaderModifier(modifier(
+                m.set
+                    .iter()
+                    .flatten()
+                    .map(|h| (h.name.clone(), h.value.clone())),
+                m.add
+                    .iter()
+                    .flatten()
+                    .map(|h| (h.name.clone(), h.value.clone())),
+                m.remove.as_ref(),
+            )))
+        }
+        HttpRouteRulesFiltersType::ResponseHeaderModifier => {
+            let m = f.response_header_modifier.as_ref()?;
+            Some(Filter::ResponseHeaderModifier(modifier(
+                m.set
+                    .iter()
+                    .flatten()
+                    .map(|h| (h.name.clone(), h.value.clone())),
+                m.add
+                    .iter()
+                    .flatten()
+                    .map(|h| (h.name.clone(), h.value.clone())),
+                m.remove.as_ref(),
+            )))
+        }
+        HttpRouteRulesFiltersType::RequestRedirect => {
+            let r = f.request_redirect.as_ref()?;
+            let path = r.path.as_ref().and_then(|p| match p.r#type {
+                RedirectPath::ReplaceFullPath => p
+                    .replace_full_path
+                    .clone()
+                    .map(PathModifier::ReplaceFullPath),
+                RedirectPath::ReplacePrefixMatch => p
+                    .replace_prefix_match
+                    .clone()
+                    .map(PathModifier::ReplacePrefixMatch),
+            });
+            Some(Filter::RequestRedirect(Redirect {
+                scheme: r.scheme.as_ref().map(|s| match s {
+                    Scheme::Http => "http".to_owned(),
+                    Scheme::Https => "https".to_owned(),
+                }),
+                hostname: r.hostname.clone(),
+                path,
+                port: r.port.and_then(|p| u16::try_from(p).ok()),
+                status_code: r
+                    .status_code
+                    .and_then(|c| u16::try_from(c).ok())
+                    .unwrap_or(302),
+            }))
+        }
+        HttpRouteRulesFiltersType::UrlRewrite => {
+            let r = f.url_rewrite.as_ref()?;
+            let path = r.path.as_ref().and_then(|p| match p.r#type {
+                RewritePath::ReplaceFullPath => p
+                    .replace_full_path
+                    .clone()
+                    .map(PathModifier::ReplaceFullPath),
+                RewritePath::ReplacePrefixMatch => p
+                    .replace_prefix_match
+                    .clone()
+                    .map(PathModifier::ReplacePrefixMatch),
+            });
+            Some(Filter::UrlRewrite(Rewrite {
+                hostname: r.hostname.clone(),
+                path,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The action of one rule: its backends resolved, its filters and timeouts.
+fn action_of(
+    rule: &HttpRouteRules,
+    route_namespace: &str,
+    grants: &[&ReferenceGrant],
+    services: &dyn ServiceLookup,
+    backends_mode: Backends,
+    policy: UpstreamPolicy,
+) -> GatewayAction {
+    let mut action = GatewayAction {
+        filters: rule
+            .filters
+            .iter()
+            .flatten()
+            .filter_map(filter_of)
+            .collect(),
+        ..GatewayAction::default()
+    };
+    if let Some(t) = &rule.timeouts {
+        action.timeouts = Timeouts {
+            request: t
+                .request
+                .as_deref()
+                .and_then(|d| parse_duration(d).ok().flatten()),
+            backend_request: t
+                .backend_request
+                .as_deref()
+                .and_then(|d| parse_duration(d).ok().flatten()),
+        };
+    }
+    for b in rule.backend_refs.iter().flatten() {
+        let namespace = b
+            .namespace
+            .clone()
+            .unwrap_or_else(|| route_namespace.into());
+        let kind = match b.group.as_deref().unwrap_or("") {
+            "" => b.kind.clone().unwrap_or_else(|| "Service".into()),
+            g => format!("{g}/{}", b.kind.as_deref().unwrap_or("Service")),
+        };
+        let invalid = |reason: &str, message: String| InvalidBackend {
+            namespace: namespace.clone(),
+            name: b.name.clone(),
+            kind: kind.clone(),
+            port: b.port,
+            reason: reason.into(),
+            message,
+        };
+        let weight = b.weight.unwrap_or(1).max(0) as u32;
+        let exists = |ns: &str, name: &str| {
+            backends_mode == Backends::Unchecked || services.service(ns, name).is_some()
+        };
+        match resolve_backend(b, "HTTPRoute", route_namespace, grants, exists) {
+            Err(r) => {
+                let message = match r {
+                    RefRefusal::InvalidKind => {
+                        format!("{kind} {namespace}/{} is not a core Service", b.name)
+                    }
+                    RefRefusal::RefNotPermitted => format!(
+                        "Service {namespace}/{} is in another namespace and no ReferenceGrant in {namespace:?} allows HTTPRoutes of {route_namespace:?} to use it",
+                        b.name
+                    ),
+                    RefRefusal::BackendNotFound => {
+                        format!("Service {namespace}/{} does not exist", b.name)
+                    }
+                };
+                action.invalid.push(invalid(r.reason(), message));
+            }
+            Ok((ns, name)) => {
+                let Some(port) = b.port else {
+                    action.invalid.push(invalid(
+                        "UnsupportedValue",
+                        format!("backendRef to Service {ns}/{name} has no port; a Service backendRef needs one"),
+                    ));
+                    continue;
+                };
+                let upstream = match backends_mode {
+                    Backends::Unchecked => None,
+                    Backends::Resolve => {
+                        let service = ServiceRef {
+                            namespace: ns.to_owned(),
+                            name: name.to_owned(),
+                            port: ServicePort::Number(port),
+                        };
+                        // The ReferenceGrant (checked above) is what allows
+                        // another namespace's Service.
+                        match resolve_service(&service, ns, UpstreamScheme::Http, services, &policy)
+                        {
+                            Ok(u) => Some(u),
+                            Err(e) => {
+                                action
+                                    .invalid
+                                    .push(invalid(e.reason.as_str(), e.message.clone()));
+                                continue;
+                            }
+                        }
+                    }
+                };
+                if weight > 0 {
+                    action.backends.push(WeightedBackend {
+                        namespace: ns.to_owned(),
+                        service: name.to_owned(),
+                        port: Some(port),
+                        weight,
+                        upstream,
+                    });
+                }
+            }
+        }
+    }
+    action
+}
+
+/// The specs of one match, before a host is chosen.
+fn match_spec(
+    m: &HttpRouteRulesMatches,
+    hostname: Option<&str>,
+) -> (String, PathType, GatewayMatch) {
+    let (path, path_type) = match &m.path {
+        Some(p) => (
+            p.value.clone().unwrap_or_else(|| "/".into()),
+            match p.r#type {
+                Some(HttpRouteRulesMatchesPathType::Exact) => PathType::Exact,
+                _ => PathType::Prefix,
+            },
+        ),
+        None => ("/".into(), PathType::Prefix),
+    };
+    let mut headers: Vec<(String, String)> = Vec::new();
+    for h in m.headers.iter().flatten() {
+        let name = h.name.to_ascii_lowercase();
+        // Only the first entry of a name counts (the specification).
+        if !headers.iter().any(|(n, _)| *n == name) {
+            headers.push((name, h.value.clone()));
+        }
+    }
+    let mut query: Vec<(String, String)> = Vec::new();
+    for q in m.query_params.iter().flatten() {
+        if !query.iter().any(|(n, _)| *n == q.name) {
+            query.push((q.name.clone(), q.value.clone()));
+        }
+    }
+    let method = m.method.as_ref().map(|m| {
+        serde_json::to_value(m)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default()
+    });
+    (
+        path,
+        path_type,
+        GatewayMatch {
+            hostname: hostname.filter(|h| *h != "*").map(str::to_owned),
+            method,
+            headers,
+            query,
+        },
+    )
+}
+
+/// What the plan knows of hosts when Gateway API objects are planned.
+pub(crate) struct HostContext<'a> {
+    /// Host → namespace of the Domain reserving it.
+    pub domains: &'a BTreeMap<String, String>,
+    /// Hosts reserved on the account.
+    pub account: &'a BTreeSet<String>,
+    /// Hosts already published by Tunnels (→ the Tunnel) and Ingresses.
+    pub taken: &'a BTreeMap<String, (ObjectRef, super::Reason)>,
+    /// How backends resolve.
+    pub backends: Backends,
+    /// Upstream policy.
+    pub policy: UpstreamPolicy,
+}
+
+/// Plans the Gateway API objects.
+pub(crate) fn plan_gateway_api(
+    inputs: &GatewayInputs<'_>,
+    services: &dyn ServiceLookup,
+    ctx: &HostContext<'_>,
+) -> GatewayOutcome {
+    let mut out = GatewayOutcome::default();
+    // Classes.
+    let mut ours: BTreeSet<&str> = BTreeSet::new();
+    for c in inputs.classes {
+        if c.spec.controller_name != CONTROLLER_NAME {
+            continue;
+        }
+        let name = c.metadata.name.clone().unwrap_or_default();
+        out.classes.push(ClassStatus {
+            name: name.clone(),
+            generation: c.metadata.generation,
+            conditions: vec![Cond::yes(
+                "Accepted",
+                "Accepted",
+                "tuna-operator serves Gateways of this class through its tunnels",
+            )],
+        });
+        ours.insert(c.metadata.name.as_deref().unwrap_or(""));
+    }
+    let gateways: Vec<&Arc<Gateway>> = inputs
+        .gateways
+        .iter()
+        .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
+        .collect();
+    let grants: Vec<&ReferenceGrant> = inputs.grants.iter().map(|g| &**g).collect();
+
+    // (gateway index, listener name) → attached route count.
+    let mut attached_count: BTreeMap<(usize, String), i32> = BTreeMap::new();
+    // Candidate specs by hostname pattern (`*` for none), with the route's claim key.
+    struct Candidate {
+        pattern: String,
+        spec: HostRoute,
+        route: ObjectRef,
+        meta: Arc<HttpRoute>,
+    }
+    let mut candidates: Vec<Candidate> = Vec::new();
+
+    for route in inputs.http_routes {
+        let meta = &route.metadata;
+        let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+        let object = ObjectRef::of(Kind::HttpRoute, meta);
+        let hostnames: Vec<String> = route.spec.hostnames.clone().unwrap_or_default();
+        let labels = labels_of(inputs.namespaces, &namespace);
+        let rules = route.spec.rules.clone().unwrap_or_default();
+        let problem = rules
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| unsupported(r).map(|m| format!("rule {i}: {m}")));
+        let actions: Vec<Arc<GatewayAction>> = rules
+            .iter()
+            .map(|r| {
+                Arc::new(action_of(
+                    r,
+                    &namespace,
+                    &grants,
+                    services,
+                    ctx.backends,
+                    ctx.policy,
+                ))
+            })
+            .collect();
+        let resolved = actions
+            .iter()
+            .flat_map(|a| a.invalid.iter())
+            .next()
+            .map_or_else(
+                || Cond::yes("ResolvedRefs", "ResolvedRefs", "every backendRef resolves"),
+                |bad| {
+                    let reason = match bad.reason.as_str() {
+                        r @ ("InvalidKind" | "RefNotPermitted" | "BackendNotFound") => r,
+                        _ => "BackendNotFound",
+                    };
+                    Cond::no("ResolvedRefs", reason, bad.message.clone())
+                },
+            );
+        let mut parents = Vec::new();
+        let mut served: BTreeSet<(String, Option<String>)> = BTreeSet::new();
+        for parent in route.spec.parent_refs.iter().flatten() {
+            let Some((gi, gateway)) = gateways
+                .iter()
+                .enumerate()
+                .find(|(_, g)| refers_to(parent, &namespace, g))
+            else {
+                continue;
+            };
+            let accepted = if let Some(problem) = &problem {
+                Cond::no("Accepted", "UnsupportedValue", problem.clone())
+            } else {
+                match attach(
+                    gateway,
+                    parent,
+                    "HTTPRoute",
+                    &namespace,
+                    &labels,
+                    &hostnames,
+                ) {
+                    Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, parent)),
+                    Ok(listeners) => {
+                        for a in &listeners {
+                            // A listener an HTTPRoute cannot use (TCP) never gets here:
+                            // its kinds do not admit HTTPRoute.
+                            *attached_count.entry((gi, a.listener.clone())).or_default() += 1;
+                            for h in &a.hostnames {
+                                served.insert((h.clone(), None));
+                            }
+                        }
+                        Cond::yes("Accepted", "Accepted", "accepted by the Gateway")
+                    }
+                }
+            };
+            parents.push(ParentStatus {
+                parent_ref: parent.clone(),
+                conditions: vec![accepted, resolved.clone()],
+            });
+        }
+        if !parents.is_empty() {
+            out.routes.push(RouteStatus {
+                object: object.clone(),
+                generation: meta.generation,
+                parents,
+            });
+        }
+        if problem.is_some() {
+            continue;
+        }
+        for (pattern, _) in &served {
+            for (ri, rule) in rules.iter().enumerate() {
+                let default_match = [HttpRouteRulesMatches::default()];
+                let matches: &[HttpRouteRulesMatches] = match rule.matches.as_deref() {
+                    Some(m) if !m.is_empty() => m,
+                    _ => &default_match,
+                };
+                for (mi, m) in matches.iter().enumerate() {
+                    let (path, path_type, matcher) = match_spec(m, Some(pattern));
+                    candidates.push(Candidate {
+                        pattern: pattern.clone(),
+                        spec: RouteSpec {
+                            host: String::new(),
+                            path,
+                            path_type,
+                            backend: Backend {
+                                service: None,
+                                url: None,
+                                upstream: None,
+                                gateway: Some(Arc::clone(&actions[ri])),
+                            },
+                            origin: Origin {
+                                namespace: namespace.clone(),
+                                name: object.name.clone(),
+                                rule: ri,
+                                path: mi,
+                            },
+                            tie_break: TieBreak {
+                                created: created(meta),
+                                namespace: namespace.clone(),
+                                name: object.name.clone(),
+                            },
+                            matcher: Matcher::Gateway(Arc::new(matcher)),
+                        },
+                        route: object.clone(),
+                        meta: Arc::clone(route),
+                    });
+                }
+            }
+        }
+    }
+
+    // Hosts each candidate would serve, and the claims on them.
+    let reserved: BTreeSet<&String> = ctx.domains.keys().chain(ctx.account.iter()).collect();
+    let mut claims: BTreeMap<String, Vec<(HostClaim, ObjectRef)>> = BTreeMap::new();
+    let mut per_candidate: Vec<Vec<String>> = Vec::with_capacity(candidates.len());
+    let mut reported: BTreeSet<(ObjectRef, String)> = BTreeSet::new();
+    for c in &candidates {
+        let ns = &c.route.namespace;
+        let mut hosts = Vec::new();
+        if c.pattern.starts_with('*') {
+            for h in &reserved {
+                let available = ctx.domains.get(*h).is_none_or(|d| d == ns);
+                if available && (c.pattern == "*" || hostname_matches(&c.pattern, h)) {
+                    hosts.push((*h).clone());
+                }
+            }
+            if hosts.is_empty()
+                && c.pattern != "*"
+                && reported.insert((c.route.clone(), c.pattern.clone()))
+            {
+                out.refused_hosts.push((
+                    c.route.clone(),
+                    c.pattern.clone(),
+                    super::Reason::HostNotReserved,
+                    format!(
+                        "wildcard {} covers no host reserved for namespace {ns:?} (a Domain there, or an account domain): nothing published for it",
+                        c.pattern
+                    ),
+                ));
+            }
+            if c.pattern == "*" {
+                let mut spec = c.spec.clone();
+                spec.host = "*".into();
+                out.catch_all.push(spec);
+            }
+        } else if let Some(owner) = ctx.domains.get(&c.pattern)
+            && owner != ns
+        {
+            if reported.insert((c.route.clone(), c.pattern.clone())) {
+                out.refused_hosts.push((
+                    c.route.clone(),
+                    c.pattern.clone(),
+                    super::Reason::HostOwnedByOtherNamespace,
+                    format!(
+                        "host {} is reserved by a Domain of namespace {owner:?}",
+                        c.pattern
+                    ),
+                ));
+            }
+        } else if reserved.contains(&c.pattern) {
+            hosts.push(c.pattern.clone());
+        } else if reported.insert((c.route.clone(), c.pattern.clone())) {
+            out.refused_hosts.push((
+                c.route.clone(),
+                c.pattern.clone(),
+                super::Reason::HostNotReserved,
+                format!(
+                    "host {} is not reserved: add a Domain for it in namespace {ns:?} (or reserve it on the account)",
+                    c.pattern
+                ),
+            ));
+        }
+        for h in &hosts {
+            claims.entry(h.clone()).or_default().push((
+                HostClaim {
+                    explicit: !c.pattern.starts_with('*'),
+                    key: ClaimKey::of(&c.meta.metadata, h),
+                },
+                c.route.clone(),
+            ));
+        }
+        per_candidate.push(hosts);
+    }
+    // Owner namespace per host: the Domain's, else the first claimant's.
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    for (host, list) in &claims {
+        if let Some((object, reason)) = ctx.taken.get(host) {
+            for (claim, route) in list {
+                if claim.explicit && reported.insert((route.clone(), host.clone())) {
+                    out.refused_hosts.push((
+                        route.clone(),
+                        host.clone(),
+                        *reason,
+                        format!("host {host} is published by {object}"),
+                    ));
+                }
+            }
+            continue;
+        }
+        let ns = match ctx.domains.get(host) {
+            Some(ns) => ns.clone(),
+            None => list
+                .iter()
+                .min_by(|a, b| a.0.key.cmp(&b.0.key))
+                .map(|(c, _)| c.key.namespace.clone())
+                .unwrap_or_default(),
+        };
+        for (claim, route) in list {
+            if route.namespace != ns
+                && claim.explicit
+                && reported.insert((route.clone(), host.clone()))
+            {
+                out.refused_hosts.push((
+                    route.clone(),
+                    host.clone(),
+                    super::Reason::HostOwnedByOtherNamespace,
+                    format!(
+                        "host {host} belongs to namespace {ns:?}, whose route claimed it first"
+                    ),
+                ));
+            }
+        }
+        owner.insert(host.clone(), ns);
+    }
+    // Specs per host: the best-ranked hostname per (route, rule, match).
+    let mut by_host: BTreeMap<String, BTreeMap<SpecKey, HostRoute>> = BTreeMap::new();
+    for (c, hosts) in candidates.iter().zip(&per_candidate) {
+        for h in hosts {
+            if owner.get(h) != Some(&c.route.namespace) {
+                continue;
+            }
+            let mut spec = c.spec.clone();
+            spec.host = h.clone();
+            let key = (
+                c.route.namespace.clone(),
+                c.route.name.clone(),
+                spec.origin.rule,
+                spec.origin.path,
+            );
+            let slot = by_host.entry(h.clone()).or_default();
+            let better = slot
+                .get(&key)
+                .is_none_or(|old| hostname_rank(&spec) > hostname_rank(old));
+            if better {
+                slot.insert(key, spec);
+            }
+        }
+    }
+    out.hosts = by_host
+        .into_iter()
+        .map(|(h, specs)| (h, specs.into_values().collect()))
+        .collect();
+
+    // Gateway statuses.
+    for (gi, g) in gateways.iter().enumerate() {
+        let object = ObjectRef::of(Kind::Gateway, &g.metadata);
+        let mut listeners = Vec::new();
+        for l in &g.spec.listeners {
+            let attached = attached_count
+                .get(&(gi, l.name.clone()))
+                .copied()
+                .unwrap_or(0);
+            let (kinds, conditions): (Vec<&'static str>, Vec<Cond>) = match l.protocol.as_str() {
+                "HTTP" | "HTTPS" => {
+                    let tls_note = if l.protocol == "HTTPS" {
+                        " (TLS is terminated by the edge with its own certificates; the listener's tls and certificateRefs are not used)"
+                    } else {
+                        ""
+                    };
+                    (
+                        vec!["HTTPRoute"],
+                        vec![
+                            Cond::yes(
+                                "Accepted",
+                                "Accepted",
+                                format!("serves HTTPRoutes through the edge{tls_note}"),
+                            ),
+                            Cond::yes("Programmed", "Programmed", "routes are in the proxy"),
+                            Cond::yes("ResolvedRefs", "ResolvedRefs", "nothing to resolve"),
+                            Cond::no("Conflicted", "NoConflicts", "no conflict"),
+                        ],
+                    )
+                }
+                other => (
+                    Vec::new(),
+                    vec![
+                        Cond::no(
+                            "Accepted",
+                            "UnsupportedProtocol",
+                            format!("protocol {other} is not supported (HTTP and HTTPS are)"),
+                        ),
+                        Cond::no("Programmed", "Invalid", "the listener is not accepted"),
+                        Cond::yes("ResolvedRefs", "ResolvedRefs", "nothing to resolve"),
+                        Cond::no("Conflicted", "NoConflicts", "no conflict"),
+                    ],
+                ),
+            };
+            listeners.push(ListenerStatus {
+                name: l.name.clone(),
+                attached_routes: attached,
+                supported_kinds: kinds,
+                conditions,
+            });
+        }
+        let gateway_ns = object.namespace.clone();
+        let mut addresses: BTreeSet<String> = BTreeSet::new();
+        for (host, specs) in &out.hosts {
+            let through_this = specs.iter().any(|s| {
+                candidates.iter().any(|c| {
+                    c.route.namespace == s.origin.namespace
+                        && c.route.name == s.origin.name
+                        && c.meta
+                            .spec
+                            .parent_refs
+                            .iter()
+                            .flatten()
+                            .any(|p| refers_to(p, &c.route.namespace, g))
+                })
+            });
+            if through_this {
+                addresses.insert(host.clone());
+            }
+        }
+        let _ = gateway_ns;
+        let any_valid = listeners
+            .iter()
+            .any(|l| l.conditions.first().is_some_and(|c| c.status));
+        let conditions = vec![
+            Cond::yes("Accepted", "Accepted", "accepted by tuna-operator"),
+            if any_valid {
+                Cond::yes(
+                    "Programmed",
+                    "Programmed",
+                    "its routes are published through the edge's tunnels",
+                )
+            } else {
+                Cond::no("Programmed", "Invalid", "no listener is accepted")
+            },
+        ];
+        out.gateways.push(GatewayStatus {
+            object,
+            generation: g.metadata.generation,
+            conditions,
+            addresses: addresses.into_iter().collect(),
+            listeners,
+        });
+    }
+    out
+}
+
+/// One match of one rule of one route: namespace, name, rule, match.
+type SpecKey = (String, String, usize, usize);
+
+/// (non-wildcard characters, characters) of the spec's route hostname.
+fn hostname_rank(spec: &HostRoute) -> (usize, usize) {
+    match &spec.matcher {
+        Matcher::Gateway(m) => match m.hostname.as_deref() {
+            Some(h) if h.starts_with("*.") => (0, h.len()),
+            Some(h) => (h.len(), h.len()),
+            None => (0, 0),
+        },
+        Matcher::Ingress => (spec.host.len(), spec.host.len()),
+    }
+}
+
+fn refusal_message(r: super::gateway::RouteRefusal, parent: &HttpRouteParentRefs) -> String {
+    use super::gateway::RouteRefusal as R;
+    match r {
+        R::NoMatchingParent => format!(
+            "Gateway {} has no listener{}{}",
+            parent.name,
+            parent
+                .section_name
+                .as_ref()
+                .map(|s| format!(" named {s:?}"))
+                .unwrap_or_default(),
+            parent
+                .port
+                .map(|p| format!(" on port {p}"))
+                .unwrap_or_default()
+        ),
+        R::NotAllowedByListeners => format!(
+            "no listener of Gateway {} allows HTTPRoutes of this namespace (allowedRoutes)",
+            parent.name
+        ),
+        R::NoMatchingListenerHostname => format!(
+            "no listener hostname of Gateway {} intersects this route's hostnames",
+            parent.name
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::service::{ServiceIndex, ServiceInfo};
+    use crate::plan::{Inputs, Plan, PlanOptions, Reason, plan};
+    use k8s_openapi::api::networking::v1::Ingress;
+
+    fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
+        yaml.split("\n---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| Arc::new(serde_saphyr::from_str::<K>(d).expect("test manifest")))
+            .collect()
+    }
+
+    const SERVICES: &str = "
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.0.0.1, ports: [{name: http, port: 80}]}
+---
+metadata: {name: api, namespace: shop}
+spec: {clusterIP: 10.0.0.2, ports: [{port: 8080}]}
+---
+metadata: {name: shared, namespace: infra}
+spec: {clusterIP: 10.0.1.1, ports: [{port: 80}]}
+";
+
+    const CLASS: &str = "
+metadata: {name: tuna}
+spec: {controllerName: k8s.tuna.am/gateway-controller}
+---
+metadata: {name: other}
+spec: {controllerName: example.com/other}
+";
+
+    const GATEWAY: &str = "
+metadata: {name: edge, namespace: shop, generation: 3}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: http, protocol: HTTP, port: 80}
+  - {name: wild, protocol: HTTP, port: 8080, hostname: '*.example.com'}
+  - {name: tls, protocol: TLS, port: 443}
+  - {name: all, protocol: HTTP, port: 8000, allowedRoutes: {namespaces: {from: All}}}
+";
+
+    struct World {
+        routes: &'static str,
+        grants: &'static str,
+        ingresses: &'static str,
+        account: &'static [&'static str],
+    }
+
+    fn run(w: &World) -> Plan {
+        let classes = objects::<GatewayClass>(CLASS);
+        let gateways = objects::<Gateway>(GATEWAY);
+        let routes = objects::<HttpRoute>(w.routes);
+        let grants = objects::<ReferenceGrant>(w.grants);
+        let ingresses = objects::<Ingress>(w.ingresses);
+        let services = ServiceIndex::new(
+            objects::<k8s_openapi::api::core::v1::Service>(SERVICES)
+                .iter()
+                .map(|s| ServiceInfo::from_service(s)),
+        );
+        let mut options = PlanOptions::cluster("tuna.test");
+        options.account_hosts = w.account.iter().map(|h| h.to_string()).collect();
+        let inputs = Inputs {
+            ingresses: &ingresses,
+            gateway: GatewayInputs {
+                classes: &classes,
+                gateways: &gateways,
+                http_routes: &routes,
+                grants: &grants,
+                namespaces: &[],
+            },
+            ..Inputs::default()
+        };
+        plan(&inputs, &services, &options)
+    }
+
+    fn world(routes: &'static str) -> World {
+        World {
+            routes,
+            grants: "",
+            ingresses: "",
+            account: &["shop.example.com", "a.example.com", "b.other.net"],
+        }
+    }
+
+    fn parent<'a>(p: &'a Plan, name: &str) -> &'a [ParentStatus] {
+        &p.gateway
+            .routes
+            .iter()
+            .find(|r| r.object.name == name)
+            .expect("route status")
+            .parents
+    }
+
+    fn cond<'a>(c: &'a [Cond], t: &str) -> &'a Cond {
+        c.iter().find(|c| c.type_ == t).expect("condition")
+    }
+
+    /// An exact hostname that is reserved is served; one that is not is
+    /// reported and not served; the route is still Accepted (it attached).
+    #[test]
+    fn exact_hostnames_need_a_reservation() {
+        let p = run(&world(
+            "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}]
+  hostnames: [shop.example.com, nowhere.example.com]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+",
+        ));
+        assert!(p.hosts.contains_key("shop.example.com"));
+        assert!(!p.hosts.contains_key("nowhere.example.com"));
+        assert!(
+            p.refusals
+                .iter()
+                .any(|r| r.reason == Reason::HostNotReserved && r.message.contains("nowhere"))
+        );
+        let parents = parent(&p, "web");
+        assert_eq!(parents.len(), 1);
+        assert!(cond(&parents[0].conditions, "Accepted").status);
+        assert!(cond(&parents[0].conditions, "ResolvedRefs").status);
+        let spec = &p.hosts["shop.example.com"].routes[0];
+        let action = spec.backend.gateway.as_ref().unwrap();
+        assert_eq!(action.backends.len(), 1);
+        assert_eq!(
+            action.backends[0].upstream.as_ref().unwrap().host,
+            "10.0.0.1"
+        );
+    }
+
+    /// A wildcard listener serves the reserved hosts it covers (one or more
+    /// labels), never others; the route without hostnames takes the
+    /// listener's.
+    #[test]
+    fn a_wildcard_listener_serves_the_reserved_hosts_it_covers() {
+        let p = run(&world(
+            "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: wild}]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+",
+        ));
+        let hosts: Vec<&String> = p.hosts.keys().collect();
+        assert_eq!(hosts, ["a.example.com", "shop.example.com"]);
+        let gw = &p.gateway.gateways[0];
+        assert_eq!(gw.addresses, ["a.example.com", "shop.example.com"]);
+        let wild = gw.listeners.iter().find(|l| l.name == "wild").unwrap();
+        assert_eq!(wild.attached_routes, 1);
+        let http = gw.listeners.iter().find(|l| l.name == "http").unwrap();
+        assert_eq!(http.attached_routes, 0);
+        let tls = gw.listeners.iter().find(|l| l.name == "tls").unwrap();
+        assert_eq!(
+            cond(&tls.conditions, "Accepted").reason,
+            "UnsupportedProtocol"
+        );
+    }
+
+    /// A cross-namespace backendRef needs a ReferenceGrant of the Service's
+    /// namespace for HTTPRoutes of the route's namespace.
+    #[test]
+    fn cross_namespace_backends_need_a_reference_grant() {
+        const ROUTE: &str = "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}]
+  hostnames: [shop.example.com]
+  rules: [{backendRefs: [{name: shared, namespace: infra, port: 80}]}]
+";
+        let refused = run(&world(ROUTE));
+        let rr = cond(&parent(&refused, "web")[0].conditions, "ResolvedRefs").clone();
+        assert!(!rr.status);
+        assert_eq!(rr.reason, "RefNotPermitted");
+        let action = refused.hosts["shop.example.com"].routes[0]
+            .backend
+            .gateway
+            .clone()
+            .unwrap();
+        assert!(action.backends.is_empty());
+        assert_eq!(action.invalid[0].reason, "RefNotPermitted");
+
+        // A grant for another kind, or from another namespace, is not enough.
+        for grant in [
+            "
+metadata: {name: g, namespace: infra}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: GRPCRoute, namespace: shop}]
+  to: [{group: '', kind: Service}]
+",
+            "
+metadata: {name: g, namespace: infra}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: blog}]
+  to: [{group: '', kind: Service}]
+",
+            "
+metadata: {name: g, namespace: infra}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]
+  to: [{group: '', kind: Service, name: other}]
+",
+        ] {
+            let p = run(&World {
+                grants: grant,
+                ..world(ROUTE)
+            });
+            assert!(
+                !cond(&parent(&p, "web")[0].conditions, "ResolvedRefs").status,
+                "{grant}"
+            );
+        }
+        let allowed = run(&World {
+            grants: "
+metadata: {name: g, namespace: infra}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: shop}]
+  to: [{group: '', kind: Service, name: shared}]
+",
+            ..world(ROUTE)
+        });
+        assert!(cond(&parent(&allowed, "web")[0].conditions, "ResolvedRefs").status);
+        let action = allowed.hosts["shop.example.com"].routes[0]
+            .backend
+            .gateway
+            .clone()
+            .unwrap();
+        assert_eq!(
+            action.backends[0].upstream.as_ref().unwrap().host,
+            "10.0.1.1"
+        );
+    }
+
+    /// Missing Services and non-Service kinds are refused with their reasons.
+    #[test]
+    fn missing_and_foreign_backends_are_refused_with_their_reason() {
+        let p = run(&world(
+            "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}]
+  hostnames: [shop.example.com]
+  rules:
+  - backendRefs: [{name: gone, port: 80}]
+  - backendRefs: [{group: example.com, kind: Bucket, name: b}]
+    matches: [{path: {type: PathPrefix, value: /b}}]
+",
+        ));
+        let rr = cond(&parent(&p, "web")[0].conditions, "ResolvedRefs");
+        assert_eq!(rr.reason, "BackendNotFound");
+        let routes = &p.hosts["shop.example.com"].routes;
+        let reasons: Vec<&str> = routes
+            .iter()
+            .map(|r| {
+                r.backend.gateway.as_ref().unwrap().invalid[0]
+                    .reason
+                    .as_str()
+            })
+            .collect();
+        assert!(reasons.contains(&"BackendNotFound") && reasons.contains(&"InvalidKind"));
+    }
+
+    /// Unsupported features refuse the route with UnsupportedValue and
+    /// publish nothing of it.
+    #[test]
+    fn unsupported_features_refuse_the_route() {
+        let p = run(&world(
+            "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}]
+  hostnames: [shop.example.com]
+  rules:
+  - matches: [{path: {type: RegularExpression, value: '/a.*'}}]
+    backendRefs: [{name: web, port: 80}]
+",
+        ));
+        let accepted = cond(&parent(&p, "web")[0].conditions, "Accepted");
+        assert!(!accepted.status);
+        assert_eq!(accepted.reason, "UnsupportedValue");
+        assert!(p.hosts.is_empty());
+    }
+
+    /// Attachment failures carry the specification's reasons.
+    #[test]
+    fn attachment_failures_have_the_specifications_reasons() {
+        let p = run(&world(
+            "
+metadata: {name: a, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: nope}]
+---
+metadata: {name: b, namespace: blog}
+spec:
+  parentRefs: [{name: edge, namespace: shop, sectionName: http}]
+---
+metadata: {name: c, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: wild}]
+  hostnames: [b.other.net]
+---
+metadata: {name: d, namespace: shop}
+spec:
+  parentRefs: [{name: elsewhere}]
+",
+        ));
+        let reason = |n| {
+            cond(&parent(&p, n)[0].conditions, "Accepted")
+                .reason
+                .clone()
+        };
+        assert_eq!(reason("a"), "NoMatchingParent");
+        assert_eq!(reason("b"), "NotAllowedByListeners");
+        assert_eq!(reason("c"), "NoMatchingListenerHostname");
+        // A parentRef to a Gateway that is not ours gets no entry from us.
+        assert!(p.gateway.routes.iter().all(|r| r.object.name != "d"));
+    }
+
+    /// A host an Ingress publishes stays the Ingress's; the HTTPRoute naming it
+    /// is told so.
+    #[test]
+    fn a_host_is_served_by_one_kind() {
+        let p = run(&World {
+            ingresses: "
+metadata: {name: old, namespace: shop}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: shop.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+",
+            ..world(
+                "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}]
+  hostnames: [shop.example.com]
+  rules: [{backendRefs: [{name: api, port: 8080}]}]
+",
+            )
+        });
+        assert!(matches!(
+            p.hosts["shop.example.com"].source,
+            crate::plan::HostSource::Ingresses(_)
+        ));
+        assert!(
+            p.refusals
+                .iter()
+                .any(|r| r.object.kind == Kind::HttpRoute && r.reason == Reason::HostUsedByIngress)
+        );
+    }
+
+    /// Of two namespaces naming one account host, the first claimant (the
+    /// older route) owns it, whatever the names.
+    #[test]
+    fn an_account_host_belongs_to_the_first_claimant_namespace() {
+        const ROUTES: &str = "
+metadata: {name: a-blog, namespace: blog, creationTimestamp: 'BLOG'}
+spec:
+  parentRefs: [{name: edge, namespace: shop, sectionName: all}]
+  hostnames: [shop.example.com]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+---
+metadata: {name: z-shop, namespace: shop, creationTimestamp: 'SHOP'}
+spec:
+  parentRefs: [{name: edge, sectionName: all}]
+  hostnames: [shop.example.com]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+";
+        for (blog, shop, owner) in [
+            ("2026-02-01T00:00:00Z", "2026-01-01T00:00:00Z", "shop"),
+            ("2026-01-01T00:00:00Z", "2026-02-01T00:00:00Z", "blog"),
+        ] {
+            let routes: &'static str = Box::leak(
+                ROUTES
+                    .replace("BLOG", blog)
+                    .replace("SHOP", shop)
+                    .into_boxed_str(),
+            );
+            let p = run(&world(routes));
+            assert_eq!(p.hosts["shop.example.com"].namespace, owner);
+            let loser = if owner == "shop" { "a-blog" } else { "z-shop" };
+            assert!(
+                p.refusals.iter().any(
+                    |r| r.object.name == loser && r.reason == Reason::HostOwnedByOtherNamespace
+                ),
+                "{:?}",
+                p.refusals
+            );
+        }
+    }
+
+    /// Filters and timeouts become plain data, in order.
+    #[test]
+    fn filters_and_timeouts_are_translated() {
+        let p = run(&world(
+            "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}]
+  hostnames: [shop.example.com]
+  rules:
+  - backendRefs: [{name: web, port: 80, weight: 3}, {name: api, port: 8080, weight: 0}]
+    timeouts: {request: 1m30s, backendRequest: 500ms}
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {set: [{name: X-A, value: '1'}], remove: [X-B]}
+    - type: URLRewrite
+      urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}
+",
+        ));
+        let a = p.hosts["shop.example.com"].routes[0]
+            .backend
+            .gateway
+            .clone()
+            .unwrap();
+        assert_eq!(a.backends.len(), 1, "weight 0 is not a backend");
+        assert_eq!(a.backends[0].weight, 3);
+        assert_eq!(a.timeouts.request, Some(Duration::from_secs(90)));
+        assert_eq!(a.timeouts.backend_request, Some(Duration::from_millis(500)));
+        assert_eq!(
+            a.filters,
+            vec![
+                Filter::RequestHeaderModifier(HeaderModifier {
+                    set: vec![("x-a".into(), "1".into())],
+                    add: vec![],
+                    remove: vec!["x-b".into()],
+                }),
+                Filter::UrlRewrite(Rewrite {
+                    hostname: None,
+                    path: Some(PathModifier::ReplacePrefixMatch("/v2".into())),
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn durations_parse_as_gep_2257_says() {
+        assert_eq!(parse_duration("1h"), Ok(Some(Duration::from_secs(3600))));
+        assert_eq!(parse_duration("1m30s"), Ok(Some(Duration::from_secs(90))));
+        assert_eq!(
+            parse_duration("250ms"),
+            Ok(Some(Duration::from_millis(250)))
+        );
+        assert_eq!(parse_duration("0s"), Ok(None));
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    /// Each match becomes one spec carrying its conditions; no match is
+    /// `PathPrefix /`.
+    #[test]
+    fn matches_carry_their_conditions() {
+        let p = run(&world(
+            "
+metadata: {name: web, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}]
+  hostnames: [Shop.Example.com]
+  rules:
+  - matches:
+    - path: {type: Exact, value: /login}
+      method: POST
+      headers: [{name: X-Version, value: '2'}, {name: x-version, value: '3'}]
+      queryParams: [{name: debug, value: '1'}]
+    - {}
+    backendRefs: [{name: web, port: 80}]
+",
+        ));
+        let routes = &p.hosts["shop.example.com"].routes;
+        assert_eq!(routes.len(), 2);
+        let Matcher::Gateway(m) = &routes[0].matcher else {
+            panic!("a gateway spec")
+        };
+        assert_eq!(
+            (routes[0].path.as_str(), routes[0].path_type),
+            ("/login", PathType::Exact)
+        );
+        assert_eq!(m.method.as_deref(), Some("POST"));
+        assert_eq!(m.headers, vec![("x-version".to_owned(), "2".to_owned())]);
+        assert_eq!(m.query, vec![("debug".to_owned(), "1".to_owned())]);
+        assert_eq!(m.hostname.as_deref(), Some("shop.example.com"));
+        assert_eq!(
+            (routes[1].path.as_str(), routes[1].path_type),
+            ("/", PathType::Prefix)
+        );
+    }
+}
