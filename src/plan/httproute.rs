@@ -479,6 +479,20 @@ fn action_of(
                 };
                 let upstream = match backends_mode {
                     Backends::Unchecked => None,
+                    Backends::Declared => {
+                        let ports = services.service(ns, name).map(|i| &i.ports);
+                        if let Some(ports) = ports
+                            && !ports.is_empty()
+                            && !ports.iter().any(|p| i32::from(p.port) == port)
+                        {
+                            action.invalid.push(invalid(
+                                "ServicePortNotFound",
+                                format!("Service {ns}/{name} has no port {port}"),
+                            ));
+                            continue;
+                        }
+                        None
+                    }
                     Backends::Resolve => {
                         let service = ServiceRef {
                             namespace: ns.to_owned(),

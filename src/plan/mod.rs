@@ -297,6 +297,11 @@ pub enum Backends {
     Resolve,
     /// Keep backends as named (`route explain` on files that hold no Service).
     Unchecked,
+    /// Services are known from their manifests but not dialled (`route
+    /// explain` on files with Gateway API objects): an HTTPRoute backendRef
+    /// must name a Service there, and one of its ports; Ingress backends are
+    /// kept as named.
+    Declared,
 }
 
 /// Settings of a plan.
@@ -583,7 +588,7 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
             Err(e) => {
                 // Without Services to check, a Tunnel whose only fault may be its
                 // Service still owns its host (as it would in a cluster).
-                if options.backends == Backends::Unchecked
+                if options.backends != Backends::Resolve
                     && matches!(e.reason, TunnelReason::Upstream(r) if r.is_about_the_service())
                     && let Some(host) = tunnel_host(t, &options.base_domain)
                     && !tunnel_hosts.contains_key(&host)
@@ -849,7 +854,7 @@ fn plan_ingresses(
             continue;
         }
         let upstream = match options.backends {
-            Backends::Unchecked => None,
+            Backends::Unchecked | Backends::Declared => None,
             Backends::Resolve => match resolve_service(
                 &spec.backend,
                 &spec.origin.namespace,

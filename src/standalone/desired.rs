@@ -25,8 +25,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::networking::v1::Ingress;
+use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_routing::RouteSpec;
 
@@ -149,6 +150,11 @@ const KINDS: &[(&str, &str)] = &[
     (tuna_crds::GROUP, "Tunnel"),
     (tuna_crds::GROUP, "Domain"),
     (tuna_crds::GROUP, "TCPEndpoint"),
+    (crate::plan::gateway::GROUP, "GatewayClass"),
+    (crate::plan::gateway::GROUP, "Gateway"),
+    (crate::plan::gateway::GROUP, "HTTPRoute"),
+    (crate::plan::gateway::GROUP, "ReferenceGrant"),
+    ("", "Namespace"),
 ];
 
 fn object_label(o: &LoadedObject) -> String {
@@ -191,6 +197,11 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
     let mut tunnels: Vec<Arc<Tunnel>> = Vec::new();
     let mut domains: Vec<Arc<Domain>> = Vec::new();
     let mut endpoints: Vec<Arc<TcpEndpoint>> = Vec::new();
+    let mut gateway_classes: Vec<Arc<GatewayClass>> = Vec::new();
+    let mut gateways: Vec<Arc<Gateway>> = Vec::new();
+    let mut http_routes: Vec<Arc<HttpRoute>> = Vec::new();
+    let mut grants: Vec<Arc<ReferenceGrant>> = Vec::new();
+    let mut namespaces: Vec<Arc<Namespace>> = Vec::new();
     let mut sources: BTreeMap<ObjectRef, Source> = BTreeMap::new();
     let mut seen: BTreeSet<(String, String, String)> = BTreeSet::new();
     for o in &loaded.objects {
@@ -201,7 +212,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
                 object: object_label(o),
                 reason: "UnsupportedKind".into(),
                 message: format!(
-                    "{} {} is not served in standalone mode (Service, Ingress, Tunnel, Domain and TCPEndpoint are)",
+                    "{} {} is not served in standalone mode (Service, Ingress, Tunnel, Domain, TCPEndpoint, GatewayClass, Gateway, HTTPRoute, ReferenceGrant and Namespace are)",
                     o.api_version, o.kind
                 ),
             });
@@ -246,10 +257,38 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
                     domains.push(Arc::new(d));
                 }
             }
-            _ => {
+            "TCPEndpoint" => {
                 if let Some(e) = parse::<TcpEndpoint>(o, &mut state.skipped) {
                     remember(Kind::TcpEndpoint);
                     endpoints.push(Arc::new(e));
+                }
+            }
+            "GatewayClass" => {
+                if let Some(c) = parse::<GatewayClass>(o, &mut state.skipped) {
+                    remember(Kind::GatewayClass);
+                    gateway_classes.push(Arc::new(c));
+                }
+            }
+            "Gateway" => {
+                if let Some(g) = parse::<Gateway>(o, &mut state.skipped) {
+                    remember(Kind::Gateway);
+                    gateways.push(Arc::new(g));
+                }
+            }
+            "HTTPRoute" => {
+                if let Some(r) = parse::<HttpRoute>(o, &mut state.skipped) {
+                    remember(Kind::HttpRoute);
+                    http_routes.push(Arc::new(r));
+                }
+            }
+            "ReferenceGrant" => {
+                if let Some(g) = parse::<ReferenceGrant>(o, &mut state.skipped) {
+                    grants.push(Arc::new(g));
+                }
+            }
+            _ => {
+                if let Some(n) = parse::<Namespace>(o, &mut state.skipped) {
+                    namespaces.push(Arc::new(n));
                 }
             }
         }
@@ -260,7 +299,13 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
         tunnels: &tunnels,
         domains: &domains,
         tcp_endpoints: &endpoints,
-        gateway: Default::default(),
+        gateway: crate::plan::httproute::GatewayInputs {
+            classes: &gateway_classes,
+            gateways: &gateways,
+            http_routes: &http_routes,
+            grants: &grants,
+            namespaces: &namespaces,
+        },
     };
     let mut plan_options = PlanOptions::standalone(&options.base_domain);
     plan_options.ingress = TranslateOptions::for_class(options.ingress_class.clone());
@@ -279,7 +324,11 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
         let routes = h
             .routes
             .into_iter()
-            .map(|r| r.map_backend(|b| b.upstream.expect("standalone plans resolve every backend")))
+            // Gateway API rules carry their backends in `gateway` (wired to the proxy separately).
+            .filter_map(|r| {
+                let upstream = r.backend.upstream.clone()?;
+                Some(r.map_backend(|_| upstream))
+            })
             .collect();
         let publishers = match h.source {
             HostSource::Tunnel(t) => vec![PublishedBy::Tunnel(t.key())],
