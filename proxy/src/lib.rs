@@ -128,6 +128,7 @@ mod config;
 mod conn;
 pub mod connect;
 mod error;
+mod gateway;
 mod h1;
 mod http;
 mod metrics;
@@ -160,7 +161,9 @@ pub use connect::{
     UpstreamTarget,
 };
 pub use error::{Error, Result};
-pub use routes::{HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol};
+pub use routes::{
+    GatewayRule, HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol, WeightedTarget,
+};
 pub use tcp::{TcpLimits, TcpUpstream};
 pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
 

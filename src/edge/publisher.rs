@@ -566,7 +566,11 @@ async fn http_route(spec: &RouteSpec<ResolvedUpstream>) -> Result<HttpRoute, Str
         host: spec.host.clone(),
         path: spec.path.clone(),
         path_type: spec.path_type,
-        backend: HttpBackend { addrs, protocol },
+        backend: HttpBackend {
+            addrs,
+            protocol,
+            gateway: None,
+        },
         origin: spec.origin.clone(),
         tie_break: spec.tie_break.clone(),
         matcher: spec.matcher.clone(),

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tuna_http1::{BodyTracker, Framing};
 
 use crate::Scheme;
+use crate::http::{RequestView, route_lookup};
 use crate::metrics::UpstreamErrorCause;
 use crate::pages::{error_page, reason};
 use crate::routes::CompiledBackend;
@@ -108,6 +109,19 @@ enum Head {
     Reject(u16),
 }
 
+/// A request head of the fast path, as a route lookup reads it.
+struct FastRequest<'a, 'b, 'h>(&'a tuna_http1::Request<'b, 'h>);
+
+impl RequestView for FastRequest<'_, '_, '_> {
+    fn method(&self) -> &str {
+        self.0.method
+    }
+    fn header(&self, name_lower: &str) -> Option<&str> {
+        let h = self.0.headers.iter().find(|h| eq(h.name, name_lower))?;
+        std::str::from_utf8(h.value).ok()
+    }
+}
+
 fn is_valid_request_id(v: &[u8]) -> bool {
     !v.is_empty() && v.len() <= 128 && v.iter().all(u8::is_ascii_graphic)
 }
@@ -161,7 +175,8 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
     let method = req.method;
 
     let snapshot = c.shared.snapshot.load();
-    let (route, not_found) = match snapshot.table.lookup(host.name, target) {
+    let view = FastRequest(&req);
+    let (route, not_found) = match route_lookup(&snapshot.table, host.name, target, &view) {
         Some(m) if !m.backend.is_http1() => return Head::HandOff,
         Some(m) => {
             let backend = m.backend.clone();
