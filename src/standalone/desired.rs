@@ -30,6 +30,7 @@ use k8s_openapi::api::networking::v1::Ingress;
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_routing::RouteSpec;
 
+use crate::edge::publisher::RouteBackend;
 use crate::manifest::{Loaded, LoadedObject, Source};
 use crate::plan::domain::DesiredDomain;
 use crate::plan::ingress::{self, TranslateOptions};
@@ -78,7 +79,7 @@ impl fmt::Display for PublishedBy {
 }
 
 /// One HTTP route of a published host.
-pub type HttpRouteSpec = RouteSpec<ResolvedUpstream>;
+pub type HttpRouteSpec = RouteSpec<RouteBackend>;
 
 /// A published HTTP host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,7 +276,11 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
         let routes = h
             .routes
             .into_iter()
-            .map(|r| r.map_backend(|b| b.upstream.expect("standalone plans resolve every backend")))
+            .map(|r| {
+                let backend =
+                    RouteBackend::of(&r.backend).expect("standalone plans resolve every backend");
+                r.map_backend(|_| backend)
+            })
             .collect();
         let publishers = match h.source {
             HostSource::Tunnel(t) => vec![PublishedBy::Tunnel(t.key())],
