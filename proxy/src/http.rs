@@ -5,16 +5,20 @@
 //! - `request_filter`: header-count/size limit (431) for requests after the
 //!   first on a keep-alive connection (the first is checked before Pingora
 //!   sees it, see `conn.rs`), request id + tracing span, the route lookup in
-//!   the current snapshot, and the 404 page. It is the first hook that can
-//!   answer on its own (`Ok(true)`).
+//!   the current snapshot, and the 404 page; for a Gateway API rule its
+//!   redirect, the backend chosen by weight (500 when there is none) and
+//!   its rewrite worked out while the matched prefix is at hand. It is the
+//!   first hook that can answer on its own (`Ok(true)`).
 //! - `upstream_peer`: picks the address (round-robin; retries move on to
 //!   the next address) from the backend the lookup pinned in the context,
 //!   so a table swap between lookup and connect cannot change the backend
-//!   a request goes to.
+//!   a request goes to; a rule's timeouts bound the attempt.
 //! - `upstream_request_filter`: hop-by-hop stripping and the `X-Forwarded-*`
-//!   and request id headers, on the copy that goes upstream.
+//!   and request id headers, on the copy that goes upstream, then a rule's
+//!   `URLRewrite` and `RequestHeaderModifier`s in its order.
 //! - `upstream_response_filter` / `response_filter`: hop-by-hop stripping of
-//!   the upstream response; request id on the downstream response.
+//!   the upstream response; request id on the downstream response, then a
+//!   rule's `ResponseHeaderModifier`s.
 //! - `fail_to_connect` / `error_while_proxy`: the retry policy and the
 //!   upstream-error counters (each failed attempt counts once).
 //! - `fail_to_proxy`: maps the final error to 502/504/4xx with a short page.

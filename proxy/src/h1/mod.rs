@@ -11,7 +11,8 @@
 //! and two writes and no allocation. What the codec refuses is answered
 //! here (400/431, 421 for a host the tunnel stream does not serve); what
 //! the fast path does not serve — h2c, WebSocket, chunked uploads,
-//! HTTP/1.0, absolute-form targets, h2c/TLS backends — hands the
+//! HTTP/1.0, absolute-form targets, h2c/TLS backends, Gateway API rules
+//! (their filters, weights and timeouts are Pingora's hooks') — hands the
 //! connection, with the bytes already read, to Pingora (`conn.rs`), which
 //! serves it to the end. Why: Pingora's per-request HTTP/1 path cost 2.7×
 //! nginx's CPU per request in `benches/proxy.sh`, almost all of it outside
