@@ -5,16 +5,20 @@
 //! - `request_filter`: header-count/size limit (431) for requests after the
 //!   first on a keep-alive connection (the first is checked before Pingora
 //!   sees it, see `conn.rs`), request id + tracing span, the route lookup in
-//!   the current snapshot, and the 404 page. It is the first hook that can
-//!   answer on its own (`Ok(true)`).
+//!   the current snapshot, and the 404 page; for a Gateway API rule its
+//!   redirect, the backend chosen by weight (500 when there is none) and
+//!   its rewrite worked out while the matched prefix is at hand. It is the
+//!   first hook that can answer on its own (`Ok(true)`).
 //! - `upstream_peer`: picks the address (round-robin; retries move on to
 //!   the next address) from the backend the lookup pinned in the context,
 //!   so a table swap between lookup and connect cannot change the backend
-//!   a request goes to.
+//!   a request goes to; a rule's timeouts bound the attempt.
 //! - `upstream_request_filter`: hop-by-hop stripping and the `X-Forwarded-*`
-//!   and request id headers, on the copy that goes upstream.
+//!   and request id headers, on the copy that goes upstream, then a rule's
+//!   `URLRewrite` and `RequestHeaderModifier`s in its order.
 //! - `upstream_response_filter` / `response_filter`: hop-by-hop stripping of
-//!   the upstream response; request id on the downstream response.
+//!   the upstream response; request id on the downstream response, then a
+//!   rule's `ResponseHeaderModifier`s.
 //! - `fail_to_connect` / `error_while_proxy`: the retry policy and the
 //!   upstream-error counters (each failed attempt counts once).
 //! - `fail_to_proxy`: maps the final error to 502/504/4xx with a short page.
@@ -36,11 +40,54 @@ use pingora::prelude::HttpPeer;
 use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, RetryType};
 
+use tuna_routing::Match;
+use tuna_routing::action::Filter;
+
 use crate::Scheme;
+use crate::gateway::{self, RequestLine};
 use crate::metrics::{HostStats, UpstreamErrorCause};
 use crate::pages::error_page;
-use crate::routes::CompiledBackend;
+use crate::routes::{CompiledBackend, GatewayRule, Table};
 use crate::shared::Shared;
+
+/// What a route lookup may read of a request besides its host and path:
+/// the shape of the routing crate's `RequestView` (Gateway API matches on
+/// method and headers), implemented by each path's own request type.
+#[expect(
+    dead_code,
+    reason = "read once lookups take the request (lookup_request)"
+)]
+pub(crate) trait RequestView {
+    /// The method, as sent.
+    fn method(&self) -> &str;
+    /// The first value of a header, by lower-case name.
+    fn header(&self, name_lower: &str) -> Option<&str>;
+}
+
+/// A Pingora request head, as a lookup reads it.
+pub(crate) struct PingoraRequest<'a>(pub(crate) &'a RequestHeader);
+
+impl RequestView for PingoraRequest<'_> {
+    fn method(&self) -> &str {
+        self.0.method.as_str()
+    }
+    fn header(&self, name_lower: &str) -> Option<&str> {
+        self.0.headers.get(name_lower)?.to_str().ok()
+    }
+}
+
+/// The one route lookup of both request paths (this file's and the fast
+/// path's), so that what a lookup may read is decided in one place.
+pub(crate) fn route_lookup<'t>(
+    table: &'t Table,
+    host: &str,
+    path_and_query: &str,
+    request: &impl RequestView,
+) -> Option<Match<'t, Arc<CompiledBackend>>> {
+    // lookup_request: table.lookup_request(host, path_and_query, request)
+    let _ = request;
+    table.lookup(host, path_and_query)
+}
 
 /// What a connection that the proxy did not route itself is bound to,
 /// carried to the hooks by the downstream stream itself: Pingora gives
@@ -106,6 +153,12 @@ pub struct RequestCtx {
     answered_locally: Option<u16>,
     /// The `Authorization` of a pinned (CONNECT) stream's upstream requests.
     authorization: Option<HeaderValue>,
+    /// The Gateway API rule the request matched: its filters and timeouts.
+    rule: Option<Arc<GatewayRule>>,
+    /// A `URLRewrite`'s `Host` and path (with the query), worked out at
+    /// lookup, where the matched prefix is known.
+    rewrite_host: Option<String>,
+    rewrite_path: Option<String>,
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -224,7 +277,135 @@ fn status_for(e: &Error) -> u16 {
     }
 }
 
+/// A rule's timeouts on one attempt's peer: `backend_request` bounds its
+/// reads, and what is left of `request` (counted from the request's start)
+/// bounds its connect, reads and writes; none left → 504.
+fn apply_timeouts(
+    peer: &mut HttpPeer,
+    timeouts: &tuna_routing::action::Timeouts,
+    start: Instant,
+) -> pingora::Result<()> {
+    let o = &mut peer.options;
+    if let Some(limit) = timeouts.backend_request {
+        o.read_timeout = Some(o.read_timeout.map_or(limit, |t| t.min(limit)));
+    }
+    if let Some(limit) = timeouts.request {
+        let left = limit.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(504),
+                "the route's request timeout elapsed",
+            ));
+        }
+        let cap = |t: &mut Option<std::time::Duration>| *t = Some(t.map_or(left, |t| t.min(left)));
+        cap(&mut o.connection_timeout);
+        cap(&mut o.total_connection_timeout);
+        cap(&mut o.read_timeout);
+        cap(&mut o.write_timeout);
+    }
+    Ok(())
+}
+
+/// A `URLRewrite` on the upstream request: the path (query kept) and the
+/// `Host` (and the target's authority, when it carries one).
+fn rewrite_upstream(upstream: &mut RequestHeader, ctx: &RequestCtx) -> pingora::Result<()> {
+    if ctx.rewrite_path.is_none() && ctx.rewrite_host.is_none() {
+        return Ok(());
+    }
+    let uri = &upstream.uri;
+    let path = ctx
+        .rewrite_path
+        .as_deref()
+        .or_else(|| uri.path_and_query().map(|p| p.as_str()))
+        .unwrap_or("/");
+    let mut parts = http::uri::Builder::new();
+    if let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) {
+        let authority = ctx.rewrite_host.as_deref().unwrap_or(authority.as_str());
+        parts = parts.scheme(scheme.clone()).authority(authority);
+    }
+    let uri = parts.path_and_query(path).build().map_err(|e| {
+        Error::because(ErrorType::InternalError, "rewritten target is not valid", e)
+    })?;
+    upstream.set_uri(uri);
+    if let Some(host) = &ctx.rewrite_host {
+        upstream.insert_header(header::HOST, host.as_str())?;
+    }
+    Ok(())
+}
+
 impl Router {
+    /// For a request that matched a Gateway API rule: what its filters make
+    /// of it (the rewrite kept in `ctx`), and the redirect that answers it
+    /// instead, if one does (status and `Location`).
+    fn prepare_gateway(
+        &self,
+        ctx: &mut RequestCtx,
+        m: &Match<'_, Arc<CompiledBackend>>,
+        line: &RequestLine<'_>,
+    ) -> Option<(u16, String)> {
+        let compiled = m.backend.gateway.as_ref()?;
+        // The host's counters, until (and unless) a target is chosen.
+        ctx.backend = Some(m.backend.clone());
+        ctx.rule = Some(compiled.rule.clone());
+        for filter in &compiled.rule.filters {
+            match filter {
+                Filter::RequestRedirect(r) => {
+                    let status = match r.status_code {
+                        301 | 302 | 303 | 307 | 308 => r.status_code,
+                        _ => 302,
+                    };
+                    return Some((status, gateway::redirect_location(r, line)));
+                }
+                Filter::UrlRewrite(r) => {
+                    let (host, path) =
+                        gateway::rewrite(r, line.path_and_query, line.matched_prefix);
+                    ctx.rewrite_host = host.or(ctx.rewrite_host.take());
+                    ctx.rewrite_path = path.or(ctx.rewrite_path.take());
+                }
+                Filter::RequestHeaderModifier(_) | Filter::ResponseHeaderModifier(_) => {}
+            }
+        }
+        None
+    }
+
+    /// Answers a Gateway API request's redirect, or picks its backend by
+    /// weight (500 when the rule has none to give).
+    async fn serve_gateway(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        redirect: Option<(u16, String)>,
+    ) -> pingora::Result<bool> {
+        if let Some((status, location)) = redirect {
+            return match HeaderValue::from_str(&location) {
+                Ok(location) => {
+                    self.answer_with(session, ctx, status, String::new(), Some(location))
+                        .await
+                }
+                Err(_) => {
+                    tracing::debug!(parent: &ctx.span, %location, "redirect is not a valid Location");
+                    self.answer(session, ctx, 500, error_page(500).to_owned())
+                        .await
+                }
+            };
+        }
+        let target = ctx
+            .backend
+            .as_ref()
+            .and_then(|b| b.gateway.as_ref())
+            .and_then(|g| g.pick())
+            .cloned();
+        let Some(target) = target else {
+            tracing::debug!(parent: &ctx.span, "no backend for the rule");
+            return self
+                .answer(session, ctx, 500, error_page(500).to_owned())
+                .await;
+        };
+        ctx.rr_start = target.start_index();
+        ctx.backend = Some(target);
+        Ok(false)
+    }
+
     fn is_valid_request_id(v: &HeaderValue) -> bool {
         let b = v.as_bytes();
         !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic())
@@ -237,7 +418,22 @@ impl Router {
         status: u16,
         body: String,
     ) -> pingora::Result<bool> {
-        let mut resp = ResponseHeader::build(status, Some(4))?;
+        self.answer_with(session, ctx, status, body, None).await
+    }
+
+    /// [`Self::answer`], with a `Location` (a redirect).
+    async fn answer_with(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        status: u16,
+        body: String,
+        location: Option<HeaderValue>,
+    ) -> pingora::Result<bool> {
+        let mut resp = ResponseHeader::build(status, Some(5))?;
+        if let Some(location) = location {
+            resp.insert_header(header::LOCATION, location)?;
+        }
         resp.insert_header(header::CONTENT_TYPE, "text/plain; charset=utf-8")?;
         resp.insert_header(header::CONTENT_LENGTH, body.len())?;
         if let Some(id) = &ctx.request_id {
@@ -273,6 +469,9 @@ impl ProxyHttp for Router {
             span: tracing::Span::none(),
             answered_locally: None,
             authorization: None,
+            rule: None,
+            rewrite_host: None,
+            rewrite_path: None,
         }
     }
 
@@ -383,7 +582,7 @@ impl ProxyHttp for Router {
         }
 
         let snapshot = self.shared.snapshot.load();
-        let Some(m) = snapshot.table.lookup(host, path) else {
+        let Some(m) = route_lookup(&snapshot.table, host, path, &PingoraRequest(req)) else {
             let shown_host = if host.is_empty() { "(none)" } else { host };
             let body = format!(
                 "404 Not Found: no route for host {shown_host} and path {}\n",
@@ -392,6 +591,22 @@ impl ProxyHttp for Router {
             tracing::debug!(parent: &ctx.span, "no route");
             return self.answer(session, ctx, 404, body).await;
         };
+        if m.backend.gateway.is_some() {
+            let public_port = host_value
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .and_then(gateway::host_port);
+            let line = RequestLine {
+                scheme: self.scheme,
+                host,
+                port: public_port,
+                path_and_query: path,
+                matched_prefix: &m.spec.path,
+            };
+            let redirect = self.prepare_gateway(ctx, &m, &line);
+            ctx.public_host = host_value;
+            return self.serve_gateway(session, ctx, redirect).await;
+        }
         ctx.rr_start = m.backend.start_index();
         ctx.backend = Some(m.backend.clone());
         ctx.public_host = host_value;
@@ -409,6 +624,9 @@ impl ProxyHttp for Router {
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no backend selected"))?;
         let mut peer = Box::new(backend.peer(ctx.rr_start, ctx.attempt).clone());
         ctx.attempt += 1;
+        if let Some(rule) = &ctx.rule {
+            apply_timeouts(&mut peer, &rule.timeouts, ctx.start)?;
+        }
         if session.is_upgrade_req() {
             // An upgraded connection (WebSocket) may idle between messages
             // for as long as both ends like; the read timeout is for
@@ -465,6 +683,16 @@ impl ProxyHttp for Router {
             // The client's own (a kubeconfig's `fake-token`) never leaves.
             upstream.insert_header(header::AUTHORIZATION, authorization.clone())?;
         }
+        // A rule's filters have the last word over the proxy's own headers.
+        if let Some(rule) = &ctx.rule {
+            for filter in &rule.filters {
+                match filter {
+                    Filter::RequestHeaderModifier(m) => gateway::edit_headers(m, upstream),
+                    Filter::UrlRewrite(_) => rewrite_upstream(upstream, ctx)?,
+                    Filter::ResponseHeaderModifier(_) | Filter::RequestRedirect(_) => {}
+                }
+            }
+        }
         Ok(())
     }
 
@@ -503,6 +731,13 @@ impl ProxyHttp for Router {
         if let Some(id) = &ctx.request_id {
             upstream_response
                 .insert_header(self.shared.config.request_id_header.clone(), id.clone())?;
+        }
+        if let Some(rule) = &ctx.rule {
+            for filter in &rule.filters {
+                if let Filter::ResponseHeaderModifier(m) = filter {
+                    gateway::edit_headers(m, upstream_response);
+                }
+            }
         }
         Ok(())
     }

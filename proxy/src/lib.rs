@@ -11,7 +11,8 @@
 //! framing, a bad or second `Host`, ...) is answered 400/431 here, whichever
 //! path would have served it. A request the fast path does not serve (h2c,
 //! WebSocket/`Upgrade`, `Expect`, chunked uploads, HTTP/1.0, absolute-form
-//! targets, h2c or TLS backends) hands the connection, with the bytes
+//! targets, h2c or TLS backends, Gateway API rules) hands the connection,
+//! with the bytes
 //! already read, to Pingora for the rest of its life. Both paths apply the
 //! same header policy, limits, errors, retries and metrics
 //! (`tuna_proxy_http_fast_path_requests_total` and
@@ -48,7 +49,8 @@
 //!   the table changes before it connects; open connections are never
 //!   disturbed by a swap.
 //! - **HTTP behaviour.** Host (normalised as in `tuna-routing`) + path
-//!   routing with Ingress semantics; unknown host or path → 404 page naming
+//!   routing with Ingress semantics (and Gateway API rules, below); unknown
+//!   host or path → 404 page naming
 //!   the host; on a tunnel stream, a host other than [`ConnInfo::host`] →
 //!   421; upstream refused/unreachable → 502; upstream timeout → 504;
 //!   only connect failures of idempotent requests are retried (on the next
@@ -62,6 +64,8 @@
 //!   WebSocket/Upgrade, streamed bodies of any size, HTTP/1.1 and h2c from
 //!   clients, upstream HTTP/1.1, h2c ([`UpstreamProtocol::H2c`], for gRPC)
 //!   and HTTPS.
+//! - **Gateway API rules** ([`HttpBackend::gateway`], a [`GatewayRule`]):
+//!   see the section below.
 //! - **Limits.** Request headers: size and field count → 431; the first
 //!   request of a connection must arrive whole within the header timeout,
 //!   later ones within the keep-alive idle time for their first byte and
@@ -80,13 +84,82 @@
 //! - **Observability.** [`ProxyCore::serve_admin`]: `/healthz`, `/readyz`,
 //!   `/metrics` (Prometheus text).
 //!
+//! # Gateway API rules
+//!
+//! A route whose backend is [`HttpBackend::gateway`] is an `HTTPRoute`
+//! rule (Gateway API v1.6.1); its own `addrs` are not used and may be
+//! empty. Per request, in this order:
+//!
+//! - **`RequestRedirect`** answers at once with the filter's status (302 by
+//!   default) and a `Location` built from the request: the filter's scheme,
+//!   host and path where it sets them (`ReplaceFullPath`, or
+//!   `ReplacePrefixMatch` of the route's `PathPrefix`), else the request's,
+//!   the query kept. Its port is the filter's; else, when the filter sets a
+//!   scheme, that scheme's well-known port; else the port the client
+//!   connected to (its `Host`'s, or its scheme's well-known one, standing in
+//!   for the Gateway listener's). A port that is the well-known one of the
+//!   `Location`'s scheme is left out. No backend is involved.
+//! - **Backend choice**: smooth weighted round-robin over
+//!   [`GatewayRule::backends`] (weights 1:3 give `B A B B`, so any 4·n
+//!   requests split exactly n : 3n; weight 0 is never chosen; weights whose
+//!   reduced sum exceeds 1024 are scaled to it), one atomic increment per
+//!   request. A rule with no backend of positive weight, or a draw of one
+//!   without addresses (a backend that did not resolve), is answered
+//!   **500** with the short error page, as the specification asks. Within a
+//!   backend, addresses are used round-robin and connect failures retried
+//!   as for any route.
+//! - **`URLRewrite`** changes the forwarded path (`ReplaceFullPath`, or
+//!   `ReplacePrefixMatch`: the route's `PathPrefix` is replaced element-wise,
+//!   `/foo` → `/bar` makes `/foo/baz` `/bar/baz` and `/foo` `/bar`, → `/`
+//!   makes `/foo/baz` `/baz`; the query is kept) and `Host`.
+//!   `X-Forwarded-Host` still names the public host.
+//! - **`RequestHeaderModifier`** on the forwarded request and
+//!   **`ResponseHeaderModifier`** on the response to the client: `set`
+//!   replaces every value, `add` appends one, `remove` drops them all, names
+//!   case-insensitive. They run after the proxy's own header policy, in the
+//!   rule's order, so a rule may override `X-Forwarded-*` or the request id.
+//! - **Timeouts**: `backend_request` bounds each attempt's reads from the
+//!   backend; `request`, counted from the request's start, bounds what is
+//!   left of the exchange at each attempt (connect, reads and writes), so a
+//!   backend that has not answered when it elapses gives **504**. It is
+//!   enforced per read, not as one deadline: a backend trickling its head
+//!   byte by byte can outlast it, and a response whose head came in time
+//!   is streamed on under the same per-read bound.
+//!
+//! The fast path serves no Gateway rule (it hands their connections to
+//! Pingora), so filters, weights and timeouts apply to every request.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tuna_proxy::{GatewayRule, HttpBackend, UpstreamProtocol, WeightedTarget};
+//! use tuna_routing::action::{Filter, HeaderModifier, Timeouts};
+//!
+//! let canary = |addr: &str, weight| WeightedTarget {
+//!     addrs: vec![addr.parse().unwrap()],
+//!     protocol: UpstreamProtocol::Http1,
+//!     weight,
+//! };
+//! let backend = HttpBackend::gateway(GatewayRule {
+//!     backends: vec![canary("10.0.0.7:8080", 9), canary("10.0.0.8:8080", 1)],
+//!     filters: vec![Filter::RequestHeaderModifier(HeaderModifier {
+//!         set: vec![("x-canary".into(), "maybe".into())],
+//!         ..Default::default()
+//!     })],
+//!     timeouts: Timeouts { request: Some(Duration::from_secs(10)), backend_request: None },
+//! });
+//! assert!(backend.addrs.is_empty());
+//! ```
+//!
 //! # Pingora hooks used
 //!
 //! `request_filter` (limits for keep-alive requests, request id and span,
-//! route lookup, the 404 page), `upstream_peer` (round-robin over the
-//! backend pinned at lookup; retries move to the next address),
-//! `upstream_request_filter` (hop-by-hop, `X-Forwarded-*`, request id),
-//! `upstream_response_filter`/`response_filter` (hop-by-hop, request id),
+//! route lookup, the 404 page; for a Gateway rule its redirect, backend
+//! choice by weight and 500), `upstream_peer` (round-robin over the
+//! backend pinned at lookup; retries move to the next address; a rule's
+//! timeouts), `upstream_request_filter` (hop-by-hop, `X-Forwarded-*`,
+//! request id, a rule's rewrite and request header edits),
+//! `upstream_response_filter`/`response_filter` (hop-by-hop, request id,
+//! a rule's response header edits),
 //! `fail_to_connect`/`error_while_proxy` (retry policy, error counters),
 //! `fail_to_proxy` (502/504 pages), `logging` (metrics), and
 //! `suppress_error_log`. Request heads are read and checked by the fast
@@ -128,6 +201,7 @@ mod config;
 mod conn;
 pub mod connect;
 mod error;
+mod gateway;
 mod h1;
 mod http;
 mod metrics;
@@ -160,7 +234,9 @@ pub use connect::{
     UpstreamTarget,
 };
 pub use error::{Error, Result};
-pub use routes::{HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol};
+pub use routes::{
+    GatewayRule, HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol, WeightedTarget,
+};
 pub use tcp::{TcpLimits, TcpUpstream};
 pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use pingora::upstreams::peer::HttpPeer;
+use tuna_routing::action::{Filter, Timeouts};
 use tuna_routing::{BuildIssue, HostTable, RouteSpec, RouteTable};
 
 use crate::config::ProxyConfig;
@@ -27,10 +28,14 @@ pub type HttpRoute = RouteSpec<HttpBackend>;
 /// "which pod gets traffic" a decision of the control plane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpBackend {
-    /// Round-robin targets. Must not be empty.
+    /// Round-robin targets. Must not be empty, unless `gateway` is set.
     pub addrs: Vec<SocketAddr>,
     /// Protocol spoken to the upstream.
     pub protocol: UpstreamProtocol,
+    /// A Gateway API rule: when set, its weighted backends, filters and
+    /// timeouts decide what a request does, and `addrs`/`protocol` are not
+    /// used (see the crate docs, "Gateway API rules").
+    pub gateway: Option<Arc<GatewayRule>>,
 }
 
 impl HttpBackend {
@@ -39,8 +44,46 @@ impl HttpBackend {
         Self {
             addrs: addrs.into_iter().collect(),
             protocol: UpstreamProtocol::Http1,
+            gateway: None,
         }
     }
+
+    /// A Gateway API rule (`HTTPRoute`): every request chooses one of
+    /// `rule.backends` by weight.
+    pub fn gateway(rule: GatewayRule) -> Self {
+        Self {
+            addrs: Vec::new(),
+            protocol: UpstreamProtocol::Http1,
+            gateway: Some(Arc::new(rule)),
+        }
+    }
+}
+
+/// What a matched Gateway API rule does: where requests go, by weight, and
+/// the rule's filters and timeouts, as `tuna_routing::action` describes them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GatewayRule {
+    /// The rule's backends. A request picks one by smooth weighted
+    /// round-robin; with none of positive weight, requests are answered 500.
+    pub backends: Vec<WeightedTarget>,
+    /// Applied in order.
+    pub filters: Vec<Filter>,
+    /// `request` bounds the exchange until the response head (504 after
+    /// it), `backend_request` each attempt at a backend.
+    pub timeouts: Timeouts,
+}
+
+/// One backend of a [`GatewayRule`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightedTarget {
+    /// Round-robin addresses. Empty: the requests its weight draws are
+    /// answered 500, as the Gateway API asks for a backend that does not
+    /// resolve.
+    pub addrs: Vec<SocketAddr>,
+    /// Protocol spoken to it.
+    pub protocol: UpstreamProtocol,
+    /// Its share of the rule's requests; 0 never gets any.
+    pub weight: u32,
 }
 
 /// Protocol spoken to an upstream.
@@ -79,6 +122,97 @@ pub(crate) struct CompiledBackend {
     http1: bool,
     next: AtomicUsize,
     pub(crate) stats: Arc<HostStats>,
+    /// A Gateway API rule's targets (its own `peers` are then empty).
+    pub(crate) gateway: Option<CompiledGateway>,
+}
+
+/// A [`GatewayRule`] prepared for the request path.
+#[derive(Debug)]
+pub(crate) struct CompiledGateway {
+    pub(crate) rule: Arc<GatewayRule>,
+    /// One per backend of the rule; `None` for one without addresses.
+    targets: Vec<Option<Arc<CompiledBackend>>>,
+    /// The smooth weighted round-robin order of target indexes, one cycle:
+    /// computed once, so a pick is one atomic increment, no lock.
+    schedule: Box<[u32]>,
+    next: AtomicUsize,
+}
+
+/// The longest [`CompiledGateway::schedule`]: weights whose sum (divided
+/// by their greatest common divisor) exceeds it are scaled down to it,
+/// which keeps every share within 1/1024 of the request count.
+const MAX_SCHEDULE: u64 = 1024;
+
+impl CompiledGateway {
+    fn new(rule: &Arc<GatewayRule>, stats: &Arc<HostStats>, config: &ProxyConfig) -> Self {
+        let targets = rule
+            .backends
+            .iter()
+            .map(|t| {
+                (!t.addrs.is_empty()).then(|| {
+                    let backend = HttpBackend {
+                        addrs: t.addrs.clone(),
+                        protocol: t.protocol.clone(),
+                        gateway: None,
+                    };
+                    Arc::new(CompiledBackend::new(&backend, stats.clone(), config))
+                })
+            })
+            .collect();
+        let weights: Vec<u32> = rule.backends.iter().map(|t| t.weight).collect();
+        Self {
+            rule: rule.clone(),
+            targets,
+            schedule: smooth_schedule(&weights),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The target of the next request: `None` when the rule has no backend
+    /// of positive weight, or the one drawn has no addresses (→ 500).
+    pub(crate) fn pick(&self) -> Option<&Arc<CompiledBackend>> {
+        if self.schedule.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Relaxed) % self.schedule.len();
+        self.targets[self.schedule[i] as usize].as_ref()
+    }
+}
+
+/// One cycle of smooth weighted round-robin (nginx's): each step adds every
+/// weight to its running total and picks the largest, which then gives up
+/// the sum. Weights 1:3 give `B B A B` — each target spread over the cycle
+/// rather than in a block. Weight 0 never appears.
+fn smooth_schedule(weights: &[u32]) -> Box<[u32]> {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    let divisor = weights.iter().fold(0u64, |g, &w| gcd(g, u64::from(w)));
+    if divisor == 0 {
+        return Box::new([]);
+    }
+    let mut reduced: Vec<u64> = weights.iter().map(|&w| u64::from(w) / divisor).collect();
+    let sum: u64 = reduced.iter().sum();
+    if sum > MAX_SCHEDULE {
+        for w in reduced.iter_mut().filter(|w| **w > 0) {
+            *w = (*w * MAX_SCHEDULE / sum).max(1);
+        }
+    }
+    let total: u64 = reduced.iter().sum();
+    let mut current = vec![0i64; reduced.len()];
+    let mut schedule = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        let mut best = 0;
+        for (i, w) in reduced.iter().enumerate() {
+            current[i] += *w as i64;
+            if current[i] > current[best] {
+                best = i;
+            }
+        }
+        current[best] -= total as i64;
+        schedule.push(best as u32);
+    }
+    schedule.into_boxed_slice()
 }
 
 impl CompiledBackend {
@@ -116,12 +250,19 @@ impl CompiledBackend {
                 peer
             })
             .collect();
+        let gateway = backend
+            .gateway
+            .as_ref()
+            .map(|rule| CompiledGateway::new(rule, &stats, config));
         Self {
             peers,
             addrs: backend.addrs.clone(),
-            http1: backend.protocol == UpstreamProtocol::Http1,
+            // The fast path applies no filters, weights or timeouts: a
+            // Gateway rule is Pingora's.
+            http1: backend.protocol == UpstreamProtocol::Http1 && gateway.is_none(),
             next: AtomicUsize::new(0),
             stats,
+            gateway,
         }
     }
 
@@ -142,6 +283,7 @@ impl CompiledBackend {
                 verify: true,
                 h2: false,
             }),
+            gateway: None,
         };
         let mut compiled = Self::new(&backend, stats, config);
         for peer in &mut compiled.peers {
@@ -210,7 +352,7 @@ impl Registry {
     ) -> Result<Vec<BuildIssue>> {
         let key = canonical_host(host)?;
         for r in &routes {
-            if r.backend.addrs.is_empty() {
+            if r.backend.addrs.is_empty() && r.backend.gateway.is_none() {
                 return Err(Error::NoAddresses {
                     what: format!("{key}{} ({})", r.path, r.origin),
                 });
@@ -291,4 +433,35 @@ fn specs_of(
             matcher: r.matcher.clone(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::smooth_schedule;
+
+    #[test]
+    fn smooth_schedule_spreads_each_share_over_one_cycle() {
+        let cases: &[(&[u32], &[u32])] = &[
+            (&[1, 3], &[1, 0, 1, 1]),
+            (&[2, 6], &[1, 0, 1, 1]),
+            (&[1, 1, 1], &[0, 1, 2]),
+            (&[5, 1, 1], &[0, 0, 1, 0, 2, 0, 0]),
+            (&[0, 2], &[1]),
+            (&[3, 0, 0], &[0]),
+            (&[0, 0], &[]),
+            (&[], &[]),
+        ];
+        for (weights, want) in cases {
+            assert_eq!(&*smooth_schedule(weights), *want, "{weights:?}");
+        }
+    }
+
+    #[test]
+    fn large_weights_are_scaled_to_a_bounded_cycle() {
+        let s = smooth_schedule(&[1_000_000, 999_999, 1]);
+        assert!(s.len() as u64 <= super::MAX_SCHEDULE + 3, "{}", s.len());
+        let count = |i| s.iter().filter(|&&t| t == i).count();
+        assert!(count(2) >= 1, "a positive weight keeps a share");
+        assert!(count(0).abs_diff(count(1)) <= 1);
+    }
 }

@@ -34,7 +34,7 @@ use tuna_crds::{Domain, Tunnel};
 
 use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
 use crate::Error;
-use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::edge::publisher::{RouteBackend, Serving, TunnelKey, TunnelSpec, TunnelState};
 use crate::plan::ingress::{
     SkipReason, TranslateOptions, next_claims, recorded_claims, rule_hosts, service_names,
 };
@@ -171,8 +171,8 @@ async fn apply_hosts(
                     .iter()
                     // Unresolved backends were refused by the plan already.
                     .filter_map(|r| {
-                        let upstream = r.backend.upstream.clone()?;
-                        Some(r.clone().map_backend(|_| upstream))
+                        let backend = RouteBackend::of(&r.backend)?;
+                        Some(r.clone().map_backend(|_| backend))
                     })
                     .collect();
                 let mut token_labels = state.token_labels("Ingress", &h.namespace, host);

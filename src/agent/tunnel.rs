@@ -469,7 +469,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
                 host: host.clone(),
                 path: "/".into(),
                 path_type: tuna_routing::PathType::Prefix,
-                backend: desired.upstream.clone(),
+                backend: desired.upstream.clone().into(),
                 origin: tuna_routing::Origin {
                     namespace: desired.namespace.clone(),
                     name: desired.name.clone(),

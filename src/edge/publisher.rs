@@ -24,13 +24,15 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tuna_proxy::{
-    HttpBackend, HttpRoute, ProxyCore, TcpLimits, TcpUpstream, TlsUpstream, UpstreamProtocol,
+    GatewayRule, HttpBackend, HttpRoute, ProxyCore, TcpLimits, TcpUpstream, TlsUpstream,
+    UpstreamProtocol, WeightedTarget,
 };
 use tuna_routing::RouteSpec;
 use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle};
 use tuna_tunnel::wire::{Binding, BoundTarget, TunnelToken};
 
 use crate::edge::api::{EdgeApi, ErrorClass, MintedToken, gone_is_ok};
+use crate::plan::gateway::GatewayAction;
 use crate::plan::service::{ResolvedUpstream, UpstreamScheme};
 
 /// Default lifetime asked for each tunnel token; renewed at a third of it.
@@ -80,7 +82,7 @@ pub enum Serving {
         /// The host.
         host: String,
         /// Its routes.
-        routes: Vec<RouteSpec<ResolvedUpstream>>,
+        routes: Vec<RouteSpec<RouteBackend>>,
     },
     /// TCP: the endpoint as declared (alias or port text) and where bytes go.
     Tcp {
@@ -89,6 +91,59 @@ pub enum Serving {
         /// The upstream.
         upstream: ResolvedUpstream,
     },
+}
+
+/// Where a published HTTP route sends requests: one resolved upstream (an
+/// Ingress path, a Tunnel), or a Gateway API rule (weighted backends,
+/// filters, timeouts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteBackend {
+    /// One upstream.
+    Upstream(ResolvedUpstream),
+    /// An `HTTPRoute` rule.
+    Gateway(Arc<GatewayAction>),
+}
+
+impl RouteBackend {
+    /// What a planned route publishes: its Gateway rule, else its upstream;
+    /// `None` for a backend the plan left unresolved.
+    pub fn of(backend: &crate::plan::Backend) -> Option<Self> {
+        match (&backend.gateway, &backend.upstream) {
+            (Some(action), _) => Some(Self::Gateway(Arc::clone(action))),
+            (None, Some(upstream)) => Some(Self::Upstream(upstream.clone())),
+            (None, None) => None,
+        }
+    }
+}
+
+impl From<ResolvedUpstream> for RouteBackend {
+    fn from(upstream: ResolvedUpstream) -> Self {
+        Self::Upstream(upstream)
+    }
+}
+
+impl fmt::Display for RouteBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Upstream(u) => write!(f, "{u}"),
+            Self::Gateway(action) if action.backends.is_empty() => {
+                f.write_str("no valid backend (500)")
+            }
+            Self::Gateway(action) => {
+                for (i, b) in action.backends.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "Service {}/{}", b.namespace, b.service)?;
+                    if let Some(port) = b.port {
+                        write!(f, ":{port}")?;
+                    }
+                    write!(f, " (weight {})", b.weight)?;
+                }
+                Ok(())
+            }
+        }
+    }
 }
 
 impl Serving {
@@ -549,28 +604,83 @@ async fn addresses(upstream: &ResolvedUpstream) -> Result<Vec<SocketAddr>, Strin
     Ok(addrs)
 }
 
-async fn http_route(spec: &RouteSpec<ResolvedUpstream>) -> Result<HttpRoute, String> {
-    let addrs = addresses(&spec.backend).await?;
-    let protocol = match spec.backend.scheme {
+fn protocol_of(upstream: &ResolvedUpstream) -> UpstreamProtocol {
+    match upstream.scheme {
         UpstreamScheme::Https => UpstreamProtocol::Tls(TlsUpstream {
-            sni: spec.backend.host.clone(),
+            sni: upstream.host.clone(),
             // A Service stands for workloads that often use self-signed
             // certificates; a literal external host is verified.
-            verify: spec.backend.service.is_none() && spec.backend.host.parse::<IpAddr>().is_err(),
+            verify: upstream.service.is_none() && upstream.host.parse::<IpAddr>().is_err(),
             h2: false,
         }),
-        _ if spec.backend.is_h2c() => UpstreamProtocol::H2c,
+        _ if upstream.is_h2c() => UpstreamProtocol::H2c,
         _ => UpstreamProtocol::Http1,
+    }
+}
+
+/// A Gateway rule for the proxy: each weighted backend resolved to its
+/// addresses. One that does not resolve keeps its weight with no address,
+/// so that its share of requests is answered 500 (as the Gateway API asks
+/// for a backend that cannot be reached) rather than moved to the others;
+/// why is returned as a warning.
+async fn gateway_rule(action: &GatewayAction) -> (GatewayRule, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut backends = Vec::with_capacity(action.backends.len());
+    for b in &action.backends {
+        let (addrs, protocol) = match &b.upstream {
+            Some(upstream) => match addresses(upstream).await {
+                Ok(addrs) => (addrs, protocol_of(upstream)),
+                Err(message) => {
+                    warnings.push(format!(
+                        "backend Service {}/{}: {message}",
+                        b.namespace, b.service
+                    ));
+                    (Vec::new(), protocol_of(upstream))
+                }
+            },
+            None => (Vec::new(), UpstreamProtocol::Http1),
+        };
+        backends.push(WeightedTarget {
+            addrs,
+            protocol,
+            weight: b.weight,
+        });
+    }
+    let rule = GatewayRule {
+        backends,
+        filters: action.filters.clone(),
+        timeouts: action.timeouts,
     };
-    Ok(HttpRoute {
+    (rule, warnings)
+}
+
+/// A route for the proxy, with warnings about what of it could not be
+/// resolved; `Err` when nothing of it could.
+async fn http_route(spec: &RouteSpec<RouteBackend>) -> Result<(HttpRoute, Vec<String>), String> {
+    let (backend, warnings) = match &spec.backend {
+        RouteBackend::Upstream(upstream) => {
+            let backend = HttpBackend {
+                addrs: addresses(upstream).await?,
+                protocol: protocol_of(upstream),
+                gateway: None,
+            };
+            (backend, Vec::new())
+        }
+        RouteBackend::Gateway(action) => {
+            let (rule, warnings) = gateway_rule(action).await;
+            (HttpBackend::gateway(rule), warnings)
+        }
+    };
+    let route = HttpRoute {
         host: spec.host.clone(),
         path: spec.path.clone(),
         path_type: spec.path_type,
-        backend: HttpBackend { addrs, protocol },
+        backend,
         origin: spec.origin.clone(),
         tie_break: spec.tie_break.clone(),
         matcher: spec.matcher.clone(),
-    })
+    };
+    Ok((route, warnings))
 }
 
 /// Installs what `serving` forwards to; returns warnings (routes left out).
@@ -580,13 +690,17 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
             let mut warnings = Vec::new();
             let mut proxy_routes = Vec::with_capacity(routes.len());
             for spec in routes {
-                match http_route(spec).await {
-                    Ok(r) => proxy_routes.push(r),
-                    Err(message) => warnings.push(format!(
+                let (route, messages) = match http_route(spec).await {
+                    Ok((r, messages)) => (Some(r), messages),
+                    Err(message) => (None, vec![message]),
+                };
+                proxy_routes.extend(route);
+                warnings.extend(messages.into_iter().map(|message| {
+                    format!(
                         "route {host}{} of {}/{}: {message}",
                         spec.path, spec.origin.namespace, spec.origin.name
-                    )),
-                }
+                    )
+                }));
             }
             if proxy_routes.is_empty() {
                 let _ = proxy.remove_host(host);
@@ -989,6 +1103,137 @@ mod tests {
     use futures::future::BoxFuture;
     use tuna_proxy::ProxyConfig;
     use tuna_tunnel::agent::Trust;
+
+    fn service_upstream(ip: &str, port: u16, endpoints: &[&str]) -> ResolvedUpstream {
+        ResolvedUpstream {
+            scheme: UpstreamScheme::Http,
+            host: ip.into(),
+            port,
+            app_protocol: None,
+            service: Some("shop/web".into()),
+            endpoints: endpoints.iter().map(|e| e.parse().unwrap()).collect(),
+        }
+    }
+
+    fn weighted(
+        service: &str,
+        weight: u32,
+        upstream: Option<ResolvedUpstream>,
+    ) -> crate::plan::gateway::WeightedBackend {
+        crate::plan::gateway::WeightedBackend {
+            namespace: "shop".into(),
+            service: service.into(),
+            port: Some(80),
+            weight,
+            upstream,
+        }
+    }
+
+    fn spec(backend: RouteBackend) -> RouteSpec<RouteBackend> {
+        RouteSpec {
+            host: "shop.example".into(),
+            path: "/".into(),
+            path_type: tuna_routing::PathType::Prefix,
+            backend,
+            origin: tuna_routing::Origin::default(),
+            tie_break: tuna_routing::TieBreak::default(),
+            matcher: tuna_routing::Matcher::Ingress,
+        }
+    }
+
+    /// A Gateway rule reaches the proxy with each weighted backend resolved
+    /// as an Ingress backend would be (cluster IP, or headless endpoints),
+    /// its filters and timeouts unchanged; a backend without an upstream
+    /// keeps its weight with no address (its share is answered 500).
+    #[tokio::test]
+    async fn a_gateway_rule_resolves_each_weighted_backend() {
+        let filters = vec![tuna_routing::action::Filter::RequestHeaderModifier(
+            tuna_routing::action::HeaderModifier {
+                set: vec![("x-a".into(), "1".into())],
+                ..Default::default()
+            },
+        )];
+        let timeouts = tuna_routing::action::Timeouts {
+            request: Some(Duration::from_secs(3)),
+            backend_request: None,
+        };
+        let action = GatewayAction {
+            backends: vec![
+                weighted("web", 1, Some(service_upstream("10.0.0.1", 80, &[]))),
+                weighted(
+                    "api",
+                    3,
+                    Some(service_upstream("api", 8080, &["10.1.0.1", "10.1.0.2"])),
+                ),
+                weighted("unchecked", 2, None),
+            ],
+            invalid: Vec::new(),
+            filters: filters.clone(),
+            timeouts,
+        };
+        let (route, warnings) = http_route(&spec(RouteBackend::Gateway(Arc::new(action))))
+            .await
+            .unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert!(route.backend.addrs.is_empty());
+        let rule = route.backend.gateway.expect("a Gateway rule");
+        let addrs =
+            |s: &[&str]| -> Vec<SocketAddr> { s.iter().map(|a| a.parse().unwrap()).collect() };
+        assert_eq!(
+            rule.backends,
+            vec![
+                WeightedTarget {
+                    addrs: addrs(&["10.0.0.1:80"]),
+                    protocol: UpstreamProtocol::Http1,
+                    weight: 1,
+                },
+                WeightedTarget {
+                    addrs: addrs(&["10.1.0.1:8080", "10.1.0.2:8080"]),
+                    protocol: UpstreamProtocol::Http1,
+                    weight: 3,
+                },
+                WeightedTarget {
+                    addrs: Vec::new(),
+                    protocol: UpstreamProtocol::Http1,
+                    weight: 2,
+                },
+            ]
+        );
+        assert_eq!(rule.filters, filters);
+        assert_eq!(rule.timeouts, timeouts);
+    }
+
+    /// A plan backend publishes its Gateway rule when it has one, else its
+    /// upstream; neither: nothing.
+    #[test]
+    fn route_backend_of_a_planned_backend() {
+        let upstream = service_upstream("10.0.0.1", 80, &[]);
+        let plain = crate::plan::Backend {
+            service: None,
+            url: None,
+            upstream: Some(upstream.clone()),
+            gateway: None,
+        };
+        assert_eq!(
+            RouteBackend::of(&plain),
+            Some(RouteBackend::Upstream(upstream))
+        );
+        let action = Arc::new(GatewayAction::default());
+        let gateway = crate::plan::Backend {
+            upstream: None,
+            gateway: Some(Arc::clone(&action)),
+            ..plain.clone()
+        };
+        assert_eq!(
+            RouteBackend::of(&gateway),
+            Some(RouteBackend::Gateway(action))
+        );
+        let unresolved = crate::plan::Backend {
+            upstream: None,
+            ..plain
+        };
+        assert_eq!(RouteBackend::of(&unresolved), None);
+    }
 
     /// A reconcile that publishes while the agent stops (its cleanup of a
     /// deleted Ingress, say) starts no tunnel: the token it would mint after

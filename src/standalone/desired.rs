@@ -31,6 +31,7 @@ use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_routing::RouteSpec;
 
+use crate::edge::publisher::RouteBackend;
 use crate::manifest::{Loaded, LoadedObject, Source};
 use crate::plan::domain::DesiredDomain;
 use crate::plan::ingress::{self, TranslateOptions};
@@ -82,7 +83,7 @@ impl fmt::Display for PublishedBy {
 }
 
 /// One HTTP route of a published host.
-pub type HttpRouteSpec = RouteSpec<ResolvedUpstream>;
+pub type HttpRouteSpec = RouteSpec<RouteBackend>;
 
 /// A published HTTP host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -324,10 +325,10 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
         let routes = h
             .routes
             .into_iter()
-            // Gateway API rules carry their backends in `gateway` (wired to the proxy separately).
-            .filter_map(|r| {
-                let upstream = r.backend.upstream.clone()?;
-                Some(r.map_backend(|_| upstream))
+            .map(|r| {
+                let backend =
+                    RouteBackend::of(&r.backend).expect("standalone plans resolve every backend");
+                r.map_backend(|_| backend)
             })
             .collect();
         let publishers = match h.source {

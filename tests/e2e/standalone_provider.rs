@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use tuna_operator::edge::publisher::RouteBackend;
 use tuna_operator::manifest::{load_paths, load_str};
 use tuna_operator::plan::tunnel::PortOrAlias;
 use tuna_operator::standalone::{
@@ -27,7 +28,10 @@ fn published(state: &tuna_operator::standalone::DesiredState) -> Vec<(String, St
         for r in &p.routes {
             out.push((
                 format!("{host}{} {}", r.path, r.path_type),
-                r.backend.authority(),
+                match &r.backend {
+                    RouteBackend::Upstream(u) => u.authority(),
+                    gateway => gateway.to_string(),
+                },
             ));
         }
     }

@@ -11,7 +11,8 @@
 //! and two writes and no allocation. What the codec refuses is answered
 //! here (400/431, 421 for a host the tunnel stream does not serve); what
 //! the fast path does not serve — h2c, WebSocket, chunked uploads,
-//! HTTP/1.0, absolute-form targets, h2c/TLS backends — hands the
+//! HTTP/1.0, absolute-form targets, h2c/TLS backends, Gateway API rules
+//! (their filters, weights and timeouts are Pingora's hooks') — hands the
 //! connection, with the bytes already read, to Pingora (`conn.rs`), which
 //! serves it to the end. Why: Pingora's per-request HTTP/1 path cost 2.7×
 //! nginx's CPU per request in `benches/proxy.sh`, almost all of it outside
@@ -38,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tuna_http1::{BodyTracker, Framing};
 
 use crate::Scheme;
+use crate::http::{RequestView, route_lookup};
 use crate::metrics::UpstreamErrorCause;
 use crate::pages::{error_page, reason};
 use crate::routes::CompiledBackend;
@@ -108,6 +110,19 @@ enum Head {
     Reject(u16),
 }
 
+/// A request head of the fast path, as a route lookup reads it.
+struct FastRequest<'a, 'b, 'h>(&'a tuna_http1::Request<'b, 'h>);
+
+impl RequestView for FastRequest<'_, '_, '_> {
+    fn method(&self) -> &str {
+        self.0.method
+    }
+    fn header(&self, name_lower: &str) -> Option<&str> {
+        let h = self.0.headers.iter().find(|h| eq(h.name, name_lower))?;
+        std::str::from_utf8(h.value).ok()
+    }
+}
+
 fn is_valid_request_id(v: &[u8]) -> bool {
     !v.is_empty() && v.len() <= 128 && v.iter().all(u8::is_ascii_graphic)
 }
@@ -161,7 +176,8 @@ fn analyze(buf: &[u8], c: &ConnCtx<'_>, out: &mut Vec<u8>) -> Head {
     let method = req.method;
 
     let snapshot = c.shared.snapshot.load();
-    let (route, not_found) = match snapshot.table.lookup(host.name, target) {
+    let view = FastRequest(&req);
+    let (route, not_found) = match route_lookup(&snapshot.table, host.name, target, &view) {
         Some(m) if !m.backend.is_http1() => return Head::HandOff,
         Some(m) => {
             let backend = m.backend.clone();

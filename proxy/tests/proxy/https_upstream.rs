@@ -70,6 +70,7 @@ async fn https_upstream_with_and_without_verification() {
                 verify,
                 h2,
             }),
+            gateway: None,
         };
         r
     };

@@ -127,6 +127,7 @@ async fn grpc_round_trip_over_h2c_upstream() {
     r.backend = HttpBackend {
         addrs: vec![grpc],
         protocol: UpstreamProtocol::H2c,
+        gateway: None,
     };
     core.set_host_routes("grpc.example.com", vec![r]).unwrap();
 
