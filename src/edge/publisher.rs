@@ -646,6 +646,15 @@ async fn gateway_rule(action: &GatewayAction) -> (GatewayRule, Vec<String>) {
             weight: b.weight,
         });
     }
+    // The share of a backendRef that does not resolve answers 500 (the
+    // specification): a target without addresses.
+    for b in action.invalid.iter().filter(|b| b.weight > 0) {
+        backends.push(WeightedTarget {
+            addrs: Vec::new(),
+            protocol: UpstreamProtocol::Http1,
+            weight: b.weight,
+        });
+    }
     let rule = GatewayRule {
         backends,
         filters: action.filters.clone(),
@@ -1167,7 +1176,16 @@ mod tests {
                 ),
                 weighted("unchecked", 2, None),
             ],
-            invalid: Vec::new(),
+            // A refused backendRef keeps its share, answered with 500.
+            invalid: vec![crate::plan::gateway::InvalidBackend {
+                namespace: "other".into(),
+                name: "secret".into(),
+                kind: "Service".into(),
+                port: Some(80),
+                weight: 4,
+                reason: "RefNotPermitted".into(),
+                message: "no ReferenceGrant".into(),
+            }],
             filters: filters.clone(),
             timeouts,
         };
@@ -1196,6 +1214,11 @@ mod tests {
                     addrs: Vec::new(),
                     protocol: UpstreamProtocol::Http1,
                     weight: 2,
+                },
+                WeightedTarget {
+                    addrs: Vec::new(),
+                    protocol: UpstreamProtocol::Http1,
+                    weight: 4,
                 },
             ]
         );

@@ -450,6 +450,8 @@ pub struct InvalidBackend {
     pub kind: String,
     /// The port as given.
     pub port: Option<i32>,
+    /// Its weight (1 when omitted): its share of requests answers 500.
+    pub weight: u32,
     /// `InvalidKind`, `RefNotPermitted`, `BackendNotFound`, or a Service
     /// problem (no such port, …).
     pub reason: String,

@@ -441,15 +441,16 @@ fn action_of(
             "" => b.kind.clone().unwrap_or_else(|| "Service".into()),
             g => format!("{g}/{}", b.kind.as_deref().unwrap_or("Service")),
         };
+        let weight = b.weight.unwrap_or(1).max(0) as u32;
         let invalid = |reason: &str, message: String| InvalidBackend {
             namespace: namespace.clone(),
             name: b.name.clone(),
             kind: kind.clone(),
             port: b.port,
+            weight,
             reason: reason.into(),
             message,
         };
-        let weight = b.weight.unwrap_or(1).max(0) as u32;
         let exists = |ns: &str, name: &str| {
             backends_mode == Backends::Unchecked || services.service(ns, name).is_some()
         };

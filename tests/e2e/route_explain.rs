@@ -493,3 +493,209 @@ spec: {subdomain: web, upstream: {url: "http://web:80"}}
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("served by Tunnel shop/web"), "{text}");
 }
+
+fn gateway_examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gateway")
+}
+
+/// `route explain` on Gateway API manifests, with the pinned interface:
+/// `-f DIR URL [--method M] [--header 'N: v']… [--account-domain H]… --output json`.
+fn gateway_explain(dir: &Path, url: &str, extra: &[&str], accounts: &[&str]) -> Value {
+    let mut args: Vec<String> = vec!["-f".into(), dir.display().to_string()];
+    for a in accounts {
+        args.extend(["--account-domain".into(), (*a).into()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--output".into(), "json".into(), url.into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&args);
+    assert!(
+        out.status.success(),
+        "{url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{url}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+const EXAMPLE_HOSTS: &[&str] = &["shop.example.com", "old.example.com", "blog.example.com"];
+
+fn backends(json: &Value) -> Vec<(String, String, i64)> {
+    json["backends"]
+        .as_array()
+        .unwrap_or_else(|| panic!("backends in {json}"))
+        .iter()
+        .map(|b| {
+            (
+                b["namespace"].as_str().unwrap().to_owned(),
+                b["service"].as_str().unwrap().to_owned(),
+                b["weight"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn route_of(json: &Value) -> (String, String, i64) {
+    let r = &json["route"];
+    (
+        r["kind"].as_str().unwrap_or("").to_owned(),
+        r["name"].as_str().unwrap_or("").to_owned(),
+        r["rule"].as_i64().unwrap_or(-1),
+    )
+}
+
+/// Every row of `examples/gateway/README.md`.
+#[test]
+fn answers_the_gateway_examples() {
+    let dir = gateway_examples();
+    let ask = |url: &str, extra: &[&str]| gateway_explain(&dir, url, extra, EXAMPLE_HOSTS);
+    let shop = |ns: &str, s: &str, w: i64| (ns.to_owned(), s.to_owned(), w);
+
+    let root = ask("https://shop.example.com/", &[]);
+    assert_eq!(root["matched"], true);
+    assert!(root.get("status").is_none(), "{root}");
+    assert_eq!(route_of(&root), ("HTTPRoute".into(), "store".into(), 0));
+    assert_eq!(
+        backends(&root),
+        [shop("shop", "web", 3), shop("shop", "web-canary", 1)]
+    );
+
+    let api = ask("https://shop.example.com/api/orders", &[]);
+    assert_eq!(route_of(&api), ("HTTPRoute".into(), "store".into(), 1));
+    assert_eq!(backends(&api), [shop("shop", "api", 1)]);
+    assert_eq!(api["backends"][0]["port"], 8080);
+
+    let v2 = ask(
+        "https://shop.example.com/api/orders",
+        &["--header", "x-api-version: 2"],
+    );
+    assert_eq!(route_of(&v2), ("HTTPRoute".into(), "store".into(), 2));
+    let v3 = ask(
+        "https://shop.example.com/api/orders",
+        &["--header", "X-Api-Version: 3"],
+    );
+    assert_eq!(route_of(&v3), ("HTTPRoute".into(), "store".into(), 1));
+
+    let login = ask("https://shop.example.com/login", &["--method", "POST"]);
+    assert_eq!(route_of(&login), ("HTTPRoute".into(), "store".into(), 3));
+    let get_login = ask("https://shop.example.com/login", &[]);
+    assert_eq!(
+        route_of(&get_login),
+        ("HTTPRoute".into(), "store".into(), 0)
+    );
+    let lost: Vec<&Value> = get_login["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["rule"] == 3)
+        .collect();
+    assert_eq!(lost[0]["outcome"], "MethodDoesNotMatch", "{get_login}");
+
+    let status = ask("https://shop.example.com/status", &[]);
+    assert_eq!(route_of(&status), ("HTTPRoute".into(), "status".into(), 0));
+    assert_eq!(backends(&status), [shop("infra", "status", 1)]);
+
+    let old = ask("https://old.example.com/x", &[]);
+    assert_eq!(route_of(&old), ("HTTPRoute".into(), "old-site".into(), 0));
+    assert!(old.get("status").is_none(), "a redirect is answered: {old}");
+
+    let blog = ask("https://blog.example.com/", &[]);
+    assert_eq!(blog["matched"], true);
+    assert_eq!(blog["status"], 500);
+    assert_eq!(backends(&blog), []);
+    assert_eq!(blog["invalidBackends"][0]["reason"], "RefNotPermitted");
+    assert_eq!(blog["invalidBackends"][0]["service"], "status");
+
+    let other = ask("https://other.example.com/", &[]);
+    assert_eq!(other["matched"], false);
+    assert_eq!(other["status"], 404);
+    assert!(other.get("route").is_none());
+}
+
+/// A temporary directory of manifests, one file.
+fn manifests(yaml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("nested")).unwrap();
+    std::fs::write(dir.path().join("nested/all.yaml"), yaml).unwrap();
+    dir
+}
+
+const CLASS_AND_GATEWAY: &str = "
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: tuna}
+spec: {controllerName: k8s.tuna.am/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: default}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: any, protocol: HTTP, port: 80}
+  - {name: wild, protocol: HTTP, port: 81, hostname: '*.example.com'}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: default}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: b, namespace: default}
+spec: {ports: [{port: 80}]}
+";
+
+/// Across routes the specification's order decides: the more specific
+/// hostname first, then the older route; a host that is an IP address
+/// reaches only routes without a hostname; a wildcard serves only reserved
+/// hosts; a missing Service is `BackendNotFound` (500).
+#[test]
+fn gateway_precedence_hosts_and_missing_backends() {
+    let dir = manifests(&format!(
+        "{CLASS_AND_GATEWAY}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: wild, namespace: default, creationTimestamp: '2026-01-01T00:00:00Z'}}
+spec:
+  parentRefs: [{{name: gw, sectionName: wild}}]
+  rules: [{{backendRefs: [{{name: a, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: exact, namespace: default, creationTimestamp: '2026-02-01T00:00:00Z'}}
+spec:
+  parentRefs: [{{name: gw, sectionName: wild}}]
+  hostnames: [x.example.com]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /only}}}}]
+    backendRefs: [{{name: b, port: 80}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: catch-all, namespace: default, creationTimestamp: '2026-03-01T00:00:00Z'}}
+spec:
+  parentRefs: [{{name: gw, sectionName: any}}]
+  rules: [{{backendRefs: [{{name: gone, port: 80}}]}}]
+"
+    ));
+    let ask = |url: &str, accounts: &[&str]| gateway_explain(dir.path(), url, &[], accounts);
+    let hosts = &["x.example.com", "y.a.example.com"];
+    // The exact hostname wins on its paths, even though the wildcard route is older…
+    let only = ask("http://x.example.com:8080/only/1", hosts);
+    assert_eq!(route_of(&only).1, "exact", "{only}");
+    // …and elsewhere the wildcard's rule (more hostname characters than the catch-all) serves.
+    let elsewhere = ask("http://x.example.com/other", hosts);
+    assert_eq!(route_of(&elsewhere).1, "wild", "{elsewhere}");
+    // A wildcard spans several labels.
+    assert_eq!(route_of(&ask("http://y.a.example.com/", hosts)).1, "wild");
+    // Not reserved: nothing serves it.
+    let unreserved = ask("http://z.example.com/", hosts);
+    assert_eq!(unreserved["status"], 404, "{unreserved}");
+    // By IP address: only the hostname-less listener and route; its Service is missing.
+    let ip = ask("http://192.0.2.7:8080/x", hosts);
+    assert_eq!(route_of(&ip).1, "catch-all", "{ip}");
+    assert_eq!(ip["status"], 500);
+    assert_eq!(ip["invalidBackends"][0]["reason"], "BackendNotFound");
+}
