@@ -126,13 +126,16 @@
 
 pub mod action;
 mod explain;
+mod gateway;
 mod normalize;
+mod request;
 mod table;
 
 pub use explain::{Candidate, Explanation, HostSelection, Outcome};
 pub use normalize::{
     InvalidHost, InvalidPath, MAX_HOST_LEN, MAX_PATH_LEN, normalize_host, normalize_path,
 };
+pub use request::{RequestView, SimpleRequest};
 pub use table::{HostTable, RouteTable};
 
 use std::fmt;
