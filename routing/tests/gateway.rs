@@ -913,3 +913,89 @@ mod conformance {
         }
     }
 }
+
+/// `explain_request` on a Gateway host: every candidate with its outcome,
+/// the winner from the compiled table.
+#[test]
+fn explain_request_names_every_outcome() {
+    let (table, issues) = RouteTable::build(vec![
+        r("catch-all").at(0, 0).done(),
+        r("post").method("POST").at(1, 0).done(),
+        r("canary").header("X-Env", "canary").at(2, 0).done(),
+        r("debug").query("debug", "1").at(3, 0).done(),
+        r("docs").prefix("/docs").at(4, 0).done(),
+        r("both")
+            .header("x-env", "canary")
+            .query("v", "2")
+            .at(5, 0)
+            .done(),
+        r("again").method("POST").at(6, 0).done(),
+        r("bad").prefix("/a/./b").at(7, 0).done(),
+        r("wildcard").host("*.example.com").at(8, 0).done(),
+    ])
+    .unwrap();
+    assert_eq!(issues.len(), 2);
+    let request = get().with_header("x-env", "canary");
+    let why = table.explain_request(HOST, "/api?v=1", &request);
+    let outcomes: Vec<(&str, String)> = why
+        .candidates
+        .iter()
+        .map(|c| (c.spec.backend, c.outcome.to_string()))
+        .collect();
+    let winner = "ns/route rule 2 path 0";
+    assert_eq!(
+        outcomes,
+        [
+            ("catch-all", format!("matches, but {winner} comes first in Gateway API precedence (hostname, path, method, headers, query, age, rule order)")),
+            ("post", "method does not match".into()),
+            ("canary", "selected".into()),
+            ("debug", "query parameter \"debug\" does not match".into()),
+            ("docs", "path does not match".into()),
+            ("both", "query parameter \"v\" does not match".into()),
+            ("again", "method does not match".into()),
+            ("bad", "not routed: path must not contain '.' or '..' segments (requests are matched with dot segments resolved)".into()),
+            ("wildcard", "wildcard not consulted: a.example.com has its own routes".into()),
+        ]
+    );
+    let names: Vec<&str> = why.candidates.iter().map(|c| c.outcome.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "LowerPrecedence",
+            "MethodDoesNotMatch",
+            "Selected",
+            "QueryDoesNotMatch",
+            "PathDoesNotMatch",
+            "QueryDoesNotMatch",
+            "MethodDoesNotMatch",
+            "PathDotSegment",
+            "HostShadowed",
+        ]
+    );
+    assert_eq!(why.winner.map(|m| *m.backend), Some("canary"));
+    // A header mismatch, and a conflict loser whose conditions hold.
+    let why = table.explain_request(HOST, "/?v=2", &SimpleRequest::new("POST"));
+    let names: Vec<(&str, &str)> = why
+        .candidates
+        .iter()
+        .map(|c| (c.spec.backend, c.outcome.as_str()))
+        .take(7)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("catch-all", "LowerPrecedence"),
+            ("post", "Selected"),
+            ("canary", "HeaderDoesNotMatch"),
+            ("debug", "QueryDoesNotMatch"),
+            ("docs", "PathDoesNotMatch"),
+            ("both", "HeaderDoesNotMatch"),
+            ("again", "LostConflict"),
+        ]
+    );
+    // `explain` is `explain_request` with a GET without headers.
+    assert_eq!(
+        table.explain(HOST, "/").winner.map(|m| *m.backend),
+        Some("catch-all")
+    );
+}
