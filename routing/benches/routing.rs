@@ -7,6 +7,12 @@
 //! table, so caches see a realistic spread rather than one hot route;
 //! `tuna_hot` and `matchit_hot` repeat one request, which keeps the touched
 //! cache lines hot and shows the algorithmic cost alone.
+//!
+//! `lookup/gateway_hosts` compares, in one run, hosts matched by Gateway
+//! API precedence (8 HTTPRoute-style matches each: prefixes, an Exact, a
+//! method, a header and a query condition) with Ingress-only hosts of the
+//! same shape (the same hosts and distinct paths, no conditions), both
+//! through `lookup_request` with the same requests.
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -14,7 +20,8 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tuna_routing::{
-    HostTable, Origin, PathType, RouteSpec, RouteTable, TieBreak, normalize_host, normalize_path,
+    GatewayMatch, HostTable, Matcher, Origin, PathType, RouteSpec, RouteTable, SimpleRequest,
+    TieBreak, normalize_host, normalize_path,
 };
 
 const SIZES: [usize; 4] = [10, 1_000, 10_000, 100_000];
@@ -247,6 +254,139 @@ fn lookups(c: &mut Criterion) {
     }
 }
 
+/// `hosts` hosts with 8 Gateway matches each, the Ingress-only specs of
+/// the same hosts and distinct paths, and requests (host, target, request)
+/// with the backend each must reach on the Gateway table.
+#[allow(clippy::type_complexity)]
+fn gateway_hosts(
+    hosts: usize,
+) -> (
+    Vec<RouteSpec<u32>>,
+    Vec<RouteSpec<u32>>,
+    Vec<(String, String, SimpleRequest, u32)>,
+) {
+    let mut gateway = Vec::with_capacity(hosts * 8);
+    let mut ingress = Vec::with_capacity(hosts * 6);
+    let mut requests = Vec::new();
+    for h in 0..hosts {
+        let host = format!("app{h}.tenant{}.example.com", h % 97);
+        let base = (h * 8) as u32;
+        let pairs = |n: &str, v: &str| vec![(n.to_string(), v.to_string())];
+        let matches: [(
+            &str,
+            PathType,
+            Option<&str>,
+            Vec<(String, String)>,
+            Vec<(String, String)>,
+        ); 8] = [
+            ("/", PathType::Prefix, None, vec![], vec![]),
+            ("/api", PathType::Prefix, Some("GET"), vec![], vec![]),
+            ("/api", PathType::Prefix, Some("POST"), vec![], vec![]),
+            (
+                "/api/v1/users",
+                PathType::Prefix,
+                None,
+                pairs("x-version", "2"),
+                vec![],
+            ),
+            ("/api/v1/users", PathType::Prefix, None, vec![], vec![]),
+            ("/api/health", PathType::Exact, None, vec![], vec![]),
+            ("/static", PathType::Prefix, None, vec![], vec![]),
+            (
+                "/api/v1",
+                PathType::Prefix,
+                None,
+                vec![],
+                pairs("debug", "1"),
+            ),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (i, (path, path_type, method, headers, query)) in matches.into_iter().enumerate() {
+            let m = GatewayMatch {
+                hostname: Some(host.clone()),
+                method: method.map(Into::into),
+                headers,
+                query,
+            };
+            let backend = base + i as u32;
+            if seen.insert((path, path_type)) {
+                ingress.push(spec(host.clone(), path.into(), path_type, backend));
+            }
+            gateway.push(RouteSpec {
+                matcher: Matcher::Gateway(Arc::new(m)),
+                ..spec(host.clone(), path.into(), path_type, backend)
+            });
+        }
+        let get = SimpleRequest::get()
+            .with_header("user-agent", "bench")
+            .with_header("accept", "*/*");
+        let versioned = get.clone().with_header("X-Version", "2");
+        let post = SimpleRequest {
+            method: "POST".into(),
+            ..get.clone()
+        };
+        requests.push((
+            host.clone(),
+            "/api/v1/users/42?expand=true".into(),
+            versioned,
+            base + 3,
+        ));
+        requests.push((
+            host.clone(),
+            "/api/v1/users/42?expand=true".into(),
+            get.clone(),
+            base + 4,
+        ));
+        requests.push((
+            host.clone(),
+            "/static/js/app.js".into(),
+            get.clone(),
+            base + 6,
+        ));
+        requests.push((host.clone(), "/api/health".into(), get.clone(), base + 5));
+        requests.push((host.clone(), "/api/cart".into(), post, base + 2));
+        requests.push((host, "/api/v1/orders?page=2&debug=1".into(), get, base + 7));
+    }
+    let step = (requests.len() / 1024).max(1);
+    let mut picked: Vec<_> = requests.into_iter().step_by(step).take(1024).collect();
+    let len = picked.len();
+    for i in 0..len {
+        picked.swap(i, (i * 7919 + 13) % len);
+    }
+    (gateway, ingress, picked)
+}
+
+fn gateway_lookups(c: &mut Criterion) {
+    let mut group = c.benchmark_group("lookup/gateway_hosts");
+    for hosts in [1_000, 10_000] {
+        let (gateway, ingress, requests) = gateway_hosts(hosts);
+        let (gateway, issues) = RouteTable::build(gateway).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        let (ingress, issues) = RouteTable::build(ingress).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        for (h, t, r, want) in &requests {
+            let got = gateway.lookup_request(h, t, r).map(|m| *m.backend);
+            assert_eq!(got, Some(*want), "{h}{t} {r:?}");
+            assert!(ingress.lookup_request(h, t, r).is_some(), "{h}{t}");
+        }
+        for (name, table) in [("gateway", &gateway), ("ingress", &ingress)] {
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new(name, hosts), |b| {
+                b.iter(|| {
+                    let (h, t, r, _) = &requests[i % requests.len()];
+                    i = i.wrapping_add(1);
+                    black_box(
+                        table
+                            .lookup_request(black_box(h), black_box(t), r)
+                            .map(|m| *m.backend),
+                    )
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn builds(c: &mut Criterion) {
     let mut group = c.benchmark_group("build");
     group.sample_size(10);
@@ -315,5 +455,5 @@ fn changes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, lookups, builds, changes);
+criterion_group!(benches, lookups, gateway_lookups, builds, changes);
 criterion_main!(benches);

@@ -7,6 +7,7 @@
 use std::fmt;
 
 use crate::normalize::{self, InvalidPath};
+use crate::request::{Mismatch, PlainGet, RequestView, query_of};
 use crate::table::{HostTable, SpecState};
 use crate::{Match, Origin, PathType, RouteSpec, RouteTable};
 
@@ -53,6 +54,25 @@ pub enum Outcome {
     },
     /// The spec's path is invalid, so it is not routed.
     InvalidPath(InvalidPath),
+    /// Gateway host: the spec names another method.
+    MethodDoesNotMatch,
+    /// Gateway host: the request lacks the header, or its first value differs.
+    HeaderDoesNotMatch {
+        /// The header (lower case).
+        name: String,
+    },
+    /// Gateway host: the request lacks the query parameter, or its first
+    /// value differs.
+    QueryDoesNotMatch {
+        /// The parameter.
+        name: String,
+    },
+    /// Gateway host: the spec matches, but a spec earlier in the
+    /// precedence order matches too.
+    LowerPrecedence {
+        /// The spec that serves the request.
+        winner: Origin,
+    },
 }
 
 impl Outcome {
@@ -70,6 +90,10 @@ impl Outcome {
             Self::LostConflict { .. } => "LostConflict",
             Self::HostShadowed { .. } => "HostShadowed",
             Self::InvalidPath(reason) => reason.as_str(),
+            Self::MethodDoesNotMatch => "MethodDoesNotMatch",
+            Self::HeaderDoesNotMatch { .. } => "HeaderDoesNotMatch",
+            Self::QueryDoesNotMatch { .. } => "QueryDoesNotMatch",
+            Self::LowerPrecedence { .. } => "LowerPrecedence",
         }
     }
 }
@@ -93,6 +117,15 @@ impl fmt::Display for Outcome {
                 write!(f, "wildcard not consulted: {host} has its own routes")
             }
             Self::InvalidPath(reason) => write!(f, "not routed: {reason}"),
+            Self::MethodDoesNotMatch => f.write_str("method does not match"),
+            Self::HeaderDoesNotMatch { name } => write!(f, "header {name:?} does not match"),
+            Self::QueryDoesNotMatch { name } => {
+                write!(f, "query parameter {name:?} does not match")
+            }
+            Self::LowerPrecedence { winner } => write!(
+                f,
+                "matches, but {winner} comes first in Gateway API precedence (hostname, path, method, headers, query, age, rule order)"
+            ),
         }
     }
 }
@@ -115,7 +148,8 @@ pub struct Explanation<'a, B> {
     pub path: Option<String>,
     /// Which host routes were selected.
     pub selection: HostSelection,
-    /// The spec serving the request; identical to [`RouteTable::lookup`].
+    /// The spec serving the request; identical to [`RouteTable::lookup`]
+    /// (or [`RouteTable::lookup_request`] for `explain_request`).
     pub winner: Option<Match<'a, B>>,
     /// Every spec whose host pattern covers the request host, in input order.
     pub candidates: Vec<Candidate<'a, B>>,
@@ -151,9 +185,53 @@ impl<B> RouteTable<B> {
     /// assert_eq!(why.winner.unwrap().spec.origin.rule, 2);
     /// ```
     pub fn explain(&self, host: &str, path: &str) -> Explanation<'_, B> {
+        self.explain_request(host, path, &PlainGet)
+    }
+
+    /// Explains a [`RouteTable::lookup_request`]: the winner (the same) and
+    /// every other spec for the host with why it lost. On a host matched by
+    /// Gateway API precedence, a spec whose path matches but a condition
+    /// does not is [`Outcome::MethodDoesNotMatch`],
+    /// [`Outcome::HeaderDoesNotMatch`] or [`Outcome::QueryDoesNotMatch`]
+    /// (the first failing, in that order), and a matching spec that is not
+    /// the winner is [`Outcome::LowerPrecedence`]. Allocates; not for the
+    /// request path.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tuna_routing::{GatewayMatch, Matcher, Origin, PathType, RouteSpec, RouteTable, SimpleRequest, TieBreak};
+    ///
+    /// let spec = |m: GatewayMatch, rule| RouteSpec {
+    ///     host: "example.com".into(),
+    ///     path: "/".into(),
+    ///     path_type: PathType::Prefix,
+    ///     backend: (),
+    ///     origin: Origin { namespace: "default".into(), name: "web".into(), rule, path: 0 },
+    ///     tie_break: TieBreak::default(),
+    ///     matcher: Matcher::Gateway(Arc::new(m)),
+    /// };
+    /// let (table, _) = RouteTable::build(vec![
+    ///     spec(GatewayMatch::default(), 0),
+    ///     spec(GatewayMatch { method: Some("POST".into()), ..Default::default() }, 1),
+    ///     spec(GatewayMatch { headers: vec![("env".into(), "canary".into())], ..Default::default() }, 2),
+    ///     spec(GatewayMatch { query: vec![("v".into(), "2".into())], ..Default::default() }, 3),
+    /// ])
+    /// .unwrap();
+    /// let request = SimpleRequest::get().with_header("Env", "canary");
+    /// let why = table.explain_request("example.com", "/a?v=1", &request);
+    /// let outcomes: Vec<&str> = why.candidates.iter().map(|c| c.outcome.as_str()).collect();
+    /// assert_eq!(outcomes, ["LowerPrecedence", "MethodDoesNotMatch", "Selected", "QueryDoesNotMatch"]);
+    /// assert_eq!(why.winner.unwrap().spec.origin.rule, 2);
+    /// ```
+    pub fn explain_request(
+        &self,
+        host: &str,
+        path: &str,
+        request: &impl RequestView,
+    ) -> Explanation<'_, B> {
         let canonical_host = normalize::normalize_host(host).map(|h| h.into_owned());
         let canonical_path = normalize::normalize_path(path).map(|p| p.into_owned());
-        let winner = self.lookup(host, path);
+        let winner = self.lookup_request(host, path, request);
         let Some(req_host) = canonical_host.clone() else {
             return Explanation {
                 host: None,
@@ -171,7 +249,8 @@ impl<B> RouteTable<B> {
                 HostSelection::Wildcard(format!("*.{}", &req_host[dot + 1..]))
             }
         };
-        let winner_at = self.lookup_index(host, path);
+        let winner_at = self.lookup_index(host, path, request);
+        let query = query_of(path);
         // Candidates: the exact host's specs and those of the one wildcard
         // that covers the request host, in input order.
         let dot = req_host.find('.').filter(|&d| d > 0);
@@ -207,6 +286,15 @@ impl<B> RouteTable<B> {
                 .is_some_and(|(req, route)| path_matches(spec.path_type, route, req))
             {
                 Outcome::PathDoesNotMatch
+            } else if let Some(Err(mismatch)) = table
+                .gateway_conditions(index)
+                .map(|c| c.check(query, request))
+            {
+                match mismatch {
+                    Mismatch::Method => Outcome::MethodDoesNotMatch,
+                    Mismatch::Header(name) => Outcome::HeaderDoesNotMatch { name: name.into() },
+                    Mismatch::Query(name) => Outcome::QueryDoesNotMatch { name: name.into() },
+                }
             } else if let Some(w) = conflict_winner {
                 Outcome::LostConflict {
                     winner: table.specs()[w].origin.clone(),
@@ -222,14 +310,13 @@ impl<B> RouteTable<B> {
                 let w_spec = &table.specs()[w];
                 let w_len = rank_len(w_spec, &table.states[w]);
                 let my_len = spec_path.map(|p| key_len(spec.path_type, p)).unwrap_or(0);
-                if w_len > my_len || !matches!(w_spec.path_type, PathType::Exact) {
-                    Outcome::LongerPathWins {
-                        winner: w_spec.origin.clone(),
-                    }
+                let winner = w_spec.origin.clone();
+                if table.gateway_conditions(w).is_some() {
+                    Outcome::LowerPrecedence { winner }
+                } else if w_len > my_len || !matches!(w_spec.path_type, PathType::Exact) {
+                    Outcome::LongerPathWins { winner }
                 } else {
-                    Outcome::ExactWins {
-                        winner: w_spec.origin.clone(),
-                    }
+                    Outcome::ExactWins { winner }
                 }
             };
             candidates.push(Candidate { spec, outcome });

@@ -1,4 +1,5 @@
-//! Host and path route tables with Kubernetes Ingress semantics.
+//! Host and path route tables with Kubernetes Ingress semantics, and Gateway
+//! API (`HTTPRoute`) matching on the hosts that carry Gateway routes.
 //!
 //! This crate doc is the specification; every rule below is pinned by a test
 //! (unit tables, the data files under `conformance/ingress/`, and property
@@ -42,6 +43,51 @@
 //!   conflict: the spec with the smallest [`TieBreak`] (oldest creation time,
 //!   then namespace, then name; then the earlier rule/path index) wins, and
 //!   each loser is reported as [`BuildIssue::Conflict`].
+//!
+//! # Gateway hosts (`HTTPRoute` v1.6.1)
+//!
+//! A host with any spec whose [`RouteSpec::matcher`] is [`Matcher::Gateway`]
+//! is matched by the Gateway API's precedence instead of the Ingress rules
+//! above; hosts without one are unaffected. Host selection is the same.
+//! [`RouteTable::lookup_request`] takes what these matches need besides host
+//! and path: the method and headers through a [`RequestView`], the query
+//! from the request target. [`RouteTable::lookup`] on such a host stands for
+//! a `GET` without headers.
+//!
+//! - The host's specs form one total order, first wins: the most
+//!   non-wildcard characters of [`GatewayMatch::hostname`] (a wildcard
+//!   hostname has none), then the most characters of it (no hostname: 0
+//!   and 0; an Ingress spec on the host counts the host as its hostname);
+//!   an `Exact` path before any Prefix; the longest Prefix (in characters,
+//!   without its trailing slash); a method before none; more header
+//!   conditions; more query conditions; then [`TieBreak`] (oldest, then
+//!   namespace, then name); then [`Origin::rule`] and [`Origin::path`] (the
+//!   rule, and the match within it).
+//! - A lookup answers with the first spec in that order that matches the
+//!   request: the path as on an Ingress host (canonical form; `Exact` the
+//!   whole path, Prefix element-wise, `Prefix /` every path), the method
+//!   exactly, every header condition (name case-insensitive, the value of
+//!   the request's first header of that name exactly), every query
+//!   condition (name and value exactly after percent-decoding, the first
+//!   parameter of that name; `+` is not a space; a parameter without `=`
+//!   has the empty value). So a less specific spec serves whatever the more
+//!   specific ones do not: precedence falls back across hostnames, paths
+//!   and conditions. No matching spec: no route.
+//! - Two specs equal in path (Exact, or Prefix-like, on one canonical
+//!   path), method, header and query conditions (as sets) and hostname are
+//!   a conflict: the later in the order could never match; it is reported
+//!   as [`BuildIssue::Conflict`] and not routed. Invalid paths are reported
+//!   as on an Ingress host.
+//! - [`RouteTable::explain_request`] gives every candidate its
+//!   [`Outcome`], including [`Outcome::MethodDoesNotMatch`],
+//!   [`Outcome::HeaderDoesNotMatch`], [`Outcome::QueryDoesNotMatch`] and
+//!   [`Outcome::LowerPrecedence`].
+//!
+//! The order is laid out along the path trie (a trie per hostname rank,
+//! and at each slot the specs of that path sorted by the later keys), so a
+//! lookup walks the path once per hostname rank and checks the conditions
+//! of the candidates on that branch, in order, until one holds. It
+//! allocates nothing either (the allocation test covers a Gateway host).
 //!
 //! # Canonical paths (the percent-encoding, dot-segment and slash policy)
 //!
@@ -126,13 +172,16 @@
 
 pub mod action;
 mod explain;
+mod gateway;
 mod normalize;
+mod request;
 mod table;
 
 pub use explain::{Candidate, Explanation, HostSelection, Outcome};
 pub use normalize::{
     InvalidHost, InvalidPath, MAX_HOST_LEN, MAX_PATH_LEN, normalize_host, normalize_path,
 };
+pub use request::{RequestView, SimpleRequest};
 pub use table::{HostTable, RouteTable};
 
 use std::fmt;

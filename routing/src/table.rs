@@ -4,8 +4,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use crate::gateway::GatewayRoutes;
 use crate::normalize::{self, MAX_HOST_LEN, MAX_PATH_LEN, RouteHost};
-use crate::{BuildIssue, Error, Match, PathType, Result, RouteSpec};
+use crate::request::{Conditions, PlainGet, RequestView};
+use crate::{BuildIssue, Error, Match, Matcher, PathType, Result, RouteSpec};
 
 /// The hash map of the lookup path (see the `foldhash` note in Cargo.toml).
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -21,19 +23,26 @@ type HostMap<B> = imbl::GenericHashMap<
 >;
 
 /// Marks an empty slot in a [`Node`] (smaller than `Option<u32>`).
-const NONE: u32 = u32::MAX;
+pub(crate) const NONE: u32 = u32::MAX;
 
 /// Above this many children a node switches from a scan to a hash map.
 const FEW_CHILDREN: usize = 8;
 
 /// A trie node: one path segment. Kept small and index-based so that a
 /// lookup touches few cache lines.
+///
+/// On an Ingress host the three slots hold the index of the spec that owns
+/// the rule; on a Gateway host they hold the index of a list of specs (see
+/// `gateway.rs`).
 #[derive(Debug)]
 struct Node {
     /// This node's children are `edges[first_edge..first_edge + edge_count]`
     /// when they are few.
     first_edge: u32,
     edge_count: u32,
+    /// The parent node (the root is its own parent): Gateway lookups walk
+    /// back up from the deepest node. Fits in the padding of `many`.
+    parent: u32,
     /// `Exact` route ending here, without a trailing slash (`/a/b`).
     exact: u32,
     /// `Exact` route ending here with a trailing slash (`/a/b/`).
@@ -144,18 +153,76 @@ impl HostRoutes {
         };
         slot(exact).or(slot(best))
     }
+
+    /// Walks a canonical path as deep as the trie goes: returns the deepest
+    /// node reached and, if the whole path was consumed, the Exact slot
+    /// that matches it (else [`NONE`]).
+    #[inline]
+    pub(crate) fn walk(&self, path: &str) -> (u32, u32) {
+        let rest = &path[1..];
+        if rest.is_empty() {
+            return (0, self.nodes[0].exact);
+        }
+        let (body, trailing) = match rest.strip_suffix('/') {
+            Some(body) => (body, true),
+            None => (rest, false),
+        };
+        let mut at = 0u32;
+        let mut rest = body;
+        loop {
+            let (segment, more) = match rest.bytes().position(|b| b == b'/') {
+                Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+                None => (rest, None),
+            };
+            match self.child(&self.nodes[at as usize], segment) {
+                Some(i) => at = i,
+                None => return (at, NONE),
+            }
+            match more {
+                Some(next) => rest = next,
+                None => break,
+            }
+        }
+        let node = &self.nodes[at as usize];
+        (
+            at,
+            if trailing {
+                node.exact_slash
+            } else {
+                node.exact
+            },
+        )
+    }
+
+    /// The Prefix slots of `node` and of every ancestor, deepest first, the
+    /// empty ones skipped.
+    #[inline]
+    pub(crate) fn prefixes_up(&self, node: u32) -> impl Iterator<Item = u32> + '_ {
+        let mut next = Some(node);
+        std::iter::from_fn(move || {
+            loop {
+                let here = next?;
+                let node = &self.nodes[here as usize];
+                next = (here != 0).then_some(node.parent);
+                if node.prefix != NONE {
+                    return Some(node.prefix);
+                }
+            }
+        })
+    }
 }
 
 /// A trie node while the table is being built.
 #[derive(Default)]
 struct BuildNode {
+    parent: u32,
     children: BTreeMap<Box<str>, u32>,
     exact: Option<u32>,
     exact_slash: Option<u32>,
     prefix: Option<u32>,
 }
 
-struct BuildHost {
+pub(crate) struct BuildHost {
     nodes: Vec<BuildNode>,
 }
 
@@ -169,7 +236,7 @@ impl Default for BuildHost {
 }
 
 #[derive(Clone, Copy)]
-enum Slot {
+pub(crate) enum Slot {
     Exact,
     ExactSlash,
     Prefix,
@@ -178,7 +245,7 @@ enum Slot {
 impl BuildHost {
     /// Returns the node for the segments of `body` (no leading slash),
     /// creating it as needed.
-    fn node_for(&mut self, body: &str) -> usize {
+    pub(crate) fn node_for(&mut self, body: &str) -> usize {
         let mut at = 0usize;
         if body.is_empty() {
             return at;
@@ -188,7 +255,10 @@ impl BuildHost {
                 Some(&i) => i as usize,
                 None => {
                     let i = self.nodes.len();
-                    self.nodes.push(BuildNode::default());
+                    self.nodes.push(BuildNode {
+                        parent: at as u32,
+                        ..BuildNode::default()
+                    });
                     self.nodes[at].children.insert(segment.into(), i as u32);
                     i
                 }
@@ -197,7 +267,7 @@ impl BuildHost {
         at
     }
 
-    fn slot(&mut self, node: usize, slot: Slot) -> &mut Option<u32> {
+    pub(crate) fn slot(&mut self, node: usize, slot: Slot) -> &mut Option<u32> {
         let n = &mut self.nodes[node];
         match slot {
             Slot::Exact => &mut n.exact,
@@ -206,7 +276,7 @@ impl BuildHost {
         }
     }
 
-    fn freeze(self) -> HostRoutes {
+    pub(crate) fn freeze(self) -> HostRoutes {
         let mut nodes = Vec::with_capacity(self.nodes.len());
         let mut edges = Vec::new();
         let mut labels = String::new();
@@ -214,6 +284,7 @@ impl BuildHost {
             let mut node = Node {
                 first_edge: edges.len() as u32,
                 edge_count: 0,
+                parent: n.parent,
                 exact: n.exact.unwrap_or(NONE),
                 exact_slash: n.exact_slash.unwrap_or(NONE),
                 prefix: n.prefix.unwrap_or(NONE),
@@ -243,11 +314,20 @@ impl BuildHost {
     }
 }
 
+/// How a host matches requests.
+#[derive(Debug)]
+enum Routes {
+    /// Every spec is [`Matcher::Ingress`]: one spec per rule in one trie.
+    Ingress(HostRoutes),
+    /// Some spec is [`Matcher::Gateway`]: ordered candidates (`gateway.rs`).
+    Gateway(GatewayRoutes),
+}
+
 /// What the build decided for one spec of a host, kept for `explain`.
 #[derive(Debug, Clone)]
 pub(crate) enum SpecState {
-    /// Routed (it may still lose to longer or Exact routes at lookup), with
-    /// its canonical path.
+    /// Routed (it may still lose to longer or Exact routes, or routes of
+    /// higher precedence, at lookup), with its canonical path.
     Active { path: String },
     /// Not routed: its path is invalid.
     InvalidPath,
@@ -277,7 +357,7 @@ pub struct HostTable<B> {
     /// Each spec's position in the input it came from, so that issues and
     /// explanations follow the caller's order across hosts.
     seq: Vec<usize>,
-    routes: HostRoutes,
+    routes: Routes,
 }
 
 impl<B> HostTable<B> {
@@ -344,48 +424,19 @@ impl<B> HostTable<B> {
                 max: specs.len() * (NONE as usize) / label_bytes,
             });
         }
-        let mut states = Vec::with_capacity(specs.len());
-        let mut build = BuildHost::default();
-        // Losers of equal rules, with the slot they lost; the final holder of
-        // the slot is known only once every spec has been placed.
-        let mut losers: Vec<(usize, usize, Slot)> = Vec::new();
-        for (index, spec) in specs.iter().enumerate() {
-            let path = match normalize::parse_route_path(&spec.path) {
-                Ok(path) => path,
-                Err(_) => {
-                    states.push(SpecState::InvalidPath);
-                    continue;
-                }
-            };
-            let (key_path, slot) = rule_key(&path, spec.path_type);
-            let node = build.node_for(key_path.trim_start_matches('/').trim_end_matches('/'));
-            let current = build.slot(node, slot);
-            match *current {
-                None => *current = Some(index as u32),
-                Some(holder) => {
-                    let holder = holder as usize;
-                    if precedes(spec, seq[index], &specs[holder], seq[holder]) {
-                        *current = Some(index as u32);
-                        losers.push((holder, node, slot));
-                    } else {
-                        losers.push((index, node, slot));
-                    }
-                }
-            }
-            states.push(SpecState::Active { path });
-        }
-        for (loser, node, slot) in losers {
-            let winner = build
-                .slot(node, slot)
-                .expect("a conflict slot has a holder") as usize;
-            let SpecState::Active { path } = states[loser].clone() else {
-                unreachable!("a spec loses a conflict only once")
-            };
-            states[loser] = SpecState::Conflict { path, winner };
-        }
         let (name, key): (Box<str>, Arc<str>) = match &host {
             RouteHost::Exact(h) => (h.as_str().into(), h.as_str().into()),
             RouteHost::Wildcard(s) => (format!("*.{s}").into(), s.as_str().into()),
+        };
+        let (routes, states) = if specs
+            .iter()
+            .any(|s| matches!(s.matcher, Matcher::Gateway(_)))
+        {
+            let (routes, states) = GatewayRoutes::compile(&name, &specs, &seq);
+            (Routes::Gateway(routes), states)
+        } else {
+            let (routes, states) = compile_ingress(&specs, &seq);
+            (Routes::Ingress(routes), states)
         };
         let table = HostTable {
             name,
@@ -394,12 +445,58 @@ impl<B> HostTable<B> {
             specs,
             states,
             seq,
-            routes: build.freeze(),
+            routes,
         };
         let issues = table.issues().map(|(_, issue)| issue).collect();
         Ok((table, issues))
     }
+}
 
+/// Compiles an Ingress-only host: one spec per rule, in one trie.
+fn compile_ingress<B>(specs: &[RouteSpec<B>], seq: &[usize]) -> (HostRoutes, Vec<SpecState>) {
+    let mut states = Vec::with_capacity(specs.len());
+    let mut build = BuildHost::default();
+    // Losers of equal rules, with the slot they lost; the final holder of
+    // the slot is known only once every spec has been placed.
+    let mut losers: Vec<(usize, usize, Slot)> = Vec::new();
+    for (index, spec) in specs.iter().enumerate() {
+        let path = match normalize::parse_route_path(&spec.path) {
+            Ok(path) => path,
+            Err(_) => {
+                states.push(SpecState::InvalidPath);
+                continue;
+            }
+        };
+        let (key_path, slot) = rule_key(&path, spec.path_type);
+        let node = build.node_for(key_path.trim_start_matches('/').trim_end_matches('/'));
+        let current = build.slot(node, slot);
+        match *current {
+            None => *current = Some(index as u32),
+            Some(holder) => {
+                let holder = holder as usize;
+                if precedes(spec, seq[index], &specs[holder], seq[holder]) {
+                    *current = Some(index as u32);
+                    losers.push((holder, node, slot));
+                } else {
+                    losers.push((index, node, slot));
+                }
+            }
+        }
+        states.push(SpecState::Active { path });
+    }
+    for (loser, node, slot) in losers {
+        let winner = build
+            .slot(node, slot)
+            .expect("a conflict slot has a holder") as usize;
+        let SpecState::Active { path } = states[loser].clone() else {
+            unreachable!("a spec loses a conflict only once")
+        };
+        states[loser] = SpecState::Conflict { path, winner };
+    }
+    (build.freeze(), states)
+}
+
+impl<B> HostTable<B> {
     /// The host pattern in canonical form: `example.com`, `*.example.com`.
     pub fn name(&self) -> &str {
         &self.name
@@ -424,10 +521,23 @@ impl<B> HostTable<B> {
         self.seq[index]
     }
 
-    /// The winning spec for a raw request path.
+    /// The winning spec for a raw request target (path and query).
     #[inline]
-    pub(crate) fn find(&self, raw_path: &str) -> Option<usize> {
-        find_path(&self.routes, raw_path).map(|i| i as usize)
+    pub(crate) fn find(&self, raw_target: &str, request: &impl RequestView) -> Option<usize> {
+        match &self.routes {
+            Routes::Ingress(routes) => find_path(routes, raw_target),
+            Routes::Gateway(routes) => routes.find(raw_target, request),
+        }
+        .map(|i| i as usize)
+    }
+
+    /// The compiled conditions of spec `index` when this host is matched
+    /// by Gateway API precedence, `None` on an Ingress host.
+    pub(crate) fn gateway_conditions(&self, index: usize) -> Option<&Conditions> {
+        match &self.routes {
+            Routes::Ingress(_) => None,
+            Routes::Gateway(routes) => Some(routes.conditions(index)),
+        }
     }
 
     /// The issues of this host with their input positions.
@@ -620,6 +730,10 @@ impl<B> RouteTable<B> {
     /// case, optional port, optional trailing dot); `path` is the raw request
     /// target path, query allowed. Allocates nothing.
     ///
+    /// On a host matched by Gateway API precedence (see the crate docs),
+    /// the request is taken to be a `GET` without headers; the proxy calls
+    /// [`Self::lookup_request`] instead.
+    ///
     /// ```
     /// use tuna_routing::{Origin, PathType, RouteSpec, RouteTable, TieBreak};
     ///
@@ -645,7 +759,54 @@ impl<B> RouteTable<B> {
     /// ```
     #[inline]
     pub fn lookup(&self, host: &str, path: &str) -> Option<Match<'_, B>> {
-        let (host, index) = self.lookup_index(host, path)?;
+        self.lookup_request(host, path, &PlainGet)
+    }
+
+    /// Finds the route for a request, with what Gateway API matches need
+    /// besides host and path: the method, the headers (through
+    /// `request`) and the query (from `path_and_query`). Hosts are selected
+    /// as by [`Self::lookup`]; on an Ingress-only host the answer is the
+    /// same as `lookup`'s. Allocates nothing (unless `request` does).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tuna_routing::{GatewayMatch, Matcher, Origin, PathType, RouteSpec, RouteTable, SimpleRequest, TieBreak};
+    ///
+    /// let spec = |path: &str, m: GatewayMatch, backend| RouteSpec {
+    ///     host: "shop.example.com".into(),
+    ///     path: path.into(),
+    ///     path_type: PathType::Prefix,
+    ///     backend,
+    ///     origin: Origin::default(),
+    ///     tie_break: TieBreak::default(),
+    ///     matcher: Matcher::Gateway(Arc::new(m)),
+    /// };
+    /// let (table, _) = RouteTable::build(vec![
+    ///     spec("/", GatewayMatch::default(), "web"),
+    ///     spec("/api", GatewayMatch { method: Some("POST".into()), ..Default::default() }, "api-writes"),
+    ///     spec("/", GatewayMatch { headers: vec![("x-canary".into(), "on".into())], ..Default::default() }, "canary"),
+    ///     spec("/", GatewayMatch { query: vec![("debug".into(), "1 2".into())], ..Default::default() }, "debug"),
+    /// ])
+    /// .unwrap();
+    /// let route = |target, request: &SimpleRequest| {
+    ///     table.lookup_request("shop.example.com", target, request).map(|m| *m.backend)
+    /// };
+    /// let get = SimpleRequest::get();
+    /// assert_eq!(route("/api/cart", &SimpleRequest::new("POST")), Some("api-writes"));
+    /// // A longer Prefix wins only when its other conditions hold.
+    /// assert_eq!(route("/api/cart", &get), Some("web"));
+    /// assert_eq!(route("/api/cart", &get.clone().with_header("X-Canary", "on")), Some("canary"));
+    /// assert_eq!(route("/?debug=1%202", &get), Some("debug"));
+    /// assert_eq!(table.lookup("shop.example.com", "/api/cart").map(|m| *m.backend), Some("web"));
+    /// ```
+    #[inline]
+    pub fn lookup_request(
+        &self,
+        host: &str,
+        path_and_query: &str,
+        request: &impl RequestView,
+    ) -> Option<Match<'_, B>> {
+        let (host, index) = self.lookup_index(host, path_and_query, request)?;
         let spec = &host.specs[index];
         Some(Match {
             backend: &spec.backend,
@@ -655,9 +816,14 @@ impl<B> RouteTable<B> {
 
     /// The selected host and the index of the winning spec within it.
     #[inline]
-    pub(crate) fn lookup_index(&self, host: &str, path: &str) -> Option<(&HostTable<B>, usize)> {
+    pub(crate) fn lookup_index(
+        &self,
+        host: &str,
+        path_and_query: &str,
+        request: &impl RequestView,
+    ) -> Option<(&HostTable<B>, usize)> {
         let host = self.host_routes(host)?.1;
-        host.find(path).map(|i| (host, i))
+        host.find(path_and_query, request).map(|i| (host, i))
     }
 
     /// The host patterns that have routes, sorted; wildcards as `*.example.com`.
@@ -733,6 +899,22 @@ fn find_path(routes: &HostRoutes, raw: &str) -> Option<u32> {
     }
 }
 
+/// Calls `f` with the canonical form of a raw request target's path,
+/// rewritten on the stack only when needed.
+#[inline]
+pub(crate) fn with_canonical_path<R>(raw: &str, f: impl FnOnce(&str) -> Option<R>) -> Option<R> {
+    match normalize::canonical_path_end(raw.as_bytes()) {
+        Some(end) => f(&raw[..end]),
+        None => with_rewritten_path(raw, f),
+    }
+}
+
+#[cold]
+fn with_rewritten_path<R>(raw: &str, f: impl FnOnce(&str) -> Option<R>) -> Option<R> {
+    let mut buf = [0u8; MAX_PATH_LEN];
+    f(normalize::normalize_path_into(raw, &mut buf)?)
+}
+
 #[cold]
 fn find_path_slow(routes: &HostRoutes, path: &str) -> Option<u32> {
     let mut buf = [0u8; MAX_PATH_LEN];
@@ -741,7 +923,7 @@ fn find_path_slow(routes: &HostRoutes, path: &str) -> Option<u32> {
 }
 
 /// The trie key and slot of a rule: Prefix drops its trailing slash.
-fn rule_key(path: &str, path_type: PathType) -> (&str, Slot) {
+pub(crate) fn rule_key(path: &str, path_type: PathType) -> (&str, Slot) {
     if path_type.is_prefix() {
         (path.trim_end_matches('/'), Slot::Prefix)
     } else if path.len() > 1 && path.ends_with('/') {

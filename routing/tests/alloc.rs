@@ -1,4 +1,4 @@
-//! Proves that `RouteTable::lookup` allocates nothing, with a counting global
+//! Proves that `RouteTable::lookup` and `lookup_request` allocate nothing, with a counting global
 //! allocator. It lives in its own test binary because a global allocator is
 //! process-wide; counting is armed per thread so the harness cannot interfere.
 
@@ -6,7 +6,11 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tuna_routing::{Origin, PathType, RouteSpec, RouteTable, TieBreak};
+use std::sync::Arc;
+
+use tuna_routing::{
+    GatewayMatch, Matcher, Origin, PathType, RouteSpec, RouteTable, SimpleRequest, TieBreak,
+};
 
 struct Counting;
 
@@ -116,6 +120,100 @@ fn lookup_allocates_nothing() {
         let allocations = count_allocations(|| got = table.lookup(host, path).map(|m| *m.backend));
         assert_eq!(got, *want, "lookup({host:?}, {path:?})");
         assert_eq!(allocations, 0, "lookup({host:?}, {path:?}) allocated");
+    }
+}
+
+fn gateway(path: &str, path_type: PathType, m: GatewayMatch, backend: u32) -> RouteSpec<u32> {
+    RouteSpec {
+        matcher: Matcher::Gateway(Arc::new(m)),
+        ..spec("gw.example.com", path, path_type, backend)
+    }
+}
+
+#[test]
+fn lookup_request_on_a_gateway_host_allocates_nothing() {
+    let pairs = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    };
+    let m = |hostname: Option<&str>, method: Option<&str>, headers, query| GatewayMatch {
+        hostname: hostname.map(Into::into),
+        method: method.map(Into::into),
+        headers: pairs(headers),
+        query: pairs(query),
+    };
+    let mut specs = vec![
+        gateway("/", PathType::Prefix, m(None, None, &[], &[]), 1),
+        gateway(
+            "/api",
+            PathType::Prefix,
+            m(Some("gw.example.com"), Some("POST"), &[], &[]),
+            2,
+        ),
+        gateway(
+            "/api",
+            PathType::Prefix,
+            m(
+                Some("*.example.com"),
+                None,
+                &[("x-env", "canary"), ("x-team", "a")],
+                &[],
+            ),
+            3,
+        ),
+        gateway(
+            "/api/v1/users/",
+            PathType::Exact,
+            m(None, Some("GET"), &[], &[("page", "2")]),
+            4,
+        ),
+        spec("gw.example.com", "/legacy", PathType::Prefix, 5),
+    ];
+    for i in 0..20 {
+        specs.push(gateway(
+            &format!("/svc{i}"),
+            PathType::Prefix,
+            m(None, None, &[("x-svc", "on")], &[]),
+            100 + i,
+        ));
+    }
+    let (table, issues) = RouteTable::build(specs).unwrap();
+    assert!(issues.is_empty(), "{issues:?}");
+    let get = SimpleRequest::get();
+    let post = SimpleRequest::new("POST");
+    let canary = SimpleRequest::get()
+        .with_header("X-Env", "canary")
+        .with_header("x-team", "a");
+    let svc = SimpleRequest::get().with_header("x-svc", "on");
+    let long_dotty = format!("/api/{}?x=1", "./".repeat(1000));
+    let requests: Vec<(&str, &SimpleRequest, Option<u32>)> = vec![
+        ("/api/x", &post, Some(2)),
+        ("/api/x", &canary, Some(3)),
+        ("/api/x", &get, Some(1)),
+        ("/api/v1/users/?a=1&page=2", &get, Some(4)),
+        ("/api/v1/users/?page=%32", &get, Some(4)),
+        ("/api/v1/users/?page=3", &get, Some(1)),
+        ("/%61pi//x?y", &post, Some(2)),
+        ("/legacy/a", &get, Some(5)),
+        ("/svc7/a", &svc, Some(107)),
+        ("/svc7/a", &get, Some(1)),
+        (&long_dotty, &canary, Some(3)),
+        ("*", &get, None),
+    ];
+    for (target, request, _) in &requests {
+        let _ = table.lookup_request("gw.example.com", target, *request);
+    }
+    for (target, request, want) in &requests {
+        let mut got = None;
+        let allocations = count_allocations(|| {
+            got = table
+                .lookup_request("GW.example.com:443", target, *request)
+                .map(|m| *m.backend)
+        });
+        assert_eq!(got, *want, "lookup_request({target:?}, {request:?})");
+        assert_eq!(allocations, 0, "lookup_request({target:?}) allocated");
     }
 }
 

@@ -4,7 +4,9 @@
 
 #![allow(dead_code)]
 
-use tuna_routing::{PathType, RouteSpec};
+use std::cmp::Reverse;
+
+use tuna_routing::{Matcher, PathType, RouteSpec};
 
 pub fn naive_host(raw: &str) -> Option<String> {
     let without_port = if raw.starts_with('[') {
@@ -150,42 +152,204 @@ fn matches(spec: &RouteSpec<u32>, request: &str) -> bool {
 
 /// The index of the spec that should serve the request. Specs must be valid.
 pub fn naive_lookup(specs: &[RouteSpec<u32>], host: &str, path: &str) -> Option<usize> {
-    let host = naive_host(host)?;
-    let path = naive_path(path)?;
+    naive_lookup_request(specs, host, path, "GET", &[])
+}
+
+/// The specs of the host pattern a request host selects: its exact host
+/// if any spec names it, else the one-label wildcard over it.
+fn host_pool(specs: &[RouteSpec<u32>], host: &str) -> Vec<usize> {
     let exact: Vec<usize> = (0..specs.len())
-        .filter(|&i| spec_host(&specs[i]) == (false, host.clone()))
+        .filter(|&i| spec_host(&specs[i]) == (false, host.to_string()))
         .collect();
-    let pool = if !exact.is_empty() {
-        exact
-    } else {
-        (0..specs.len())
-            .filter(|&i| {
-                let (wild, suffix) = spec_host(&specs[i]);
-                wild && host
-                    .split_once('.')
-                    .is_some_and(|(label, rest)| !label.is_empty() && rest == suffix)
-            })
-            .collect()
-    };
-    let winners: Vec<usize> = pool
-        .iter()
-        .copied()
+    if !exact.is_empty() {
+        return exact;
+    }
+    (0..specs.len())
+        .filter(|&i| {
+            let (wild, suffix) = spec_host(&specs[i]);
+            wild && host
+                .split_once('.')
+                .is_some_and(|(label, rest)| !label.is_empty() && rest == suffix)
+        })
+        .collect()
+}
+
+/// [`naive_lookup`] with a method, headers (in request order) and the
+/// query of `target`. Specs must be valid.
+pub fn naive_lookup_request(
+    specs: &[RouteSpec<u32>],
+    host: &str,
+    target: &str,
+    method: &str,
+    headers: &[(String, String)],
+) -> Option<usize> {
+    let host = naive_host(host)?;
+    let path = naive_path(target)?;
+    let pool = host_pool(specs, &host);
+    if pool.iter().any(|&i| is_gateway(&specs[i])) {
+        let query = target
+            .split('#')
+            .next()
+            .unwrap()
+            .split_once('?')
+            .map_or("", |(_, q)| q);
+        return pool
+            .into_iter()
+            .filter(|&i| !naive_is_conflict_loser(specs, i))
+            .filter(|&i| matches(&specs[i], &path))
+            .filter(|&i| conditions_hold(&specs[i], method, headers, query))
+            .min_by_key(|&i| gateway_order(specs, i));
+    }
+    pool.into_iter()
         .filter(|&i| !naive_is_conflict_loser(specs, i))
-        .collect();
-    winners
-        .into_iter()
         .filter(|&i| matches(&specs[i], &path))
         .max_by_key(|&i| (key(&specs[i]).len(), specs[i].path_type == PathType::Exact))
 }
 
-/// A spec loses when an equal rule has a smaller (tie-break, rule, path, index).
+fn is_gateway(spec: &RouteSpec<u32>) -> bool {
+    matches!(spec.matcher, Matcher::Gateway(_))
+}
+
+/// A spec's conditions, as (hostname, method, sorted headers with lower
+/// case names, sorted query); an Ingress spec has its host as hostname.
+type Conds = (
+    String,
+    Option<String>,
+    Vec<(String, String)>,
+    Vec<(String, String)>,
+);
+
+fn conds(spec: &RouteSpec<u32>) -> Conds {
+    match &spec.matcher {
+        Matcher::Ingress => (
+            spec.host.trim_end_matches('.').to_lowercase(),
+            None,
+            vec![],
+            vec![],
+        ),
+        Matcher::Gateway(m) => {
+            let mut headers: Vec<_> = m
+                .headers
+                .iter()
+                .map(|(n, v)| (n.to_lowercase(), v.clone()))
+                .collect();
+            headers.sort();
+            let mut query = m.query.clone();
+            query.sort();
+            (
+                m.hostname.clone().unwrap_or_default().to_lowercase(),
+                m.method.clone(),
+                headers,
+                query,
+            )
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && b[i + 1].is_ascii_hexdigit()
+            && b[i + 2].is_ascii_hexdigit()
+        {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn conditions_hold(
+    spec: &RouteSpec<u32>,
+    method: &str,
+    headers: &[(String, String)],
+    query: &str,
+) -> bool {
+    let (_, want_method, want_headers, want_query) = conds(spec);
+    let params: Vec<(Vec<u8>, Vec<u8>)> = query
+        .split('&')
+        .map(|pair| {
+            let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(n), percent_decode(v))
+        })
+        .collect();
+    want_method.is_none_or(|m| m == method)
+        && want_headers.iter().all(|(name, value)| {
+            headers
+                .iter()
+                .find(|(n, _)| n.to_lowercase() == *name)
+                .is_some_and(|(_, v)| v == value)
+        })
+        && want_query.iter().all(|(name, value)| {
+            params
+                .iter()
+                .find(|(n, _)| n == name.as_bytes())
+                .is_some_and(|(_, v)| v == value.as_bytes())
+        })
+}
+
+/// The Gateway API precedence, written out as one key: smaller first.
+#[allow(clippy::type_complexity)]
+fn gateway_order(
+    specs: &[RouteSpec<u32>],
+    i: usize,
+) -> (
+    Reverse<usize>,
+    Reverse<usize>,
+    Reverse<bool>,
+    Reverse<usize>,
+    Reverse<bool>,
+    Reverse<usize>,
+    Reverse<usize>,
+    tuna_routing::TieBreak,
+    usize,
+    usize,
+    usize,
+) {
+    let spec = &specs[i];
+    let (hostname, method, headers, query) = conds(spec);
+    let non_wildcard = if hostname.starts_with('*') {
+        0
+    } else {
+        hostname.len()
+    };
+    let exact = spec.path_type == PathType::Exact;
+    (
+        Reverse(non_wildcard),
+        Reverse(hostname.len()),
+        Reverse(exact),
+        Reverse(if exact { 0 } else { key(spec).len() }),
+        Reverse(method.is_some()),
+        Reverse(headers.len()),
+        Reverse(query.len()),
+        spec.tie_break.clone(),
+        spec.origin.rule,
+        spec.origin.path,
+        i,
+    )
+}
+
+/// A spec loses when an equal rule has a smaller (tie-break, rule, path,
+/// index); on a Gateway host, equal also means the same conditions and
+/// hostname.
 pub fn naive_is_conflict_loser(specs: &[RouteSpec<u32>], i: usize) -> bool {
     let a = &specs[i];
+    let gateway_host = specs
+        .iter()
+        .any(|s| spec_host(s) == spec_host(a) && is_gateway(s));
     specs.iter().enumerate().any(|(j, b)| {
         j != i
             && spec_host(a) == spec_host(b)
             && (a.path_type == PathType::Exact) == (b.path_type == PathType::Exact)
             && key(a) == key(b)
+            && (!gateway_host || conds(a) == conds(b))
             && (b.tie_break.clone(), b.origin.rule, b.origin.path, j)
                 < (a.tie_break.clone(), a.origin.rule, a.origin.path, i)
     })
