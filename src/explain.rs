@@ -12,14 +12,18 @@ use std::path::PathBuf;
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
+use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
 use tuna_crds::{Domain, Tunnel};
 use tuna_routing::{HostSelection, Outcome, RouteTable};
 
+use crate::plan::gateway::GROUP as GATEWAY_GROUP;
+use crate::plan::httproute::GatewayInputs;
 use crate::plan::ingress::{DEFAULT_INGRESS_CLASS, ServicePort, SkipKind, TranslateOptions};
-use crate::plan::service::ServiceIndex;
+use crate::plan::service::{ServiceIndex, ServiceInfo};
 use crate::plan::{Backend, Backends, HostRoute, Inputs, Kind, PlanOptions, Reason, Refusal, plan};
 use crate::{Error, cluster, manifest};
 
@@ -53,6 +57,12 @@ pub struct ExplainArgs {
     /// The IngressClass name the controller answers to.
     #[arg(long, default_value = DEFAULT_INGRESS_CLASS)]
     pub ingress_class: String,
+    /// The request's method (HTTPRoute `method` matches).
+    #[arg(long, default_value = "GET")]
+    pub method: String,
+    /// A request header, `Name: value` (repeatable; HTTPRoute header matches).
+    #[arg(long = "header", value_name = "NAME: VALUE")]
+    pub headers: Vec<String>,
     /// The URL to explain, e.g. `https://shop.example.com/api/users?page=2`.
     pub url: String,
 }
@@ -118,6 +128,260 @@ pub struct ExplainJson {
     /// example `HostOwnedByOtherNamespace`, `HostConflict`); left out when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refused_tunnels: Vec<RefusedTunnelJson>,
+    /// With Gateway API objects: the status, backends and route.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayJson>,
+}
+
+/// What `route explain` adds when it reads Gateway API objects.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayJson {
+    /// The status the edge answers when no backend serves: 404 when nothing
+    /// matched, 500 when the matched rule has no valid backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// The matched rule's valid backends with weight > 0.
+    pub backends: Vec<BackendJson>,
+    /// The matched rule's refused backendRefs.
+    pub invalid_backends: Vec<InvalidBackendJson>,
+    /// The matched rule.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<RouteJson>,
+    /// Every candidate rule of the host and its fate.
+    pub candidates: Vec<CandidateJson>,
+    /// HTTPRoutes (or their hosts) not served, and why.
+    pub refused_routes: Vec<RefusedRouteJson>,
+}
+
+/// One backend of the matched rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendJson {
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The Service's name.
+    pub service: String,
+    /// The port as the backendRef (or Ingress) gives it.
+    pub port: Option<serde_json::Value>,
+    /// The weight (1 when omitted).
+    pub weight: u32,
+}
+
+/// One refused backendRef of the matched rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InvalidBackendJson {
+    /// The namespace it names.
+    pub namespace: String,
+    /// The name it names.
+    pub service: String,
+    /// Its kind (`Service`, or `group/kind`).
+    pub kind: String,
+    /// Its port.
+    pub port: Option<i32>,
+    /// `RefNotPermitted`, `BackendNotFound`, `InvalidKind`, …
+    pub reason: String,
+    /// For a human.
+    pub message: String,
+}
+
+/// The object and rule that matched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteJson {
+    /// `HTTPRoute`, `Ingress` or `Tunnel`.
+    pub kind: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The rule's index (0-based).
+    pub rule: usize,
+}
+
+/// A candidate rule for the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CandidateJson {
+    /// `HTTPRoute`, `Ingress` or `Tunnel`.
+    pub kind: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Rule index.
+    pub rule: usize,
+    /// Match index in the rule (path index for an Ingress).
+    #[serde(rename = "match")]
+    pub match_index: usize,
+    /// The host it is published on.
+    pub host: String,
+    /// Its path.
+    pub path: String,
+    /// `Exact` or `Prefix`.
+    pub path_type: String,
+    /// `Selected`, `PathDoesNotMatch`, `MethodDoesNotMatch`, …
+    pub outcome: String,
+    /// For a human.
+    pub message: String,
+}
+
+/// An HTTPRoute refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RefusedRouteJson {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Reason.
+    pub reason: String,
+    /// For a human.
+    pub message: String,
+}
+
+/// The request as `route explain` is told it.
+struct ExplainRequest {
+    method: String,
+    headers: Vec<(String, String)>,
+}
+
+impl tuna_routing::RequestView for ExplainRequest {
+    fn method(&self) -> &str {
+        &self.method
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn explain_request(args: &ExplainArgs) -> crate::Result<ExplainRequest> {
+    let mut headers = Vec::new();
+    for h in &args.headers {
+        let Some((name, value)) = h.split_once(':') else {
+            return Err(Error::ManifestsInvalid(vec![format!(
+                "--header {h:?}: expected `Name: value`"
+            )]));
+        };
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    Ok(ExplainRequest {
+        method: args.method.to_ascii_uppercase(),
+        headers,
+    })
+}
+
+fn kind_of(spec: &HostRoute) -> &'static str {
+    match (&spec.matcher, &spec.backend.url) {
+        (tuna_routing::Matcher::Gateway(_), _) => "HTTPRoute",
+        (_, Some(_)) => "Tunnel",
+        _ => "Ingress",
+    }
+}
+
+fn gateway_json(
+    why: &tuna_routing::Explanation<'_, Backend>,
+    plan: &crate::plan::Plan,
+    host: &str,
+) -> GatewayJson {
+    let mut json = GatewayJson {
+        status: None,
+        backends: Vec::new(),
+        invalid_backends: Vec::new(),
+        route: None,
+        candidates: why
+            .candidates
+            .iter()
+            .map(|c| CandidateJson {
+                kind: kind_of(c.spec).into(),
+                namespace: c.spec.origin.namespace.clone(),
+                name: c.spec.origin.name.clone(),
+                rule: c.spec.origin.rule,
+                match_index: c.spec.origin.path,
+                host: c.spec.host.clone(),
+                path: c.spec.path.clone(),
+                path_type: c.spec.path_type.as_str().into(),
+                outcome: c.outcome.as_str().into(),
+                message: c.outcome.to_string(),
+            })
+            .collect(),
+        refused_routes: plan
+            .refusals
+            .iter()
+            .filter(|r| r.object.kind == Kind::HttpRoute)
+            .filter(|r| {
+                !matches!(
+                    r.reason,
+                    Reason::HostNotReserved
+                        | Reason::HostOwnedByOtherNamespace
+                        | Reason::HostUsedByIngress
+                        | Reason::HostUsedByTunnel
+                ) || r.message.contains(host)
+            })
+            .map(|r| RefusedRouteJson {
+                namespace: r.object.namespace.clone(),
+                name: r.object.name.clone(),
+                reason: r.reason.as_str().into(),
+                message: r.message.clone(),
+            })
+            .collect(),
+    };
+    let Some(m) = &why.winner else {
+        json.status = Some(404);
+        return json;
+    };
+    json.route = Some(RouteJson {
+        kind: kind_of(m.spec).into(),
+        namespace: m.spec.origin.namespace.clone(),
+        name: m.spec.origin.name.clone(),
+        rule: m.spec.origin.rule,
+    });
+    match &m.backend.gateway {
+        Some(action) => {
+            json.backends = action
+                .backends
+                .iter()
+                .map(|b| BackendJson {
+                    namespace: b.namespace.clone(),
+                    service: b.service.clone(),
+                    port: b.port.map(serde_json::Value::from),
+                    weight: b.weight,
+                })
+                .collect();
+            json.invalid_backends = action
+                .invalid
+                .iter()
+                .map(|b| InvalidBackendJson {
+                    namespace: b.namespace.clone(),
+                    service: b.name.clone(),
+                    kind: b.kind.clone(),
+                    port: b.port,
+                    reason: b.reason.clone(),
+                    message: b.message.clone(),
+                })
+                .collect();
+            // A redirect answers without a backend.
+            let redirects = action
+                .filters
+                .iter()
+                .any(|f| matches!(f, tuna_routing::action::Filter::RequestRedirect(_)));
+            if json.backends.is_empty() && !redirects {
+                json.status = Some(500);
+            }
+        }
+        None => {
+            if let Some(s) = &m.backend.service {
+                json.backends.push(BackendJson {
+                    namespace: s.namespace.clone(),
+                    service: s.name.clone(),
+                    port: serde_json::to_value(&s.port).ok(),
+                    weight: 1,
+                });
+            }
+        }
+    }
+    json
 }
 
 /// An http Tunnel for the explained host that is not published.
@@ -223,12 +487,33 @@ pub struct Snapshot {
     pub domains: Vec<Arc<Domain>>,
     /// Services, when they are known (a cluster); files leave backends unchecked.
     pub services: Option<ServiceIndex>,
+    /// The Services of `-f` files with Gateway API objects: known, not dialled.
+    pub file_services: Option<ServiceIndex>,
     /// The names of the cluster's IngressClasses whose controller is ours.
     pub classes: Vec<String>,
     /// One of them is the cluster's default.
     pub is_default_class: bool,
     /// The edge's base domain as the cluster's Domains show it (`status.fqdn`).
     pub base_domain: Option<String>,
+    /// GatewayClasses (all controllers).
+    pub gateway_classes: Vec<Arc<GatewayClass>>,
+    /// Gateways.
+    pub gateways: Vec<Arc<Gateway>>,
+    /// HTTPRoutes.
+    pub http_routes: Vec<Arc<HttpRoute>>,
+    /// ReferenceGrants.
+    pub grants: Vec<Arc<ReferenceGrant>>,
+    /// Namespaces (their labels, for listeners' namespace selectors).
+    pub namespaces: Vec<Arc<Namespace>>,
+}
+
+impl Snapshot {
+    /// Whether Gateway API objects take part.
+    pub fn has_gateway_api(&self) -> bool {
+        !self.gateway_classes.is_empty()
+            || !self.gateways.is_empty()
+            || !self.http_routes.is_empty()
+    }
 }
 
 /// Reads the `-f` files: Ingresses, Tunnels and Domains; other kinds are ignored.
@@ -240,6 +525,7 @@ pub fn snapshot_from_files(files: &[PathBuf]) -> crate::Result<Snapshot> {
     }
     let mut snapshot = Snapshot::default();
     let mut problems = Vec::new();
+    let mut file_services = Vec::new();
     for object in &loaded.objects {
         let result = match object.kind.as_str() {
             "Ingress" if object.api_version != "networking.k8s.io/v1" => {
@@ -258,6 +544,24 @@ pub fn snapshot_from_files(files: &[PathBuf]) -> crate::Result<Snapshot> {
             "Domain" if object.is(tuna_crds::GROUP, "Domain") => object
                 .parse::<Domain>()
                 .map(|d| snapshot.domains.push(Arc::new(d))),
+            "GatewayClass" if object.is(GATEWAY_GROUP, "GatewayClass") => object
+                .parse::<GatewayClass>()
+                .map(|c| snapshot.gateway_classes.push(Arc::new(c))),
+            "Gateway" if object.is(GATEWAY_GROUP, "Gateway") => object
+                .parse::<Gateway>()
+                .map(|g| snapshot.gateways.push(Arc::new(g))),
+            "HTTPRoute" if object.is(GATEWAY_GROUP, "HTTPRoute") => object
+                .parse::<HttpRoute>()
+                .map(|r| snapshot.http_routes.push(Arc::new(r))),
+            "ReferenceGrant" if object.is(GATEWAY_GROUP, "ReferenceGrant") => object
+                .parse::<ReferenceGrant>()
+                .map(|g| snapshot.grants.push(Arc::new(g))),
+            "Namespace" if object.api_version == "v1" => object
+                .parse::<Namespace>()
+                .map(|n| snapshot.namespaces.push(Arc::new(n))),
+            "Service" if object.api_version == "v1" => object
+                .parse::<Service>()
+                .map(|svc| file_services.push(ServiceInfo::from_service(&svc))),
             _ => continue,
         };
         if let Err(e) = result {
@@ -266,6 +570,11 @@ pub fn snapshot_from_files(files: &[PathBuf]) -> crate::Result<Snapshot> {
     }
     if !problems.is_empty() {
         return Err(Error::ManifestsInvalid(problems));
+    }
+    // Gateway API backendRefs are checked against the Services of the files
+    // (without dialling them); Ingress backends stay unchecked, as before.
+    if snapshot.has_gateway_api() {
+        snapshot.file_services = Some(ServiceIndex::new(file_services));
     }
     Ok(snapshot)
 }
@@ -321,6 +630,36 @@ async fn read_snapshot(class: &str) -> crate::Result<Snapshot> {
             services.push(info);
         }
     }
+    let gateway = read_gateway_api(&client).await?;
+    let mut known: std::collections::BTreeSet<(String, String)> = services
+        .iter()
+        .map(|s: &ServiceInfo| (s.namespace.clone(), s.name.clone()))
+        .collect();
+    for route in &gateway.http_routes {
+        let route_ns = route.metadata.namespace.as_deref().unwrap_or("default");
+        for rule in route.spec.rules.iter().flatten() {
+            for b in rule.backend_refs.iter().flatten() {
+                if !b.group.as_deref().unwrap_or("").is_empty()
+                    || b.kind.as_deref().unwrap_or("Service") != "Service"
+                {
+                    continue;
+                }
+                let namespace = b.namespace.clone().unwrap_or_else(|| route_ns.to_owned());
+                if !known.insert((namespace.clone(), b.name.clone())) {
+                    continue;
+                }
+                if let Some(info) = cluster::read_service(&client, &namespace, &b.name)
+                    .await
+                    .map_err(Error::kube(format!(
+                        "reading Service {namespace}/{}",
+                        b.name
+                    )))?
+                {
+                    services.push(info);
+                }
+            }
+        }
+    }
     Ok(Snapshot {
         base_domain: cluster::base_domain_of(&domains),
         ingresses,
@@ -329,6 +668,57 @@ async fn read_snapshot(class: &str) -> crate::Result<Snapshot> {
         services: Some(ServiceIndex::new(services)),
         classes: options.also,
         is_default_class: options.is_default_class,
+        ..gateway
+    })
+}
+
+/// Lists the Gateway API objects (none when the CRDs are not installed)
+/// and the Namespaces.
+async fn read_gateway_api(client: &kube::Client) -> crate::Result<Snapshot> {
+    async fn list<K>(client: &kube::Client, what: &str) -> crate::Result<Vec<Arc<K>>>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        K::DynamicType: Default,
+    {
+        match Api::<K>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+        {
+            Ok(list) => Ok(list.items.into_iter().map(Arc::new).collect()),
+            // The CRD is not installed: there is nothing of this kind.
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(Error::kube(format!("listing {what}"))(e)),
+        }
+    }
+    let classes = match Api::<GatewayClass>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items.into_iter().map(Arc::new).collect(),
+        Err(kube::Error::Api(e)) if e.code == 404 => Vec::new(),
+        Err(e) => return Err(Error::kube("listing GatewayClasses")(e)),
+    };
+    if classes.is_empty() {
+        return Ok(Snapshot::default());
+    }
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing Namespaces"))?
+        .items
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+    Ok(Snapshot {
+        gateway_classes: classes,
+        gateways: list::<Gateway>(client, "Gateways").await?,
+        http_routes: list::<HttpRoute>(client, "HTTPRoutes").await?,
+        grants: list::<ReferenceGrant>(client, "ReferenceGrants").await?,
+        namespaces,
+        ..Snapshot::default()
     })
 }
 
@@ -352,9 +742,13 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
         .map(|h| h.to_ascii_lowercase())
         .collect();
     let empty = ServiceIndex::default();
-    let services = match &snapshot.services {
-        Some(index) => index,
-        None => {
+    let services = match (&snapshot.services, &snapshot.file_services) {
+        (Some(index), _) => index,
+        (None, Some(index)) => {
+            options.backends = Backends::Declared;
+            index
+        }
+        (None, None) => {
             options.backends = Backends::Unchecked;
             &empty
         }
@@ -364,14 +758,34 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
         tunnels: &snapshot.tunnels,
         domains: &snapshot.domains,
         tcp_endpoints: &[],
-        gateway: Default::default(),
+        gateway: GatewayInputs {
+            classes: &snapshot.gateway_classes,
+            gateways: &snapshot.gateways,
+            http_routes: &snapshot.http_routes,
+            grants: &snapshot.grants,
+            namespaces: &snapshot.namespaces,
+        },
     };
     let plan = plan(&inputs, services, &options);
-    let specs: Vec<HostRoute> = plan
+    let mut specs: Vec<HostRoute> = plan
         .hosts
         .values()
         .flat_map(|h| h.routes.iter().chain(&h.refused).cloned())
         .collect();
+    // A request by IP address reaches only what no hostname restricts.
+    let ip_host = tuna_routing::normalize_host(&host).is_some_and(|h| {
+        h.trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok()
+    });
+    if ip_host && let Some(canonical) = tuna_routing::normalize_host(&host) {
+        specs.extend(plan.gateway.catch_all.iter().map(|s| {
+            let mut s = s.clone();
+            s.host = canonical.to_string();
+            s
+        }));
+    }
+    let request = explain_request(args)?;
     let (table, _) = RouteTable::build(specs).map_err(Error::RouteTable)?;
     let skipped: Vec<SkippedJson> = plan
         .refusals
@@ -400,12 +814,15 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
         })
         .collect();
 
-    let why = table.explain(&host, &path);
+    let why = table.explain_request(&host, &path, &request);
+    let gateway = snapshot
+        .has_gateway_api()
+        .then(|| gateway_json(&why, &plan, &host_lower));
     let json = match &why.winner {
         Some(m) => ExplainJson {
             matched: true,
             namespace: Some(m.spec.origin.namespace.clone()),
-            ingress: m.backend.url.is_none().then(|| m.spec.origin.name.clone()),
+            ingress: (kind_of(m.spec) == "Ingress").then(|| m.spec.origin.name.clone()),
             host: Some(m.spec.host.clone()),
             path: Some(m.spec.path.clone()),
             path_type: Some(m.spec.path_type.as_str().to_owned()),
@@ -413,6 +830,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
             port: m.backend.service.as_ref().map(|s| s.port.clone()),
             skipped,
             refused_tunnels,
+            gateway,
         },
         None => ExplainJson {
             matched: false,
@@ -425,11 +843,12 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
             port: None,
             skipped,
             refused_tunnels,
+            gateway,
         },
     };
     let notes = Notes {
-        no_ingress: snapshot.ingresses.is_empty(),
-        unchecked_backends: snapshot.services.is_none(),
+        no_ingress: snapshot.ingresses.is_empty() && !snapshot.has_gateway_api(),
+        unchecked_backends: snapshot.services.is_none() && snapshot.file_services.is_none(),
     };
     let text = render_text(&args.url, &why, &json, notes);
     Ok(ExplainReport { json, text })
@@ -468,6 +887,42 @@ fn render_text(
                 out,
                 "Result: served by Tunnel {}/{} -> {}",
                 m.spec.origin.namespace, m.spec.origin.name, m.backend
+            );
+        }
+        Some(m) if m.backend.gateway.is_some() => {
+            let action = m.backend.gateway.as_deref().expect("checked");
+            let backends: Vec<String> = action
+                .backends
+                .iter()
+                .map(|b| {
+                    format!(
+                        "Service {}/{}:{} (weight {})",
+                        b.namespace,
+                        b.service,
+                        b.port.map(|p| p.to_string()).unwrap_or_default(),
+                        b.weight
+                    )
+                })
+                .collect();
+            let target = if backends.is_empty() {
+                let refused: Vec<String> = action
+                    .invalid
+                    .iter()
+                    .map(|b| format!("{}/{} {}", b.namespace, b.name, b.reason))
+                    .collect();
+                format!("no valid backend, 500 ({})", refused.join(", "))
+            } else {
+                backends.join(", ")
+            };
+            let _ = writeln!(
+                out,
+                "Result: served by HTTPRoute {}/{} rule {} match {} ({} {}) -> {target}",
+                m.spec.origin.namespace,
+                m.spec.origin.name,
+                m.spec.origin.rule,
+                m.spec.origin.path,
+                m.spec.path_type,
+                m.spec.path,
             );
         }
         Some(m) => {

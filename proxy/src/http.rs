@@ -50,19 +50,7 @@ use crate::pages::error_page;
 use crate::routes::{CompiledBackend, GatewayRule, Table};
 use crate::shared::Shared;
 
-/// What a route lookup may read of a request besides its host and path:
-/// the shape of the routing crate's `RequestView` (Gateway API matches on
-/// method and headers), implemented by each path's own request type.
-#[expect(
-    dead_code,
-    reason = "read once lookups take the request (lookup_request)"
-)]
-pub(crate) trait RequestView {
-    /// The method, as sent.
-    fn method(&self) -> &str;
-    /// The first value of a header, by lower-case name.
-    fn header(&self, name_lower: &str) -> Option<&str>;
-}
+pub(crate) use tuna_routing::RequestView;
 
 /// A Pingora request head, as a lookup reads it.
 pub(crate) struct PingoraRequest<'a>(pub(crate) &'a RequestHeader);
@@ -84,9 +72,7 @@ pub(crate) fn route_lookup<'t>(
     path_and_query: &str,
     request: &impl RequestView,
 ) -> Option<Match<'t, Arc<CompiledBackend>>> {
-    // lookup_request: table.lookup_request(host, path_and_query, request)
-    let _ = request;
-    table.lookup(host, path_and_query)
+    table.lookup_request(host, path_and_query, request)
 }
 
 /// What a connection that the proxy did not route itself is bound to,

@@ -363,6 +363,18 @@ pub struct Backend {
 
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(action) = &self.gateway {
+            let names: Vec<String> = action
+                .backends
+                .iter()
+                .map(|b| format!("{}/{}", b.namespace, b.service))
+                .collect();
+            return if names.is_empty() {
+                f.write_str("500 (no valid backend)")
+            } else {
+                f.write_str(&names.join(", "))
+            };
+        }
         match (&self.service, &self.url, &self.upstream) {
             (Some(s), _, _) => write!(f, "{s}"),
             (None, _, Some(u)) => write!(f, "{u}"),

@@ -506,3 +506,125 @@ fn data_dir_keeps_tcp_ports() {
         ])
     );
 }
+
+/// A GatewayClass, a Gateway and an HTTPRoute for `shop.localhost` (its
+/// Domain reserves it), with the given rules (YAML list items).
+fn shop_gateway(rules: &str) -> String {
+    format!(
+        r#"apiVersion: k8s.tuna.am/v1alpha1
+kind: Domain
+metadata: {{name: shop}}
+spec: {{subdomain: shop}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tuna}}
+spec: {{controllerName: k8s.tuna.am/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: public}}
+spec:
+  gatewayClassName: tuna
+  listeners: [{{name: http, protocol: HTTP, port: 80}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: shop}}
+spec:
+  parentRefs: [{{name: public}}]
+  hostnames: [shop.localhost]
+  rules:
+{rules}"#
+    )
+}
+
+/// Standalone mode serves HTTPRoutes from files: header and path matching by
+/// the specification's precedence, a rewrite, a redirect, and a rule added
+/// later goes live on the same tunnel session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn httproutes_from_files_through_the_edge() {
+    let (web, api, echo) = (
+        http_backend("web").await,
+        http_backend("api").await,
+        echo_backend().await,
+    );
+    let api_port = api.port();
+    let rules = format!(
+        r#"  - backendRefs: [{{name: web, port: 80}}]
+  - matches:
+    - path: {{type: PathPrefix, value: /api}}
+      headers: [{{name: X-Version, value: "2"}}]
+    filters:
+    - type: URLRewrite
+      urlRewrite: {{path: {{type: ReplacePrefixMatch, replacePrefixMatch: /v2}}}}
+    backendRefs: [{{name: api, port: {api_port}}}]
+  - matches: [{{path: {{type: Exact, value: /old}}}}]
+    filters:
+    - type: RequestRedirect
+      requestRedirect: {{path: {{type: ReplaceFullPath, replaceFullPath: /new}}, statusCode: 301}}
+"#
+    );
+    let env = Env::start(&[
+        ("services.yaml", services(web, api, echo)),
+        ("shop.yaml", shop_gateway(&rules)),
+    ])
+    .await;
+    let key = TunnelKey::Host("shop.localhost".into());
+    let session = env.standalone.session_ids().await[&key]
+        .clone()
+        .expect("connected");
+
+    let url = |path: &str| format!("http://shop.localhost:{}{path}", env.port);
+    let get = |path: &str, version: Option<&str>| {
+        let mut request = env.client.get(url(path));
+        if let Some(v) = version {
+            request = request.header("x-version", v);
+        }
+        request.send()
+    };
+    // Without the header the API prefix is not matched: the site serves.
+    let plain = get("/api/orders", None)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(parse_body(&plain)["backend"], "web", "{plain}");
+    // With it, the API, on the rewritten path.
+    let v2 = get("/api/orders", Some("2"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let v2 = parse_body(&v2);
+    assert_eq!(
+        (v2["backend"].as_str(), v2["path"].as_str()),
+        ("api", "/v2/orders")
+    );
+    // The redirect is answered by the proxy.
+    let no_follow = reqwest::Client::builder()
+        .resolve("shop.localhost", env.standalone.http_addr().unwrap())
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let moved = no_follow.get(url("/old")).send().await.unwrap();
+    assert_eq!(moved.status().as_u16(), 301);
+    let location = moved.headers()["location"].to_str().unwrap().to_owned();
+    assert!(location.ends_with("/new"), "{location}");
+
+    // A rule added later: live without reconnecting.
+    let more = format!(
+        "{rules}  - matches: [{{path: {{type: PathPrefix, value: /admin}}}}]\n    backendRefs: [{{name: api, port: {api_port}}}]\n"
+    );
+    env.change("shop.yaml", Some(shop_gateway(&more))).await;
+    let admin = get("/admin", None).await.unwrap().text().await.unwrap();
+    assert_eq!(parse_body(&admin)["backend"], "api", "{admin}");
+    assert_eq!(
+        env.standalone.session_ids().await[&key],
+        Some(session),
+        "same tunnel session after a route change"
+    );
+    env.standalone.shutdown().await;
+}
