@@ -73,6 +73,7 @@ async fn demo_quickstart_serves_and_stops_on_sigterm() {
     for published in [
         format!("http://shop.localhost:{port}/api"),
         format!("http://web.localhost:{port}/"),
+        format!("http://store.localhost:{port}/api"),
         format!("tcp://127.0.0.1:{tcp}"),
     ] {
         assert!(

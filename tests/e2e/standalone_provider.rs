@@ -74,6 +74,14 @@ fn the_examples_publish_everything_and_skip_nothing() {
                 "127.0.0.1:3001".to_owned()
             ),
             (
+                "store.localhost/ Prefix".to_owned(),
+                "Service default/web:80 (weight 1)".to_owned()
+            ),
+            (
+                "store.localhost/api Prefix".to_owned(),
+                "Service default/api:80 (weight 1)".to_owned()
+            ),
+            (
                 "tcp default/echo alias echo".to_owned(),
                 "127.0.0.1:7000".to_owned()
             ),
@@ -87,8 +95,9 @@ fn the_examples_publish_everything_and_skip_nothing() {
         state.tunnels.keys().collect::<Vec<_>>(),
         ["default/echo", "default/web"]
     );
-    assert_eq!(state.domains.len(), 1);
-    assert_eq!(state.domains[0].fqdn, "shop.localhost");
+    let mut fqdns: Vec<&str> = state.domains.iter().map(|d| d.fqdn.as_str()).collect();
+    fqdns.sort();
+    assert_eq!(fqdns, ["shop.localhost", "store.localhost"]);
     assert_eq!(state.tcp_endpoints[0].alias, "echo");
 }
 
@@ -317,7 +326,7 @@ fn diff_touches_only_what_changed() {
         .unwrap()
         .replace("path: /api", "path: /v2");
     let mut all = String::new();
-    for f in ["services.yaml", "tunnel-http.yaml"] {
+    for f in ["services.yaml", "tunnel-http.yaml", "gateway.yaml"] {
         all.push_str(&std::fs::read_to_string(examples().join(f)).unwrap());
         all.push_str("\n---\n");
     }
@@ -424,7 +433,11 @@ fn report_lists_public_urls_and_skipped_reasons() {
         .tcp
         .insert("default/echo".into(), "127.0.0.1:30001".parse().unwrap());
     let text = render(&state, &addresses);
-    assert!(text.contains("Published (4):"), "{text}");
+    assert!(text.contains("Published (6):"), "{text}");
+    assert!(
+        text.contains("http://store.localhost:8080/api  Service default/api:80 (weight 1)"),
+        "{text}"
+    );
     assert!(text.contains("http://shop.localhost:8080/api"), "{text}");
     assert!(
         text.contains("http://127.0.0.1:3001 via Service default/api"),
