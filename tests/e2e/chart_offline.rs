@@ -875,6 +875,8 @@ fn the_gateway_class_renders_only_where_the_gateway_api_is_installed() {
         class[0]["spec"]["controllerName"],
         "k8s.tuna.am/gateway-controller"
     );
+    // The CRD's limit (a real API server refused a longer one).
+    assert!(class[0]["spec"]["description"].as_str().unwrap().len() <= 64);
     let renamed = classes(
         &format!("{case}gatewayAPI: {{gatewayClass: {{name: edge}}}}\n"),
         &with_crds,
