@@ -32,6 +32,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tuna_crds::{Domain, Tunnel};
 
+use super::gateway::{GatewaySnapshot, backend_services};
 use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
 use crate::Error;
 use crate::edge::publisher::{RouteBackend, Serving, TunnelKey, TunnelSpec, TunnelState};
@@ -41,6 +42,7 @@ use crate::plan::ingress::{
 use crate::plan::{HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
 use crate::reconcile::{apply_status, record_claims, resync};
+use tuna_routing::Matcher;
 
 /// The host a Domain reserves, given the base domain.
 fn domain_host(d: &Domain, base_domain: &str) -> Option<String> {
@@ -59,16 +61,17 @@ fn tunnel_host(t: &Tunnel, base_domain: &str) -> Option<String> {
         .flatten()
 }
 
-/// Plans `hosts` over the objects that touch them (pure). The Ingress `me`
+/// Plans `hosts` over the `objects` that touch them (pure; TCPEndpoints are
+/// not read). Of the Gateway API objects, the caller picks the HTTPRoutes
+/// that may serve one of `hosts`
+/// ([`super::gateway::GatewaySnapshot::touching`]). The Ingress `me`
 /// (the one being reconciled) is planned even when it names none of `hosts`:
 /// rules without a host or with only wildcard hosts touch no host, and their
 /// refusals (`RuleWithoutHost`, `WildcardHost`) come from the plan too.
 pub fn plan_hosts(
     hosts: &BTreeSet<String>,
     me: Option<&ObjectRef>,
-    ingresses: &[Arc<Ingress>],
-    tunnels: &[Arc<Tunnel>],
-    domains: &[Arc<Domain>],
+    objects: Inputs<'_>,
     services: &crate::plan::service::ServiceIndex,
     options: &PlanOptions,
 ) -> Plan {
@@ -76,13 +79,20 @@ pub fn plan_hosts(
         me.is_some_and(|me| *me == ObjectRef::of(Kind::Ingress, &i.metadata))
             || rule_hosts(i).iter().any(|h| hosts.contains(h))
     };
-    let ingresses: Vec<Arc<Ingress>> = ingresses.iter().filter(|i| touches(i)).cloned().collect();
-    let tunnels: Vec<Arc<Tunnel>> = tunnels
+    let ingresses: Vec<Arc<Ingress>> = objects
+        .ingresses
+        .iter()
+        .filter(|i| touches(i))
+        .cloned()
+        .collect();
+    let tunnels: Vec<Arc<Tunnel>> = objects
+        .tunnels
         .iter()
         .filter(|t| tunnel_host(t, &options.base_domain).is_some_and(|h| hosts.contains(&h)))
         .cloned()
         .collect();
-    let domains: Vec<Arc<Domain>> = domains
+    let domains: Vec<Arc<Domain>> = objects
+        .domains
         .iter()
         .filter(|d| domain_host(d, &options.base_domain).is_some_and(|h| hosts.contains(&h)))
         .cloned()
@@ -92,7 +102,7 @@ pub fn plan_hosts(
         tunnels: &tunnels,
         domains: &domains,
         tcp_endpoints: &[],
-        gateway: Default::default(),
+        gateway: objects.gateway,
     };
     plan(&inputs, services, options)
 }
@@ -103,20 +113,66 @@ pub fn routes_summary(host: &HostPlan) -> String {
         .routes
         .iter()
         .map(|r| {
-            let backend = r
-                .backend
-                .service
-                .as_ref()
-                .map(|s| format!("{}:{}", s.name, s.port))
-                .unwrap_or_default();
-            format!("{} {} -> {backend}", r.path_type, r.path)
+            let backend = backend_summary(&r.backend, &r.origin.namespace);
+            match &r.matcher {
+                Matcher::Gateway(m) => {
+                    let mut conditions = Vec::new();
+                    conditions.extend(m.method.clone());
+                    conditions.extend(m.headers.iter().map(|(n, v)| format!("header {n}={v}")));
+                    conditions.extend(m.query.iter().map(|(n, v)| format!("query {n}={v}")));
+                    let conditions = if conditions.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" [{}]", conditions.join(" "))
+                    };
+                    format!("{} {}{conditions} -> {backend}", r.path_type, r.path)
+                }
+                Matcher::Ingress => format!("{} {} -> {backend}", r.path_type, r.path),
+            }
         })
         .collect();
     routes.sort();
     routes.join(", ")
 }
 
-fn options_for(
+/// `web:80` (an Ingress backend), `web:80, v2:80 (weights 9:1)` (a
+/// Gateway API rule, other namespaces' Services qualified), or `500` (a rule
+/// without a usable backend).
+fn backend_summary(backend: &crate::plan::Backend, namespace: &str) -> String {
+    if let Some(s) = &backend.service {
+        return format!("{}:{}", s.name, s.port);
+    }
+    let Some(action) = &backend.gateway else {
+        return String::new();
+    };
+    if action.backends.is_empty() {
+        return "500".into();
+    }
+    let names: Vec<String> = action
+        .backends
+        .iter()
+        .map(|b| {
+            let port = b.port.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
+            if b.namespace == namespace {
+                format!("{}:{port}", b.service)
+            } else {
+                format!("{}/{}:{port}", b.namespace, b.service)
+            }
+        })
+        .collect();
+    let mut out = names.join(", ");
+    if action.backends.len() > 1 {
+        let weights: Vec<String> = action
+            .backends
+            .iter()
+            .map(|b| b.weight.to_string())
+            .collect();
+        out.push_str(&format!(" (weights {})", weights.join(":")));
+    }
+    out
+}
+
+pub(crate) fn options_for(
     state: &AgentState,
     ingress: TranslateOptions,
     base_domain: &str,
@@ -131,7 +187,9 @@ fn options_for(
 
 /// Plans and applies `hosts`: publish each host's routes, or stop its tunnel.
 /// Returns the plan. Other Ingresses of a host whose routes changed are
-/// re-reconciled (for their events and status), except `me`.
+/// re-reconciled (for their events and status), except `me`; HTTPRoutes
+/// that may serve one of `hosts` are planned with them (an HTTPRoute takes a
+/// host no Ingress or Tunnel publishes).
 async fn apply_hosts(
     state: &AgentState,
     hosts: &BTreeSet<String>,
@@ -151,38 +209,69 @@ async fn apply_hosts(
             state.services.ensure(namespace, &name).await?;
         }
     }
+    let gateway = GatewaySnapshot::of(state);
+    let routes = gateway.touching(hosts);
+    for (namespace, name) in routes.iter().flat_map(|r| backend_services(r)) {
+        state.services.ensure(&namespace, &name).await?;
+    }
+    let (tunnels, domains) = (state.stores.tunnels.state(), state.stores.domains.state());
     let plan = plan_hosts(
         hosts,
         me,
-        &ingresses,
-        &state.stores.tunnels.state(),
-        &state.stores.domains.state(),
+        Inputs {
+            ingresses: &ingresses,
+            tunnels: &tunnels,
+            domains: &domains,
+            tcp_endpoints: &[],
+            gateway: gateway.inputs(&routes),
+        },
         &state.services.snapshot(),
         options,
     );
+    publish_hosts(state, hosts, &plan, me).await;
+    Ok(plan)
+}
+
+/// The routes of a planned host as the publisher takes them.
+fn publishable_routes(h: &HostPlan) -> Vec<tuna_routing::RouteSpec<RouteBackend>> {
+    h.routes
+        .iter()
+        // Unresolved backends were refused by the plan already; a Gateway
+        // rule carries its own (resolved or 500) backends.
+        .filter_map(|r| {
+            let backend = RouteBackend::of(&r.backend)?;
+            Some(r.clone().map_backend(|_| backend))
+        })
+        .collect()
+}
+
+/// Publishes each of `hosts` as `plan` has it, or stops its tunnel when
+/// nothing publishes it (a Tunnel's host is the Tunnel reconciler's).
+/// Ingresses of a host whose routes changed are re-reconciled, except `me`.
+pub(crate) async fn publish_hosts(
+    state: &AgentState,
+    hosts: &BTreeSet<String>,
+    plan: &Plan,
+    me: Option<&ObjectRef>,
+) {
     for host in hosts {
         let key = TunnelKey::Host(host.clone());
         let tunnel_owned = owners_of(state, &key);
         match plan.hosts.get(host) {
             Some(h) if matches!(h.source, HostSource::Tunnel(_)) => {}
             Some(h) => {
-                let routes = h
-                    .routes
-                    .iter()
-                    // Unresolved backends were refused by the plan already.
-                    .filter_map(|r| {
-                        let backend = RouteBackend::of(&r.backend)?;
-                        Some(r.clone().map_backend(|_| backend))
-                    })
-                    .collect();
-                let mut token_labels = state.token_labels("Ingress", &h.namespace, host);
+                let kind = match h.source {
+                    HostSource::HttpRoutes(_) => Kind::HttpRoute,
+                    _ => Kind::Ingress,
+                };
+                let mut token_labels = state.token_labels(kind.as_str(), &h.namespace, host);
                 token_labels.insert(labels::HOST.to_owned(), label_value(host));
                 state.publisher.publish(
                     key,
                     TunnelSpec {
                         serving: Serving::Http {
                             host: host.clone(),
-                            routes,
+                            routes: publishable_routes(h),
                         },
                         labels: token_labels,
                         edge: Arc::clone(&state.ctx.edge),
@@ -199,7 +288,7 @@ async fn apply_hosts(
                     .is_none_or(|old| old != summary);
                 if changed {
                     for other in h.publishers() {
-                        if Some(&other) != me {
+                        if other.kind == Kind::Ingress && Some(&other) != me {
                             let _ = state.ingress_triggers.send(
                                 kube::runtime::reflector::ObjectRef::new(&other.name)
                                     .within(&other.namespace),
@@ -211,14 +300,13 @@ async fn apply_hosts(
             None if tunnel_owned.is_empty() => {
                 if state.publisher.state(&key).is_some() {
                     state.publisher.unpublish(&key).await;
-                    tracing::info!(%host, "no Ingress rule left: tunnel stopped, token revoked");
+                    tracing::info!(%host, "no route left: tunnel stopped, token revoked");
                 }
                 state.host_plans.lock().expect("host plans").remove(host);
             }
             None => {}
         }
     }
-    Ok(plan)
 }
 
 /// A deleted Ingress: its hosts are planned again without it.
@@ -243,6 +331,9 @@ pub async fn cleanup(state: &AgentState, namespace: &str, name: &str) -> Result<
         state.account_hosts().await,
     );
     apply_hosts(state, &hosts, Some(&object), &options).await?;
+    for host in &hosts {
+        state.trigger_gateway_on(host);
+    }
     Ok(())
 }
 
@@ -310,6 +401,9 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
         state.account_hosts().await,
     );
     let plan = apply_hosts(state, &affected, Some(&me), &options).await?;
+    for host in &affected {
+        state.trigger_gateway_on(host);
+    }
     state
         .claims
         .lock()
@@ -634,7 +728,16 @@ spec: {clusterIP: 10.0.0.2, ports: [{port: 80}]}",
         let mut options = PlanOptions::cluster("a.2na.am");
         options.account_hosts = ["shop.a.2na.am", "new.a.2na.am"].map(String::from).into();
         let hosts: BTreeSet<String> = ingresses.iter().flat_map(|i| rule_hosts(i)).collect();
-        let plan = plan_hosts(&hosts, None, &ingresses, &[], &[], &services, &options);
+        let plan = plan_hosts(
+            &hosts,
+            None,
+            Inputs {
+                ingresses: &ingresses,
+                ..Default::default()
+            },
+            &services,
+            &options,
+        );
         let (site, old) = (&ingresses[0], &ingresses[1]);
         let held = |i: &Ingress| {
             let me = ObjectRef::of(Kind::Ingress, &i.metadata);
@@ -676,9 +779,11 @@ spec:
         let plan = plan_hosts(
             &hosts,
             None,
-            &ingresses,
-            &[],
-            &domains,
+            Inputs {
+                ingresses: &ingresses,
+                domains: &domains,
+                ..Default::default()
+            },
             &services,
             &PlanOptions::cluster("a.2na.am"),
         );
@@ -692,9 +797,10 @@ spec:
         let unreserved = plan_hosts(
             &hosts,
             None,
-            &ingresses,
-            &[],
-            &[],
+            Inputs {
+                ingresses: &ingresses,
+                ..Default::default()
+            },
             &services,
             &PlanOptions::cluster("a.2na.am"),
         );
@@ -727,7 +833,16 @@ spec:
             let i = ingresses.iter().find(|i| i.name_any() == ingress).unwrap();
             let hosts = rule_hosts(i);
             assert!(hosts.is_empty());
-            let plan = plan_hosts(&hosts, Some(&me), &ingresses, &[], &[], &services, &options);
+            let plan = plan_hosts(
+                &hosts,
+                Some(&me),
+                Inputs {
+                    ingresses: &ingresses,
+                    ..Default::default()
+                },
+                &services,
+                &options,
+            );
             let reasons: Vec<&str> = plan.refusals_of(&me).map(|r| r.reason.as_str()).collect();
             assert_eq!(reasons, [reason], "{ingress}");
             // Only `me` is planned, not every host-less Ingress.

@@ -1,5 +1,5 @@
-//! `tuna-operator agent`: the Tunnel and Ingress reconcilers, the tunnels and
-//! the proxy core, in one process (exactly one replica per cluster: the chart
+//! `tuna-operator agent`: the Tunnel and Ingress reconcilers, the Gateway API
+//! sync (when its CRDs are installed), the tunnels and the proxy core, in one process (exactly one replica per cluster: the chart
 //! uses the `Recreate` strategy). It is the only component that reads Secrets
 //! and Services, and only with `get`.
 //!
@@ -161,6 +161,7 @@ pub async fn serve(
     };
     let (tunnel_tx, tunnel_rx) = mpsc::unbounded_channel();
     let (ingress_tx, ingress_rx) = mpsc::unbounded_channel();
+    let (gateway_tx, gateway_rx) = mpsc::unbounded_channel();
     let state = Arc::new(AgentState::new(
         Arc::clone(&ctx),
         publisher.clone(),
@@ -178,6 +179,7 @@ pub async fn serve(
         },
         tunnel_tx.clone(),
         ingress_tx.clone(),
+        gateway_tx,
     ));
     tracing::info!(%cluster_id, %instance, allow_external_upstreams = flags.allow_external_upstreams, "agent starting");
     // Before any Tunnel is reconciled: which subdomains the previous agent
@@ -196,6 +198,12 @@ pub async fn serve(
             .unwrap_or_default()
     };
     let mut side_tasks = Vec::new();
+    // The Gateway API, when (or once) its CRDs are installed.
+    side_tasks.push(tokio::spawn(super::gateway::discover_and_run(
+        client.clone(),
+        Arc::clone(&state),
+        gateway_rx,
+    )));
     {
         let state = Arc::clone(&state);
         let stream = watcher(Api::<IngressClass>::all(client.clone()), config.clone())
@@ -223,10 +231,14 @@ pub async fn serve(
         side_tasks.push(tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(changed) = stream.next().await {
-                if let Ok(d) = changed
-                    && let Some(host) = d.spec.fqdn(&base_domain(&state))
-                {
-                    trigger_host(&state, &host.to_ascii_lowercase());
+                if let Ok(d) = changed {
+                    // A Domain decides which hosts HTTPRoutes may serve.
+                    if state.gateway.get().is_some() {
+                        let _ = state.gateway_triggers.send(());
+                    }
+                    if let Some(host) = d.spec.fqdn(&base_domain(&state)) {
+                        trigger_host(&state, &host.to_ascii_lowercase());
+                    }
                 }
             }
         }));
@@ -373,6 +385,7 @@ fn trigger_key(state: &AgentState, key: &TunnelKey) {
             .send(KubeRef::new(&owner.name).within(&owner.namespace));
     }
     if let TunnelKey::Host(host) = key {
+        state.trigger_gateway_on(host);
         for claimant in ingress::claimants_of(state, host) {
             let _ = state
                 .ingress_triggers
@@ -401,8 +414,10 @@ fn trigger_tunnels_on(state: &AgentState, hosts: &BTreeSet<String>) {
     }
 }
 
-/// Re-reconciles the Ingresses with rules for `host`.
+/// Re-reconciles the Ingresses with rules for `host` (and the HTTPRoutes
+/// when they may serve it).
 fn trigger_host(state: &AgentState, host: &str) {
+    state.trigger_gateway_on(host);
     let mut seen = BTreeSet::new();
     for i in state.stores.ingresses.state() {
         if rule_hosts(&i).contains(host) {
@@ -462,6 +477,10 @@ async fn sweep_orphans(state: &AgentState) {
                 .hosts
                 .iter()
                 .any(|h| !ingress::claimants_of(state, h).is_empty()),
+            Some("HTTPRoute") => {
+                let known = state.gateway_hosts.lock().expect("gateway hosts");
+                token.info.bindings.hosts.iter().any(|h| known.contains(h))
+            }
             _ => false,
         };
         match gone_is_ok(state.ctx.edge.revoke_token(&token.id).await) {

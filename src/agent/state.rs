@@ -35,7 +35,7 @@ use crate::role::EdgeArgs;
 pub mod labels {
     /// The cluster's identity (`--cluster-id`, default the kube-system namespace's uid).
     pub const CLUSTER: &str = "k8s.tuna.am/cluster";
-    /// `Tunnel` or `Ingress`.
+    /// `Tunnel`, `Ingress` or `HTTPRoute`.
     pub const KIND: &str = "k8s.tuna.am/kind";
     /// The owner's namespace.
     pub const NAMESPACE: &str = "k8s.tuna.am/namespace";
@@ -319,6 +319,13 @@ pub struct AgentState {
     pub tunnel_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Tunnel>>,
     /// Re-reconcile an Ingress.
     pub ingress_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Ingress>>,
+    /// The Gateway API stores, once the CRDs are found (see [`super::gateway`]).
+    pub gateway: std::sync::OnceLock<super::gateway::GatewayStores>,
+    /// Re-plan the Gateway API objects and their hosts.
+    pub gateway_triggers: mpsc::UnboundedSender<()>,
+    /// The hosts HTTPRoutes published at the last Gateway API sync, and
+    /// those they may publish (to re-plan them when another kind changes).
+    pub gateway_hosts: Mutex<BTreeSet<String>>,
 }
 
 impl AgentState {
@@ -330,6 +337,7 @@ impl AgentState {
         options: AgentOptions,
         tunnel_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Tunnel>>,
         ingress_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Ingress>>,
+        gateway_triggers: mpsc::UnboundedSender<()>,
     ) -> Self {
         Self {
             services: ServiceCache::new(ctx.client.clone()),
@@ -345,6 +353,23 @@ impl AgentState {
             inherited_reservations: Mutex::new(HashMap::new()),
             tunnel_triggers,
             ingress_triggers,
+            gateway: std::sync::OnceLock::new(),
+            gateway_triggers,
+            gateway_hosts: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// Asks for a Gateway API sync when `host` is one HTTPRoutes publish or
+    /// may publish.
+    pub fn trigger_gateway_on(&self, host: &str) {
+        if self.gateway.get().is_some()
+            && self
+                .gateway_hosts
+                .lock()
+                .expect("gateway hosts")
+                .contains(host)
+        {
+            let _ = self.gateway_triggers.send(());
         }
     }
 

@@ -430,6 +430,26 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         "domains.k8s.tuna.am",
         "tcpendpoints.k8s.tuna.am",
     ]);
+    // The Gateway API CRDs (the cluster's, not the chart's): the chart then
+    // renders its GatewayClass and the agent serves HTTPRoutes.
+    let gateway_crds =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/gateway-api-v1.6.1");
+    cluster.kubectl_ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        gateway_crds.to_str().unwrap(),
+    ]);
+    cluster.kubectl_ok(&[
+        "wait",
+        "--for",
+        "condition=Established",
+        "--timeout",
+        "60s",
+        "crd/gatewayclasses.gateway.networking.k8s.io",
+        "crd/gateways.gateway.networking.k8s.io",
+        "crd/httproutes.gateway.networking.k8s.io",
+    ]);
     let edge = Edge::start(
         cluster.dir.path(),
         EdgeOptions {
@@ -472,6 +492,14 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         cluster.kubectl_ok(&["get", "crd", &format!("{crd}.k8s.tuna.am")]);
     }
     cluster.kubectl_ok(&["get", "ingressclass", "tuna"]);
+    let class = cluster.kubectl_ok(&[
+        "get",
+        "gatewayclass",
+        "tuna",
+        "-o",
+        "jsonpath={.spec.controllerName}",
+    ]);
+    assert_eq!(class, "k8s.tuna.am/gateway-controller");
 
     let deployments = installed_deployments(&cluster);
     let controller_pod = pod_of(
@@ -569,6 +597,75 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         serde_json::from_str::<Value>(&b2).unwrap()["backend"],
         "web"
     );
+
+    // ---- the Gateway API: a Gateway of the chart's class and an HTTPRoute ----
+    // (the agent watches the Gateway API kinds and Namespaces, and writes the
+    // three statuses).
+    cluster.apply(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: gw}\nspec: {subdomain: gw}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners: [{name: http, protocol: HTTP, port: 80}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: gw, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  hostnames: [gw.a.2na.am]\n  rules:\n  - matches: [{path: {type: PathPrefix, value: /api}}]\n    backendRefs: [{name: api, port: 8080}]\n",
+    );
+    let routed = tokio::time::timeout(WAIT, async {
+        loop {
+            let (status, body) = http_get(http, "gw.a.2na.am", "/api/x").await;
+            if status == 200 {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let body = routed.unwrap_or_else(|_| {
+        panic!(
+            "HTTPRoute not routed\n{}",
+            logs(&[&controller, &agent, edge.process.as_ref().unwrap()])
+        )
+    });
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["backend"],
+        "api"
+    );
+    wait_for(
+        &client,
+        "default",
+        "web",
+        "Gateway Programmed",
+        &[&agent],
+        |g: &tuna_crds::gateway::Gateway| {
+            g.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Programmed" && c.status == "True")
+                })
+        },
+    )
+    .await;
+    wait_for(
+        &client,
+        "default",
+        "gw",
+        "HTTPRoute Accepted",
+        &[&agent],
+        |r: &tuna_crds::gateway::HttpRoute| {
+            r.status.as_ref().is_some_and(|s| {
+                s.parents.iter().any(|p| {
+                    p.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Accepted" && c.status == "True")
+                })
+            })
+        },
+    )
+    .await;
+    let accepted = cluster.kubectl_ok(&[
+        "get",
+        "gatewayclass",
+        "tuna",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Accepted\")].status}",
+    ]);
+    assert_eq!(accepted, "True");
 
     // ---- the chart's host-claims admission policy (issue 30, item 2) ----
     // The agent recorded its claim past the policy; a tenant who may edit

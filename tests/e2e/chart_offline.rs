@@ -845,3 +845,46 @@ fn the_host_claims_policy_exempts_the_agent_and_can_be_left_out() {
     ));
     assert!(off.is_none());
 }
+
+/// The GatewayClass renders only where the cluster serves the Gateway API
+/// (`.Capabilities`, here `--api-versions`), named by
+/// `gatewayAPI.gatewayClass.name`, and not at all with `create: false`; a
+/// values file from before `gatewayAPI` (`helm upgrade --reuse-values`)
+/// renders it with the defaults.
+#[test]
+fn the_gateway_class_renders_only_where_the_gateway_api_is_installed() {
+    let home = tempfile::tempdir().unwrap();
+    let case = CASES.iter().find(|(n, _)| *n == "api-key").unwrap().1;
+    let with_crds = [
+        "--api-versions",
+        "gateway.networking.k8s.io/v1/GatewayClass",
+    ];
+    let classes = |values: &str, extra: &[&str]| -> Vec<Value> {
+        documents(&template(home.path(), values, extra).unwrap())
+            .into_iter()
+            .filter(|d| d["kind"] == "GatewayClass")
+            .collect()
+    };
+    assert!(classes(case, &[]).is_empty());
+    // `case` has no gatewayAPI key: what a reused older values file gives.
+    let class = classes(case, &with_crds);
+    assert_eq!(class.len(), 1);
+    assert_eq!(class[0]["apiVersion"], "gateway.networking.k8s.io/v1");
+    assert_eq!(class[0]["metadata"]["name"], "tuna");
+    assert_eq!(
+        class[0]["spec"]["controllerName"],
+        "k8s.tuna.am/gateway-controller"
+    );
+    // The CRD's limit (a real API server refused a longer one).
+    assert!(class[0]["spec"]["description"].as_str().unwrap().len() <= 64);
+    let renamed = classes(
+        &format!("{case}gatewayAPI: {{gatewayClass: {{name: edge}}}}\n"),
+        &with_crds,
+    );
+    assert_eq!(renamed[0]["metadata"]["name"], "edge");
+    let off = classes(
+        &format!("{case}gatewayAPI: {{gatewayClass: {{create: false}}}}\n"),
+        &with_crds,
+    );
+    assert!(off.is_empty());
+}

@@ -32,6 +32,7 @@ mod crds_drift;
 mod csi;
 mod edge_fleet;
 mod edge_fleet_store;
+mod gateway;
 mod harness;
 mod route_explain;
 mod standalone;

@@ -1,0 +1,1094 @@
+//! Gateway API (group `gateway.networking.k8s.io`): HTTPRoutes attached to
+//! Gateways of our GatewayClasses (`controllerName:
+//! k8s.tuna.am/gateway-controller`) are published like Ingress hosts — one
+//! tunnel per host, a route change swaps the routes in the proxy core without
+//! reconnecting, a host that loses its last route is unpublished.
+//!
+//! - observe: GatewayClasses, Gateways, HTTPRoutes, ReferenceGrants and
+//!   Namespaces (their labels, for `allowedRoutes` selectors) in reflector
+//!   stores, when the cluster serves the Gateway API: the agent looks at
+//!   start-up and then every resync interval until it finds the CRDs (no
+//!   restart needed when they are installed later); the Services the
+//!   backendRefs name (`get`);
+//! - desired: [`crate::plan::plan`] — the same function the Ingress
+//!   reconciler uses, so a host is never served by two kinds: a Tunnel's or an
+//!   Ingress's host stays theirs (the HTTPRoute is refused for it);
+//! - apply: one sync of every Gateway API object at once (there are few,
+//!   and attachment, hostnames and grants tie them together): publish the
+//!   hosts the routes win, stop those they lost, then write the status of
+//!   our GatewayClasses (`Accepted`), their Gateways (`Accepted`,
+//!   `Programmed`, `addresses` — the hosts served, `listeners`) by
+//!   server-side apply, and the HTTPRoutes' `status.parents` entries of our
+//!   controller (the list is atomic: read-modify-write with the
+//!   resourceVersion, keeping other controllers' entries); events on
+//!   HTTPRoutes as on Ingresses: `RoutesUpdated`, `RuleSkipped`,
+//!   `BackendSkipped`, `TunnelConnected`, `TunnelStopped`.
+//!
+//! A sync runs on any change of those objects, of a Domain, of an Ingress or
+//! Tunnel on a host the routes may serve, of the tunnel of such a host, and
+//! every resync interval (Services are re-read then).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tuna_crds::gateway::httproutes::{HttpRouteStatus, HttpRouteStatusParents};
+use tuna_crds::gateway::{CONTROLLER_NAME, Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+
+use super::ingress::{self, publish_hosts, routes_summary};
+use super::state::AgentState;
+use crate::Error;
+use crate::edge::publisher::{TunnelKey, TunnelState};
+use crate::plan::httproute::{Cond, GatewayInputs, GatewayStatus, RouteStatus};
+use crate::plan::ingress::{rule_hosts, service_names};
+use crate::plan::{HostSource, Inputs, Kind, ObjectRef, Plan, plan};
+use crate::reconcile::{FIELD_MANAGER, store_ready};
+
+/// The API group.
+pub const GROUP: &str = "gateway.networking.k8s.io";
+
+/// What the cluster serves of the Gateway API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discovered {
+    /// The version ReferenceGrants are read in (`v1`, else `v1beta1`; none
+    /// when the CRD is missing: then no backendRef crosses namespaces).
+    pub grants_version: Option<&'static str>,
+}
+
+/// Whether the cluster serves GatewayClass, Gateway and HTTPRoute in `v1`
+/// (API discovery; any error counts as "not yet").
+pub async fn discover(client: &Client) -> Option<Discovered> {
+    let names = |list: k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList| {
+        list.resources
+            .into_iter()
+            .map(|r| r.name)
+            .collect::<BTreeSet<String>>()
+    };
+    let v1 = names(
+        client
+            .list_api_group_resources(&format!("{GROUP}/v1"))
+            .await
+            .ok()?,
+    );
+    if !["gatewayclasses", "gateways", "httproutes"]
+        .iter()
+        .all(|r| v1.contains(*r))
+    {
+        return None;
+    }
+    let grants_version = if v1.contains("referencegrants") {
+        Some("v1")
+    } else {
+        client
+            .list_api_group_resources(&format!("{GROUP}/v1beta1"))
+            .await
+            .ok()
+            .filter(|l| l.resources.iter().any(|r| r.name == "referencegrants"))
+            .map(|_| "v1beta1")
+    };
+    Some(Discovered { grants_version })
+}
+
+/// The reflector stores of the Gateway API objects.
+#[derive(Clone)]
+pub struct GatewayStores {
+    /// GatewayClasses (all controllers).
+    pub classes: Store<GatewayClass>,
+    /// Gateways.
+    pub gateways: Store<Gateway>,
+    /// HTTPRoutes.
+    pub routes: Store<HttpRoute>,
+    /// ReferenceGrants (`None`: the CRD is not installed).
+    pub grants: Option<Store<ReferenceGrant>>,
+    /// Namespaces (their labels).
+    pub namespaces: Store<Namespace>,
+}
+
+impl GatewayStores {
+    /// Waits until every store has listed once; false when a watch ended.
+    pub async fn ready(&self) -> bool {
+        let (a, b, c, d, e) = futures::join!(
+            store_ready(&self.classes),
+            store_ready(&self.gateways),
+            store_ready(&self.routes),
+            async {
+                match &self.grants {
+                    Some(g) => store_ready(g).await,
+                    None => true,
+                }
+            },
+            store_ready(&self.namespaces),
+        );
+        a && b && c && d && e
+    }
+}
+
+/// The Gateway API objects at one moment (empty without the CRDs).
+#[derive(Default)]
+pub struct GatewaySnapshot {
+    classes: Vec<Arc<GatewayClass>>,
+    gateways: Vec<Arc<Gateway>>,
+    /// Every HTTPRoute.
+    pub routes: Vec<Arc<HttpRoute>>,
+    grants: Vec<Arc<ReferenceGrant>>,
+    namespaces: Vec<Arc<Namespace>>,
+}
+
+impl GatewaySnapshot {
+    /// The objects of the agent's stores now.
+    pub fn of(state: &AgentState) -> Self {
+        let Some(s) = state.gateway.get() else {
+            return Self::default();
+        };
+        Self {
+            classes: s.classes.state(),
+            gateways: s.gateways.state(),
+            routes: s.routes.state(),
+            grants: s.grants.as_ref().map(Store::state).unwrap_or_default(),
+            namespaces: s.namespaces.state(),
+        }
+    }
+
+    /// The HTTPRoutes that may serve one of `hosts` (a superset: the plan
+    /// decides): those naming one of them, or a wildcard covering one, or
+    /// no hostname at all.
+    pub fn touching(&self, hosts: &BTreeSet<String>) -> Vec<Arc<HttpRoute>> {
+        if hosts.is_empty() {
+            return Vec::new();
+        }
+        self.routes
+            .iter()
+            .filter(|r| route_may_serve(r, hosts))
+            .cloned()
+            .collect()
+    }
+
+    /// The plan inputs with `routes` as the HTTPRoutes.
+    pub fn inputs<'a>(&'a self, routes: &'a [Arc<HttpRoute>]) -> GatewayInputs<'a> {
+        GatewayInputs {
+            classes: &self.classes,
+            gateways: &self.gateways,
+            http_routes: routes,
+            grants: &self.grants,
+            namespaces: &self.namespaces,
+        }
+    }
+}
+
+/// Whether `route` may serve one of `hosts` (see [`GatewaySnapshot::touching`]).
+pub fn route_may_serve(route: &HttpRoute, hosts: &BTreeSet<String>) -> bool {
+    let names = route.spec.hostnames.as_deref().unwrap_or_default();
+    names.is_empty()
+        || names.iter().any(|n| {
+            let n = n.to_ascii_lowercase();
+            match n.strip_prefix("*.") {
+                Some(suffix) => hosts
+                    .iter()
+                    .any(|h| h.len() > suffix.len() + 1 && h.ends_with(&format!(".{suffix}"))),
+                None => hosts.contains(&n),
+            }
+        })
+}
+
+/// The core Services the backendRefs of `route` name: `(namespace, name)`.
+pub fn backend_services(route: &HttpRoute) -> Vec<(String, String)> {
+    let namespace = route.namespace().unwrap_or_else(|| "default".into());
+    let mut out: Vec<(String, String)> = route
+        .spec
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|r| r.backend_refs.iter().flatten())
+        .filter(|b| {
+            b.group.as_deref().unwrap_or("").is_empty()
+                && b.kind.as_deref().unwrap_or("Service") == "Service"
+        })
+        .map(|b| {
+            (
+                b.namespace.clone().unwrap_or_else(|| namespace.clone()),
+                b.name.clone(),
+            )
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Watches `api` into `writer`; every change asks for a sync.
+fn spawn_watch<K>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    writer: Writer<K>,
+    trigger: mpsc::UnboundedSender<()>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
+{
+    let stream = stream.default_backoff().reflect(writer).touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(changed) = stream.next().await {
+            if changed.is_ok() {
+                let _ = trigger.send(());
+            }
+        }
+    })
+}
+
+/// A watch event of another version of a kind, as `K` (same schema).
+fn convert<K: DeserializeOwned>(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<K>> {
+    let object = |o: DynamicObject| -> Option<K> {
+        serde_json::to_value(o)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+    };
+    Some(match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(object(o)?),
+        watcher::Event::Delete(o) => watcher::Event::Delete(object(o)?),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(object(o)?),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    })
+}
+
+/// Starts the watches and the sync loop; sets `state.gateway`.
+pub fn start(
+    client: &Client,
+    state: &Arc<AgentState>,
+    discovered: &Discovered,
+    triggers: mpsc::UnboundedReceiver<()>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let config = watcher::Config::default();
+    let tx = state.gateway_triggers.clone();
+    let mut tasks = Vec::new();
+    let (classes, w) = reflector::store::<GatewayClass>();
+    tasks.push(spawn_watch(
+        watcher(Api::all(client.clone()), config.clone()),
+        w,
+        tx.clone(),
+    ));
+    let (gateways, w) = reflector::store::<Gateway>();
+    tasks.push(spawn_watch(
+        watcher(Api::all(client.clone()), config.clone()),
+        w,
+        tx.clone(),
+    ));
+    let (routes, w) = reflector::store::<HttpRoute>();
+    tasks.push(spawn_watch(
+        watcher(Api::all(client.clone()), config.clone()),
+        w,
+        tx.clone(),
+    ));
+    let (namespaces, w) = reflector::store::<Namespace>();
+    tasks.push(spawn_watch(
+        watcher(Api::all(client.clone()), config.clone()),
+        w,
+        tx.clone(),
+    ));
+    let grants = match discovered.grants_version {
+        Some("v1") => {
+            let (grants, w) = reflector::store::<ReferenceGrant>();
+            tasks.push(spawn_watch(
+                watcher(Api::all(client.clone()), config.clone()),
+                w,
+                tx.clone(),
+            ));
+            Some(grants)
+        }
+        Some(version) => {
+            let (grants, w) = reflector::store::<ReferenceGrant>();
+            let resource = ApiResource {
+                group: GROUP.into(),
+                version: version.into(),
+                api_version: format!("{GROUP}/{version}"),
+                kind: "ReferenceGrant".into(),
+                plural: "referencegrants".into(),
+            };
+            let stream = watcher(
+                Api::<DynamicObject>::all_with(client.clone(), &resource),
+                config.clone(),
+            )
+            .filter_map(|e| async move {
+                match e {
+                    Ok(e) => convert::<ReferenceGrant>(e).map(Ok),
+                    Err(e) => Some(Err(e)),
+                }
+            });
+            tasks.push(spawn_watch(stream, w, tx.clone()));
+            Some(grants)
+        }
+        None => None,
+    };
+    let _ = state.gateway.set(GatewayStores {
+        classes,
+        gateways,
+        routes,
+        grants,
+        namespaces,
+    });
+    let state = Arc::clone(state);
+    tasks.push(tokio::spawn(run(state, triggers)));
+    tasks
+}
+
+/// Finds the Gateway API (now, else every resync interval) and then runs it.
+pub async fn discover_and_run(
+    client: Client,
+    state: Arc<AgentState>,
+    triggers: mpsc::UnboundedReceiver<()>,
+) {
+    let mut logged = false;
+    let discovered = loop {
+        if let Some(d) = discover(&client).await {
+            break d;
+        }
+        if !logged {
+            tracing::info!(
+                group = GROUP,
+                "the Gateway API CRDs are not installed: HTTPRoutes are not served; the agent looks again every resync interval"
+            );
+            logged = true;
+        }
+        tokio::time::sleep(state.ctx.resync_interval).await;
+    };
+    tracing::info!(referencegrants = ?discovered.grants_version, "serving the Gateway API (HTTPRoute)");
+    let tasks = start(&client, &state, &discovered, triggers);
+    // Aborted with this future (the agent's side tasks are).
+    struct AbortAll(Vec<tokio::task::JoinHandle<()>>);
+    impl Drop for AbortAll {
+        fn drop(&mut self) {
+            for t in &self.0 {
+                t.abort();
+            }
+        }
+    }
+    let _guard = AbortAll(tasks);
+    std::future::pending::<()>().await;
+}
+
+/// How long a failed sync waits before it runs again.
+const RETRY: Duration = Duration::from_secs(2);
+
+async fn run(state: Arc<AgentState>, mut triggers: mpsc::UnboundedReceiver<()>) {
+    let Some(stores) = state.gateway.get().cloned() else {
+        return;
+    };
+    let s = &state.stores;
+    let (a, b, c, d) = futures::join!(
+        stores.ready(),
+        store_ready(&s.ingresses),
+        store_ready(&s.tunnels),
+        store_ready(&s.domains),
+    );
+    if !(a && b && c && d) {
+        return;
+    }
+    let mut resync = tokio::time::interval(state.ctx.resync_interval);
+    loop {
+        // A resync tick re-reads the Services; a change uses the cache.
+        let refresh = tokio::select! {
+            t = triggers.recv() => {
+                if t.is_none() {
+                    return;
+                }
+                false
+            }
+            _ = resync.tick() => true,
+        };
+        while triggers.try_recv().is_ok() {}
+        if let Err(e) = sync(&state, refresh).await {
+            tracing::warn!(error = %e, "Gateway API sync failed; retrying");
+            let tx = state.gateway_triggers.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(RETRY).await;
+                let _ = tx.send(());
+            });
+        }
+    }
+}
+
+/// One sync of every Gateway API object (see the module docs).
+async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
+    let who = state.ctx.edge_info().await?.clone();
+    let options = ingress::options_for(
+        state,
+        state.ingress_options(),
+        &who.base_domain,
+        state.account_hosts().await,
+    );
+    let gateway = GatewaySnapshot::of(state);
+    let services: BTreeSet<(String, String)> = gateway
+        .routes
+        .iter()
+        .flat_map(|r| backend_services(r))
+        .collect();
+    for (namespace, name) in &services {
+        if refresh {
+            state.services.refresh(namespace, name).await?;
+        } else {
+            state.services.ensure(namespace, name).await?;
+        }
+    }
+    let domains = state.stores.domains.state();
+    let all = gateway.inputs(&gateway.routes);
+    // Where the routes may go (without the Tunnels and Ingresses that may
+    // hold some of those hosts): the hosts to plan, and to watch for.
+    let reach = plan(
+        &Inputs {
+            domains: &domains,
+            gateway: all,
+            ..Default::default()
+        },
+        &state.services.snapshot(),
+        &options,
+    );
+    let may: BTreeSet<String> = reach.hosts.keys().cloned().collect();
+    let hosts: BTreeSet<String> = {
+        let mut known = state.gateway_hosts.lock().expect("gateway hosts");
+        let hosts = known.union(&may).cloned().collect();
+        *known = may;
+        hosts
+    };
+    let ingresses: Vec<_> = state
+        .stores
+        .ingresses
+        .state()
+        .into_iter()
+        .filter(|i| rule_hosts(i).iter().any(|h| hosts.contains(h)))
+        .collect();
+    let translate = state.ingress_options();
+    for i in &ingresses {
+        let namespace = i.metadata.namespace.as_deref().unwrap_or("default");
+        for name in service_names(i, &translate) {
+            state.services.ensure(namespace, &name).await?;
+        }
+    }
+    let base = options.base_domain.clone();
+    let tunnels: Vec<_> = state
+        .stores
+        .tunnels
+        .state()
+        .into_iter()
+        .filter(|t| crate::plan::tunnel_host(t, &base).is_some_and(|h| hosts.contains(&h)))
+        .collect();
+    let plan = plan(
+        &Inputs {
+            ingresses: &ingresses,
+            tunnels: &tunnels,
+            domains: &domains,
+            tcp_endpoints: &[],
+            gateway: all,
+        },
+        &state.services.snapshot(),
+        &options,
+    );
+    // The hosts HTTPRoutes publish, and those nothing publishes any more;
+    // a Tunnel's or an Ingress's host is their reconciler's.
+    let ours: BTreeSet<String> = hosts
+        .iter()
+        .filter(|h| {
+            plan.hosts
+                .get(*h)
+                .is_none_or(|p| matches!(p.source, HostSource::HttpRoutes(_)))
+        })
+        .cloned()
+        .collect();
+    publish_hosts(state, &ours, &plan, None).await;
+    {
+        // Hosts published now stay watched even if no route may reach them
+        // any more (until a sync unpublishes them).
+        let mut known = state.gateway_hosts.lock().expect("gateway hosts");
+        known.extend(
+            plan.hosts
+                .iter()
+                .filter(|(_, p)| matches!(p.source, HostSource::HttpRoutes(_)))
+                .map(|(h, _)| h.clone()),
+        );
+    }
+    let mut first_error = None;
+    let mut keep = |r: Result<(), Error>| {
+        if let Err(e) = r
+            && first_error.is_none()
+        {
+            first_error = Some(e);
+        }
+    };
+    let stores = state.gateway.get().cloned();
+    let Some(stores) = stores else {
+        return Ok(());
+    };
+    for class in &plan.gateway.classes {
+        if let Some(object) = stores.classes.get(&reflector::ObjectRef::new(&class.name)) {
+            keep(write_class_status(state, &object, class).await);
+        }
+    }
+    for g in &plan.gateway.gateways {
+        let key = reflector::ObjectRef::new(&g.object.name).within(&g.object.namespace);
+        if let Some(object) = stores.gateways.get(&key) {
+            keep(write_gateway_status(state, &object, g).await);
+        }
+    }
+    let statuses: BTreeMap<&ObjectRef, &RouteStatus> =
+        plan.gateway.routes.iter().map(|r| (&r.object, r)).collect();
+    let mut live = BTreeSet::new();
+    for route in &gateway.routes {
+        let me = ObjectRef::of(Kind::HttpRoute, &route.metadata);
+        live.insert(me.clone());
+        let status = statuses.get(&me).copied();
+        keep(write_route_status(state, route, status).await);
+        if status.is_some() || state.reported.lock().expect("reported").contains_key(&me) {
+            report(state, route, &me, &plan, status).await;
+        }
+    }
+    state
+        .reported
+        .lock()
+        .expect("reported")
+        .retain(|o, _| o.kind != Kind::HttpRoute || live.contains(o));
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Whether the tunnel of `host` is serving.
+fn serving(state: &AgentState, host: &str) -> bool {
+    state
+        .publisher
+        .state(&TunnelKey::Host(host.to_owned()))
+        .is_some_and(|w| matches!(*w.borrow(), TunnelState::Serving { .. }))
+}
+
+/// The conditions `desired` make, given the `previous` ones: a condition
+/// whose status did not change keeps its `lastTransitionTime`; every one
+/// carries `observedGeneration` (pure).
+pub fn conditions(
+    previous: &[Condition],
+    desired: &[Cond],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    desired
+        .iter()
+        .map(|c| {
+            let status = if c.status { "True" } else { "False" };
+            let since = previous
+                .iter()
+                .find(|p| p.type_ == c.type_ && p.status == status)
+                .map_or_else(|| now.clone(), |p| p.last_transition_time.clone());
+            Condition {
+                type_: c.type_.to_owned(),
+                status: status.to_owned(),
+                reason: c.reason.clone(),
+                message: c.message.clone(),
+                observed_generation: generation,
+                last_transition_time: since,
+            }
+        })
+        .collect()
+}
+
+/// Conditions in a stable order, to compare lists the API server may keep
+/// in another order.
+fn sorted(mut c: Vec<Condition>) -> Vec<Condition> {
+    c.sort_by(|a, b| a.type_.cmp(&b.type_));
+    c
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Server-side apply of `status` on a cluster-scoped or namespaced object.
+async fn apply_status<K>(api: &Api<K>, name: &str, status: Value) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn write_class_status(
+    state: &AgentState,
+    class: &GatewayClass,
+    desired: &crate::plan::httproute::ClassStatus,
+) -> Result<(), Error> {
+    let previous = class
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let next = conditions(&previous, &desired.conditions, desired.generation, &now());
+    if sorted(next.clone()) == sorted(previous) {
+        return Ok(());
+    }
+    let api: Api<GatewayClass> = Api::all(state.ctx.client.clone());
+    apply_status(&api, &desired.name, json!({ "conditions": next })).await
+}
+
+/// The `status` of a Gateway (pure): `addresses` are the hosts of
+/// `desired` whose tunnel serves.
+pub fn gateway_status(
+    gateway: &Gateway,
+    desired: &GatewayStatus,
+    serving: impl Fn(&str) -> bool,
+    now: &Time,
+) -> tuna_crds::gateway::gateways::GatewayStatus {
+    use tuna_crds::gateway::gateways::{
+        GatewayStatus as Status, GatewayStatusAddresses, GatewayStatusListeners,
+        GatewayStatusListenersSupportedKinds,
+    };
+    let current = gateway.status.clone().unwrap_or_default();
+    let previous_listener = |name: &str| {
+        current
+            .listeners
+            .iter()
+            .flatten()
+            .find(|l| l.name == name)
+            .map(|l| l.conditions.clone())
+            .unwrap_or_default()
+    };
+    Status {
+        addresses: Some(
+            desired
+                .addresses
+                .iter()
+                .filter(|h| serving(h))
+                .map(|h| GatewayStatusAddresses {
+                    r#type: Some("Hostname".into()),
+                    value: h.clone(),
+                })
+                .collect(),
+        ),
+        attached_listener_sets: None,
+        conditions: Some(conditions(
+            current.conditions.as_deref().unwrap_or_default(),
+            &desired.conditions,
+            desired.generation,
+            now,
+        )),
+        listeners: Some(
+            desired
+                .listeners
+                .iter()
+                .map(|l| GatewayStatusListeners {
+                    attached_routes: l.attached_routes,
+                    conditions: conditions(
+                        &previous_listener(&l.name),
+                        &l.conditions,
+                        desired.generation,
+                        now,
+                    ),
+                    name: l.name.clone(),
+                    supported_kinds: Some(
+                        l.supported_kinds
+                            .iter()
+                            .map(|k| GatewayStatusListenersSupportedKinds {
+                                group: Some(GROUP.into()),
+                                kind: (*k).to_owned(),
+                            })
+                            .collect(),
+                    ),
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// A Gateway status with its lists in a stable order (for comparing).
+fn normalized(
+    mut s: tuna_crds::gateway::gateways::GatewayStatus,
+) -> tuna_crds::gateway::gateways::GatewayStatus {
+    s.conditions = s.conditions.map(sorted);
+    if let Some(l) = &mut s.listeners {
+        l.sort_by(|a, b| a.name.cmp(&b.name));
+        for l in l.iter_mut() {
+            l.conditions = sorted(std::mem::take(&mut l.conditions));
+        }
+    }
+    s.addresses = Some(s.addresses.unwrap_or_default());
+    s
+}
+
+async fn write_gateway_status(
+    state: &AgentState,
+    gateway: &Gateway,
+    desired: &GatewayStatus,
+) -> Result<(), Error> {
+    let next = gateway_status(gateway, desired, |h| serving(state, h), &now());
+    let current = gateway.status.clone().unwrap_or_default();
+    if normalized(next.clone()) == normalized(current) {
+        return Ok(());
+    }
+    let api: Api<Gateway> = Api::namespaced(state.ctx.client.clone(), &desired.object.namespace);
+    apply_status(
+        &api,
+        &desired.object.name,
+        serde_json::to_value(&next).map_err(Error::Json)?,
+    )
+    .await
+}
+
+/// The route's `status.parents`: other controllers' entries as they are,
+/// then ours as `desired` has them (none when it names none of our
+/// Gateways); conditions keep their transition times (pure).
+pub fn route_parents(
+    route: &HttpRoute,
+    desired: Option<&RouteStatus>,
+    now: &Time,
+) -> Vec<HttpRouteStatusParents> {
+    let current: Vec<HttpRouteStatusParents> = route
+        .status
+        .as_ref()
+        .map(|s| s.parents.clone())
+        .unwrap_or_default();
+    let mut out: Vec<HttpRouteStatusParents> = current
+        .iter()
+        .filter(|p| p.controller_name != CONTROLLER_NAME)
+        .cloned()
+        .collect();
+    for parent in desired.map(|d| d.parents.as_slice()).unwrap_or_default() {
+        let parent_ref = serde_json::to_value(&parent.parent_ref)
+            .ok()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        let previous = current
+            .iter()
+            .find(|p| p.controller_name == CONTROLLER_NAME && p.parent_ref == parent_ref)
+            .map(|p| p.conditions.clone())
+            .unwrap_or_default();
+        out.push(HttpRouteStatusParents {
+            conditions: conditions(
+                &previous,
+                &parent.conditions,
+                desired.and_then(|d| d.generation),
+                now,
+            ),
+            controller_name: CONTROLLER_NAME.into(),
+            parent_ref,
+        });
+    }
+    out
+}
+
+async fn write_route_status(
+    state: &AgentState,
+    route: &HttpRoute,
+    desired: Option<&RouteStatus>,
+) -> Result<(), Error> {
+    let next = route_parents(route, desired, &now());
+    let current = route
+        .status
+        .as_ref()
+        .map(|s| s.parents.clone())
+        .unwrap_or_default();
+    let same = next.len() == current.len()
+        && next.iter().zip(&current).all(|(a, b)| {
+            a.controller_name == b.controller_name
+                && a.parent_ref == b.parent_ref
+                && sorted(a.conditions.clone()) == sorted(b.conditions.clone())
+        });
+    if same {
+        return Ok(());
+    }
+    // `status.parents` is an atomic list: a merge patch replaces it whole,
+    // guarded by the resourceVersion it was read at (a conflict means a newer
+    // version is on its way through the watch, which syncs again).
+    let api: Api<HttpRoute> = Api::namespaced(
+        state.ctx.client.clone(),
+        route.namespace().as_deref().unwrap_or("default"),
+    );
+    let patch = json!({
+        "metadata": { "resourceVersion": route.resource_version() },
+        "status": HttpRouteStatus { parents: next },
+    });
+    match api
+        .patch_status(
+            &route.name_any(),
+            &PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+            tracing::debug!(route = %route.name_any(), code = e.code, "HTTPRoute changed while its status was written; the next sync writes it");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Events of one HTTPRoute (each note once, as for Ingresses).
+async fn report(
+    state: &AgentState,
+    route: &HttpRoute,
+    me: &ObjectRef,
+    plan: &Plan,
+    status: Option<&RouteStatus>,
+) {
+    let ctx = &state.ctx;
+    let mut notes: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+    for r in plan.refusals_of(me) {
+        let mut note = String::new();
+        if let (Some(rule), Some(m)) = (r.rule, r.path) {
+            let _ = write!(note, "rule {rule} match {m}: ");
+        }
+        let _ = write!(note, "{}: {}", r.reason, r.message);
+        notes.entry("RuleSkipped").or_default().insert(note);
+    }
+    for parent in status.map(|s| s.parents.as_slice()).unwrap_or_default() {
+        for c in parent.conditions.iter().filter(|c| !c.status) {
+            let (event, what) = match c.type_ {
+                "ResolvedRefs" => ("BackendSkipped", "backendRef"),
+                _ => ("RuleSkipped", "parentRef"),
+            };
+            notes.entry(event).or_default().insert(format!(
+                "{what} (Gateway {}): {}: {}",
+                parent.parent_ref.name, c.reason, c.message
+            ));
+        }
+    }
+    for event in ["RuleSkipped", "BackendSkipped"] {
+        let now = notes.remove(event).unwrap_or_default();
+        let known = state
+            .reported
+            .lock()
+            .expect("reported")
+            .get(me)
+            .and_then(|r| r.get(event).cloned())
+            .unwrap_or_default();
+        for note in now.difference(&known) {
+            ctx.event(route, EventType::Warning, event, "Route", note.clone())
+                .await;
+        }
+        state
+            .reported
+            .lock()
+            .expect("reported")
+            .entry(me.clone())
+            .or_default()
+            .insert(event.to_owned(), now);
+    }
+    let hosts: BTreeSet<String> = plan.hosts_of(me).into_iter().collect();
+    let before: Vec<String> = state
+        .reported
+        .lock()
+        .expect("reported")
+        .get(me)
+        .map(|t| {
+            t.keys()
+                .filter_map(|k| k.strip_prefix("routes ").map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    for host in before.iter().filter(|h| !hosts.contains(*h)) {
+        state.clear_and_was(me, &format!("routes {host}"));
+        if state.clear_and_was(me, &format!("tunnel {host}")) {
+            ctx.event(
+                route,
+                EventType::Warning,
+                "TunnelStopped",
+                "Publish",
+                format!("host {host} is no longer published by this HTTPRoute"),
+            )
+            .await;
+        }
+    }
+    for host in &hosts {
+        let summary = routes_summary(&plan.hosts[host]);
+        if state.first_report_exclusive(me, &format!("routes {host}"), &summary) {
+            ctx.event(
+                route,
+                EventType::Normal,
+                "RoutesUpdated",
+                "Route",
+                format!("host {host}: {summary}"),
+            )
+            .await;
+        }
+        let Some(watch) = state.publisher.state(&TunnelKey::Host(host.clone())) else {
+            continue;
+        };
+        let tunnel = watch.borrow().clone();
+        let note = match &tunnel {
+            TunnelState::Serving { .. } => Some((
+                EventType::Normal,
+                "TunnelConnected",
+                format!("host {host} is served at https://{host}"),
+                "connected".to_owned(),
+            )),
+            TunnelState::Refused { code, message } => {
+                let n = format!("host {host}: the edge refused the tunnel ({code}): {message}");
+                Some((EventType::Warning, "TunnelStopped", n.clone(), n))
+            }
+            TunnelState::Failed { message, .. } => {
+                let n = format!("host {host}: {message}");
+                Some((EventType::Warning, "TunnelStopped", n.clone(), n))
+            }
+            _ => None,
+        };
+        if let Some((type_, reason, message, key)) = note
+            && state.first_report_exclusive(me, &format!("tunnel {host}"), &key)
+        {
+            ctx.event(route, type_, reason, "Publish", message).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(yaml: &str) -> HttpRoute {
+        serde_saphyr::from_str(yaml).expect("test HTTPRoute")
+    }
+
+    fn hosts(h: &[&str]) -> BTreeSet<String> {
+        h.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn routes_touch_their_hosts_wildcards_and_everything_without_hostnames() {
+        let exact = route("metadata: {name: a, namespace: d}\nspec: {hostnames: [Shop.a.2na.am]}");
+        let wild = route("metadata: {name: a, namespace: d}\nspec: {hostnames: ['*.a.2na.am']}");
+        let none = route("metadata: {name: a, namespace: d}\nspec: {}");
+        assert!(route_may_serve(&exact, &hosts(&["shop.a.2na.am"])));
+        assert!(!route_may_serve(&exact, &hosts(&["api.a.2na.am"])));
+        assert!(route_may_serve(&wild, &hosts(&["x.y.a.2na.am"])));
+        assert!(!route_may_serve(&wild, &hosts(&["a.2na.am"])));
+        assert!(route_may_serve(&none, &hosts(&["anything.example"])));
+    }
+
+    #[test]
+    fn backend_services_are_core_services_in_their_namespaces() {
+        let r = route(
+            "metadata: {name: a, namespace: d}
+spec:
+  rules:
+  - backendRefs: [{name: web, port: 80}, {name: web, port: 81}, {name: other, namespace: o, port: 80}]
+  - backendRefs: [{name: bucket, group: example.com, kind: Bucket}]",
+        );
+        assert_eq!(
+            backend_services(&r),
+            [("d".into(), "web".into()), ("o".into(), "other".into())]
+        );
+    }
+
+    #[test]
+    fn conditions_keep_their_transition_time_while_their_status_holds() {
+        let t0 = Time("2025-01-01T00:00:00Z".parse().unwrap());
+        let t1 = Time("2025-02-01T00:00:00Z".parse().unwrap());
+        let first = conditions(
+            &[],
+            &[Cond {
+                type_: "Accepted",
+                status: true,
+                reason: "Accepted".into(),
+                message: "ok".into(),
+            }],
+            Some(1),
+            &t0,
+        );
+        assert_eq!(first[0].last_transition_time, t0);
+        assert_eq!(first[0].observed_generation, Some(1));
+        let same = conditions(
+            &first,
+            &[Cond {
+                type_: "Accepted",
+                status: true,
+                reason: "Accepted".into(),
+                message: "still ok".into(),
+            }],
+            Some(2),
+            &t1,
+        );
+        assert_eq!(same[0].last_transition_time, t0);
+        assert_eq!(same[0].observed_generation, Some(2));
+        let flipped = conditions(
+            &same,
+            &[Cond {
+                type_: "Accepted",
+                status: false,
+                reason: "NotAllowedByListeners".into(),
+                message: "no".into(),
+            }],
+            Some(3),
+            &t1,
+        );
+        assert_eq!(flipped[0].last_transition_time, t1);
+        assert_eq!(flipped[0].status, "False");
+    }
+
+    /// Other controllers' `status.parents` entries stay as they are; ours
+    /// follow the plan, and go when the route names none of our Gateways.
+    #[test]
+    fn route_parents_keep_other_controllers_entries() {
+        let r = route(
+            "metadata: {name: a, namespace: d, generation: 4}
+spec:
+  parentRefs: [{name: theirs}, {name: ours}]
+status:
+  parents:
+  - controllerName: example.com/gateway
+    parentRef: {name: theirs}
+    conditions: [{type: Accepted, status: 'True', reason: Accepted, message: '', lastTransitionTime: '2025-01-01T00:00:00Z'}]
+  - controllerName: k8s.tuna.am/gateway-controller
+    parentRef: {name: gone}
+    conditions: [{type: Accepted, status: 'True', reason: Accepted, message: '', lastTransitionTime: '2025-01-01T00:00:00Z'}]",
+        );
+        let now = Time("2025-03-01T00:00:00Z".parse().unwrap());
+        let desired = RouteStatus {
+            object: ObjectRef::new(Kind::HttpRoute, "d", "a"),
+            generation: Some(4),
+            parents: vec![crate::plan::httproute::ParentStatus {
+                parent_ref: r.spec.parent_refs.as_ref().unwrap()[1].clone(),
+                conditions: vec![Cond {
+                    type_: "Accepted",
+                    status: true,
+                    reason: "Accepted".into(),
+                    message: "accepted by the Gateway".into(),
+                }],
+            }],
+        };
+        let parents = route_parents(&r, Some(&desired), &now);
+        let names: Vec<(&str, &str)> = parents
+            .iter()
+            .map(|p| (p.controller_name.as_str(), p.parent_ref.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("example.com/gateway", "theirs"),
+                ("k8s.tuna.am/gateway-controller", "ours")
+            ]
+        );
+        assert_eq!(parents[1].conditions[0].observed_generation, Some(4));
+        let none = route_parents(&r, None, &now);
+        assert_eq!(none.len(), 1);
+        assert_eq!(none[0].controller_name, "example.com/gateway");
+    }
+}

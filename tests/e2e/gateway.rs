@@ -1,0 +1,418 @@
+//! The Gateway API end to end (issue 31): a real control plane with the
+//! Gateway API v1.6.1 standard CRDs (`kubectl apply --server-side`), the real
+//! `tuna-operator edge`, `controller` and `agent`, the real `kubectl`, and real
+//! HTTP through the edge to backends standing in for Services.
+
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::Api;
+use serde_json::Value;
+use support::{
+    Cluster, Edge, EdgeOptions, Process, agent, bind_loopback, controller, events_of, http_backend,
+    http_get, http_request, wait_for,
+};
+use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute};
+
+const CONTROLLER: &str = "k8s.tuna.am/gateway-controller";
+
+/// The pinned standard-channel CRDs (`scripts/setup.sh` puts them there).
+fn crds_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/gateway-api-v1.6.1")
+}
+
+fn service(namespace: &str, name: &str, addr: std::net::SocketAddr) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: {{clusterIP: {}, ports: [{{port: {}}}]}}\n",
+        addr.ip(),
+        addr.port()
+    )
+}
+
+fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    condition(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+/// Our `status.parents` entry of a route (the first).
+fn our_parent(r: &HttpRoute) -> Option<&tuna_crds::gateway::httproutes::HttpRouteStatusParents> {
+    r.status
+        .as_ref()?
+        .parents
+        .iter()
+        .find(|p| p.controller_name == CONTROLLER)
+}
+
+struct Env {
+    cluster: Cluster,
+    edge: Edge,
+    controller: Process,
+    agent: Process,
+    client: kube::Client,
+}
+
+impl Env {
+    /// A cluster with the Gateway API CRDs (Established), the class `tuna`
+    /// (as the chart creates it), a Gateway `web` with one HTTP listener, and
+    /// the edge, controller and agent.
+    async fn start() -> Self {
+        let cluster = Cluster::start().await;
+        let dir = crds_dir();
+        assert!(
+            dir.is_dir(),
+            "{} is missing: run scripts/setup.sh",
+            dir.display()
+        );
+        cluster.kubectl_ok(&["apply", "--server-side", "-f", dir.to_str().unwrap()]);
+        cluster.kubectl_ok(&[
+            "wait",
+            "--for",
+            "condition=Established",
+            "--timeout",
+            "60s",
+            "crd/gatewayclasses.gateway.networking.k8s.io",
+            "crd/gateways.gateway.networking.k8s.io",
+            "crd/httproutes.gateway.networking.k8s.io",
+            "crd/referencegrants.gateway.networking.k8s.io",
+        ]);
+        let edge = Edge::start(cluster.dir.path(), EdgeOptions::default()).await;
+        let controller = controller(&cluster, &edge, "controller", &[]);
+        let agent = agent(&cluster, &edge, "agent", &[]);
+        let client = cluster.client().await;
+        cluster.apply(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: tuna}\nspec: {controllerName: k8s.tuna.am/gateway-controller}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {name: http, protocol: HTTP, port: 80}\n",
+        );
+        Self {
+            cluster,
+            edge,
+            controller,
+            agent,
+            client,
+        }
+    }
+
+    fn procs(&self) -> Vec<&Process> {
+        let mut procs = vec![&self.agent, &self.controller];
+        procs.extend(self.edge.process.as_ref());
+        procs
+    }
+
+    fn http(&self) -> std::net::SocketAddr {
+        self.edge.addrs.http.expect("public HTTP listener")
+    }
+
+    async fn route(&self, name: &str, what: &str, cond: impl Fn(&HttpRoute) -> bool) -> HttpRoute {
+        wait_for(&self.client, "default", name, what, &self.procs(), cond).await
+    }
+
+    async fn gateway(&self, what: &str, cond: impl Fn(&Gateway) -> bool) -> Gateway {
+        wait_for(&self.client, "default", "web", what, &self.procs(), cond).await
+    }
+
+    /// Waits until a fresh request for `host` `path` answers `status` from
+    /// `backend` (any body when `backend` is empty).
+    async fn serves(&self, host: &str, path: &str, extra: &str, status: u16, backend: &str) {
+        let mut last = (0, String::new());
+        let done = tokio::time::timeout(support::WAIT, async {
+            loop {
+                let mut conn = tokio::net::TcpStream::connect(self.http()).await.unwrap();
+                last = http_request(&mut conn, host, path, extra).await;
+                let from = serde_json::from_str::<Value>(&last.1)
+                    .ok()
+                    .and_then(|v| v["backend"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                if last.0 == status && (backend.is_empty() || from == backend) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await;
+        assert!(
+            done.is_ok(),
+            "{host}{path} never answered {status} from {backend:?}; last {last:?}\n{}",
+            self.agent.log()
+        );
+    }
+}
+
+/// The class, a Gateway and an HTTPRoute of the documentation's shape: the
+/// route's rules route by path (PathPrefix by segment, Exact) through the
+/// edge; GatewayClass,
+/// Gateway and HTTPRoute statuses say so (observedGeneration, addresses,
+/// attachedRoutes); a new path is live on an open keep-alive connection
+/// without reconnecting the tunnel; another controller's `status.parents`
+/// entry survives the agent's writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn httproutes_route_by_path_report_status_and_change_without_reconnecting() {
+    let env = Env::start().await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let api = http_backend("api", bind_loopback(8080).await).await;
+    let canary = http_backend("canary", bind_loopback(8080).await).await;
+    let v2 = http_backend("v2", bind_loopback(8080).await).await;
+    for (name, addr) in [("web", web), ("api", api), ("canary", canary), ("v2", v2)] {
+        env.cluster.apply(&service("default", name, addr));
+    }
+    let route = |extra: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: shop, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  hostnames: [shop.tuna.test]\n  rules:\n{extra}  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: api, port: 8080}}]\n  - matches: [{{path: {{type: Exact, value: /about}}}}]\n    backendRefs: [{{name: canary, port: 8080}}]\n  - backendRefs: [{{name: web, port: 8080}}]\n"
+        )
+    };
+    env.cluster.apply(&format!(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {{name: shop}}\nspec: {{subdomain: shop}}\n---\n{}",
+        route("")
+    ));
+
+    // Status: the class, the Gateway (address = the host once served), the route.
+    let classes: Api<GatewayClass> = Api::all(env.client.clone());
+    let accepted = tokio::time::timeout(support::WAIT, async {
+        loop {
+            let c = classes.get("tuna").await.unwrap();
+            let conds = c.status.as_ref().and_then(|s| s.conditions.clone());
+            if let Some(a) = conds.as_deref().and_then(|c| condition(c, "Accepted"))
+                && a.status == "True"
+            {
+                return (a.clone(), c.metadata.generation);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let (a, generation) =
+        accepted.unwrap_or_else(|_| panic!("class not Accepted\n{}", env.agent.log()));
+    assert_eq!(a.observed_generation, generation);
+    let g = env
+        .gateway("Programmed with its host as address", |g: &Gateway| {
+            g.status.as_ref().is_some_and(|s| {
+                is_true(s.conditions.as_deref().unwrap_or_default(), "Programmed")
+                    && s.addresses.as_ref().is_some_and(|a| {
+                        a.iter().any(|a| {
+                            a.value == "shop.tuna.test" && a.r#type.as_deref() == Some("Hostname")
+                        })
+                    })
+            })
+        })
+        .await;
+    let status = g.status.unwrap();
+    let conditions = status.conditions.unwrap();
+    assert!(is_true(&conditions, "Accepted"), "{conditions:?}");
+    assert!(
+        conditions
+            .iter()
+            .all(|c| c.observed_generation == g.metadata.generation),
+        "{conditions:?}"
+    );
+    let listeners = status.listeners.unwrap();
+    assert_eq!(listeners.len(), 1);
+    assert_eq!(listeners[0].name, "http");
+    assert_eq!(listeners[0].attached_routes, 1);
+    let kinds = listeners[0].supported_kinds.clone().unwrap();
+    assert_eq!(kinds.len(), 1);
+    assert_eq!(kinds[0].kind, "HTTPRoute");
+    assert_eq!(kinds[0].group.as_deref(), Some("gateway.networking.k8s.io"));
+    assert!(is_true(&listeners[0].conditions, "Programmed"));
+    let r = env
+        .route("shop", "Accepted and ResolvedRefs", |r: &HttpRoute| {
+            our_parent(r).is_some_and(|p| {
+                is_true(&p.conditions, "Accepted") && is_true(&p.conditions, "ResolvedRefs")
+            })
+        })
+        .await;
+    let parent = our_parent(&r).unwrap();
+    assert_eq!(parent.parent_ref.name, "web");
+    assert!(
+        parent
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == r.metadata.generation),
+        "{parent:?}"
+    );
+
+    // Traffic: by path, by header, the rest.
+    env.serves("shop.tuna.test", "/api/users", "", 200, "api")
+        .await;
+    for (path, header, backend) in [
+        ("/api/users", "", "api"),
+        ("/apix", "", "web"),
+        ("/", "", "web"),
+        ("/about", "", "canary"),
+        ("/about/x", "", "web"),
+    ] {
+        let mut conn = tokio::net::TcpStream::connect(env.http()).await.unwrap();
+        let (status, body) = http_request(&mut conn, "shop.tuna.test", path, header).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(body["backend"], backend, "{path} {header:?}");
+        assert_eq!(body["headers"]["host"], "shop.tuna.test");
+    }
+    let events = events_of(&env.cluster, "default", "HTTPRoute", "shop");
+    assert!(
+        events.contains_key("RoutesUpdated") && events.contains_key("TunnelConnected"),
+        "{events:?}"
+    );
+
+    // Another controller's entry in status.parents (it names a Gateway of
+    // another class) must survive our writes.
+    let mut parents = serde_json::to_value(&r.status.as_ref().unwrap().parents).unwrap();
+    parents.as_array_mut().unwrap().insert(
+        0,
+        serde_json::json!({
+            "controllerName": "example.com/other-controller",
+            "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "theirs"},
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "theirs", "lastTransitionTime": "2025-01-01T00:00:00Z"}],
+        }),
+    );
+    env.cluster.kubectl_ok(&[
+        "patch",
+        "httproute",
+        "shop",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &serde_json::json!({"status": {"parents": parents}}).to_string(),
+    ]);
+
+    // A new path, on an open keep-alive connection, without reconnecting.
+    let mut conn = tokio::net::TcpStream::connect(env.http()).await.unwrap();
+    let (_, body) = http_request(&mut conn, "shop.tuna.test", "/v2/x", "").await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["backend"],
+        "web"
+    );
+    env.cluster.apply(&route(
+        "  - matches: [{path: {type: PathPrefix, value: /v2}}]\n    backendRefs: [{name: v2, port: 8080}]\n",
+    ));
+    let switched = tokio::time::timeout(support::WAIT, async {
+        loop {
+            let (_, body) = http_request(&mut conn, "shop.tuna.test", "/v2/x", "").await;
+            if serde_json::from_str::<Value>(&body).unwrap()["backend"] == "v2" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        switched.is_ok(),
+        "the route change never reached the open connection: {}",
+        env.agent.log()
+    );
+    let r = env
+        .route(
+            "shop",
+            "our entry at the new generation",
+            |r: &HttpRoute| {
+                our_parent(r).is_some_and(|p| {
+                    p.conditions
+                        .iter()
+                        .all(|c| c.observed_generation == r.metadata.generation)
+                })
+            },
+        )
+        .await;
+    assert!(r.metadata.generation > Some(1));
+    let controllers: BTreeSet<&str> = r
+        .status
+        .as_ref()
+        .unwrap()
+        .parents
+        .iter()
+        .map(|p| p.controller_name.as_str())
+        .collect();
+    assert_eq!(
+        controllers,
+        BTreeSet::from(["example.com/other-controller", CONTROLLER]),
+        "{:?}",
+        r.status
+    );
+    let events = events_of(&env.cluster, "default", "HTTPRoute", "shop");
+    assert_eq!(
+        events["TunnelConnected"].len(),
+        1,
+        "reconnected? {events:?}"
+    );
+    assert!(
+        events["RoutesUpdated"]
+            .iter()
+            .any(|m| m.contains("/v2 -> v2:8080")),
+        "{events:?}"
+    );
+    assert_eq!(
+        env.agent.log().matches("tunnel session open").count(),
+        1,
+        "{}",
+        env.agent.log()
+    );
+
+    // The route deleted: its host is unpublished, the Gateway's address goes.
+    env.cluster.kubectl_ok(&["delete", "httproute", "shop"]);
+    env.gateway("no address, no attached route", |g: &Gateway| {
+        g.status.as_ref().is_some_and(|s| {
+            s.addresses.as_ref().is_none_or(|a| a.is_empty())
+                && s.listeners
+                    .as_ref()
+                    .is_some_and(|l| l[0].attached_routes == 0)
+        })
+    })
+    .await;
+    let gone = tokio::time::timeout(support::WAIT, async {
+        loop {
+            let (status, _) = http_get(env.http(), "shop.tuna.test", "/").await;
+            if status != 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "still served: {}", env.agent.log());
+}
+
+/// A backendRef to a Service of another namespace is refused
+/// (`ResolvedRefs=False`, `RefNotPermitted`, a `BackendSkipped` event, the
+/// request answers 500) until a ReferenceGrant of that namespace allows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_namespace_backend_is_refused_until_a_reference_grant_allows_it() {
+    let env = Env::start().await;
+    let api = http_backend("api", bind_loopback(8080).await).await;
+    env.cluster.kubectl_ok(&["create", "namespace", "backends"]);
+    env.cluster.apply(&service("backends", "api", api));
+    env.cluster.apply(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: cross}\nspec: {subdomain: cross}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: cross, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  hostnames: [cross.tuna.test]\n  rules:\n  - backendRefs: [{name: api, namespace: backends, port: 8080}]\n",
+    );
+    let r = env
+        .route("cross", "ResolvedRefs False", |r: &HttpRoute| {
+            our_parent(r).is_some_and(|p| {
+                condition(&p.conditions, "ResolvedRefs").is_some_and(|c| c.status == "False")
+            })
+        })
+        .await;
+    let parent = our_parent(&r).unwrap();
+    let resolved = condition(&parent.conditions, "ResolvedRefs").unwrap();
+    assert_eq!(resolved.reason, "RefNotPermitted", "{resolved:?}");
+    assert!(is_true(&parent.conditions, "Accepted"), "{parent:?}");
+    env.serves("cross.tuna.test", "/", "", 500, "").await;
+    let events = events_of(&env.cluster, "default", "HTTPRoute", "cross");
+    assert!(
+        events
+            .get("BackendSkipped")
+            .is_some_and(|m| m.iter().any(|m| m.contains("RefNotPermitted"))),
+        "{events:?}"
+    );
+
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: routes-from-default, namespace: backends}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default}]\n  to: [{group: '', kind: Service, name: api}]\n",
+    );
+    env.route("cross", "ResolvedRefs True", |r: &HttpRoute| {
+        our_parent(r).is_some_and(|p| is_true(&p.conditions, "ResolvedRefs"))
+    })
+    .await;
+    env.serves("cross.tuna.test", "/", "", 200, "api").await;
+}
