@@ -144,7 +144,7 @@ impl Env {
 }
 
 /// The class, a Gateway and an HTTPRoute of the documentation's shape: the
-/// route's rules route by path (PathPrefix by segment, Exact) through the
+/// route's rules route by path (PathPrefix by segment, Exact) and header through the
 /// edge; GatewayClass,
 /// Gateway and HTTPRoute statuses say so (observedGeneration, addresses,
 /// attachedRoutes); a new path is live on an open keep-alive connection
@@ -162,7 +162,7 @@ async fn httproutes_route_by_path_report_status_and_change_without_reconnecting(
     }
     let route = |extra: &str| {
         format!(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: shop, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  hostnames: [shop.tuna.test]\n  rules:\n{extra}  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: api, port: 8080}}]\n  - matches: [{{path: {{type: Exact, value: /about}}}}]\n    backendRefs: [{{name: canary, port: 8080}}]\n  - backendRefs: [{{name: web, port: 8080}}]\n"
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: shop, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  hostnames: [shop.tuna.test]\n  rules:\n{extra}  - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n    backendRefs: [{{name: api, port: 8080}}]\n  - matches: [{{path: {{type: PathPrefix, value: /api}}, headers: [{{name: X-Env, value: canary}}]}}]\n    backendRefs: [{{name: canary, port: 8080}}]\n  - matches: [{{path: {{type: Exact, value: /about}}}}]\n    backendRefs: [{{name: canary, port: 8080}}]\n  - backendRefs: [{{name: web, port: 8080}}]\n"
         )
     };
     env.cluster.apply(&format!(
@@ -240,6 +240,10 @@ async fn httproutes_route_by_path_report_status_and_change_without_reconnecting(
         .await;
     for (path, header, backend) in [
         ("/api/users", "", "api"),
+        // The same prefix with a header match ranks first (more header
+        // matches), header names case-insensitive; another value does not match.
+        ("/api/users", "x-env: canary\r\n", "canary"),
+        ("/api/users", "X-ENV: other\r\n", "api"),
         ("/apix", "", "web"),
         ("/", "", "web"),
         ("/about", "", "canary"),
