@@ -639,11 +639,24 @@ async fn write_class_status(
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
     let next = conditions(&previous, &desired.conditions, desired.generation, &now());
-    if sorted(next.clone()) == sorted(previous) {
+    let features: Vec<&str> = crate::plan::httproute::SUPPORTED_FEATURES.to_vec();
+    let current_features: Vec<String> = class
+        .status
+        .as_ref()
+        .and_then(|s| s.supported_features.as_ref())
+        .map(|f| f.iter().map(|f| f.name.clone()).collect())
+        .unwrap_or_default();
+    if sorted(next.clone()) == sorted(previous) && current_features == features {
         return Ok(());
     }
     let api: Api<GatewayClass> = Api::all(state.ctx.client.clone());
-    apply_status(&api, &desired.name, json!({ "conditions": next })).await
+    let supported: Vec<Value> = features.iter().map(|f| json!({ "name": f })).collect();
+    apply_status(
+        &api,
+        &desired.name,
+        json!({ "conditions": next, "supportedFeatures": supported }),
+    )
+    .await
 }
 
 /// The `status` of a Gateway (pure): `addresses` are the hosts of

@@ -103,6 +103,33 @@ impl Cond {
     }
 }
 
+/// The Gateway API v1.6.1 `SupportedFeatures` this implementation serves
+/// (`pkg/features` names), sorted as `GatewayClass.status.supportedFeatures`
+/// must be. docs/gateway-api.md has the table, with what is not supported and why.
+pub const SUPPORTED_FEATURES: &[&str] = &[
+    "Gateway",
+    "GatewayPort8080",
+    "HTTPRoute",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteBackendProtocolH2C",
+    "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteHostRewrite",
+    "HTTPRouteMethodMatching",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
+    "HTTPRoutePathRedirect",
+    "HTTPRoutePathRewrite",
+    "HTTPRoutePortRedirect",
+    "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteResponseHeaderModification",
+    "HTTPRouteSchemeRedirect",
+    "ReferenceGrant",
+];
+
 /// The status of one of our GatewayClasses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClassStatus {
@@ -1480,6 +1507,22 @@ spec:
                 }),
             ]
         );
+    }
+
+    /// `supportedFeatures` must be sorted and name only v1.6.1 features.
+    #[test]
+    fn supported_features_are_sorted_and_known() {
+        let mut sorted = SUPPORTED_FEATURES.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted, SUPPORTED_FEATURES);
+        let docs = include_str!("../../docs/gateway-api.md");
+        for f in SUPPORTED_FEATURES {
+            assert!(
+                docs.contains(&format!("`{f}`")),
+                "{f} is not in docs/gateway-api.md"
+            );
+        }
     }
 
     #[test]

@@ -188,6 +188,23 @@ async fn httproutes_route_by_path_report_status_and_change_without_reconnecting(
     let (a, generation) =
         accepted.unwrap_or_else(|_| panic!("class not Accepted\n{}", env.agent.log()));
     assert_eq!(a.observed_generation, generation);
+    // The class says what it supports, sorted, as the specification asks.
+    let features: Vec<String> = classes
+        .get("tuna")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.supported_features)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    assert!(
+        features.contains(&"HTTPRoute".to_owned())
+            && features.contains(&"ReferenceGrant".to_owned()),
+        "{features:?}"
+    );
+    assert!(features.windows(2).all(|w| w[0] < w[1]), "{features:?}");
     let g = env
         .gateway("Programmed with its host as address", |g: &Gateway| {
             g.status.as_ref().is_some_and(|s| {
