@@ -762,6 +762,8 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
             classes: &snapshot.gateway_classes,
             gateways: &snapshot.gateways,
             http_routes: &snapshot.http_routes,
+            // TCP is not explained (no request to match).
+            tcp_routes: &[],
             grants: &snapshot.grants,
             namespaces: &snapshot.namespaces,
         },

@@ -181,6 +181,7 @@ impl GatewaySnapshot {
             classes: &self.classes,
             gateways: &self.gateways,
             http_routes: routes,
+            tcp_routes: &[],
             grants: &self.grants,
             namespaces: &self.namespaces,
         }

@@ -7,7 +7,9 @@
 //! - A **Gateway** of one of our classes is `Accepted`; each listener of
 //!   protocol HTTP or HTTPS serves HTTPRoutes (TLS is the edge's: the
 //!   listener's `tls` and `certificateRefs` are not used, and said so in its
-//!   conditions), TCP serves TCPRoutes, TLS and UDP are `UnsupportedProtocol`.
+//!   conditions), TCP serves one TCPRoute on the TCPEndpoint alias the
+//!   listener's name gives ([`super::tcproute`]), TLS and UDP are
+//!   `UnsupportedProtocol`.
 //! - An **HTTPRoute** attaches through each parentRef naming such a Gateway
 //!   ([`super::gateway::attach`]); each match of each rule becomes one route
 //!   spec ([`tuna_routing::Matcher::Gateway`]) on every concrete host it
@@ -34,7 +36,9 @@ use tuna_crds::gateway::httproutes::{
     HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
     HttpRouteRulesMatchesQueryParamsType,
 };
-use tuna_crds::gateway::{CONTROLLER_NAME, Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+use tuna_crds::gateway::{
+    CONTROLLER_NAME, Gateway, GatewayClass, HttpRoute, ReferenceGrant, TcpRoute,
+};
 use tuna_routing::action::{Filter, HeaderModifier, PathModifier, Redirect, Rewrite, Timeouts};
 use tuna_routing::{GatewayMatch, Matcher, Origin, PathType, RouteSpec, TieBreak};
 
@@ -56,6 +60,8 @@ pub struct GatewayInputs<'a> {
     pub gateways: &'a [Arc<Gateway>],
     /// HTTPRoutes.
     pub http_routes: &'a [Arc<HttpRoute>],
+    /// TCPRoutes.
+    pub tcp_routes: &'a [Arc<TcpRoute>],
     /// ReferenceGrants.
     pub grants: &'a [Arc<ReferenceGrant>],
     /// Namespaces, for `allowedRoutes.namespaces.selector` (labels).
@@ -65,7 +71,10 @@ pub struct GatewayInputs<'a> {
 impl GatewayInputs<'_> {
     /// Whether there is any Gateway API object at all.
     pub fn is_empty(&self) -> bool {
-        self.classes.is_empty() && self.gateways.is_empty() && self.http_routes.is_empty()
+        self.classes.is_empty()
+            && self.gateways.is_empty()
+            && self.http_routes.is_empty()
+            && self.tcp_routes.is_empty()
     }
 }
 
@@ -84,7 +93,7 @@ pub struct Cond {
 }
 
 impl Cond {
-    fn yes(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn yes(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
         Self {
             type_,
             status: true,
@@ -93,7 +102,7 @@ impl Cond {
         }
     }
 
-    fn no(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn no(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
         Self {
             type_,
             status: false,
@@ -173,7 +182,8 @@ pub struct GatewayStatus {
 /// The status of a route for one parentRef that names one of our Gateways.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParentStatus {
-    /// The parentRef as the route gives it.
+    /// The parentRef as the route gives it (a TCPRoute's, which has the
+    /// same fields, converted: see [`super::tcproute::parent_ref`]).
     pub parent_ref: HttpRouteParentRefs,
     /// `Accepted` and `ResolvedRefs`.
     pub conditions: Vec<Cond>,
@@ -182,7 +192,7 @@ pub struct ParentStatus {
 /// The status of one route.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteStatus {
-    /// The route.
+    /// The route (`Kind::HttpRoute` or `Kind::TcpRoute`).
     pub object: ObjectRef,
     /// `metadata.generation`.
     pub generation: Option<i64>,
@@ -217,6 +227,10 @@ pub struct GatewayOutcome {
     pub gateways: Vec<GatewayStatus>,
     /// Route statuses (routes with a parentRef to one of our Gateways).
     pub routes: Vec<RouteStatus>,
+    /// TCPRoute → the TCP endpoint it is published on.
+    pub tcp: BTreeMap<ObjectRef, super::TcpPlan>,
+    /// Refusals of TCPRoutes: (route, reason, message).
+    pub tcp_refusals: Vec<(ObjectRef, super::Reason, String)>,
 }
 
 /// Parses a Gateway API duration (GEP-2257: `1h`, `30s`, `500ms`, `1m30s`);
@@ -257,7 +271,7 @@ pub fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
     Ok((!total.is_zero()).then_some(total))
 }
 
-fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, String> {
+pub(super) fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, String> {
     let mut labels = namespaces
         .iter()
         .find(|n| n.metadata.name.as_deref() == Some(name))
@@ -270,7 +284,7 @@ fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, Stri
     labels
 }
 
-fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> i64 {
+pub(super) fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> i64 {
     meta.creation_timestamp
         .as_ref()
         .map_or(i64::MAX, |t| t.0.as_second())
@@ -429,9 +443,14 @@ fn filter_of(f: &HttpRouteRulesFilters) -> Option<Filter> {
     }
 }
 
-/// The action of one rule: its backends resolved, its filters and timeouts.
-fn action_of(
+/// The action of one rule of a route of `route_kind` (`HTTPRoute`, or a
+/// `TCPRoute` whose rule is converted, `tcp://` upstreams): its backends
+/// resolved, its filters and timeouts.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn action_of(
     rule: &HttpRouteRules,
+    route_kind: &str,
+    scheme: UpstreamScheme,
     route_namespace: &str,
     grants: &[&ReferenceGrant],
     services: &dyn ServiceLookup,
@@ -481,14 +500,14 @@ fn action_of(
         let exists = |ns: &str, name: &str| {
             backends_mode == Backends::Unchecked || services.service(ns, name).is_some()
         };
-        match resolve_backend(b, "HTTPRoute", route_namespace, grants, exists) {
+        match resolve_backend(b, route_kind, route_namespace, grants, exists) {
             Err(r) => {
                 let message = match r {
                     RefRefusal::InvalidKind => {
                         format!("{kind} {namespace}/{} is not a core Service", b.name)
                     }
                     RefRefusal::RefNotPermitted => format!(
-                        "Service {namespace}/{} is in another namespace and no ReferenceGrant in {namespace:?} allows HTTPRoutes of {route_namespace:?} to use it",
+                        "Service {namespace}/{} is in another namespace and no ReferenceGrant in {namespace:?} allows {route_kind}s of {route_namespace:?} to use it",
                         b.name
                     ),
                     RefRefusal::BackendNotFound => {
@@ -529,8 +548,7 @@ fn action_of(
                         };
                         // The ReferenceGrant (checked above) is what allows
                         // another namespace's Service.
-                        match resolve_service(&service, ns, UpstreamScheme::Http, services, &policy)
-                        {
+                        match resolve_service(&service, ns, scheme, services, &policy) {
                             Ok(u) => Some(u),
                             Err(e) => {
                                 action
@@ -554,6 +572,28 @@ fn action_of(
         }
     }
     action
+}
+
+/// The `ResolvedRefs` condition of a route with these rule actions: the
+/// first backendRef that does not resolve says why.
+pub(super) fn resolved_refs<'a>(actions: impl IntoIterator<Item = &'a GatewayAction>) -> Cond {
+    actions
+        .into_iter()
+        .flat_map(|a| a.invalid.iter())
+        .next()
+        .map_or_else(
+            || Cond::yes("ResolvedRefs", "ResolvedRefs", "every backendRef resolves"),
+            |bad| Cond::no("ResolvedRefs", ref_reason(&bad.reason), bad.message.clone()),
+        )
+}
+
+/// The specification's `ResolvedRefs` reason of an invalid backend.
+pub(super) fn ref_reason(reason: &str) -> &'static str {
+    match reason {
+        "InvalidKind" => "InvalidKind",
+        "RefNotPermitted" => "RefNotPermitted",
+        _ => "BackendNotFound",
+    }
 }
 
 /// The specs of one match, before a host is chosen.
@@ -615,6 +655,12 @@ pub(crate) struct HostContext<'a> {
     pub backends: Backends,
     /// Upstream policy.
     pub policy: UpstreamPolicy,
+    /// TCPEndpoint aliases.
+    pub aliases: &'a super::tcpendpoint::AliasOwners,
+    /// A TCP listener's alias must be declared by a TCPEndpoint (standalone).
+    pub require_tcp_endpoint_objects: bool,
+    /// TCP endpoints tcp Tunnels publish (→ the Tunnel): they keep them.
+    pub tcp_taken: &'a BTreeMap<super::tunnel::PortOrAlias, ObjectRef>,
 }
 
 /// Plans the Gateway API objects.
@@ -676,6 +722,8 @@ pub(crate) fn plan_gateway_api(
             .map(|r| {
                 Arc::new(action_of(
                     r,
+                    "HTTPRoute",
+                    UpstreamScheme::Http,
                     &namespace,
                     &grants,
                     services,
@@ -684,20 +732,7 @@ pub(crate) fn plan_gateway_api(
                 ))
             })
             .collect();
-        let resolved = actions
-            .iter()
-            .flat_map(|a| a.invalid.iter())
-            .next()
-            .map_or_else(
-                || Cond::yes("ResolvedRefs", "ResolvedRefs", "every backendRef resolves"),
-                |bad| {
-                    let reason = match bad.reason.as_str() {
-                        r @ ("InvalidKind" | "RefNotPermitted" | "BackendNotFound") => r,
-                        _ => "BackendNotFound",
-                    };
-                    Cond::no("ResolvedRefs", reason, bad.message.clone())
-                },
-            );
+        let resolved = resolved_refs(actions.iter().map(|a| &**a));
         let mut parents = Vec::new();
         let mut served: BTreeSet<(String, Option<String>)> = BTreeSet::new();
         for parent in route.spec.parent_refs.iter().flatten() {
@@ -932,6 +967,18 @@ pub(crate) fn plan_gateway_api(
         .map(|(h, specs)| (h, specs.into_values().collect()))
         .collect();
 
+    let tcp_listeners = super::tcproute::reserve_listeners(&gateways, ctx);
+    super::tcproute::plan_tcp_routes(
+        inputs,
+        &gateways,
+        &grants,
+        services,
+        ctx,
+        &tcp_listeners,
+        &mut attached_count,
+        &mut out,
+    );
+
     // Gateway statuses.
     for (gi, g) in gateways.iter().enumerate() {
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
@@ -962,13 +1009,20 @@ pub(crate) fn plan_gateway_api(
                         ],
                     )
                 }
+                "TCP" => (
+                    vec!["TCPRoute"],
+                    super::tcproute::listener_conditions(
+                        &l.name,
+                        tcp_listeners.get(&(gi, l.name.clone())),
+                    ),
+                ),
                 other => (
                     Vec::new(),
                     vec![
                         Cond::no(
                             "Accepted",
                             "UnsupportedProtocol",
-                            format!("protocol {other} is not supported (HTTP and HTTPS are)"),
+                            format!("protocol {other} is not supported (HTTP, HTTPS and TCP are)"),
                         ),
                         Cond::no("Programmed", "Invalid", "the listener is not accepted"),
                         Cond::yes("ResolvedRefs", "ResolvedRefs", "nothing to resolve"),
@@ -1141,6 +1195,7 @@ spec:
                 classes: &classes,
                 gateways: &gateways,
                 http_routes: &routes,
+                tcp_routes: &[],
                 grants: &grants,
                 namespaces: &[],
             },

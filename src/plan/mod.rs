@@ -45,6 +45,7 @@ pub mod httproute;
 pub mod ingress;
 pub mod service;
 pub mod tcpendpoint;
+pub mod tcproute;
 pub mod tunnel;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -85,6 +86,8 @@ pub enum Kind {
     TcpEndpoint,
     /// `gateway.networking.k8s.io/v1` HTTPRoute.
     HttpRoute,
+    /// `gateway.networking.k8s.io/v1` TCPRoute.
+    TcpRoute,
     /// `gateway.networking.k8s.io/v1` Gateway.
     Gateway,
     /// `gateway.networking.k8s.io/v1` GatewayClass.
@@ -100,6 +103,7 @@ impl Kind {
             Self::Domain => "Domain",
             Self::TcpEndpoint => "TCPEndpoint",
             Self::HttpRoute => "HTTPRoute",
+            Self::TcpRoute => "TCPRoute",
             Self::Gateway => "Gateway",
             Self::GatewayClass => "GatewayClass",
         }
@@ -422,7 +426,7 @@ impl HostPlan {
     }
 }
 
-/// A TCP endpoint to publish for a tcp Tunnel.
+/// A TCP endpoint to publish for a tcp Tunnel or a TCPRoute.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpPlan {
     /// The endpoint, by port or alias.
@@ -436,7 +440,8 @@ pub struct TcpPlan {
 pub struct Plan {
     /// Host (lower case) → its routes.
     pub hosts: BTreeMap<String, HostPlan>,
-    /// tcp Tunnel → its TCP endpoint.
+    /// tcp Tunnel or TCPRoute → its TCP endpoint (an endpoint is used by
+    /// one of them: Tunnels are planned first and keep theirs).
     pub tcp: BTreeMap<ObjectRef, TcpPlan>,
     /// Domains whose reservation stands (duplicates removed).
     pub domains: Vec<DesiredDomain>,
@@ -719,17 +724,37 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
         &mut out,
     );
     if !inputs.gateway.is_empty() {
-        plan_http_routes(&inputs.gateway, services, options, &reservations, &mut out);
+        let tcp = TcpReservations {
+            aliases: &aliases,
+            taken: &tcp_claims,
+        };
+        plan_http_routes(
+            &inputs.gateway,
+            services,
+            options,
+            &reservations,
+            &tcp,
+            &mut out,
+        );
     }
     out
 }
 
-/// HTTPRoutes on the hosts Tunnels and Ingresses left (see [`httproute`]).
+/// What TCP routes may use: the TCPEndpoints' aliases, less the endpoints
+/// tcp Tunnels publish.
+struct TcpReservations<'a> {
+    aliases: &'a AliasOwners,
+    taken: &'a BTreeMap<PortOrAlias, ObjectRef>,
+}
+
+/// HTTPRoutes on the hosts Tunnels and Ingresses left, TCPRoutes on the
+/// endpoints tcp Tunnels left (see [`httproute`], [`tcproute`]).
 fn plan_http_routes(
     inputs: &httproute::GatewayInputs<'_>,
     services: &dyn ServiceLookup,
     options: &PlanOptions,
     reservations: &HostReservations,
+    tcp: &TcpReservations<'_>,
     out: &mut Plan,
 ) {
     let taken: BTreeMap<String, (ObjectRef, Reason)> = out
@@ -751,8 +776,15 @@ fn plan_http_routes(
         taken: &taken,
         backends: options.backends,
         policy: options.policy,
+        aliases: tcp.aliases,
+        require_tcp_endpoint_objects: options.require_tcp_endpoint_objects,
+        tcp_taken: tcp.taken,
     };
     let outcome = httproute::plan_gateway_api(inputs, services, &ctx);
+    for (object, reason, message) in outcome.tcp_refusals {
+        out.refusals.push(Refusal::new(object, reason, message));
+    }
+    out.tcp.extend(outcome.tcp);
     let route_ref = |namespace: &str, name: &str| ObjectRef::new(Kind::HttpRoute, namespace, name);
     for (object, host, reason, message) in outcome.refused_hosts {
         let _ = host;

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use k8s_openapi::api::networking::v1::Ingress;
-use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant, TcpRoute};
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_routing::RouteSpec;
 
@@ -101,8 +101,28 @@ pub struct PublishedTcp {
     pub endpoint: PortOrAlias,
     /// Where the bytes go.
     pub upstream: ResolvedUpstream,
-    /// The Tunnel, `namespace/name`.
+    /// Who publishes it: [`tcp_key`].
     pub tunnel: String,
+}
+
+/// The key of a published TCP endpoint: `namespace/name` for a tcp Tunnel,
+/// `TCPRoute namespace/name` for a TCPRoute (a name has no space, so the two
+/// never collide).
+pub fn tcp_key(owner: &ObjectRef) -> String {
+    match owner.kind {
+        Kind::Tunnel => owner.key(),
+        _ => owner.to_string(),
+    }
+}
+
+/// The object a [`tcp_key`] names, for messages: `Tunnel namespace/name` or
+/// `TCPRoute namespace/name`.
+pub fn tcp_owner(key: &str) -> String {
+    if key.contains(' ') {
+        key.to_owned()
+    } else {
+        format!("Tunnel {key}")
+    }
 }
 
 /// Something in the files that is not served, and why.
@@ -133,7 +153,7 @@ impl fmt::Display for SkippedItem {
 pub struct DesiredState {
     /// Host → its routes.
     pub hosts: BTreeMap<String, PublishedHost>,
-    /// Tunnel (`namespace/name`) → TCP endpoint.
+    /// tcp Tunnel or TCPRoute ([`tcp_key`]) → TCP endpoint.
     pub tcp: BTreeMap<String, PublishedTcp>,
     /// Domains reserved.
     pub domains: Vec<DesiredDomain>,
@@ -154,6 +174,7 @@ const KINDS: &[(&str, &str)] = &[
     (crate::plan::gateway::GROUP, "GatewayClass"),
     (crate::plan::gateway::GROUP, "Gateway"),
     (crate::plan::gateway::GROUP, "HTTPRoute"),
+    (crate::plan::gateway::GROUP, "TCPRoute"),
     (crate::plan::gateway::GROUP, "ReferenceGrant"),
     ("", "Namespace"),
 ];
@@ -201,6 +222,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
     let mut gateway_classes: Vec<Arc<GatewayClass>> = Vec::new();
     let mut gateways: Vec<Arc<Gateway>> = Vec::new();
     let mut http_routes: Vec<Arc<HttpRoute>> = Vec::new();
+    let mut tcp_routes: Vec<Arc<TcpRoute>> = Vec::new();
     let mut grants: Vec<Arc<ReferenceGrant>> = Vec::new();
     let mut namespaces: Vec<Arc<Namespace>> = Vec::new();
     let mut sources: BTreeMap<ObjectRef, Source> = BTreeMap::new();
@@ -213,7 +235,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
                 object: object_label(o),
                 reason: "UnsupportedKind".into(),
                 message: format!(
-                    "{} {} is not served in standalone mode (Service, Ingress, Tunnel, Domain, TCPEndpoint, GatewayClass, Gateway, HTTPRoute, ReferenceGrant and Namespace are)",
+                    "{} {} is not served in standalone mode (Service, Ingress, Tunnel, Domain, TCPEndpoint, GatewayClass, Gateway, HTTPRoute, TCPRoute, ReferenceGrant and Namespace are)",
                     o.api_version, o.kind
                 ),
             });
@@ -282,6 +304,12 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
                     http_routes.push(Arc::new(r));
                 }
             }
+            "TCPRoute" => {
+                if let Some(r) = parse::<TcpRoute>(o, &mut state.skipped) {
+                    remember(Kind::TcpRoute);
+                    tcp_routes.push(Arc::new(r));
+                }
+            }
             "ReferenceGrant" => {
                 if let Some(g) = parse::<ReferenceGrant>(o, &mut state.skipped) {
                     grants.push(Arc::new(g));
@@ -304,6 +332,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             classes: &gateway_classes,
             gateways: &gateways,
             http_routes: &http_routes,
+            tcp_routes: &tcp_routes,
             grants: &grants,
             namespaces: &namespaces,
         },
@@ -346,13 +375,14 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             .hosts
             .insert(host, PublishedHost { routes, publishers });
     }
-    for (tunnel, t) in plan.tcp {
+    for (owner, t) in plan.tcp {
+        let key = tcp_key(&owner);
         state.tcp.insert(
-            tunnel.key(),
+            key.clone(),
             PublishedTcp {
                 endpoint: t.endpoint,
                 upstream: t.upstream,
-                tunnel: tunnel.key(),
+                tunnel: key,
             },
         );
     }

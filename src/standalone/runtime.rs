@@ -11,8 +11,8 @@
 //!
 //! - **One tunnel per host / TCP endpoint, one token per tunnel** (DESIGN §3):
 //!   a host published by Ingresses or by an http Tunnel gets a tunnel bound to
-//!   that host alone, with a token allowed only that binding; a tcp Tunnel gets
-//!   one bound to its endpoint.
+//!   that host alone, with a token allowed only that binding; a tcp Tunnel or a
+//!   TCPRoute gets one bound to its endpoint.
 //! - **Route changes never reconnect.** A changed path or upstream only swaps
 //!   the host's routes in the proxy core.
 //! - **Removal revokes.** When a host or TCP endpoint leaves the files, its
@@ -437,7 +437,7 @@ impl Runtime {
             Ok(r) => r,
             Err(e) => {
                 self.problem(
-                    format!("Tunnel {tunnel}"),
+                    super::desired::tcp_owner(tunnel),
                     "ReservationFailed",
                     e.to_string(),
                 );
@@ -688,7 +688,8 @@ impl Standalone {
         self.generation.clone()
     }
 
-    /// Public TCP address of a tcp Tunnel (`namespace/name`).
+    /// Public TCP address of a tcp Tunnel (`namespace/name`) or a TCPRoute
+    /// (`TCPRoute namespace/name`).
     pub async fn tcp_address(&self, tunnel: &str) -> Option<SocketAddr> {
         self.snapshot.borrow().tcp.get(tunnel).copied()
     }

@@ -1,0 +1,743 @@
+//! TCPRoutes (Gateway API v1, standard channel) → TCP endpoints, and the
+//! statuses that say so. Pure; part of [`super::httproute::plan_gateway_api`].
+//!
+//! - A Gateway listener of protocol `TCP` names its reservation by its
+//!   **name**: the alias of a TCPEndpoint of the Gateway's namespace. The
+//!   listener's `port` is not used (the edge assigns the public port). With
+//!   [`super::PlanOptions::require_tcp_endpoint_objects`] (standalone) the
+//!   TCPEndpoint must exist; in a cluster an alias no TCPEndpoint declares is
+//!   left to the edge, as for tcp Tunnels. A TCPEndpoint of another namespace,
+//!   an alias a tcp Tunnel publishes (Tunnels are planned first and keep their
+//!   endpoint) or an older Gateway's listener uses: the listener is
+//!   `Accepted=False`, `PortUnavailable`.
+//! - A TCPRoute attaches through its parentRefs ([`super::gateway::attach`],
+//!   kind `TCPRoute`). One TCPRoute is served per listener: the oldest (then
+//!   namespace/name); the others are `Accepted=False`, `TcpEndpointInUse`,
+//!   naming the winner. A TCPRoute is published on one endpoint: the first
+//!   listener it wins.
+//! - Its first rule's backendRefs resolve as an HTTPRoute's do (ReferenceGrant
+//!   `from.kind: TCPRoute`); the upstream is the first valid backend with
+//!   weight > 0: weights are not split.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tuna_crds::gateway::httproutes::{
+    HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesBackendRefs,
+};
+use tuna_crds::gateway::tcproutes::{TcpRouteParentRefs, TcpRouteRulesBackendRefs};
+use tuna_crds::gateway::{Gateway, ReferenceGrant};
+
+use super::gateway::{attach, refers_to};
+use super::httproute::{
+    Cond, GatewayInputs, GatewayOutcome, HostContext, ParentStatus, RouteStatus, action_of,
+    created, labels_of, ref_reason, resolved_refs,
+};
+use super::service::{ServiceLookup, UpstreamScheme};
+use super::tunnel::{PortOrAlias, TunnelReason};
+use super::{Kind, ObjectRef, Reason, TcpPlan};
+
+/// A TCPRoute's parentRef as the HTTPRoute type (the same fields), so that
+/// attachment and status share one shape.
+pub fn parent_ref(p: &TcpRouteParentRefs) -> HttpRouteParentRefs {
+    HttpRouteParentRefs {
+        group: p.group.clone(),
+        kind: p.kind.clone(),
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        port: p.port,
+        section_name: p.section_name.clone(),
+    }
+}
+
+fn backend_ref(b: &TcpRouteRulesBackendRefs) -> HttpRouteRulesBackendRefs {
+    HttpRouteRulesBackendRefs {
+        filters: None,
+        group: b.group.clone(),
+        kind: b.kind.clone(),
+        name: b.name.clone(),
+        namespace: b.namespace.clone(),
+        port: b.port,
+        weight: b.weight,
+    }
+}
+
+/// Why a TCP listener's reservation cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unavailable {
+    /// What a route attaching through it is refused with.
+    pub reason: Reason,
+    /// For a human.
+    pub message: String,
+}
+
+/// The TCP listeners of `gateways`, (gateway index, listener name) → their
+/// alias usable or not (see the module docs).
+pub(crate) fn reserve_listeners(
+    gateways: &[&Arc<Gateway>],
+    ctx: &HostContext<'_>,
+) -> BTreeMap<(usize, String), Result<(), Unavailable>> {
+    let mut order: Vec<usize> = (0..gateways.len()).collect();
+    order.sort_by_key(|&i| {
+        let m = &gateways[i].metadata;
+        (created(m), m.namespace.clone(), m.name.clone())
+    });
+    let mut used: BTreeMap<&str, ObjectRef> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for gi in order {
+        let g = gateways[gi];
+        let object = ObjectRef::of(Kind::Gateway, &g.metadata);
+        for l in g.spec.listeners.iter().filter(|l| l.protocol == "TCP") {
+            let alias = l.name.as_str();
+            let verdict = if let Some(e) = ctx.aliases.get(alias)
+                && e.namespace != object.namespace
+            {
+                Err(Unavailable {
+                    reason: Reason::Tunnel(TunnelReason::TcpEndpointOwnedByOtherNamespace),
+                    message: format!(
+                        "alias {alias} is declared by TCPEndpoint {}/{}; a Gateway uses the TCPEndpoints of its own namespace {:?}",
+                        e.namespace, e.name, object.namespace
+                    ),
+                })
+            } else if ctx.aliases.get(alias).is_none() && ctx.require_tcp_endpoint_objects {
+                Err(Unavailable {
+                    reason: Reason::TcpEndpointNotFound,
+                    message: format!(
+                        "no TCPEndpoint with alias {alias} in namespace {:?}: the listener's name is the alias of its TCP endpoint; add a TCPEndpoint with spec.alias: {alias}",
+                        object.namespace
+                    ),
+                })
+            } else if let Some(t) = ctx.tcp_taken.get(&PortOrAlias::Alias(alias.to_owned())) {
+                Err(Unavailable {
+                    reason: Reason::TcpEndpointInUse,
+                    message: format!("alias {alias} is published by {t}, which keeps it"),
+                })
+            } else if let Some(first) = used.get(alias) {
+                Err(Unavailable {
+                    reason: Reason::TcpEndpointInUse,
+                    message: format!(
+                        "alias {alias} is used by a listener of {first}, which is older"
+                    ),
+                })
+            } else {
+                used.insert(alias, object.clone());
+                Ok(())
+            };
+            out.insert((gi, l.name.clone()), verdict);
+        }
+    }
+    out
+}
+
+/// The conditions of a TCP listener named `alias`.
+pub(crate) fn listener_conditions(
+    alias: &str,
+    verdict: Option<&Result<(), Unavailable>>,
+) -> Vec<Cond> {
+    match verdict {
+        Some(Err(u)) => vec![
+            Cond::no("Accepted", "PortUnavailable", u.message.clone()),
+            Cond::no("Programmed", "Invalid", "the listener is not accepted"),
+            Cond::yes("ResolvedRefs", "ResolvedRefs", "nothing to resolve"),
+            Cond::no("Conflicted", "NoConflicts", "no conflict"),
+        ],
+        _ => vec![
+            Cond::yes(
+                "Accepted",
+                "Accepted",
+                format!(
+                    "serves one TCPRoute on the TCP endpoint with alias {alias} (the edge assigns the public port; the listener's port is not used)"
+                ),
+            ),
+            Cond::yes(
+                "Programmed",
+                "Programmed",
+                "its TCPRoute is published through the edge",
+            ),
+            Cond::yes("ResolvedRefs", "ResolvedRefs", "nothing to resolve"),
+            Cond::no("Conflicted", "NoConflicts", "no conflict"),
+        ],
+    }
+}
+
+/// Plans the TCPRoutes of `inputs` on the TCP listeners of `gateways`: route
+/// statuses, attached counts, [`GatewayOutcome::tcp`] and its refusals.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_tcp_routes(
+    inputs: &GatewayInputs<'_>,
+    gateways: &[&Arc<Gateway>],
+    grants: &[&ReferenceGrant],
+    services: &dyn ServiceLookup,
+    ctx: &HostContext<'_>,
+    listeners: &BTreeMap<(usize, String), Result<(), Unavailable>>,
+    attached_count: &mut BTreeMap<(usize, String), i32>,
+    out: &mut GatewayOutcome,
+) {
+    // Routes oldest first, so that the first claimant of a listener wins.
+    let mut routes: Vec<&Arc<tuna_crds::gateway::TcpRoute>> = inputs.tcp_routes.iter().collect();
+    routes.sort_by_key(|r| {
+        let m = &r.metadata;
+        (
+            created(m),
+            m.namespace.clone().unwrap_or_else(|| "default".into()),
+            m.name.clone(),
+        )
+    });
+    let mut winners: BTreeMap<(usize, String), ObjectRef> = BTreeMap::new();
+    for route in routes {
+        let meta = &route.metadata;
+        let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+        let object = ObjectRef::of(Kind::TcpRoute, meta);
+        let labels = labels_of(inputs.namespaces, &namespace);
+        let rule = HttpRouteRules {
+            backend_refs: route
+                .spec
+                .rules
+                .first()
+                .map(|r| r.backend_refs.iter().map(backend_ref).collect()),
+            ..HttpRouteRules::default()
+        };
+        let action = action_of(
+            &rule,
+            "TCPRoute",
+            UpstreamScheme::Tcp,
+            &namespace,
+            grants,
+            services,
+            ctx.backends,
+            ctx.policy,
+        );
+        let resolved = resolved_refs([&action]);
+        let mut parents = Vec::new();
+        // Listeners this route won, in parentRef then listener order.
+        let mut won: Vec<String> = Vec::new();
+        for parent in route.spec.parent_refs.iter().flatten().map(parent_ref) {
+            let Some((gi, gateway)) = gateways
+                .iter()
+                .enumerate()
+                .find(|(_, g)| refers_to(&parent, &namespace, g))
+            else {
+                continue;
+            };
+            let accepted = match attach(gateway, &parent, "TCPRoute", &namespace, &labels, &[]) {
+                Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, &parent)),
+                Ok(attached) => {
+                    let mut refusal: Option<Cond> = None;
+                    let mut any = false;
+                    for a in attached {
+                        let key = (gi, a.listener.clone());
+                        let lost = match listeners.get(&key) {
+                            Some(Err(u)) => Some(Cond::no(
+                                "Accepted",
+                                u.reason.as_str(),
+                                format!("listener {}: {}", a.listener, u.message),
+                            )),
+                            _ => winners.get(&key).filter(|w| **w != object).map(|w| {
+                                Cond::no(
+                                    "Accepted",
+                                    "TcpEndpointInUse",
+                                    format!(
+                                        "listener {} serves {w}, which is older: one TCPRoute per TCP listener",
+                                        a.listener
+                                    ),
+                                )
+                            }),
+                        };
+                        match lost {
+                            Some(c) => {
+                                refusal.get_or_insert(c);
+                            }
+                            None => {
+                                any = true;
+                                if winners.insert(key.clone(), object.clone()).is_none() {
+                                    *attached_count.entry(key).or_default() += 1;
+                                }
+                                won.push(a.listener);
+                            }
+                        }
+                    }
+                    match refusal {
+                        Some(c) if !any => c,
+                        _ => Cond::yes("Accepted", "Accepted", "accepted by the Gateway"),
+                    }
+                }
+            };
+            if !accepted.status {
+                out.tcp_refusals.push((
+                    object.clone(),
+                    match accepted.reason.as_str() {
+                        "TcpEndpointInUse" => Reason::TcpEndpointInUse,
+                        "TcpEndpointNotFound" => Reason::TcpEndpointNotFound,
+                        r => Reason::Route(static_reason(r)),
+                    },
+                    accepted.message.clone(),
+                ));
+            }
+            parents.push(ParentStatus {
+                parent_ref: parent,
+                conditions: vec![accepted, resolved.clone()],
+            });
+        }
+        if !parents.is_empty() {
+            out.routes.push(RouteStatus {
+                object: object.clone(),
+                generation: meta.generation,
+                parents,
+            });
+        }
+        let Some(alias) = won.first() else {
+            continue;
+        };
+        if won.len() > 1 {
+            out.tcp_refusals.push((
+                object.clone(),
+                Reason::TcpEndpointInUse,
+                format!(
+                    "attached to listeners {}: a TCPRoute is published on one endpoint, alias {alias}; name one listener with sectionName",
+                    won.join(", ")
+                ),
+            ));
+        }
+        // Without resolved upstreams (route explain) there is nothing to publish.
+        if ctx.backends != super::Backends::Resolve {
+            continue;
+        }
+        match action.backends.iter().find_map(|b| b.upstream.clone()) {
+            Some(upstream) => {
+                out.tcp.insert(
+                    object,
+                    TcpPlan {
+                        endpoint: PortOrAlias::Alias(alias.clone()),
+                        upstream,
+                    },
+                );
+            }
+            None => {
+                let (reason, message) = match action.invalid.first() {
+                    Some(bad) => (ref_reason(&bad.reason), bad.message.clone()),
+                    None => (
+                        "BackendNotFound",
+                        "no backendRef with weight > 0".to_owned(),
+                    ),
+                };
+                out.tcp_refusals.push((
+                    object,
+                    Reason::Route(reason),
+                    format!("{message}: alias {alias} is not published"),
+                ));
+            }
+        }
+    }
+}
+
+fn static_reason(reason: &str) -> &'static str {
+    use super::gateway::RouteRefusal as R;
+    [
+        R::NoMatchingParent,
+        R::NotAllowedByListeners,
+        R::NoMatchingListenerHostname,
+    ]
+    .into_iter()
+    .map(R::reason)
+    .chain(["TcpEndpointOwnedByOtherNamespace"])
+    .find(|r| *r == reason)
+    .unwrap_or("NotAccepted")
+}
+
+fn refusal_message(r: super::gateway::RouteRefusal, parent: &HttpRouteParentRefs) -> String {
+    use super::gateway::RouteRefusal as R;
+    match r {
+        R::NotAllowedByListeners => format!(
+            "no listener of Gateway {} allows TCPRoutes of this namespace (allowedRoutes, or a protocol other than TCP)",
+            parent.name
+        ),
+        _ => format!(
+            "Gateway {} has no listener{}{}",
+            parent.name,
+            parent
+                .section_name
+                .as_ref()
+                .map(|s| format!(" named {s:?}"))
+                .unwrap_or_default(),
+            parent
+                .port
+                .map(|p| format!(" on port {p}"))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::httproute::GatewayInputs;
+    use crate::plan::service::{ServiceIndex, ServiceInfo};
+    use crate::plan::{Inputs, Plan, PlanOptions, plan};
+    use tuna_crds::gateway::{GatewayClass, HttpRoute, TcpRoute};
+    use tuna_crds::{TcpEndpoint, Tunnel};
+
+    fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
+        yaml.split("\n---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| Arc::new(serde_saphyr::from_str::<K>(d).expect("test manifest")))
+            .collect()
+    }
+
+    const SERVICES: &str = "
+metadata: {name: db, namespace: shop}
+spec: {clusterIP: 10.0.0.1, ports: [{name: pg, port: 5432}]}
+---
+metadata: {name: cache, namespace: shop}
+spec: {clusterIP: 10.0.0.2, ports: [{port: 6379}]}
+---
+metadata: {name: shared, namespace: infra}
+spec: {clusterIP: 10.0.1.1, ports: [{port: 5432}]}
+";
+
+    const CLASS: &str = "
+metadata: {name: tuna}
+spec: {controllerName: k8s.tuna.am/gateway-controller}
+";
+
+    const GATEWAY: &str = "
+metadata: {name: edge, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: pg, protocol: TCP, port: 5432}
+  - {name: web, protocol: HTTP, port: 80}
+  - {name: redis, protocol: TCP, port: 6379, allowedRoutes: {namespaces: {from: All}}}
+";
+
+    /// One TCPRoute per listener named by `sectionName`.
+    fn route(name: &str, ns: &str, created: &str, section: &str, backends: &str) -> String {
+        format!(
+            "
+metadata: {{name: {name}, namespace: {ns}, creationTimestamp: '{created}'}}
+spec:
+  parentRefs: [{{name: edge, namespace: shop, sectionName: {section}}}]
+  rules: [{{backendRefs: {backends}}}]
+"
+        )
+    }
+
+    struct World<'a> {
+        routes: Vec<String>,
+        endpoints: &'a str,
+        tunnels: &'a str,
+        grants: &'a str,
+        http_routes: &'a str,
+        standalone: bool,
+    }
+
+    impl Default for World<'_> {
+        fn default() -> Self {
+            Self {
+                routes: Vec::new(),
+                endpoints: "
+metadata: {name: pg, namespace: shop}
+spec: {alias: pg}
+---
+metadata: {name: redis, namespace: shop}
+spec: {alias: redis}
+",
+                tunnels: "",
+                grants: "",
+                http_routes: "",
+                standalone: true,
+            }
+        }
+    }
+
+    fn run(w: &World<'_>) -> Plan {
+        let classes = objects::<GatewayClass>(CLASS);
+        let gateways = objects::<Gateway>(GATEWAY);
+        let routes = objects::<TcpRoute>(&w.routes.join("\n---\n"));
+        let http_routes = objects::<HttpRoute>(w.http_routes);
+        let grants = objects::<ReferenceGrant>(w.grants);
+        let endpoints = objects::<TcpEndpoint>(w.endpoints);
+        let tunnels = objects::<Tunnel>(w.tunnels);
+        let services = ServiceIndex::new(
+            objects::<k8s_openapi::api::core::v1::Service>(SERVICES)
+                .iter()
+                .map(|s| ServiceInfo::from_service(s)),
+        );
+        let mut options = PlanOptions::cluster("tuna.test");
+        options.require_tcp_endpoint_objects = w.standalone;
+        let inputs = Inputs {
+            tunnels: &tunnels,
+            tcp_endpoints: &endpoints,
+            gateway: GatewayInputs {
+                classes: &classes,
+                gateways: &gateways,
+                http_routes: &http_routes,
+                tcp_routes: &routes,
+                grants: &grants,
+                namespaces: &[],
+            },
+            ..Inputs::default()
+        };
+        plan(&inputs, &services, &options)
+    }
+
+    fn tcp_route(ns: &str, name: &str) -> ObjectRef {
+        ObjectRef::new(Kind::TcpRoute, ns, name)
+    }
+
+    /// (listener) → (Accepted, reason, attachedRoutes, supportedKinds).
+    fn listener<'a>(p: &'a Plan, name: &str) -> &'a super::super::httproute::ListenerStatus {
+        p.gateway.gateways[0]
+            .listeners
+            .iter()
+            .find(|l| l.name == name)
+            .expect("listener")
+    }
+
+    /// The conditions of a route's first parent.
+    fn parent_conds<'a>(p: &'a Plan, name: &str) -> &'a [Cond] {
+        &p.gateway
+            .routes
+            .iter()
+            .find(|r| r.object.name == name)
+            .expect("route status")
+            .parents[0]
+            .conditions
+    }
+
+    fn cond<'a>(c: &'a [Cond], t: &str) -> &'a Cond {
+        c.iter().find(|c| c.type_ == t).expect("condition")
+    }
+
+    const DB: &str = "[{name: db, port: 5432}]";
+
+    /// A TCP listener serves the oldest TCPRoute on the alias its name gives;
+    /// the younger is refused naming the winner; attachedRoutes counts one.
+    #[test]
+    fn the_oldest_tcproute_of_a_listener_is_published_on_its_alias() {
+        let p = run(&World {
+            routes: vec![
+                route("young", "shop", "2026-02-01T00:00:00Z", "pg", DB),
+                route("old", "shop", "2026-01-01T00:00:00Z", "pg", DB),
+            ],
+            ..World::default()
+        });
+        let published = &p.tcp[&tcp_route("shop", "old")];
+        assert_eq!(published.endpoint, PortOrAlias::Alias("pg".into()));
+        assert_eq!(published.upstream.scheme, UpstreamScheme::Tcp);
+        assert_eq!(published.upstream.authority(), "10.0.0.1:5432");
+        assert!(!p.tcp.contains_key(&tcp_route("shop", "young")));
+        let young = cond(parent_conds(&p, "young"), "Accepted");
+        assert_eq!(
+            (young.status, young.reason.as_str()),
+            (false, "TcpEndpointInUse")
+        );
+        assert!(young.message.contains("TCPRoute shop/old"), "{young:?}");
+        assert!(cond(parent_conds(&p, "old"), "Accepted").status);
+        let pg = listener(&p, "pg");
+        assert_eq!(pg.supported_kinds, ["TCPRoute"]);
+        assert_eq!(pg.attached_routes, 1);
+        assert!(cond(&pg.conditions, "Accepted").status);
+        assert!(p.refusals.iter().any(
+            |r| r.object == tcp_route("shop", "young") && r.reason == Reason::TcpEndpointInUse
+        ));
+    }
+
+    /// The listener's reservation: a TCPEndpoint of the Gateway's namespace
+    /// (required in standalone, else left to the edge), not a Tunnel's alias.
+    #[test]
+    fn a_tcp_listener_needs_its_reservation() {
+        let cases: &[(&str, &str, &str, bool, Option<&str>)] = &[
+            // (case, endpoints, tunnels, standalone, listener refusal)
+            ("declared", World::default().endpoints, "", true, None),
+            (
+                "missing in standalone",
+                "",
+                "",
+                true,
+                Some("no TCPEndpoint with alias pg in namespace \"shop\""),
+            ),
+            ("missing in a cluster: the edge's", "", "", false, None),
+            (
+                "another namespace's",
+                "metadata: {name: pg, namespace: blog}\nspec: {alias: pg}",
+                "",
+                false,
+                Some("declared by TCPEndpoint blog/pg"),
+            ),
+            (
+                "a tcp Tunnel's",
+                World::default().endpoints,
+                "metadata: {name: tun, namespace: shop}\nspec: {protocol: tcp, portOrAlias: pg, upstream: {url: 'tcp://db:5432'}}",
+                true,
+                Some("published by Tunnel shop/tun"),
+            ),
+        ];
+        for (case, endpoints, tunnels, standalone, refusal) in cases {
+            let p = run(&World {
+                routes: vec![route("r", "shop", "2026-01-01T00:00:00Z", "pg", DB)],
+                endpoints,
+                tunnels,
+                standalone: *standalone,
+                ..World::default()
+            });
+            let pg = listener(&p, "pg");
+            let accepted = cond(&pg.conditions, "Accepted");
+            let route = cond(parent_conds(&p, "r"), "Accepted");
+            match refusal {
+                None => {
+                    assert!(accepted.status, "{case}: {accepted:?}");
+                    assert!(route.status, "{case}: {route:?}");
+                    assert!(p.tcp.contains_key(&tcp_route("shop", "r")), "{case}");
+                }
+                Some(m) => {
+                    assert_eq!(accepted.reason, "PortUnavailable", "{case}");
+                    assert!(accepted.message.contains(m), "{case}: {accepted:?}");
+                    assert!(!route.status, "{case}: {route:?}");
+                    assert!(route.message.contains(m), "{case}: {route:?}");
+                    assert!(!p.tcp.contains_key(&tcp_route("shop", "r")), "{case}");
+                    assert_eq!(pg.attached_routes, 0, "{case}");
+                }
+            }
+            if !tunnels.is_empty() {
+                assert!(
+                    p.tcp
+                        .contains_key(&ObjectRef::new(Kind::Tunnel, "shop", "tun")),
+                    "{case}: the Tunnel keeps its endpoint"
+                );
+            }
+        }
+    }
+
+    /// Backends resolve as an HTTPRoute's, with a ReferenceGrant for
+    /// TCPRoutes; the upstream is the first valid backend with weight > 0.
+    #[test]
+    fn tcp_backends_resolve_like_http_ones() {
+        let grant = |kind: &str| {
+            format!(
+                "
+metadata: {{name: g, namespace: infra}}
+spec:
+  from: [{{group: gateway.networking.k8s.io, kind: {kind}, namespace: web}}]
+  to: [{{group: '', kind: Service}}]
+"
+            )
+        };
+        let shared = "[{name: shared, namespace: infra, port: 5432}]";
+        let tcp_grant = grant("TCPRoute");
+        let http_grant = grant("HTTPRoute");
+        let cases: &[(&str, &str, &str, Result<&str, &str>)] = &[
+            // (case, backendRefs, grants, upstream or ResolvedRefs reason)
+            ("own namespace", DB, "", Ok("10.0.0.1:5432")),
+            (
+                "weight 0 skipped",
+                "[{name: db, port: 5432, weight: 0}, {name: cache, port: 6379}]",
+                "",
+                Ok("10.0.0.2:6379"),
+            ),
+            (
+                "weights are not split",
+                "[{name: cache, port: 6379, weight: 1}, {name: db, port: 5432, weight: 99}]",
+                "",
+                Ok("10.0.0.2:6379"),
+            ),
+            (
+                "an invalid backend before a valid one",
+                "[{name: gone, port: 1}, {name: db, port: 5432}]",
+                "",
+                Ok("10.0.0.1:5432"),
+            ),
+            ("no grant", shared, "", Err("RefNotPermitted")),
+            (
+                "an HTTPRoute grant",
+                shared,
+                &http_grant,
+                Err("RefNotPermitted"),
+            ),
+            ("a TCPRoute grant", shared, &tcp_grant, Ok("10.0.1.1:5432")),
+            (
+                "missing",
+                "[{name: gone, port: 1}]",
+                "",
+                Err("BackendNotFound"),
+            ),
+            (
+                "not a Service",
+                "[{name: x, kind: Bucket, group: example.com, port: 1}]",
+                "",
+                Err("InvalidKind"),
+            ),
+        ];
+        for (case, backends, grants, want) in cases {
+            // Namespace `web` may attach to listener redis (from: All).
+            let r = route("r", "web", "2026-01-01T00:00:00Z", "redis", backends);
+            let r = if backends.contains("infra") {
+                r
+            } else {
+                r.replace("namespace: web", "namespace: shop")
+            };
+            let p = run(&World {
+                routes: vec![r],
+                grants,
+                ..World::default()
+            });
+            let ns = if backends.contains("infra") {
+                "web"
+            } else {
+                "shop"
+            };
+            let published = p.tcp.get(&tcp_route(ns, "r"));
+            let resolved = cond(parent_conds(&p, "r"), "ResolvedRefs");
+            match want {
+                Ok(authority) => {
+                    assert_eq!(
+                        published.map(|t| t.upstream.authority()).as_deref(),
+                        Some(*authority),
+                        "{case}"
+                    );
+                }
+                Err(reason) => {
+                    assert!(published.is_none(), "{case}");
+                    assert_eq!(
+                        (resolved.status, resolved.reason.as_str()),
+                        (false, *reason),
+                        "{case}"
+                    );
+                    assert!(
+                        p.refusals
+                            .iter()
+                            .any(|x| x.object.name == "r" && x.reason.as_str() == *reason),
+                        "{case}: {:?}",
+                        p.refusals
+                    );
+                }
+            }
+        }
+    }
+
+    /// Kinds stay on their listeners: a TCPRoute does not attach to an HTTP
+    /// listener, nor an HTTPRoute to a TCP one.
+    #[test]
+    fn kinds_stay_on_their_listeners() {
+        let p = run(&World {
+            routes: vec![route("r", "shop", "2026-01-01T00:00:00Z", "web", DB)],
+            http_routes: "
+metadata: {name: h, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: pg}]
+  rules: [{backendRefs: [{name: db, port: 5432}]}]
+",
+            ..World::default()
+        });
+        for name in ["r", "h"] {
+            let accepted = cond(parent_conds(&p, name), "Accepted");
+            assert_eq!(
+                (accepted.status, accepted.reason.as_str()),
+                (false, "NotAllowedByListeners"),
+                "{name}"
+            );
+        }
+        assert!(p.tcp.is_empty());
+        assert_eq!(listener(&p, "pg").attached_routes, 0);
+        assert_eq!(listener(&p, "web").attached_routes, 0);
+    }
+}
