@@ -106,22 +106,21 @@ pub struct PublishedTcp {
 }
 
 /// The key of a published TCP endpoint: `namespace/name` for a tcp Tunnel,
-/// `TCPRoute namespace/name` for a TCPRoute (a name has no space, so the two
-/// never collide).
+/// `TCPRoute/namespace/name` for a TCPRoute (`TCPRoute` is no namespace
+/// name, so the two never collide). It is also the tunnel's id: no spaces.
 pub fn tcp_key(owner: &ObjectRef) -> String {
     match owner.kind {
         Kind::Tunnel => owner.key(),
-        _ => owner.to_string(),
+        kind => format!("{}/{}", kind.as_str(), owner.key()),
     }
 }
 
 /// The object a [`tcp_key`] names, for messages: `Tunnel namespace/name` or
 /// `TCPRoute namespace/name`.
 pub fn tcp_owner(key: &str) -> String {
-    if key.contains(' ') {
-        key.to_owned()
-    } else {
-        format!("Tunnel {key}")
+    match key.strip_prefix("TCPRoute/") {
+        Some(rest) => format!("TCPRoute {rest}"),
+        None => format!("Tunnel {key}"),
     }
 }
 

@@ -689,7 +689,7 @@ impl Standalone {
     }
 
     /// Public TCP address of a tcp Tunnel (`namespace/name`) or a TCPRoute
-    /// (`TCPRoute namespace/name`).
+    /// (`TCPRoute/namespace/name`).
     pub async fn tcp_address(&self, tunnel: &str) -> Option<SocketAddr> {
         self.snapshot.borrow().tcp.get(tunnel).copied()
     }

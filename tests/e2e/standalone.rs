@@ -628,3 +628,66 @@ async fn httproutes_from_files_through_the_edge() {
     );
     env.standalone.shutdown().await;
 }
+
+/// Standalone mode serves a TCPRoute from files: the Gateway's TCP listener
+/// is named after a TCPEndpoint's alias, and bytes reach the echo backend
+/// through the edge's public TCP port for that alias.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcproute_through_a_tcpendpoint_and_the_edge() {
+    let (web, api, echo) = (
+        http_backend("web").await,
+        http_backend("api").await,
+        echo_backend().await,
+    );
+    let gateway = format!(
+        r#"apiVersion: k8s.tuna.am/v1alpha1
+kind: TCPEndpoint
+metadata: {{name: echo}}
+spec: {{alias: echo}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: tuna}}
+spec: {{controllerName: k8s.tuna.am/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: public}}
+spec:
+  gatewayClassName: tuna
+  listeners: [{{name: echo, protocol: TCP, port: 7}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TCPRoute
+metadata: {{name: echo}}
+spec:
+  parentRefs: [{{name: public, sectionName: echo}}]
+  rules: [{{backendRefs: [{{name: echo, port: {}}}]}}]
+"#,
+        echo.port()
+    );
+    let env = Env::start(&[
+        ("services.yaml", services(web, api, echo)),
+        ("gateway.yaml", gateway),
+    ])
+    .await;
+    let report = env.standalone.report().await;
+    assert!(!report.contains("Skipped"), "{report}");
+
+    let addr = env
+        .standalone
+        .tcp_address("TCPRoute/default/echo")
+        .await
+        .expect("the TCPRoute has a public address");
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(b"ping through the route").await.unwrap();
+    let mut got = [0u8; 22];
+    tokio::time::timeout(WAIT, conn.read_exact(&mut got))
+        .await
+        .expect("echo in time")
+        .unwrap();
+    assert_eq!(&got, b"ping through the route");
+    assert!(report.contains(&format!("tcp://{addr}")), "{report}");
+    assert!(report.contains("TCPRoute/default/echo"), "{report}");
+    env.standalone.shutdown().await;
+}
