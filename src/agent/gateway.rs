@@ -2,7 +2,12 @@
 //! Gateways of our GatewayClasses (`controllerName:
 //! k8s.tuna.am/gateway-controller`) are published like Ingress hosts — one
 //! tunnel per host, a route change swaps the routes in the proxy core without
-//! reconnecting, a host that loses its last route is unpublished.
+//! reconnecting, a host that loses its last route is unpublished. TCPRoutes
+//! (when their CRD is installed) are published like tcp Tunnels: one tunnel
+//! per endpoint (the TCPEndpoint alias the listener's name gives, see
+//! [`crate::plan::tcproute`]), keyed `TCPRoute/namespace/name`, its token
+//! labelled with the TCPRoute; once bound, the Gateway's `status.addresses`
+//! shows the public `host:port` (type `k8s.tuna.am/TCPEndpoint`).
 //!
 //! - observe: GatewayClasses, Gateways, HTTPRoutes, ReferenceGrants and
 //!   Namespaces (their labels, for `allowedRoutes` selectors) in reflector
@@ -45,14 +50,17 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tuna_crds::gateway::httproutes::{HttpRouteStatus, HttpRouteStatusParents};
-use tuna_crds::gateway::{CONTROLLER_NAME, Gateway, GatewayClass, HttpRoute, ReferenceGrant};
+use tuna_crds::gateway::{
+    CONTROLLER_NAME, Gateway, GatewayClass, HttpRoute, ReferenceGrant, TcpRoute,
+};
 
 use super::ingress::{self, publish_hosts, routes_summary};
 use super::state::AgentState;
 use crate::Error;
-use crate::edge::publisher::{TunnelKey, TunnelState};
+use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
 use crate::plan::httproute::{Cond, GatewayInputs, GatewayStatus, RouteStatus};
 use crate::plan::ingress::{rule_hosts, service_names};
+use crate::plan::tunnel::PortOrAlias;
 use crate::plan::{HostSource, Inputs, Kind, ObjectRef, Plan, plan};
 use crate::reconcile::{FIELD_MANAGER, store_ready};
 
@@ -65,6 +73,9 @@ pub struct Discovered {
     /// The version ReferenceGrants are read in (`v1`, else `v1beta1`; none
     /// when the CRD is missing: then no backendRef crosses namespaces).
     pub grants_version: Option<&'static str>,
+    /// Whether TCPRoutes are served in `v1` (the standard channel since
+    /// v1.5; without them TCP listeners have no routes).
+    pub tcp_routes: bool,
 }
 
 /// Whether the cluster serves GatewayClass, Gateway and HTTPRoute in `v1`
@@ -98,7 +109,10 @@ pub async fn discover(client: &Client) -> Option<Discovered> {
             .filter(|l| l.resources.iter().any(|r| r.name == "referencegrants"))
             .map(|_| "v1beta1")
     };
-    Some(Discovered { grants_version })
+    Some(Discovered {
+        grants_version,
+        tcp_routes: v1.contains("tcproutes"),
+    })
 }
 
 /// The reflector stores of the Gateway API objects.
@@ -112,6 +126,8 @@ pub struct GatewayStores {
     pub routes: Store<HttpRoute>,
     /// ReferenceGrants (`None`: the CRD is not installed).
     pub grants: Option<Store<ReferenceGrant>>,
+    /// TCPRoutes (`None`: the CRD is not installed).
+    pub tcp_routes: Option<Store<TcpRoute>>,
     /// Namespaces (their labels).
     pub namespaces: Store<Namespace>,
 }
@@ -119,7 +135,7 @@ pub struct GatewayStores {
 impl GatewayStores {
     /// Waits until every store has listed once; false when a watch ended.
     pub async fn ready(&self) -> bool {
-        let (a, b, c, d, e) = futures::join!(
+        let (a, b, c, d, e, f) = futures::join!(
             store_ready(&self.classes),
             store_ready(&self.gateways),
             store_ready(&self.routes),
@@ -130,8 +146,14 @@ impl GatewayStores {
                 }
             },
             store_ready(&self.namespaces),
+            async {
+                match &self.tcp_routes {
+                    Some(t) => store_ready(t).await,
+                    None => true,
+                }
+            },
         );
-        a && b && c && d && e
+        a && b && c && d && e && f
     }
 }
 
@@ -142,6 +164,8 @@ pub struct GatewaySnapshot {
     gateways: Vec<Arc<Gateway>>,
     /// Every HTTPRoute.
     pub routes: Vec<Arc<HttpRoute>>,
+    /// Every TCPRoute.
+    pub tcp_routes: Vec<Arc<TcpRoute>>,
     grants: Vec<Arc<ReferenceGrant>>,
     namespaces: Vec<Arc<Namespace>>,
 }
@@ -156,6 +180,7 @@ impl GatewaySnapshot {
             classes: s.classes.state(),
             gateways: s.gateways.state(),
             routes: s.routes.state(),
+            tcp_routes: s.tcp_routes.as_ref().map(Store::state).unwrap_or_default(),
             grants: s.grants.as_ref().map(Store::state).unwrap_or_default(),
             namespaces: s.namespaces.state(),
         }
@@ -181,7 +206,7 @@ impl GatewaySnapshot {
             classes: &self.classes,
             gateways: &self.gateways,
             http_routes: routes,
-            tcp_routes: &[],
+            tcp_routes: &self.tcp_routes,
             grants: &self.grants,
             namespaces: &self.namespaces,
         }
@@ -226,6 +251,34 @@ pub fn backend_services(route: &HttpRoute) -> Vec<(String, String)> {
     out.sort();
     out.dedup();
     out
+}
+
+/// The core Services the first rule of a TCPRoute names (the one used).
+pub fn tcp_backend_services(route: &TcpRoute) -> Vec<(String, String)> {
+    let namespace = route.namespace().unwrap_or_else(|| "default".into());
+    route
+        .spec
+        .rules
+        .first()
+        .into_iter()
+        .flat_map(|r| &r.backend_refs)
+        .filter(|b| {
+            b.group.as_deref().unwrap_or("").is_empty()
+                && b.kind.as_deref().unwrap_or("Service") == "Service"
+        })
+        .map(|b| {
+            (
+                b.namespace.clone().unwrap_or_else(|| namespace.clone()),
+                b.name.clone(),
+            )
+        })
+        .collect()
+}
+
+/// The tunnel key of a TCPRoute's endpoint (`TCPRoute/namespace/name`: a
+/// tcp Tunnel's is `namespace/name`).
+pub fn tcp_route_key(route: &ObjectRef) -> TunnelKey {
+    TunnelKey::Tcp(format!("TCPRoute/{}/{}", route.namespace, route.name))
 }
 
 /// Watches `api` into `writer`; every change asks for a sync.
@@ -293,6 +346,15 @@ pub fn start(
         w,
         tx.clone(),
     ));
+    let tcp_routes = discovered.tcp_routes.then(|| {
+        let (tcp_routes, w) = reflector::store::<TcpRoute>();
+        tasks.push(spawn_watch(
+            watcher(Api::all(client.clone()), config.clone()),
+            w,
+            tx.clone(),
+        ));
+        tcp_routes
+    });
     let (namespaces, w) = reflector::store::<Namespace>();
     tasks.push(spawn_watch(
         watcher(Api::all(client.clone()), config.clone()),
@@ -338,6 +400,7 @@ pub fn start(
         gateways,
         routes,
         grants,
+        tcp_routes,
         namespaces,
     });
     let state = Arc::clone(state);
@@ -365,7 +428,7 @@ pub async fn discover_and_run(
         }
         tokio::time::sleep(state.ctx.resync_interval).await;
     };
-    tracing::info!(referencegrants = ?discovered.grants_version, "serving the Gateway API (HTTPRoute)");
+    tracing::info!(referencegrants = ?discovered.grants_version, tcproutes = discovered.tcp_routes, "serving the Gateway API (HTTPRoute, TCPRoute)");
     let tasks = start(&client, &state, &discovered, triggers);
     // Aborted with this future (the agent's side tasks are).
     struct AbortAll(Vec<tokio::task::JoinHandle<()>>);
@@ -431,10 +494,44 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         state.account_hosts().await,
     );
     let gateway = GatewaySnapshot::of(state);
+    // tcp Tunnels on the aliases TCP listeners name: they keep them (their
+    // Services are read so that the plan sees them as it does in their
+    // reconciler).
+    let listener_aliases: BTreeSet<&str> = gateway
+        .gateways
+        .iter()
+        .flat_map(|g| &g.spec.listeners)
+        .filter(|l| l.protocol == "TCP")
+        .map(|l| l.name.as_str())
+        .collect();
+    let tcp_tunnels: Vec<_> = state
+        .stores
+        .tunnels
+        .state()
+        .into_iter()
+        .filter(|t| {
+            matches!(
+                &t.spec.port_or_alias,
+                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(a))
+                    if listener_aliases.contains(a.as_str())
+            )
+        })
+        .collect();
     let services: BTreeSet<(String, String)> = gateway
         .routes
         .iter()
         .flat_map(|r| backend_services(r))
+        .chain(
+            gateway
+                .tcp_routes
+                .iter()
+                .flat_map(|r| tcp_backend_services(r)),
+        )
+        .chain(
+            tcp_tunnels
+                .iter()
+                .filter_map(|t| super::tunnel::upstream_service(t)),
+        )
         .collect();
     for (namespace, name) in &services {
         if refresh {
@@ -484,13 +581,15 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .state()
         .into_iter()
         .filter(|t| crate::plan::tunnel_host(t, &base).is_some_and(|h| hosts.contains(&h)))
+        .chain(tcp_tunnels)
         .collect();
+    let tcp_endpoints = state.stores.tcp_endpoints.state();
     let plan = plan(
         &Inputs {
             ingresses: &ingresses,
             tunnels: &tunnels,
             domains: &domains,
-            tcp_endpoints: &[],
+            tcp_endpoints: &tcp_endpoints,
             gateway: all,
         },
         &state.services.snapshot(),
@@ -508,6 +607,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .cloned()
         .collect();
     publish_hosts(state, &ours, &plan, None).await;
+    publish_tcp_routes(state, &plan).await;
     {
         // Hosts published now stay watched even if no route may reach them
         // any more (until a sync unpublishes them).
@@ -539,7 +639,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
     for g in &plan.gateway.gateways {
         let key = reflector::ObjectRef::new(&g.object.name).within(&g.object.namespace);
         if let Some(object) = stores.gateways.get(&key) {
-            keep(write_gateway_status(state, &object, g).await);
+            keep(write_gateway_status(state, &object, g, &who.public_host).await);
         }
     }
     let statuses: BTreeMap<&ObjectRef, &RouteStatus> =
@@ -549,10 +649,15 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         let me = ObjectRef::of(Kind::HttpRoute, &route.metadata);
         live.insert(me.clone());
         let status = statuses.get(&me).copied();
-        keep(write_route_status(state, route, status).await);
+        keep(write_route_status(state, route.as_ref(), status).await);
         if status.is_some() || state.reported.lock().expect("reported").contains_key(&me) {
             report(state, route, &me, &plan, status).await;
         }
+    }
+    for route in &gateway.tcp_routes {
+        let me = ObjectRef::of(Kind::TcpRoute, &route.metadata);
+        live.insert(me.clone());
+        keep(write_route_status(state, route.as_ref(), statuses.get(&me).copied()).await);
     }
     state
         .reported
@@ -561,6 +666,57 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .retain(|o, _| o.kind != Kind::HttpRoute || live.contains(o));
     first_error.map_or(Ok(()), Err)
 }
+
+/// Publishes the TCP endpoints of the TCPRoutes in `plan` (one tunnel per
+/// endpoint, its token labelled with the TCPRoute), and stops those of
+/// TCPRoutes that no longer have one.
+async fn publish_tcp_routes(state: &AgentState, plan: &Plan) {
+    let wanted: BTreeMap<TunnelKey, (&ObjectRef, &crate::plan::TcpPlan)> = plan
+        .tcp
+        .iter()
+        .filter(|(o, _)| o.kind == Kind::TcpRoute)
+        .map(|(o, t)| (tcp_route_key(o), (o, t)))
+        .collect();
+    for (key, (route, tcp)) in &wanted {
+        state.publisher.publish(
+            key.clone(),
+            TunnelSpec {
+                serving: Serving::Tcp {
+                    endpoint: match &tcp.endpoint {
+                        PortOrAlias::Port(p) => p.to_string(),
+                        PortOrAlias::Alias(a) => a.clone(),
+                    },
+                    upstream: tcp.upstream.clone(),
+                },
+                labels: state.token_labels("TCPRoute", &route.namespace, &route.name),
+                edge: Arc::clone(&state.ctx.edge),
+                edge_identity: "operator".into(),
+                keep_on_shutdown: false,
+            },
+        );
+    }
+    for key in state.publisher.keys() {
+        if matches!(&key, TunnelKey::Tcp(id) if id.starts_with("TCPRoute/"))
+            && !wanted.contains_key(&key)
+        {
+            state.publisher.unpublish(&key).await;
+            tracing::info!(tunnel = %key.id(), "TCPRoute no longer published: tunnel stopped, token revoked");
+        }
+    }
+}
+
+/// The public `host:port` of a TCPRoute's endpoint, once its tunnel is bound.
+fn tcp_address(state: &AgentState, public_host: &str, route: &ObjectRef) -> Option<String> {
+    let watch = state.publisher.state(&tcp_route_key(route))?;
+    let port = match &*watch.borrow() {
+        TunnelState::Serving { port, .. } => (*port)?,
+        _ => return None,
+    };
+    Some(format!("{public_host}:{port}"))
+}
+
+/// The `status.addresses` type of a TCPRoute's public endpoint.
+pub const TCP_ADDRESS_TYPE: &str = "k8s.tuna.am/TCPEndpoint";
 
 /// Whether the tunnel of `host` is serving.
 fn serving(state: &AgentState, host: &str) -> bool {
@@ -662,10 +818,14 @@ async fn write_class_status(
 
 /// The `status` of a Gateway (pure): `addresses` are the hosts of
 /// `desired` whose tunnel serves.
+///
+/// `tcp_address` gives the public `host:port` of a TCPRoute once its tunnel
+/// is bound: listed with type [`TCP_ADDRESS_TYPE`] after the hosts.
 pub fn gateway_status(
     gateway: &Gateway,
     desired: &GatewayStatus,
     serving: impl Fn(&str) -> bool,
+    tcp_address: impl Fn(&ObjectRef) -> Option<String>,
     now: &Time,
 ) -> tuna_crds::gateway::gateways::GatewayStatus {
     use tuna_crds::gateway::gateways::{
@@ -692,6 +852,12 @@ pub fn gateway_status(
                     r#type: Some("Hostname".into()),
                     value: h.clone(),
                 })
+                .chain(desired.tcp_routes.iter().filter_map(|r| {
+                    Some(GatewayStatusAddresses {
+                        r#type: Some(TCP_ADDRESS_TYPE.into()),
+                        value: tcp_address(r)?,
+                    })
+                }))
                 .collect(),
         ),
         attached_listener_sets: None,
@@ -748,8 +914,15 @@ async fn write_gateway_status(
     state: &AgentState,
     gateway: &Gateway,
     desired: &GatewayStatus,
+    public_host: &str,
 ) -> Result<(), Error> {
-    let next = gateway_status(gateway, desired, |h| serving(state, h), &now());
+    let next = gateway_status(
+        gateway,
+        desired,
+        |h| serving(state, h),
+        |r| tcp_address(state, public_host, r),
+        &now(),
+    );
     let current = gateway.status.clone().unwrap_or_default();
     if normalized(next.clone()) == normalized(current) {
         return Ok(());
@@ -771,11 +944,25 @@ pub fn route_parents(
     desired: Option<&RouteStatus>,
     now: &Time,
 ) -> Vec<HttpRouteStatusParents> {
-    let current: Vec<HttpRouteStatusParents> = route
-        .status
-        .as_ref()
-        .map(|s| s.parents.clone())
-        .unwrap_or_default();
+    parents_with(current_parents(route), desired, now)
+}
+
+/// The `status.parents` a route has now (a TCPRoute's, which has the same
+/// shape, as the HTTPRoute type).
+fn current_parents<K: Resource + serde::Serialize>(route: &K) -> Vec<HttpRouteStatusParents> {
+    serde_json::to_value(route)
+        .ok()
+        .and_then(|v| v.get("status")?.get("parents").cloned())
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
+}
+
+/// [`route_parents`] from the entries the route has now.
+fn parents_with(
+    current: Vec<HttpRouteStatusParents>,
+    desired: Option<&RouteStatus>,
+    now: &Time,
+) -> Vec<HttpRouteStatusParents> {
     let mut out: Vec<HttpRouteStatusParents> = current
         .iter()
         .filter(|p| p.controller_name != CONTROLLER_NAME)
@@ -805,17 +992,21 @@ pub fn route_parents(
     out
 }
 
-async fn write_route_status(
+/// Writes the `status.parents` of a route (HTTPRoute or TCPRoute).
+async fn write_route_status<K>(
     state: &AgentState,
-    route: &HttpRoute,
+    route: &K,
     desired: Option<&RouteStatus>,
-) -> Result<(), Error> {
-    let next = route_parents(route, desired, &now());
-    let current = route
-        .status
-        .as_ref()
-        .map(|s| s.parents.clone())
-        .unwrap_or_default();
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let current = current_parents(route);
+    let next = parents_with(current.clone(), desired, &now());
     let same = next.len() == current.len()
         && next.iter().zip(&current).all(|(a, b)| {
             a.controller_name == b.controller_name
@@ -828,7 +1019,7 @@ async fn write_route_status(
     // `status.parents` is an atomic list: a merge patch replaces it whole,
     // guarded by the resourceVersion it was read at (a conflict means a newer
     // version is on its way through the watch, which syncs again).
-    let api: Api<HttpRoute> = Api::namespaced(
+    let api: Api<K> = Api::namespaced(
         state.ctx.client.clone(),
         route.namespace().as_deref().unwrap_or("default"),
     );
@@ -849,7 +1040,7 @@ async fn write_route_status(
     {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
-            tracing::debug!(route = %route.name_any(), code = e.code, "HTTPRoute changed while its status was written; the next sync writes it");
+            tracing::debug!(kind = %K::kind(&()), route = %route.name_any(), code = e.code, "route changed while its status was written; the next sync writes it");
             Ok(())
         }
         Err(e) => Err(e.into()),
@@ -1104,5 +1295,50 @@ status:
         let none = route_parents(&r, None, &now);
         assert_eq!(none.len(), 1);
         assert_eq!(none[0].controller_name, "example.com/gateway");
+    }
+
+    /// A TCPRoute's public `host:port` joins the Gateway's addresses (typed
+    /// `k8s.tuna.am/TCPEndpoint`) once its tunnel is bound; hosts stay
+    /// `Hostname`, each only while its tunnel serves.
+    #[test]
+    fn gateway_addresses_show_hosts_and_bound_tcp_endpoints() {
+        let gateway: Gateway = serde_saphyr::from_str(
+            "metadata: {name: web, namespace: d}\nspec: {gatewayClassName: tuna, listeners: []}",
+        )
+        .unwrap();
+        let bound = ObjectRef::new(Kind::TcpRoute, "d", "pg");
+        let unbound = ObjectRef::new(Kind::TcpRoute, "d", "redis");
+        let desired = GatewayStatus {
+            object: ObjectRef::new(Kind::Gateway, "d", "web"),
+            generation: Some(1),
+            conditions: Vec::new(),
+            addresses: vec!["shop.example.com".into(), "down.example.com".into()],
+            tcp_routes: vec![bound.clone(), unbound],
+            listeners: Vec::new(),
+        };
+        let now = Time("2025-03-01T00:00:00Z".parse().unwrap());
+        let status = gateway_status(
+            &gateway,
+            &desired,
+            |h| h == "shop.example.com",
+            |r| (*r == bound).then(|| "edge.example.com:30001".to_owned()),
+            &now,
+        );
+        let addresses: Vec<(String, String)> = status
+            .addresses
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.r#type.unwrap_or_default(), a.value))
+            .collect();
+        assert_eq!(
+            addresses,
+            [
+                ("Hostname".to_owned(), "shop.example.com".to_owned()),
+                (
+                    "k8s.tuna.am/TCPEndpoint".to_owned(),
+                    "edge.example.com:30001".to_owned()
+                ),
+            ]
+        );
     }
 }

@@ -248,9 +248,15 @@ pub async fn serve(
             .default_backoff()
             .reflect(tcp_writer)
             .touched_objects();
+        let state = Arc::clone(&state);
         side_tasks.push(tokio::spawn(async move {
             futures::pin_mut!(stream);
-            while stream.next().await.is_some() {}
+            while stream.next().await.is_some() {
+                // A TCPEndpoint is the reservation of a Gateway's TCP listener.
+                if state.gateway.get().is_some() {
+                    let _ = state.gateway_triggers.send(());
+                }
+            }
         }));
     }
     // Tunnel state changes → status and events of their objects.
@@ -315,6 +321,13 @@ pub async fn serve(
                     && let Some(sub) = &t.spec.subdomain
                 {
                     trigger_host(&state, &format!("{sub}.{}", base_domain(&state)));
+                }
+                // A tcp Tunnel keeps its endpoint against TCPRoutes.
+                if let Ok(t) = &t
+                    && t.spec.port_or_alias.is_some()
+                    && state.gateway.get().is_some()
+                {
+                    let _ = state.gateway_triggers.send(());
                 }
                 t
             }
@@ -383,6 +396,13 @@ fn trigger_key(state: &AgentState, key: &TunnelKey) {
         let _ = state
             .tunnel_triggers
             .send(KubeRef::new(&owner.name).within(&owner.namespace));
+    }
+    // A TCPRoute's tunnel bound (or lost): its Gateway's addresses change.
+    if let TunnelKey::Tcp(id) = key
+        && id.starts_with("TCPRoute/")
+        && state.gateway.get().is_some()
+    {
+        let _ = state.gateway_triggers.send(());
     }
     if let TunnelKey::Host(host) = key {
         state.trigger_gateway_on(host);

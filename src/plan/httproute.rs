@@ -175,6 +175,9 @@ pub struct GatewayStatus {
     /// The public hosts its routes are served on (`status.addresses`,
     /// type `Hostname`).
     pub addresses: Vec<String>,
+    /// The TCPRoutes published through its TCP listeners (their public
+    /// `host:port` is known once their tunnel is bound).
+    pub tcp_routes: Vec<ObjectRef>,
     /// Per listener, in spec order.
     pub listeners: Vec<ListenerStatus>,
 }
@@ -1057,6 +1060,22 @@ pub(crate) fn plan_gateway_api(
             }
         }
         let _ = gateway_ns;
+        let tcp_routes: Vec<ObjectRef> = g
+            .spec
+            .listeners
+            .iter()
+            .filter(|l| {
+                l.protocol == "TCP"
+                    && matches!(tcp_listeners.get(&(gi, l.name.clone())), Some(Ok(())))
+            })
+            .filter_map(|l| {
+                let alias = super::tunnel::PortOrAlias::Alias(l.name.clone());
+                out.tcp
+                    .iter()
+                    .find(|(_, t)| t.endpoint == alias)
+                    .map(|(o, _)| o.clone())
+            })
+            .collect();
         let any_valid = listeners
             .iter()
             .any(|l| l.conditions.first().is_some_and(|c| c.status));
@@ -1077,6 +1096,7 @@ pub(crate) fn plan_gateway_api(
             generation: g.metadata.generation,
             conditions,
             addresses: addresses.into_iter().collect(),
+            tcp_routes,
             listeners,
         });
     }

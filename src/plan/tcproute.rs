@@ -537,6 +537,7 @@ spec: {alias: redis}
         assert_eq!(pg.supported_kinds, ["TCPRoute"]);
         assert_eq!(pg.attached_routes, 1);
         assert!(cond(&pg.conditions, "Accepted").status);
+        assert_eq!(p.gateway.gateways[0].tcp_routes, [tcp_route("shop", "old")]);
         assert!(p.refusals.iter().any(
             |r| r.object == tcp_route("shop", "young") && r.reason == Reason::TcpEndpointInUse
         ));
