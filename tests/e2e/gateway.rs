@@ -13,10 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
 use serde_json::Value;
 use support::{
-    Cluster, Edge, EdgeOptions, Process, agent, bind_loopback, controller, events_of, http_backend,
-    http_get, http_request, wait_for,
+    Cluster, Edge, EdgeOptions, Process, agent, bind_loopback, controller, echo_backend, events_of,
+    http_backend, http_get, http_request, wait_for,
 };
-use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, TcpRoute};
 
 const CONTROLLER: &str = "k8s.tuna.am/gateway-controller";
 
@@ -81,6 +82,7 @@ impl Env {
             "crd/gateways.gateway.networking.k8s.io",
             "crd/httproutes.gateway.networking.k8s.io",
             "crd/referencegrants.gateway.networking.k8s.io",
+            "crd/tcproutes.gateway.networking.k8s.io",
         ]);
         let edge = Edge::start(cluster.dir.path(), EdgeOptions::default()).await;
         let controller = controller(&cluster, &edge, "controller", &[]);
@@ -436,4 +438,123 @@ async fn a_cross_namespace_backend_is_refused_until_a_reference_grant_allows_it(
     })
     .await;
     env.serves("cross.tuna.test", "/", "", 200, "api").await;
+}
+
+/// TCPRoute v1 through a TCPEndpoint: a Gateway's TCP listener named after
+/// the TCPEndpoint's alias, a TCPRoute to an echo Service; the Gateway's
+/// `status.addresses` shows the public `host:port` (type
+/// `k8s.tuna.am/TCPEndpoint`), bytes are echoed through it, the TCPRoute is
+/// Accepted with ResolvedRefs; a younger TCPRoute on the same listener is
+/// refused naming the winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcproute_is_published_through_its_listeners_tcpendpoint() {
+    let env = Env::start().await;
+    let pg = echo_backend(bind_loopback(5432).await).await;
+    env.cluster.apply(&service("default", "pg", pg));
+    env.cluster.apply(&format!(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: TCPEndpoint\nmetadata: {{name: postgres, namespace: default}}\nspec: {{alias: postgres}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: db, namespace: default}}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {{name: postgres, protocol: TCP, port: 5432}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {{name: pg, namespace: default}}\nspec:\n  parentRefs: [{{name: db, sectionName: postgres}}]\n  rules: [{{backendRefs: [{{name: pg, port: {}}}]}}]\n",
+        pg.port()
+    ));
+    let g: Gateway = wait_for(
+        &env.client,
+        "default",
+        "db",
+        "a k8s.tuna.am/TCPEndpoint address",
+        &env.procs(),
+        |g: &Gateway| {
+            g.status.as_ref().is_some_and(|s| {
+                s.addresses
+                    .iter()
+                    .flatten()
+                    .any(|a| a.r#type.as_deref() == Some("k8s.tuna.am/TCPEndpoint"))
+            })
+        },
+    )
+    .await;
+    let status = g.status.unwrap();
+    let address = status
+        .addresses
+        .unwrap()
+        .into_iter()
+        .find(|a| a.r#type.as_deref() == Some("k8s.tuna.am/TCPEndpoint"))
+        .unwrap()
+        .value;
+    let port: u16 = address
+        .rsplit_once(':')
+        .expect("host:port")
+        .1
+        .parse()
+        .unwrap();
+    assert!(
+        (env.edge.tcp_ports.0..=env.edge.tcp_ports.1).contains(&port),
+        "{address}"
+    );
+    let listener = &status.listeners.unwrap()[0];
+    assert_eq!(listener.attached_routes, 1);
+    assert_eq!(
+        listener.supported_kinds.as_ref().unwrap()[0].kind,
+        "TCPRoute"
+    );
+    assert!(is_true(&listener.conditions, "Accepted"), "{listener:?}");
+
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    conn.write_all(b"hello postgres\n").await.unwrap();
+    let mut buf = [0u8; 15];
+    tokio::time::timeout(support::WAIT, conn.read_exact(&mut buf))
+        .await
+        .expect("echo in time")
+        .unwrap();
+    assert_eq!(&buf, b"hello postgres\n");
+
+    let ours = |r: &TcpRoute| {
+        r.status.as_ref().and_then(|s| {
+            s.parents
+                .iter()
+                .find(|p| p.controller_name == CONTROLLER)
+                .map(|p| p.conditions.clone())
+        })
+    };
+    let r: TcpRoute = wait_for(
+        &env.client,
+        "default",
+        "pg",
+        "Accepted and ResolvedRefs",
+        &env.procs(),
+        |r: &TcpRoute| {
+            ours(r).is_some_and(|c| is_true(&c, "Accepted") && is_true(&c, "ResolvedRefs"))
+        },
+    )
+    .await;
+    assert!(
+        ours(&r)
+            .unwrap()
+            .iter()
+            .all(|c| c.observed_generation == r.metadata.generation)
+    );
+
+    // A younger TCPRoute on the same listener: refused, naming the winner.
+    env.cluster.apply(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {{name: pg2, namespace: default}}\nspec:\n  parentRefs: [{{name: db, sectionName: postgres}}]\n  rules: [{{backendRefs: [{{name: pg, port: {}}}]}}]\n",
+        pg.port()
+    ));
+    let r2: TcpRoute = wait_for(
+        &env.client,
+        "default",
+        "pg2",
+        "Accepted=False",
+        &env.procs(),
+        |r: &TcpRoute| {
+            ours(r).is_some_and(|c| condition(&c, "Accepted").is_some_and(|a| a.status == "False"))
+        },
+    )
+    .await;
+    let refused = ours(&r2).unwrap();
+    let accepted = condition(&refused, "Accepted").unwrap();
+    assert_eq!(accepted.reason, "TcpEndpointInUse");
+    assert!(
+        accepted.message.contains("TCPRoute default/pg"),
+        "{accepted:?}"
+    );
 }
