@@ -600,9 +600,9 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
 
     // ---- the Gateway API: a Gateway of the chart's class and an HTTPRoute ----
     // (the agent watches the Gateway API kinds and Namespaces, and writes the
-    // three statuses).
+    // four statuses).
     cluster.apply(
-        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: gw}\nspec: {subdomain: gw}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners: [{name: http, protocol: HTTP, port: 80}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: gw, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  hostnames: [gw.a.2na.am]\n  rules:\n  - matches: [{path: {type: PathPrefix, value: /api}}]\n    backendRefs: [{name: api, port: 8080}]\n",
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: gw}\nspec: {subdomain: gw}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: web, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners: [{name: http, protocol: HTTP, port: 80}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: gw, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  hostnames: [gw.a.2na.am]\n  rules:\n  - matches: [{path: {type: PathPrefix, value: /api}}]\n    backendRefs: [{name: api, port: 8080}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {name: tcp, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  rules: [{backendRefs: [{name: api, port: 8080}]}]\n",
     );
     let routed = tokio::time::timeout(WAIT, async {
         loop {
@@ -653,6 +653,25 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
                     p.conditions
                         .iter()
                         .any(|c| c.type_ == "Accepted" && c.status == "True")
+                })
+            })
+        },
+    )
+    .await;
+    // A TCPRoute on the HTTP listener: not attached, and its status says
+    // so (the agent's tcproutes and tcproutes/status rules).
+    wait_for(
+        &client,
+        "default",
+        "tcp",
+        "TCPRoute NotAllowedByListeners",
+        &[&agent],
+        |r: &tuna_crds::gateway::TcpRoute| {
+            r.status.as_ref().is_some_and(|s| {
+                s.parents.iter().any(|p| {
+                    p.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Accepted" && c.reason == "NotAllowedByListeners")
                 })
             })
         },
