@@ -422,6 +422,37 @@ async fn a_cross_namespace_backend_is_refused_until_a_reference_grant_allows_it(
     assert_eq!(resolved.reason, "RefNotPermitted", "{resolved:?}");
     assert!(is_true(&parent.conditions, "Accepted"), "{parent:?}");
     env.serves("cross.tuna.test", "/", "", 500, "").await;
+    // `route explain` on the live cluster says the same, in the pinned JSON.
+    let explain = || -> Value {
+        let out = std::process::Command::new(support::operator_bin())
+            .args([
+                "route",
+                "explain",
+                "--output",
+                "json",
+                "https://cross.tuna.test/x",
+            ])
+            .env("KUBECONFIG", &env.cluster.kubeconfig)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let refused = explain();
+    assert_eq!(refused["matched"], true, "{refused}");
+    assert_eq!(refused["status"], 500, "{refused}");
+    assert_eq!(refused["route"]["kind"], "HTTPRoute");
+    assert_eq!(refused["route"]["name"], "cross");
+    assert_eq!(
+        refused["invalidBackends"][0]["reason"], "RefNotPermitted",
+        "{refused}"
+    );
+    assert_eq!(refused["backends"], serde_json::json!([]));
     let events = events_of(&env.cluster, "default", "HTTPRoute", "cross");
     assert!(
         events
@@ -438,6 +469,13 @@ async fn a_cross_namespace_backend_is_refused_until_a_reference_grant_allows_it(
     })
     .await;
     env.serves("cross.tuna.test", "/", "", 200, "api").await;
+    let allowed = explain();
+    assert!(allowed.get("status").is_none(), "{allowed}");
+    assert_eq!(
+        allowed["backends"],
+        serde_json::json!([{"namespace": "backends", "service": "api", "port": 8080, "weight": 1}]),
+        "{allowed}"
+    );
 }
 
 /// TCPRoute v1 through a TCPEndpoint: a Gateway's TCP listener named after
