@@ -657,13 +657,17 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
     for route in &gateway.tcp_routes {
         let me = ObjectRef::of(Kind::TcpRoute, &route.metadata);
         live.insert(me.clone());
-        keep(write_route_status(state, route.as_ref(), statuses.get(&me).copied()).await);
+        let status = statuses.get(&me).copied();
+        keep(write_route_status(state, route.as_ref(), status).await);
+        if status.is_some() || state.reported.lock().expect("reported").contains_key(&me) {
+            report_tcp(state, route, &me, &plan, status, &who.public_host).await;
+        }
     }
     state
         .reported
         .lock()
         .expect("reported")
-        .retain(|o, _| o.kind != Kind::HttpRoute || live.contains(o));
+        .retain(|o, _| !matches!(o.kind, Kind::HttpRoute | Kind::TcpRoute) || live.contains(o));
     first_error.map_or(Ok(()), Err)
 }
 
@@ -1047,14 +1051,18 @@ where
     }
 }
 
-/// Events of one HTTPRoute (each note once, as for Ingresses).
-async fn report(
+/// `RuleSkipped` and `BackendSkipped` events of one route (HTTPRoute or
+/// TCPRoute), each note once: its refusals in the plan and the conditions
+/// of its parents that are not True.
+async fn report_refusals<K>(
     state: &AgentState,
-    route: &HttpRoute,
+    route: &K,
     me: &ObjectRef,
     plan: &Plan,
     status: Option<&RouteStatus>,
-) {
+) where
+    K: Resource<DynamicType = ()>,
+{
     let ctx = &state.ctx;
     let mut notes: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
     for r in plan.refusals_of(me) {
@@ -1098,6 +1106,76 @@ async fn report(
             .or_default()
             .insert(event.to_owned(), now);
     }
+}
+
+/// Events of one TCPRoute: its refusals, and its endpoint's tunnel
+/// (`TunnelConnected` with the public `host:port`, `TunnelStopped`).
+async fn report_tcp(
+    state: &AgentState,
+    route: &TcpRoute,
+    me: &ObjectRef,
+    plan: &Plan,
+    status: Option<&RouteStatus>,
+    public_host: &str,
+) {
+    report_refusals(state, route, me, plan, status).await;
+    let Some(watch) = state.publisher.state(&tcp_route_key(me)) else {
+        if state.clear_and_was(me, "tunnel tcp") {
+            state
+                .ctx
+                .event(
+                    route,
+                    EventType::Warning,
+                    "TunnelStopped",
+                    "Publish",
+                    "the TCP endpoint is no longer published by this TCPRoute".into(),
+                )
+                .await;
+        }
+        return;
+    };
+    let tunnel = watch.borrow().clone();
+    let note = match &tunnel {
+        TunnelState::Serving {
+            port: Some(port), ..
+        } => Some((
+            EventType::Normal,
+            "TunnelConnected",
+            format!("served at {public_host}:{port}"),
+            format!("connected {port}"),
+        )),
+        TunnelState::Refused { code, message } => {
+            let n = format!("the edge refused the tunnel ({code}): {message}");
+            Some((EventType::Warning, "TunnelStopped", n.clone(), n))
+        }
+        TunnelState::Failed { message, .. } => Some((
+            EventType::Warning,
+            "TunnelStopped",
+            message.clone(),
+            message.clone(),
+        )),
+        _ => None,
+    };
+    if let Some((type_, reason, message, key)) = note
+        && state.first_report_exclusive(me, "tunnel tcp", &key)
+    {
+        state
+            .ctx
+            .event(route, type_, reason, "Publish", message)
+            .await;
+    }
+}
+
+/// Events of one HTTPRoute (each note once, as for Ingresses).
+async fn report(
+    state: &AgentState,
+    route: &HttpRoute,
+    me: &ObjectRef,
+    plan: &Plan,
+    status: Option<&RouteStatus>,
+) {
+    let ctx = &state.ctx;
+    report_refusals(state, route, me, plan, status).await;
     let hosts: BTreeSet<String> = plan.hosts_of(me).into_iter().collect();
     let before: Vec<String> = state
         .reported

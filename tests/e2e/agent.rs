@@ -15,6 +15,7 @@ use serde_json::Value;
 use support::{
     Cluster, Edge, EdgeOptions, INGRESS_CLASS, Process, agent, bind_loopback, controller,
     echo_backend, events_of, http_backend, http_get, http_request, ready_of, wait_for,
+    wait_for_event,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tuna_crds::Tunnel;
@@ -29,35 +30,6 @@ fn ready_true(t: &Tunnel) -> bool {
 
 fn refused(t: &Tunnel, reason: &str) -> bool {
     tunnel_ready(t).is_some_and(|(s, r, _)| s == "False" && r == reason)
-}
-
-/// Waits until `kind namespace/name` has an event `reason` whose message
-/// contains `needle`, else panics with the events it has.
-async fn wait_for_event(
-    cluster: &Cluster,
-    namespace: &str,
-    kind: &str,
-    name: &str,
-    reason: &str,
-    needle: &str,
-) {
-    let seen = tokio::time::timeout(support::WAIT, async {
-        loop {
-            if events_of(cluster, namespace, kind, name)
-                .get(reason)
-                .is_some_and(|m| m.iter().any(|m| m.contains(needle)))
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-    assert!(
-        seen.is_ok(),
-        "no {reason} event with {needle:?} on {kind} {namespace}/{name}: {:?}",
-        events_of(cluster, namespace, kind, name)
-    );
 }
 
 fn service(name: &str, addr: std::net::SocketAddr, port_name: Option<&str>) -> String {

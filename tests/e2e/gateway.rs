@@ -14,7 +14,7 @@ use kube::api::Api;
 use serde_json::Value;
 use support::{
     Cluster, Edge, EdgeOptions, Process, agent, bind_loopback, controller, echo_backend, events_of,
-    http_backend, http_get, http_request, wait_for,
+    http_backend, http_get, http_request, wait_for, wait_for_event,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, TcpRoute};
@@ -595,4 +595,23 @@ async fn a_tcproute_is_published_through_its_listeners_tcpendpoint() {
         accepted.message.contains("TCPRoute default/pg"),
         "{accepted:?}"
     );
+    // Events as for Ingresses: the winner's tunnel, the loser's refusal.
+    wait_for_event(
+        &env.cluster,
+        "default",
+        "TCPRoute",
+        "pg",
+        "TunnelConnected",
+        "served at",
+    )
+    .await;
+    wait_for_event(
+        &env.cluster,
+        "default",
+        "TCPRoute",
+        "pg2",
+        "RuleSkipped",
+        "TcpEndpointInUse",
+    )
+    .await;
 }

@@ -951,6 +951,35 @@ pub fn ready_of(
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// Waits until `kind namespace/name` has an event `reason` whose message
+/// contains `needle`, else panics with the events it has.
+pub async fn wait_for_event(
+    cluster: &Cluster,
+    namespace: &str,
+    kind: &str,
+    name: &str,
+    reason: &str,
+    needle: &str,
+) {
+    let seen = tokio::time::timeout(WAIT, async {
+        loop {
+            if events_of(cluster, namespace, kind, name)
+                .get(reason)
+                .is_some_and(|m| m.iter().any(|m| m.contains(needle)))
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        seen.is_ok(),
+        "no {reason} event with {needle:?} on {kind} {namespace}/{name}: {:?}",
+        events_of(cluster, namespace, kind, name)
+    );
+}
+
 /// Events (core/v1, as `kubectl describe` reads them) of an object: reason → messages.
 pub fn events_of(
     cluster: &Cluster,
