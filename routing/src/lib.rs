@@ -517,7 +517,7 @@ impl fmt::Display for BuildIssue {
                 path_type,
             } => write!(
                 f,
-                "{loser}: {path_type} {host}{path} is also defined by {winner}, which wins (older, or first by namespace/name)"
+                "{loser}: {path_type} {host}{path} is also defined by {winner}, which wins (older, then first by namespace/name, then by rule and path order)"
             ),
         }
     }

@@ -1039,7 +1039,7 @@ fn issue_message(issue: &BuildIssue) -> String {
             path_type,
             ..
         } => format!(
-            "{path_type} {host}{path} is also defined by {winner}, which wins (older, then by namespace/name)"
+            "{path_type} {host}{path} is also defined by {winner}, which wins (older, then by namespace/name, then by rule and path order)"
         ),
     }
 }
