@@ -785,63 +785,10 @@ fn plan_http_routes(
         out.refusals.push(Refusal::new(object, reason, message));
     }
     out.tcp.extend(outcome.tcp);
-    let route_ref = |namespace: &str, name: &str| ObjectRef::new(Kind::HttpRoute, namespace, name);
-    for (object, host, reason, message) in outcome.refused_hosts {
-        let _ = host;
+    for (object, _host, reason, message) in outcome.refused_hosts {
         out.refusals.push(Refusal::new(object, reason, message));
     }
-    for (host, specs) in outcome.hosts {
-        let issues = match RouteTable::build(specs.clone()) {
-            Ok((_, issues)) => issues,
-            Err(e) => {
-                for name in specs
-                    .iter()
-                    .map(|s| (&s.origin.namespace, &s.origin.name))
-                    .collect::<BTreeSet<_>>()
-                {
-                    out.refusals.push(Refusal::new(
-                        route_ref(name.0, name.1),
-                        Reason::TooManyRoutes,
-                        format!("host {host}: {e}"),
-                    ));
-                }
-                continue;
-            }
-        };
-        let (mut kept, mut refused) = (specs, Vec::new());
-        for issue in &issues {
-            let origin = issue.origin();
-            let (lost, rest): (Vec<_>, Vec<_>) =
-                kept.into_iter().partition(|s| &s.origin == origin);
-            kept = rest;
-            refused.extend(lost);
-            out.refusals.push(Refusal::at(
-                route_ref(&origin.namespace, &origin.name),
-                origin,
-                Reason::Route(issue.reason()),
-                issue_message(issue),
-            ));
-        }
-        let Some(first) = kept.first() else {
-            continue;
-        };
-        let namespace = first.origin.namespace.clone();
-        let mut publishers: Vec<ObjectRef> = kept
-            .iter()
-            .map(|s| route_ref(&s.origin.namespace, &s.origin.name))
-            .collect();
-        publishers.sort();
-        publishers.dedup();
-        out.hosts.insert(
-            host,
-            HostPlan {
-                routes: kept,
-                refused,
-                source: HostSource::HttpRoutes(publishers),
-                namespace,
-            },
-        );
-    }
+    settle_hosts(outcome.hosts, Kind::HttpRoute, HostSource::HttpRoutes, out);
     out.gateway = GatewayPlan {
         classes: outcome.classes,
         gateways: outcome.gateways,
@@ -933,8 +880,20 @@ fn plan_ingresses(
             matcher: spec.matcher,
         });
     }
-    // Invalid paths and equal rules are found by building the table, exactly as
-    // the proxy core will; report them now and publish only what will route.
+    settle_hosts(by_host, Kind::Ingress, HostSource::Ingresses, out);
+}
+
+/// Builds each host's table exactly as the proxy core will, so that invalid
+/// paths and equal rules are reported now (against the objects of `kind`
+/// they come from) and only what routes is published; a host is published
+/// by `source` of its objects, in the namespace of its specs.
+fn settle_hosts(
+    by_host: BTreeMap<String, Vec<HostRoute>>,
+    kind: Kind,
+    source: fn(Vec<ObjectRef>) -> HostSource,
+    out: &mut Plan,
+) {
+    let object_ref = |namespace: &str, name: &str| ObjectRef::new(kind, namespace, name);
     for (host, specs) in by_host {
         let issues = match RouteTable::build(specs.clone()) {
             Ok((_, issues)) => issues,
@@ -945,7 +904,7 @@ fn plan_ingresses(
                     .collect::<BTreeSet<_>>()
                 {
                     out.refusals.push(Refusal::new(
-                        ingress_ref(name.0, name.1),
+                        object_ref(name.0, name.1),
                         Reason::TooManyRoutes,
                         format!("host {host}: {e}"),
                     ));
@@ -961,7 +920,7 @@ fn plan_ingresses(
             kept = rest;
             refused.extend(lost);
             out.refusals.push(Refusal::at(
-                ingress_ref(&origin.namespace, &origin.name),
+                object_ref(&origin.namespace, &origin.name),
                 origin,
                 Reason::Route(issue.reason()),
                 issue_message(issue),
@@ -973,7 +932,7 @@ fn plan_ingresses(
         let namespace = first.origin.namespace.clone();
         let mut publishers: Vec<ObjectRef> = kept
             .iter()
-            .map(|s| ingress_ref(&s.origin.namespace, &s.origin.name))
+            .map(|s| object_ref(&s.origin.namespace, &s.origin.name))
             .collect();
         publishers.sort();
         publishers.dedup();
@@ -982,7 +941,7 @@ fn plan_ingresses(
             HostPlan {
                 routes: kept,
                 refused,
-                source: HostSource::Ingresses(publishers),
+                source: source(publishers),
                 namespace,
             },
         );
