@@ -42,11 +42,11 @@ use tuna_crds::gateway::{
 use tuna_routing::action::{Filter, HeaderModifier, PathModifier, Redirect, Rewrite, Timeouts};
 use tuna_routing::{GatewayMatch, Matcher, Origin, PathType, RouteSpec, TieBreak};
 
+use super::claims::{Claim, Owner, Strength, tcp_key};
 use super::gateway::{
     GatewayAction, InvalidBackend, RefRefusal, WeightedBackend, attach, hostname_matches,
     refers_to, resolve_backend,
 };
-use super::ingress::ClaimKey;
 use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme, resolve_service};
 use super::{Backend, Backends, HostRoute, Kind, ObjectRef};
 use crate::plan::ingress::{ServicePort, ServiceRef};
@@ -206,11 +206,12 @@ pub struct RouteStatus {
 
 /// A route's claim on a host not yet settled against the other kinds.
 #[derive(Debug, Clone)]
-struct HostClaim {
+pub(crate) struct HostClaim {
     /// Whether the route names the host itself (else: a wildcard or no
     /// hostname covers it, and losing it is not an error).
-    explicit: bool,
-    key: ClaimKey,
+    strength: Strength,
+    /// The route's `creationTimestamp` (Unix seconds).
+    created: i64,
 }
 
 /// What the Gateway API objects make of the hosts, before they meet the
@@ -647,12 +648,22 @@ fn match_spec(
     )
 }
 
-/// What the plan knows of hosts when Gateway API objects are planned.
-pub(crate) struct HostContext<'a> {
+/// What the plan knows of hosts when Gateway API objects are first read.
+pub(crate) struct PrepareContext<'a> {
     /// Host → namespace of the Domain reserving it.
     pub domains: &'a BTreeMap<String, String>,
     /// Hosts reserved on the account.
     pub account: &'a BTreeSet<String>,
+    /// How backends resolve.
+    pub backends: Backends,
+    /// Upstream policy.
+    pub policy: UpstreamPolicy,
+}
+
+/// What the plan knows of hosts once ownership is settled.
+pub(crate) struct HostContext<'a> {
+    /// The holder of each claimed host ([`super::claims::settle`]).
+    pub owners: &'a BTreeMap<String, Owner>,
     /// Hosts already published by Tunnels (→ the Tunnel) and Ingresses.
     pub taken: &'a BTreeMap<String, (ObjectRef, super::Reason)>,
     /// How backends resolve.
@@ -663,16 +674,95 @@ pub(crate) struct HostContext<'a> {
     pub aliases: &'a super::tcpendpoint::AliasOwners,
     /// A TCP listener's alias must be declared by a TCPEndpoint (standalone).
     pub require_tcp_endpoint_objects: bool,
-    /// TCP endpoints tcp Tunnels publish (→ the Tunnel): they keep them.
-    pub tcp_taken: &'a BTreeMap<super::tunnel::PortOrAlias, ObjectRef>,
+    /// TCP endpoints tcp Tunnels publish, by [`tcp_key`] (→ the Tunnel): they keep them.
+    pub tcp_taken: &'a BTreeMap<String, ObjectRef>,
+    /// The holder of each claimed TCP endpoint, by [`tcp_key`].
+    pub tcp_owners: &'a BTreeMap<String, Owner>,
 }
 
-/// Plans the Gateway API objects.
-pub(crate) fn plan_gateway_api(
-    inputs: &GatewayInputs<'_>,
+/// A match of a route on a hostname pattern, before hosts are settled.
+pub(crate) struct Candidate {
+    pattern: String,
+    spec: HostRoute,
+    route: ObjectRef,
+    meta: Arc<HttpRoute>,
+}
+
+/// The Gateway API objects read, attached and expanded to the hosts they
+/// claim, waiting for ownership to be settled over every kind
+/// ([`super::claims`]) before [`finish`] gives them their hosts.
+pub(crate) struct Prepared<'a> {
+    inputs: GatewayInputs<'a>,
+    out: GatewayOutcome,
+    gateways: Vec<&'a Arc<Gateway>>,
+    grants: Vec<&'a ReferenceGrant>,
+    attached_count: BTreeMap<(usize, String), i32>,
+    candidates: Vec<Candidate>,
+    per_candidate: Vec<Vec<String>>,
+    reported: BTreeSet<(ObjectRef, String)>,
+    claims: BTreeMap<String, Vec<(HostClaim, ObjectRef)>>,
+}
+
+impl Prepared<'_> {
+    /// The claims of the routes on hosts (explicit hostnames, and the
+    /// reserved hosts a wildcard or a missing hostname covers).
+    pub(crate) fn host_claims(&self) -> Vec<Claim> {
+        let mut out = Vec::new();
+        for (host, list) in &self.claims {
+            let mut seen = BTreeSet::new();
+            for (claim, route) in list {
+                if seen.insert((route, claim.strength)) {
+                    out.push(Claim::new(
+                        host.clone(),
+                        route.namespace.clone(),
+                        format!("HTTPRoute/{}", route.name),
+                        claim.created,
+                        claim.strength,
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// The claims of our Gateways' TCP listeners on the TCP endpoints their
+    /// names give (by [`tcp_key`]: a listener named `30001` is port 30001).
+    pub(crate) fn tcp_claims(&self) -> Vec<Claim> {
+        self.gateways
+            .iter()
+            .flat_map(|g| {
+                let ns = g
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into());
+                let name = format!("Gateway/{}", g.metadata.name.as_deref().unwrap_or(""));
+                let at = created(&g.metadata);
+                g.spec
+                    .listeners
+                    .iter()
+                    .filter(|l| l.protocol == "TCP")
+                    .map(move |l| {
+                        Claim::new(
+                            tcp_key(&l.name),
+                            ns.clone(),
+                            name.clone(),
+                            at,
+                            Strength::Explicit,
+                        )
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Reads the Gateway API objects: classes, Gateways, attachment, and the
+/// hosts each route's matches would serve (see [`Prepared`]).
+pub(crate) fn prepare<'a>(
+    inputs: &GatewayInputs<'a>,
     services: &dyn ServiceLookup,
-    ctx: &HostContext<'_>,
-) -> GatewayOutcome {
+    ctx: &PrepareContext<'_>,
+) -> Prepared<'a> {
     let mut out = GatewayOutcome::default();
     // Classes.
     let mut ours: BTreeSet<&str> = BTreeSet::new();
@@ -692,22 +782,17 @@ pub(crate) fn plan_gateway_api(
         });
         ours.insert(c.metadata.name.as_deref().unwrap_or(""));
     }
-    let gateways: Vec<&Arc<Gateway>> = inputs
-        .gateways
+    let all_gateways: &'a [Arc<Gateway>] = inputs.gateways;
+    let gateways: Vec<&'a Arc<Gateway>> = all_gateways
         .iter()
         .filter(|g| ours.contains(g.spec.gateway_class_name.as_str()))
         .collect();
-    let grants: Vec<&ReferenceGrant> = inputs.grants.iter().map(|g| &**g).collect();
+    let all_grants: &'a [Arc<ReferenceGrant>] = inputs.grants;
+    let grants: Vec<&'a ReferenceGrant> = all_grants.iter().map(|g| &**g).collect();
 
     // (gateway index, listener name) → attached route count.
     let mut attached_count: BTreeMap<(usize, String), i32> = BTreeMap::new();
-    // Candidate specs by hostname pattern (`*` for none), with the route's claim key.
-    struct Candidate {
-        pattern: String,
-        spec: HostRoute,
-        route: ObjectRef,
-        meta: Arc<HttpRoute>,
-    }
+    // Candidate specs by hostname pattern (`*` for none).
     let mut candidates: Vec<Candidate> = Vec::new();
 
     for route in inputs.http_routes {
@@ -893,20 +978,83 @@ pub(crate) fn plan_gateway_api(
         for h in &hosts {
             claims.entry(h.clone()).or_default().push((
                 HostClaim {
-                    explicit: !c.pattern.starts_with('*'),
-                    key: ClaimKey::of(&c.meta.metadata, h),
+                    strength: if c.pattern.starts_with('*') {
+                        Strength::Covering
+                    } else {
+                        Strength::Explicit
+                    },
+                    created: c.spec.tie_break.created,
                 },
                 c.route.clone(),
             ));
         }
         per_candidate.push(hosts);
     }
-    // Owner namespace per host: the Domain's, else the first claimant's.
+    Prepared {
+        inputs: *inputs,
+        out,
+        gateways,
+        grants,
+        attached_count,
+        candidates,
+        per_candidate,
+        reported,
+        claims,
+    }
+}
+
+/// Gives the prepared routes the hosts their namespace holds (`ctx.owners`)
+/// and no Tunnel or Ingress publishes, plans the TCPRoutes, and writes the
+/// Gateway statuses.
+pub(crate) fn finish(
+    prepared: Prepared<'_>,
+    services: &dyn ServiceLookup,
+    ctx: &HostContext<'_>,
+) -> GatewayOutcome {
+    let Prepared {
+        inputs,
+        mut out,
+        gateways,
+        grants,
+        mut attached_count,
+        candidates,
+        per_candidate,
+        mut reported,
+        claims,
+    } = prepared;
+    let inputs = &inputs;
+    // The holder of each host was settled over every kind's claims: a
+    // route gets a host its namespace holds, unless a Tunnel or an Ingress
+    // of that namespace publishes it (kinds rank inside a namespace only).
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for (host, list) in &claims {
+        let Some(holder) = ctx.owners.get(host) else {
+            continue;
+        };
+        for (claim, route) in list {
+            if claim.strength != Strength::Explicit
+                || route.namespace == holder.namespace
+                || !reported.insert((route.clone(), host.clone()))
+            {
+                continue;
+            }
+            out.refused_hosts.push((
+                route.clone(),
+                host.clone(),
+                super::Reason::HostOwnedByOtherNamespace,
+                format!(
+                    "host {host} belongs to namespace {:?}, {}",
+                    holder.namespace,
+                    holder.why()
+                ),
+            ));
+        }
         if let Some((object, reason)) = ctx.taken.get(host) {
             for (claim, route) in list {
-                if claim.explicit && reported.insert((route.clone(), host.clone())) {
+                if claim.strength == Strength::Explicit
+                    && route.namespace == holder.namespace
+                    && reported.insert((route.clone(), host.clone()))
+                {
                     out.refused_hosts.push((
                         route.clone(),
                         host.clone(),
@@ -917,30 +1065,7 @@ pub(crate) fn plan_gateway_api(
             }
             continue;
         }
-        let ns = match ctx.domains.get(host) {
-            Some(ns) => ns.clone(),
-            None => list
-                .iter()
-                .min_by(|a, b| a.0.key.cmp(&b.0.key))
-                .map(|(c, _)| c.key.namespace.clone())
-                .unwrap_or_default(),
-        };
-        for (claim, route) in list {
-            if route.namespace != ns
-                && claim.explicit
-                && reported.insert((route.clone(), host.clone()))
-            {
-                out.refused_hosts.push((
-                    route.clone(),
-                    host.clone(),
-                    super::Reason::HostOwnedByOtherNamespace,
-                    format!(
-                        "host {host} belongs to namespace {ns:?}, whose route claimed it first"
-                    ),
-                ));
-            }
-        }
-        owner.insert(host.clone(), ns);
+        owner.insert(host.clone(), holder.namespace.clone());
     }
     // Specs per host: the best-ranked hostname per (route, rule, match).
     let mut by_host: BTreeMap<String, BTreeMap<SpecKey, HostRoute>> = BTreeMap::new();
@@ -1070,7 +1195,7 @@ pub(crate) fn plan_gateway_api(
                     && matches!(tcp_listeners.get(&(gi, l.name.clone())), Some(Ok(())))
             })
             .filter_map(|l| {
-                let alias = super::tunnel::PortOrAlias::Alias(l.name.clone());
+                let alias = super::tunnel::PortOrAlias::parse(&l.name);
                 out.tcp
                     .iter()
                     .find(|(_, t)| t.endpoint == alias)
@@ -1198,6 +1323,10 @@ spec:
     }
 
     fn run(w: &World) -> Plan {
+        run_with(w, None)
+    }
+
+    fn run_with(w: &World, book: Option<&crate::plan::claims::ClaimBook>) -> Plan {
         let classes = objects::<GatewayClass>(CLASS);
         let gateways = objects::<Gateway>(GATEWAY);
         let routes = objects::<HttpRoute>(w.routes);
@@ -1220,6 +1349,7 @@ spec:
                 grants: &grants,
                 namespaces: &[],
             },
+            claims: book,
             ..Inputs::default()
         };
         plan(&inputs, &services, &options)
@@ -1539,6 +1669,158 @@ spec:
                 p.refusals
             );
         }
+    }
+
+    /// Issue 37, items 1 and 2: none of the ways a route of namespace
+    /// `blog` used to take `shop.example.com` from `shop` moves it. Each
+    /// row failed on the code before the one ownership settlement.
+    #[test]
+    fn no_route_or_ingress_of_another_namespace_moves_a_held_host() {
+        use crate::plan::claims::ClaimBook;
+        const H: &str = "shop.example.com";
+        let shop_route = |created: &str| {
+            format!(
+                "
+metadata: {{name: shop, namespace: shop, creationTimestamp: '{created}'}}
+spec:
+  parentRefs: [{{name: edge, sectionName: all}}]
+  hostnames: [{H}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"
+            )
+        };
+        let blog_route = |created: &str, extra: &str, hostnames: &str| {
+            format!(
+                "
+metadata: {{name: steal, namespace: blog, creationTimestamp: '{created}'{extra}}}
+spec:
+  parentRefs: [{{name: edge, namespace: shop, sectionName: all}}]
+  {hostnames}
+  rules: [{{backendRefs: [{{name: shared, namespace: infra, port: 80}}]}}]
+"
+            )
+        };
+        let forged = format!(
+            ", annotations: {{k8s.tuna.am/hosts-claimed-at: '{{\"{H}\":\"2000-01-01T00:00:00Z\"}}'}}"
+        );
+        let (old, new) = ("2025-01-01T00:00:00Z", "2026-01-01T00:00:00Z");
+        let mut shop_holds = ClaimBook::default();
+        shop_holds
+            .hosts
+            .insert(H.into(), ClaimBook::held("shop", 1_767_300_000));
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        let mut blog_holds = ClaimBook::default();
+        blog_holds
+            .hosts
+            .insert(H.into(), ClaimBook::held("blog", 1));
+        let named = format!("hostnames: [{H}]");
+        // (case, routes, ingresses, book)
+        let cases: Vec<(&str, String, &str, Option<&ClaimBook>)> = vec![
+            (
+                "(a) a younger route with a forged record",
+                format!("{}---{}", shop_route(old), blog_route(new, &forged, &named)),
+                "",
+                None,
+            ),
+            (
+                "(b) an older route that adds the hostname later",
+                format!("{}---{}", shop_route(new), blog_route(old, "", &named)),
+                "",
+                Some(&shop_holds),
+            ),
+            (
+                "(c) an older route without hostnames",
+                format!("{}---{}", shop_route(new), blog_route(old, "", "")),
+                "",
+                None,
+            ),
+            (
+                "(c) and recorded for it before the explicit claim came",
+                format!("{}---{}", shop_route(new), blog_route(old, "", "")),
+                "",
+                Some(&blog_holds),
+            ),
+            (
+                "(2) a new Ingress of another namespace",
+                shop_route(new),
+                leak(format!(
+                    "
+metadata: {{name: steal, namespace: blog, creationTimestamp: '{old}'}}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: {H}
+    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: shared, port: {{number: 80}}}}}}}}]}}
+"
+                )),
+                Some(&shop_holds),
+            ),
+        ];
+        for (case, routes, ingresses, book) in cases {
+            let w = World {
+                routes: leak(routes),
+                ingresses,
+                ..world("")
+            };
+            let p = run_with(&w, book);
+            assert_eq!(p.owners[H].namespace, "shop", "{case}: {:?}", p.refusals);
+            let host = p
+                .hosts
+                .get(H)
+                .unwrap_or_else(|| panic!("{case}: {H} not served"));
+            assert_eq!(host.namespace, "shop", "{case}");
+            assert!(
+                host.routes.iter().all(|r| r.origin.namespace == "shop"),
+                "{case}"
+            );
+            let explicit = !routes_without_hostnames(case);
+            if explicit {
+                assert!(
+                    p.refusals.iter().any(|r| r.object.namespace == "blog"
+                        && r.reason.as_str() == "HostOwnedByOtherNamespace"),
+                    "{case}: {:?}",
+                    p.refusals
+                );
+            }
+        }
+
+        // (c) A route without hostnames still serves the account hosts
+        // nobody names; it just never beats an explicit claim.
+        let w = World {
+            routes: leak(format!("{}---{}", shop_route(new), blog_route(old, "", ""))),
+            ..world("")
+        };
+        let p = run_with(&w, None);
+        assert_eq!(p.hosts["a.example.com"].namespace, "blog");
+
+        // (d) shop's Ingress is briefly not serving (its Service is gone): it
+        // still names the host, which stays shop's; blog's route is refused.
+        let w = World {
+            routes: leak(blog_route(old, "", &named)),
+            ingresses: "
+metadata: {name: site, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  ingressClassName: tuna
+  rules:
+  - host: shop.example.com
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: gone, port: {number: 80}}}}]}
+",
+            ..world("")
+        };
+        let p = run_with(&w, Some(&shop_holds));
+        assert!(!p.hosts.contains_key(H), "{:?}", p.hosts[H]);
+        assert!(
+            p.refusals
+                .iter()
+                .any(|r| r.object.name == "steal"
+                    && r.reason.as_str() == "HostOwnedByOtherNamespace"),
+            "{:?}",
+            p.refusals
+        );
+    }
+
+    fn routes_without_hostnames(case: &str) -> bool {
+        case.starts_with("(c)")
     }
 
     /// Filters and timeouts become plain data, in order.

@@ -29,10 +29,11 @@
 //! - **Several Ingresses on one host** merge into one table when they are in
 //!   one namespace (equal rules go to the oldest; see `tuna-routing`). A host
 //!   belongs to one namespace only: the namespace of the Domain that reserves
-//!   it, else that of its first claimant (see [`ClaimKey`]: the recorded
-//!   claim, not the object's age, decides); rules of other namespaces for that
-//!   host are skipped (`HostOwnedByOtherNamespace`), so no tenant can hijack
-//!   another's host, not even by adding it to an older Ingress.
+//!   it, else the one the agent recorded as its holder, else that of its
+//!   first claimant of any kind ([`super::claims`]); rules of other
+//!   namespaces for that host are skipped (`HostOwnedByOtherNamespace`), so
+//!   no tenant can hijack another's host, not even by adding it to an older
+//!   Ingress.
 //! - **Tie-break time.** An Ingress without `metadata.creationTimestamp` (a
 //!   manifest not yet applied) counts as newer than any that has one.
 
@@ -43,6 +44,8 @@ use k8s_openapi::api::networking::v1::{HTTPIngressPath, Ingress, IngressBackend}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use tuna_routing::{Origin, PathType, RouteSpec, TieBreak};
+
+use super::claims::{Claim, Owner, Strength};
 
 /// The class name this controller answers to unless configured otherwise.
 pub const DEFAULT_INGRESS_CLASS: &str = "tuna";
@@ -562,9 +565,9 @@ fn service_ref(
 
 /// Translates a set of Ingresses into one set of route specs, as the
 /// controller builds its table: each Ingress via [`translate_one`], then host
-/// ownership ([`settle_ownership`] with no other claimants). `domain_owners`
-/// maps hosts reserved by a Domain to the Domain's namespace; other hosts
-/// belong to the namespace of their first claimant ([`ClaimKey`]).
+/// ownership ([`super::claims::settle`] with no other claimants and nothing
+/// recorded). `domain_owners` maps hosts reserved by a Domain to the Domain's
+/// namespace; other hosts belong to the namespace of their first claimant.
 ///
 /// ```
 /// use std::collections::BTreeMap;
@@ -578,13 +581,10 @@ pub fn translate<'a>(
     options: &TranslateOptions,
     domain_owners: &BTreeMap<String, String>,
 ) -> IngressRoutes {
-    let ingresses: Vec<&Ingress> = ingresses.into_iter().collect();
-    settle_ownership(
-        translate_each(ingresses.iter().copied(), options),
-        domain_owners,
-        &BTreeMap::new(),
-        &claim_records(ingresses.iter().copied()),
-    )
+    let all = translate_each(ingresses, options);
+    let claims = host_claims(&all.specs, |_| true);
+    let owners = super::claims::settle(&claims, domain_owners, &BTreeMap::new());
+    keep_owned(all, &owners)
 }
 
 /// Each Ingress via [`translate_one`], concatenated; no ownership settled yet.
@@ -601,15 +601,16 @@ pub fn translate_each<'a>(
     all
 }
 
-/// The annotation in which the agent records, on an Ingress or a Tunnel, when
-/// the object first served each of its hosts: a JSON object, host (lower
-/// case) → RFC 3339 time, e.g. `{"shop.a.2na.am":"2026-01-02T03:04:05Z"}`.
-/// The agent writes it when the object wins a host and drops a host from it
-/// when the object no longer claims it or lost it; the plan only reads it.
+/// The annotation in which agents before 0.x recorded, on an Ingress or a
+/// Tunnel, when the object first served each of its hosts (a JSON object,
+/// host → RFC 3339 time). It is no longer trusted for ownership: a tenant,
+/// or any controller that may write `ingresses/status`, can set it. The agent
+/// reads it once, when it finds no claim book, to carry the holders it
+/// recorded over ([`super::claims::ClaimBook`]); the plan never reads it.
 pub const HOSTS_CLAIMED_AT: &str = "k8s.tuna.am/hosts-claimed-at";
 
-/// The recorded claim times of an object (Unix seconds by lower-case host);
-/// entries that do not parse are left out (the claim then counts as unrecorded).
+/// The legacy recorded claim times of an object (Unix seconds by lower-case
+/// host; see [`HOSTS_CLAIMED_AT`]); entries that do not parse are left out.
 pub fn recorded_claims(meta: &ObjectMeta) -> BTreeMap<String, i64> {
     let Some(raw) = meta
         .annotations
@@ -632,175 +633,56 @@ pub fn recorded_claims(meta: &ObjectMeta) -> BTreeMap<String, i64> {
         .collect()
 }
 
-/// The next record of an object's claims: the hosts in `kept` (still named
-/// and not lost to another claimant) keep their recorded time; the hosts in
-/// `won` (served now) that have none are recorded at `now`; every other host
-/// is dropped, which frees it.
-pub fn next_claims(
-    old: &BTreeMap<String, i64>,
-    kept: &BTreeSet<String>,
-    won: &BTreeSet<String>,
-    now: i64,
-) -> BTreeMap<String, i64> {
-    let mut next: BTreeMap<String, i64> = old
-        .iter()
-        .filter(|(h, _)| kept.contains(*h))
-        .map(|(h, t)| (h.clone(), *t))
-        .collect();
-    for host in won.iter().filter(|h| kept.contains(*h)) {
-        next.entry(host.clone()).or_insert(now);
-    }
-    next
-}
-
-/// The value of [`HOSTS_CLAIMED_AT`] for `claims`; `None` (remove the
-/// annotation) when there are none.
-pub fn claims_annotation(claims: &BTreeMap<String, i64>) -> Option<String> {
-    if claims.is_empty() {
-        return None;
-    }
-    let map: BTreeMap<&str, String> = claims
-        .iter()
-        .filter_map(|(h, t)| {
-            let at = k8s_openapi::jiff::Timestamp::from_second(*t).ok()?;
-            Some((h.as_str(), at.to_string()))
-        })
-        .collect();
-    serde_json::to_string(&map).ok()
-}
-
-/// What orders the claims on one host: the first claimant owns it.
-///
-/// A claim the agent recorded ([`HOSTS_CLAIMED_AT`]) comes before every
-/// unrecorded one, and recorded claims go by their recorded time: a host
-/// stays with the object that served it first, however old an object that
-/// adds the host later is. Unrecorded claims (a host just added, or objects
-/// from before the record existed) go by `creationTimestamp`, so that two
-/// first claims arriving together, and the claims found at an upgrade, are
-/// decided as before. Ties go by namespace, then name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ClaimKey {
-    /// No record of this claim.
-    pub unrecorded: bool,
-    /// The recorded claim time, else the creation time (Unix seconds;
-    /// `i64::MAX` without `creationTimestamp`).
-    pub at: i64,
-    /// Namespace of the claiming object.
-    pub namespace: String,
-    /// Name of the claiming object.
-    pub name: String,
-}
-
-impl ClaimKey {
-    /// The claim of `host` (lower case) by the object with `meta`.
-    pub fn of(meta: &ObjectMeta, host: &str) -> Self {
-        let created = meta
-            .creation_timestamp
-            .as_ref()
-            .map_or(i64::MAX, |t| t.0.as_second());
-        let recorded = recorded_claims(meta).get(host).copied();
-        Self {
-            unrecorded: recorded.is_none(),
-            at: recorded.unwrap_or(created),
-            namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
-            name: meta.name.clone().unwrap_or_default(),
-        }
-    }
-}
-
-/// The recorded claims of Ingresses, by (namespace, name).
-pub type ClaimRecords = BTreeMap<(String, String), BTreeMap<String, i64>>;
-
-/// The [`recorded_claims`] of each Ingress.
-pub fn claim_records<'a>(ingresses: impl IntoIterator<Item = &'a Ingress>) -> ClaimRecords {
-    ingresses
-        .into_iter()
-        .map(|i| {
-            (
-                (namespace_of(i).to_owned(), name_of(i).to_owned()),
-                recorded_claims(&i.metadata),
-            )
-        })
-        .filter(|(_, r)| !r.is_empty())
-        .collect()
-}
-
-/// The claim a route spec of an Ingress makes on its host.
-fn claim_of(spec: &RouteSpec<ServiceRef>, records: &ClaimRecords) -> ClaimKey {
-    let host = spec.host.to_ascii_lowercase();
-    let recorded = records
-        .get(&(spec.origin.namespace.clone(), spec.origin.name.clone()))
-        .and_then(|r| r.get(&host))
-        .copied();
-    ClaimKey {
-        unrecorded: recorded.is_none(),
-        at: recorded.unwrap_or(spec.tie_break.created),
-        namespace: spec.tie_break.namespace.clone(),
-        name: spec.tie_break.name.clone(),
-    }
-}
-
-/// A claim on a host: its [`ClaimKey`] and the claimant's namespace.
-pub type HostClaim = (ClaimKey, String);
-
-/// The first claim of each host among `specs` (by [`ClaimKey`]), given the
-/// Ingresses' recorded claims.
-pub fn oldest_claims<'a>(
+/// The explicit claims the route specs of Ingresses make on their hosts
+/// ([`super::claims`]), on the hosts `counts` admits (reserved ones: a claim
+/// on a host nobody reserved is refused anyway and must not block anyone).
+pub fn host_claims<'a>(
     specs: impl IntoIterator<Item = &'a RouteSpec<ServiceRef>>,
-    records: &ClaimRecords,
-) -> BTreeMap<String, HostClaim> {
-    let mut owners: BTreeMap<String, HostClaim> = BTreeMap::new();
+    counts: impl Fn(&str) -> bool,
+) -> Vec<Claim> {
+    let mut seen: BTreeSet<(String, &str, &str)> = BTreeSet::new();
+    let mut out = Vec::new();
     for spec in specs {
-        let claim = (claim_of(spec, records), spec.origin.namespace.clone());
-        owners
-            .entry(spec.host.to_ascii_lowercase())
-            .and_modify(|c| {
-                if claim < *c {
-                    *c = claim.clone()
-                }
-            })
-            .or_insert(claim);
-    }
-    owners
-}
-
-/// Settles who owns each host the routes name and skips the routes of other
-/// namespaces (`HostOwnedByOtherNamespace`). A host reserved by a Domain
-/// (`domain_owners`) belongs to the Domain's namespace; any other host to the
-/// namespace of its first claimant ([`ClaimKey`]), among these Ingresses
-/// (with their recorded claims, `records`) and `other_claims` (the http
-/// Tunnels that publish a host), so that no tenant takes over a host an object
-/// of another namespace claimed first.
-pub fn settle_ownership(
-    mut all: IngressRoutes,
-    domain_owners: &BTreeMap<String, String>,
-    other_claims: &BTreeMap<String, HostClaim>,
-    records: &ClaimRecords,
-) -> IngressRoutes {
-    let mut owners = oldest_claims(&all.specs, records);
-    for (host, owner) in owners.iter_mut() {
-        if let Some(ns) = domain_owners.get(host) {
-            owner.1 = ns.clone();
-        } else if let Some(other) = other_claims.get(host)
-            && *other < *owner
-        {
-            *owner = other.clone();
+        let host = spec.host.to_ascii_lowercase();
+        if !counts(&host) {
+            continue;
+        }
+        if seen.insert((host.clone(), &spec.origin.namespace, &spec.origin.name)) {
+            out.push(Claim::new(
+                host,
+                spec.origin.namespace.clone(),
+                format!("Ingress/{}", spec.origin.name),
+                spec.tie_break.created,
+                Strength::Explicit,
+            ));
         }
     }
+    out
+}
+
+/// Skips the routes on hosts another namespace holds (`owners`, settled by
+/// [`super::claims::settle`] over the claims of every kind):
+/// `HostOwnedByOtherNamespace`.
+pub fn keep_owned(mut all: IngressRoutes, owners: &BTreeMap<String, Owner>) -> IngressRoutes {
     let mut kept = Vec::with_capacity(all.specs.len());
     for spec in all.specs {
-        let (_, owner) = &owners[&spec.host.to_ascii_lowercase()];
-        if *owner == spec.origin.namespace {
-            kept.push(spec);
-        } else {
-            all.skipped.push(Skipped {
-                reason: SkipReason::HostOwnedByOtherNamespace,
-                namespace: spec.origin.namespace.clone(),
-                ingress: spec.origin.name.clone(),
-                rule: Some(spec.origin.rule),
-                path: Some(spec.origin.path),
-                message: format!("host {} belongs to namespace {owner:?}", spec.host),
-            });
+        match owners.get(&spec.host.to_ascii_lowercase()) {
+            Some(owner) if owner.namespace != spec.origin.namespace => {
+                all.skipped.push(Skipped {
+                    reason: SkipReason::HostOwnedByOtherNamespace,
+                    namespace: spec.origin.namespace.clone(),
+                    ingress: spec.origin.name.clone(),
+                    rule: Some(spec.origin.rule),
+                    path: Some(spec.origin.path),
+                    message: format!(
+                        "host {} belongs to namespace {:?}, {}",
+                        spec.host,
+                        owner.namespace,
+                        owner.why()
+                    ),
+                });
+            }
+            _ => kept.push(spec),
         }
     }
     all.specs = kept;
@@ -1027,30 +909,6 @@ spec:
         let out = translate(&ingresses, &TranslateOptions::default(), &owners);
         let kept: Vec<&str> = out.specs.iter().map(|s| s.origin.name.as_str()).collect();
         assert_eq!(kept, ["late", "own"]);
-    }
-
-    #[test]
-    fn claim_records_are_kept_added_and_dropped() {
-        let old = BTreeMap::from([("a.x".to_owned(), 10), ("b.x".to_owned(), 20)]);
-        let set = |h: &[&str]| h.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-        // a kept at its time, b dropped (no longer named or lost), c new at now.
-        let next = next_claims(&old, &set(&["a.x", "c.x"]), &set(&["a.x", "c.x"]), 99);
-        assert_eq!(
-            next,
-            BTreeMap::from([("a.x".to_owned(), 10), ("c.x".to_owned(), 99)])
-        );
-        // A kept host that does not serve now (a broken backend) keeps its
-        // record; one not served and not recorded gets none.
-        let next = next_claims(&old, &set(&["a.x", "d.x"]), &set(&[]), 99);
-        assert_eq!(next, BTreeMap::from([("a.x".to_owned(), 10)]));
-        let value = claims_annotation(&next).unwrap();
-        assert_eq!(value, r#"{"a.x":"1970-01-01T00:00:10Z"}"#);
-        let meta = ObjectMeta {
-            annotations: Some(BTreeMap::from([(HOSTS_CLAIMED_AT.to_owned(), value)])),
-            ..ObjectMeta::default()
-        };
-        assert_eq!(recorded_claims(&meta), next);
-        assert_eq!(claims_annotation(&BTreeMap::new()), None);
     }
 
     #[test]

@@ -13,32 +13,35 @@
 //! - **Domains** reserve hosts; of two Domains with one host the oldest wins
 //!   (then namespace, name), the others are `DuplicateDomain`.
 //! - **TCPEndpoints** reserve aliases; the oldest wins, others `DuplicateAlias`.
-//! - **Tunnels**, first claimant first: an http Tunnel owns its host; a later
-//!   Tunnel with the same host is `HostConflict`; a host reserved by a Domain of
-//!   another namespace is refused, and so is an account host that an Ingress of
-//!   another namespace claimed first (`HostOwnedByOtherNamespace`: a host no
-//!   Domain reserves belongs to the namespace of its first claimant, Tunnel or
-//!   Ingress). "First" is [`ingress::ClaimKey`]: a claim the agent recorded
-//!   when the object first served the host
-//!   ([`ingress::HOSTS_CLAIMED_AT`]) comes before any unrecorded claim, recorded
-//!   claims by their time, unrecorded ones by `creationTimestamp` — so adding a
-//!   host to an old object does not take it from its holder. A tcp Tunnel may use a TCPEndpoint of its own
-//!   namespace only; two tcp Tunnels on one endpoint: the younger is
-//!   `TcpEndpointInUse`. With [`PlanOptions::require_tcp_endpoint_objects`]
-//!   (standalone: there is no account to hold other reservations) an alias no
-//!   TCPEndpoint declares is `TcpEndpointNotFound`; otherwise it is left to the
-//!   edge, which knows the account's reservations.
-//! - **Ingresses** (of our class): host ownership by namespace (the Domain's
-//!   namespace, else the first claimant's, counting the Tunnels published), hosts must be reserved (a Domain of
+//! - **Ownership** of hosts and TCP endpoints is settled once, over the claims
+//!   of every kind ([`claims`]): a host belongs to one namespace — its
+//!   Domain's, else the one the agent recorded as holding it, else its first
+//!   claimant's (an explicit name beats a wildcard or a missing hostname; then
+//!   the oldest object) — and so does a TCP endpoint (the TCPEndpoint's
+//!   namespace for its alias and its port, else recorded, else first). An
+//!   all-digit alias is a port everywhere. Objects of other namespaces are
+//!   refused `HostOwnedByOtherNamespace` / `TcpEndpointOwnedByOtherNamespace`.
+//!   Kinds never outrank namespaces; inside the holding namespace:
+//! - **Tunnels**, oldest first: an http Tunnel serves its host; a younger
+//!   Tunnel with the same host is `HostConflict`; two tcp Tunnels on one
+//!   endpoint: the younger is `TcpEndpointInUse`. With
+//!   [`PlanOptions::require_tcp_endpoint_objects`] (standalone: there is no
+//!   account to hold other reservations) an alias no TCPEndpoint declares is
+//!   `TcpEndpointNotFound`; otherwise it is left to the edge, which knows the
+//!   account's reservations.
+//! - **Ingresses** (of our class): hosts must be reserved (a Domain of
 //!   the namespace or an account host), rules on a Tunnel's host are skipped
 //!   (`HostUsedByTunnel`), backends are resolved against the Services, and the
 //!   route table of each host is built here exactly as the proxy core will build
 //!   it, so invalid paths and equal rules are reported now and only what routes
 //!   is published.
+//! - **HTTPRoutes and TCPRoutes** get what their namespace holds and its
+//!   Tunnels and Ingresses do not publish ([`httproute`], [`tcproute`]).
 //!
 //! The same function feeds standalone mode, `route explain` and the agent, so
 //! what `route explain` prints is what the agent serves.
 
+pub mod claims;
 pub mod domain;
 pub mod gateway;
 pub mod httproute;
@@ -291,6 +294,9 @@ pub struct Inputs<'a> {
     pub tcp_endpoints: &'a [Arc<TcpEndpoint>],
     /// Gateway API objects.
     pub gateway: httproute::GatewayInputs<'a>,
+    /// Who the agent recorded as holding which host and TCP endpoint
+    /// ([`claims::ClaimBook`]); `None`: nothing recorded (files).
+    pub claims: Option<&'a claims::ClaimBook>,
 }
 
 /// Whether Ingress backends are resolved against Services.
@@ -453,6 +459,11 @@ pub struct Plan {
     pub refusals: Vec<Refusal>,
     /// Gateway API statuses, and the routes of hostname-less listeners.
     pub gateway: GatewayPlan,
+    /// The holder of every host some object claims ([`claims::settle`]).
+    pub owners: BTreeMap<String, claims::Owner>,
+    /// The holder of every TCP endpoint some object claims, by
+    /// [`claims::tcp_key`].
+    pub tcp_owners: BTreeMap<String, claims::Owner>,
 }
 
 /// What the plan says of Gateway API objects besides their hosts.
@@ -494,22 +505,33 @@ fn created(meta: &ObjectMeta) -> i64 {
         .map_or(i64::MAX, |t| t.0.as_second())
 }
 
-/// Tunnels in the order their conflicts are decided: an http Tunnel by its
-/// claim on its host ([`ingress::ClaimKey`]: recorded claims first, by time,
-/// then by age), any other by age; then by namespace and name.
-fn claim_order<'a>(tunnels: &'a [Arc<Tunnel>], base_domain: &str) -> Vec<&'a Arc<Tunnel>> {
-    let mut keyed: Vec<(ingress::ClaimKey, &Arc<Tunnel>)> = tunnels
-        .iter()
-        .map(|t| {
-            let key = match tunnel_host(t, base_domain) {
-                Some(host) => ingress::ClaimKey::of(&t.metadata, &host),
-                None => ingress::ClaimKey::of(&t.metadata, ""),
-            };
-            (key, t)
-        })
-        .collect();
-    keyed.sort_by(|a, b| a.0.cmp(&b.0));
-    keyed.into_iter().map(|(_, t)| t).collect()
+/// The TCP endpoint key ([`claims::tcp_key`]) a tcp Tunnel names, if any.
+pub fn tunnel_tcp_key(tunnel: &Tunnel) -> Option<String> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    if tunnel.spec.protocol != tuna_crds::TunnelProtocol::Tcp {
+        return None;
+    }
+    match tunnel.spec.port_or_alias.as_ref()? {
+        IntOrString::Int(n) => Some(n.to_string()),
+        IntOrString::String(s) => Some(claims::tcp_key(s)),
+    }
+}
+
+fn namespace_of(meta: &ObjectMeta) -> &str {
+    meta.namespace.as_deref().unwrap_or("default")
+}
+
+/// The refusal of an object whose host (or TCP endpoint) another namespace holds.
+fn not_the_holder(object: ObjectRef, what: &str, owner: &claims::Owner, reason: Reason) -> Refusal {
+    Refusal::new(
+        object,
+        reason,
+        format!(
+            "{what} belongs to namespace {:?}, {}",
+            owner.namespace,
+            owner.why()
+        ),
+    )
 }
 
 /// Computes the plan (see the module docs).
@@ -563,42 +585,103 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
     }
     out.tcp_endpoints = endpoints;
 
-    // Ingresses are translated before Tunnels are planned: a host on the account
-    // that no Domain reserves belongs to the namespace of its oldest claimant,
-    // Tunnel or Ingress, so an Ingress's claim counts against younger Tunnels.
+    // Every kind's claims, settled once ([`claims`]): a host or a TCP
+    // endpoint belongs to one namespace, whatever kinds claim it.
+    let empty = claims::ClaimBook::default();
+    let book = inputs.claims.unwrap_or(&empty);
     let ingress_routes =
         ingress::translate_each(inputs.ingresses.iter().map(|i| &**i), &options.ingress);
-    let records = ingress::claim_records(inputs.ingresses.iter().map(|i| &**i));
-    let ingress_claims = ingress::oldest_claims(
-        ingress_routes.specs.iter().filter(|s| {
-            let host = s.host.to_ascii_lowercase();
-            !reservations.domains.contains_key(&host) && reservations.account.contains(&host)
-        }),
-        &records,
-    );
-    let older_ingress = |t: &Tunnel, host: &str, namespace: &str| -> Option<Refusal> {
-        let (claim, owner) = ingress_claims.get(host)?;
-        (owner != namespace && *claim < ingress::ClaimKey::of(&t.metadata, host)).then(|| {
-            Refusal::new(
-                ObjectRef::of(Kind::Tunnel, &t.metadata),
-                Reason::Tunnel(TunnelReason::HostOwnedByOtherNamespace),
-                format!(
-                    "host {host} belongs to namespace {owner:?}: Ingress {owner}/{} claimed it first",
-                    claim.name
-                ),
-            )
+    let reserved =
+        |host: &str| reservations.domains.contains_key(host) || reservations.account.contains(host);
+    let mut host_claims: Vec<claims::Claim> = inputs
+        .tunnels
+        .iter()
+        .filter_map(|t| {
+            let host = tunnel_host(t, &options.base_domain)?;
+            Some(claims::Claim::new(
+                host,
+                namespace_of(&t.metadata),
+                format!("Tunnel/{}", t.metadata.name.as_deref().unwrap_or("")),
+                created(&t.metadata),
+                claims::Strength::Explicit,
+            ))
         })
-    };
-    let mut tunnel_claims: BTreeMap<String, ingress::HostClaim> = BTreeMap::new();
+        .collect();
+    host_claims.extend(ingress::host_claims(&ingress_routes.specs, reserved));
+    let gateway = (!inputs.gateway.is_empty()).then(|| {
+        httproute::prepare(
+            &inputs.gateway,
+            services,
+            &httproute::PrepareContext {
+                domains: &reservations.domains,
+                account: &reservations.account,
+                backends: options.backends,
+                policy: options.policy,
+            },
+        )
+    });
+    if let Some(g) = &gateway {
+        host_claims.extend(g.host_claims());
+    }
+    out.owners = claims::settle(&host_claims, &reservations.domains, &book.hosts);
 
-    // Tunnels, oldest first.
+    let mut tcp_reserved: BTreeMap<String, String> = BTreeMap::new();
+    for e in aliases.aliases.values() {
+        tcp_reserved.insert(e.alias.clone(), e.namespace.clone());
+        if let Some(port) = e.port {
+            tcp_reserved.insert(port.to_string(), e.namespace.clone());
+        }
+    }
+    let mut tcp_claims: Vec<claims::Claim> = inputs
+        .tunnels
+        .iter()
+        .filter_map(|t| {
+            Some(claims::Claim::new(
+                tunnel_tcp_key(t)?,
+                namespace_of(&t.metadata),
+                format!("Tunnel/{}", t.metadata.name.as_deref().unwrap_or("")),
+                created(&t.metadata),
+                claims::Strength::Explicit,
+            ))
+        })
+        .collect();
+    if let Some(g) = &gateway {
+        tcp_claims.extend(g.tcp_claims());
+    }
+    out.tcp_owners = claims::settle(&tcp_claims, &tcp_reserved, &book.tcp);
+
+    // Tunnels, oldest first (inside the holding namespace: across
+    // namespaces, the holder was settled above).
     let tunnel_options = TunnelOptions {
         base_domain: options.base_domain.clone(),
         policy: options.policy,
     };
+    let mut tunnels: Vec<&Arc<Tunnel>> = inputs.tunnels.iter().collect();
+    tunnels.sort_by_key(|t| {
+        (
+            created(&t.metadata),
+            namespace_of(&t.metadata).to_owned(),
+            t.metadata.name.clone(),
+        )
+    });
+    let host_holder = |host: &str, object: &ObjectRef| -> Option<Refusal> {
+        let owner = out.owners.get(host)?;
+        (owner.namespace != object.namespace).then(|| {
+            not_the_holder(
+                object.clone(),
+                &format!("host {host}"),
+                owner,
+                Reason::Tunnel(TunnelReason::HostOwnedByOtherNamespace),
+            )
+        })
+    };
     let mut tunnel_hosts: BTreeMap<String, ObjectRef> = BTreeMap::new();
-    let mut tcp_claims: BTreeMap<PortOrAlias, ObjectRef> = BTreeMap::new();
-    for t in claim_order(inputs.tunnels, &options.base_domain) {
+    let mut tcp_used: BTreeMap<String, ObjectRef> = BTreeMap::new();
+    let mut refusals = Vec::new();
+    let mut hosts = BTreeMap::new();
+    let mut tcp = BTreeMap::new();
+    let mut published = BTreeMap::new();
+    for t in tunnels {
         let object = ObjectRef::of(Kind::Tunnel, &t.metadata);
         let desired = match desired_tunnel(t, services, &reservations, &aliases, &tunnel_options) {
             Ok(d) => d,
@@ -610,20 +693,13 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     && let Some(host) = tunnel_host(t, &options.base_domain)
                     && !tunnel_hosts.contains_key(&host)
                 {
-                    if let Some(refusal) = older_ingress(t, &host, &object.namespace) {
-                        out.refusals.push(refusal);
+                    if let Some(refusal) = host_holder(&host, &object) {
+                        refusals.push(refusal);
                         continue;
                     }
                     tunnel_hosts.insert(host.clone(), object.clone());
-                    tunnel_claims.insert(
-                        host.clone(),
-                        (
-                            ingress::ClaimKey::of(&t.metadata, &host),
-                            object.namespace.clone(),
-                        ),
-                    );
                     let route = tunnel_route(t, &host, None);
-                    out.hosts.insert(
+                    hosts.insert(
                         host,
                         HostPlan {
                             routes: vec![route],
@@ -634,36 +710,26 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     );
                     continue;
                 }
-                out.refusals
-                    .push(Refusal::new(object, Reason::Tunnel(e.reason), e.message));
+                refusals.push(Refusal::new(object, Reason::Tunnel(e.reason), e.message));
                 continue;
             }
         };
         match &desired.public {
             PublicEndpoint::Http { host } => {
+                if let Some(refusal) = host_holder(host, &object) {
+                    refusals.push(refusal);
+                    continue;
+                }
                 if let Some(first) = tunnel_hosts.get(host) {
-                    out.refusals.push(Refusal::new(
+                    refusals.push(Refusal::new(
                         object,
                         Reason::HostConflict,
-                        format!(
-                            "host {host} is already published by {first}, which claimed it first"
-                        ),
+                        format!("host {host} is already published by {first}, which is older"),
                     ));
                     continue;
                 }
-                if let Some(refusal) = older_ingress(t, host, &desired.namespace) {
-                    out.refusals.push(refusal);
-                    continue;
-                }
                 tunnel_hosts.insert(host.clone(), object.clone());
-                tunnel_claims.insert(
-                    host.clone(),
-                    (
-                        ingress::ClaimKey::of(&t.metadata, host),
-                        desired.namespace.clone(),
-                    ),
-                );
-                out.hosts.insert(
+                hosts.insert(
                     host.clone(),
                     HostPlan {
                         routes: vec![tunnel_route(t, host, Some(desired.upstream.clone()))],
@@ -678,7 +744,7 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     && options.require_tcp_endpoint_objects
                     && aliases.get(alias).is_none()
                 {
-                    out.refusals.push(Refusal::new(
+                    refusals.push(Refusal::new(
                         object,
                         Reason::TcpEndpointNotFound,
                         format!(
@@ -688,16 +754,28 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                     ));
                     continue;
                 }
-                if let Some(first) = tcp_claims.get(endpoint) {
-                    out.refusals.push(Refusal::new(
+                let key = endpoint.key();
+                if let Some(owner) = out.tcp_owners.get(&key)
+                    && owner.namespace != desired.namespace
+                {
+                    refusals.push(not_the_holder(
+                        object,
+                        &endpoint.to_string(),
+                        owner,
+                        Reason::Tunnel(TunnelReason::TcpEndpointOwnedByOtherNamespace),
+                    ));
+                    continue;
+                }
+                if let Some(first) = tcp_used.get(&key) {
+                    refusals.push(Refusal::new(
                         object,
                         Reason::TcpEndpointInUse,
                         format!("{endpoint} is already used by {first}, which is older"),
                     ));
                     continue;
                 }
-                tcp_claims.insert(endpoint.clone(), object.clone());
-                out.tcp.insert(
+                tcp_used.insert(key, object.clone());
+                tcp.insert(
                     object.clone(),
                     TcpPlan {
                         endpoint: endpoint.clone(),
@@ -706,15 +784,14 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                 );
             }
         }
-        out.tunnels.insert(object, desired);
+        published.insert(object, desired);
     }
+    out.refusals.extend(refusals);
+    out.hosts.extend(hosts);
+    out.tcp.extend(tcp);
+    out.tunnels.extend(published);
 
-    let routes = ingress::settle_ownership(
-        ingress_routes,
-        &reservations.domains,
-        &tunnel_claims,
-        &records,
-    );
+    let routes = ingress::keep_owned(ingress_routes, &out.owners);
     plan_ingresses(
         routes,
         services,
@@ -723,37 +800,30 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
         &tunnel_hosts,
         &mut out,
     );
-    if !inputs.gateway.is_empty() {
+    if let Some(prepared) = gateway {
         let tcp = TcpReservations {
             aliases: &aliases,
-            taken: &tcp_claims,
+            taken: &tcp_used,
         };
-        plan_http_routes(
-            &inputs.gateway,
-            services,
-            options,
-            &reservations,
-            &tcp,
-            &mut out,
-        );
+        plan_http_routes(prepared, services, options, &tcp, &mut out);
     }
     out
 }
 
 /// What TCP routes may use: the TCPEndpoints' aliases, less the endpoints
-/// tcp Tunnels publish.
+/// tcp Tunnels publish (by [`claims::tcp_key`]).
 struct TcpReservations<'a> {
     aliases: &'a AliasOwners,
-    taken: &'a BTreeMap<PortOrAlias, ObjectRef>,
+    taken: &'a BTreeMap<String, ObjectRef>,
 }
 
-/// HTTPRoutes on the hosts Tunnels and Ingresses left, TCPRoutes on the
-/// endpoints tcp Tunnels left (see [`httproute`], [`tcproute`]).
+/// HTTPRoutes on the hosts their namespace holds and no Tunnel or Ingress of
+/// it publishes, TCPRoutes on the endpoints their namespace holds and no tcp
+/// Tunnel uses (see [`httproute`], [`tcproute`]).
 fn plan_http_routes(
-    inputs: &httproute::GatewayInputs<'_>,
+    prepared: httproute::Prepared<'_>,
     services: &dyn ServiceLookup,
     options: &PlanOptions,
-    reservations: &HostReservations,
     tcp: &TcpReservations<'_>,
     out: &mut Plan,
 ) {
@@ -771,16 +841,16 @@ fn plan_http_routes(
         })
         .collect();
     let ctx = httproute::HostContext {
-        domains: &reservations.domains,
-        account: &reservations.account,
+        owners: &out.owners,
         taken: &taken,
         backends: options.backends,
         policy: options.policy,
         aliases: tcp.aliases,
         require_tcp_endpoint_objects: options.require_tcp_endpoint_objects,
         tcp_taken: tcp.taken,
+        tcp_owners: &out.tcp_owners,
     };
-    let outcome = httproute::plan_gateway_api(inputs, services, &ctx);
+    let outcome = httproute::finish(prepared, services, &ctx);
     for (object, reason, message) in outcome.tcp_refusals {
         out.refusals.push(Refusal::new(object, reason, message));
     }
@@ -1130,7 +1200,12 @@ spec:
                 "HostOwnedByOtherNamespace"
             )]
         );
-        assert!(p.refusals[0].message.contains("Ingress blog/site"), "{p:?}");
+        assert!(
+            p.refusals[0]
+                .message
+                .contains(r#"belongs to namespace "blog", whose claim is the oldest"#),
+            "{p:?}"
+        );
         assert!(p.tunnels.is_empty());
 
         // The older Tunnel keeps the host against a younger Ingress of another namespace.
@@ -1182,62 +1257,72 @@ metadata: {name: web, namespace: b}
 spec: {clusterIP: 10.0.2.4, ports: [{port: 80}]}
 ";
 
-    /// Issue 30, item 2: a host stays with the object that claimed it first
-    /// (its recorded claim, `k8s.tuna.am/hosts-claimed-at`), not with the oldest
+    /// A claim book holding `H` for `namespace`.
+    fn held(host: &str, namespace: &str) -> claims::ClaimBook {
+        let mut book = claims::ClaimBook::default();
+        book.hosts.insert(
+            host.into(),
+            claims::ClaimBook::held(namespace, 1_750_000_000),
+        );
+        book
+    }
+
+    /// Issue 30, item 2, and issue 37, items 1 and 2: a host stays with the
+    /// namespace the agent recorded as holding it, not with the oldest
     /// object: adding the host to an older Ingress or Tunnel of another
-    /// namespace does not move it, whatever the kinds.
+    /// namespace does not move it, whatever the kinds; a tenant's annotation
+    /// is not a record.
     #[test]
-    fn a_host_stays_with_its_first_claimant_not_the_oldest_object() {
+    fn a_host_stays_with_its_recorded_holder_not_the_oldest_object() {
         const H: &str = "shop.a.2na.am";
-        let record = |at: Option<&str>| match at {
-            Some(at) => {
-                format!(", annotations: {{k8s.tuna.am/hosts-claimed-at: '{{\"{H}\":\"{at}\"}}'}}")
-            }
-            None => String::new(),
-        };
-        let ingress = |ns: &str, created: &str, at: Option<&str>| {
+        let forged = format!(
+            ", annotations: {{k8s.tuna.am/hosts-claimed-at: '{{\"{H}\":\"2000-01-01T00:00:00Z\"}}'}}"
+        );
+        let ingress = |ns: &str, created: &str, extra: &str| {
             objects::<Ingress>(&format!(
                 "
-metadata: {{name: site, namespace: {ns}, creationTimestamp: '{created}'{}}}
+metadata: {{name: site, namespace: {ns}, creationTimestamp: '{created}'{extra}}}
 spec:
   ingressClassName: tuna
   rules:
   - host: {H}
     http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}]}}
-",
-                record(at)
+"
             ))
             .remove(0)
         };
-        let tunnel = |ns: &str, created: &str, at: Option<&str>| {
+        let tunnel = |ns: &str, created: &str| {
             objects::<Tunnel>(&format!(
-                "metadata: {{name: tun, namespace: {ns}, creationTimestamp: '{created}'{}}}\nspec: {{subdomain: shop, upstream: {{url: 'http://web:80'}}}}",
-                record(at)
+                "metadata: {{name: tun, namespace: {ns}, creationTimestamp: '{created}'}}\nspec: {{subdomain: shop, upstream: {{url: 'http://web:80'}}}}"
             ))
             .remove(0)
         };
         let mut options = PlanOptions::cluster("a.2na.am");
         options.account_hosts.insert(H.into());
-        let run = |ingresses: Vec<Arc<Ingress>>, tunnels: Vec<Arc<Tunnel>>| {
+        let run = |ingresses: Vec<Arc<Ingress>>,
+                   tunnels: Vec<Arc<Tunnel>>,
+                   book: Option<&claims::ClaimBook>| {
             let inputs = Inputs {
                 ingresses: &ingresses,
                 tunnels: &tunnels,
+                claims: book,
                 ..Inputs::default()
             };
             plan(&inputs, &services(WEB), &options)
         };
         let owner = |p: &Plan| p.hosts.get(H).map(|h| h.namespace.clone());
         let (y2023, y2025) = ("2023-01-01T00:00:00Z", "2025-01-01T00:00:00Z");
-        let served = Some("2025-06-01T00:00:00Z");
+        let b = held(H, "team-b");
 
-        // Ingress vs Ingress: team-b's 2025 Ingress serves H (recorded); team-a's
-        // 2023 Ingress adds H: team-b keeps it, team-a is refused.
+        // Ingress vs Ingress: team-b holds H; team-a's 2023 Ingress adds H
+        // (with a forged record): team-b keeps it, team-a is refused.
         let p = run(
             vec![
-                ingress("team-a", y2023, None),
-                ingress("team-b", y2025, served),
+                ingress("team-a", y2023, &forged),
+                ingress("team-b", y2025, ""),
             ],
             vec![],
+            Some(&b),
         );
         assert_eq!(owner(&p).as_deref(), Some("team-b"));
         assert_eq!(
@@ -1247,23 +1332,26 @@ spec:
                 "HostOwnedByOtherNamespace"
             )]
         );
-        // Both recorded: the earlier claim, not the older object.
+        assert_eq!(p.owners[H].held, claims::Held::Recorded(1_750_000_000));
+        // The forged annotation alone, nothing recorded: the older object.
         let p = run(
             vec![
-                ingress("team-a", y2023, Some("2025-07-01T00:00:00Z")),
-                ingress("team-b", y2025, served),
+                ingress("team-a", y2025, &forged),
+                ingress("team-b", y2023, ""),
             ],
             vec![],
+            None,
         );
         assert_eq!(owner(&p).as_deref(), Some("team-b"));
-        // The claim dropped (team-b's Ingress deleted): the host is free.
-        let p = run(vec![ingress("team-a", y2023, None)], vec![]);
+        // The holder's objects gone: the record is void, the host is free.
+        let p = run(vec![ingress("team-a", y2023, "")], vec![], Some(&b));
         assert_eq!(owner(&p).as_deref(), Some("team-a"));
 
         // An older Tunnel of team-a taking the subdomain of team-b's Ingress.
         let p = run(
-            vec![ingress("team-b", y2025, served)],
-            vec![tunnel("team-a", y2023, None)],
+            vec![ingress("team-b", y2025, "")],
+            vec![tunnel("team-a", y2023)],
+            Some(&b),
         );
         assert_eq!(owner(&p).as_deref(), Some("team-b"));
         assert_eq!(
@@ -1272,8 +1360,9 @@ spec:
         );
         // An older Ingress of team-a adding the host of team-b's Tunnel.
         let p = run(
-            vec![ingress("team-a", y2023, None)],
-            vec![tunnel("team-b", y2025, served)],
+            vec![ingress("team-a", y2023, "")],
+            vec![tunnel("team-b", y2025)],
+            Some(&b),
         );
         assert_eq!(owner(&p).as_deref(), Some("team-b"));
         assert_eq!(
@@ -1286,70 +1375,68 @@ spec:
         // An older Tunnel of team-a switching to the subdomain of team-b's Tunnel.
         let p = run(
             vec![],
-            vec![
-                tunnel("team-a", y2023, None),
-                tunnel("team-b", y2025, served),
-            ],
+            vec![tunnel("team-a", y2023), tunnel("team-b", y2025)],
+            Some(&b),
         );
         assert_eq!(owner(&p).as_deref(), Some("team-b"));
         assert_eq!(
             reasons(&p),
-            vec![("Tunnel team-a/tun".to_owned(), "HostConflict")]
+            vec![("Tunnel team-a/tun".to_owned(), "HostOwnedByOtherNamespace")]
         );
+        // Issue 37, item 1(d): team-b's Ingress does not serve right now (its
+        // Service is gone for a redeploy); it still names the host, so
+        // team-a's older Tunnel does not get it.
+        let p = plan(
+            &Inputs {
+                ingresses: &[ingress("team-b", y2025, "")],
+                tunnels: &[tunnel("team-a", y2023)],
+                claims: Some(&b),
+                ..Inputs::default()
+            },
+            &services(
+                "metadata: {name: web, namespace: team-a}\nspec: {clusterIP: 10.0.2.1, ports: [{port: 80}]}",
+            ),
+            &options,
+        );
+        assert!(!p.hosts.contains_key(H), "{:?}", p.hosts.keys());
+        assert!(p.tunnels.is_empty(), "{:?}", reasons(&p));
+        assert_eq!(p.owners[H].namespace, "team-b");
 
         // First claims in one plan (nothing recorded, e.g. at an upgrade): the
         // older object, then namespace and name.
         let p = run(
-            vec![
-                ingress("team-a", y2025, None),
-                ingress("team-b", y2023, None),
-            ],
+            vec![ingress("team-a", y2025, ""), ingress("team-b", y2023, "")],
             vec![],
+            None,
         );
         assert_eq!(owner(&p).as_deref(), Some("team-b"));
         let p = run(
-            vec![
-                ingress("team-b", y2023, None),
-                ingress("team-a", y2023, None),
-            ],
+            vec![ingress("team-b", y2023, ""), ingress("team-a", y2023, "")],
             vec![],
+            None,
         );
         assert_eq!(owner(&p).as_deref(), Some("team-a"));
         let p = run(
-            vec![ingress("team-b", y2023, None)],
-            vec![tunnel("team-a", y2023, None)],
+            vec![ingress("team-b", y2023, "")],
+            vec![tunnel("team-a", y2023)],
+            None,
         );
         assert_eq!(owner(&p).as_deref(), Some("team-a"));
     }
 
     /// The rule as a property, over every combination of two claimants of
-    /// one host in two namespaces (kinds, ages, records): a recorded holder
-    /// keeps the host against any claim that is not recorded earlier; otherwise
-    /// the order is recorded time, else age, then namespace.
+    /// one host in two namespaces (kinds, ages, the recorded holder): a
+    /// recorded holder keeps the host against any claim; otherwise the older
+    /// object, then the namespace. The loser is always refused.
     #[test]
     fn a_recorded_holder_is_never_displaced_by_a_later_claim() {
         const H: &str = "shop.a.2na.am";
-        let times = [
-            None,
-            Some("2023-01-01T00:00:00Z"),
-            Some("2025-01-01T00:00:00Z"),
-            Some("2026-01-01T00:00:00Z"),
-        ];
         let created = ["2023-01-01T00:00:00Z", "2025-01-01T00:00:00Z"];
-        let meta = |ns: &str, c: &str, at: Option<&str>| {
-            let mut m = ObjectMeta {
-                name: Some("x".into()),
-                namespace: Some(ns.into()),
-                creation_timestamp: Some(serde_json::from_value(serde_json::json!(c)).unwrap()),
-                ..ObjectMeta::default()
-            };
-            if let Some(at) = at {
-                m.annotations = Some(BTreeMap::from([(
-                    ingress::HOSTS_CLAIMED_AT.to_owned(),
-                    serde_json::json!({ H: at }).to_string(),
-                )]));
-            }
-            m
+        let meta = |ns: &str, c: &str| ObjectMeta {
+            name: Some("x".into()),
+            namespace: Some(ns.into()),
+            creation_timestamp: Some(serde_json::from_value(serde_json::json!(c)).unwrap()),
+            ..ObjectMeta::default()
         };
         let mut options = PlanOptions::cluster("a.2na.am");
         options.account_hosts.insert(H.into());
@@ -1358,16 +1445,15 @@ spec:
         let mut cases = 0;
         for a_is_tunnel in [false, true] {
             for b_is_tunnel in [false, true] {
-                for (a_at, b_at) in times.iter().flat_map(|a| times.iter().map(move |b| (a, b))) {
+                for holder in [None, Some("a"), Some("b")] {
                     for (a_c, b_c) in created
                         .iter()
                         .flat_map(|a| created.iter().map(move |b| (a, b)))
                     {
                         let (mut ingresses, mut tunnels) = (Vec::new(), Vec::new());
-                        for (ns, is_tunnel, c, at) in
-                            [("a", a_is_tunnel, a_c, a_at), ("b", b_is_tunnel, b_c, b_at)]
+                        for (ns, is_tunnel, c) in [("a", a_is_tunnel, a_c), ("b", b_is_tunnel, b_c)]
                         {
-                            let m = meta(ns, c, *at);
+                            let m = meta(ns, c);
                             if is_tunnel {
                                 let mut t: Tunnel = serde_json::from_value(serde_json::json!({
                                     "metadata": {},
@@ -1385,40 +1471,26 @@ spec:
                                 ingresses.push(Arc::new(i));
                             }
                         }
+                        let book = holder.map(|ns| held(H, ns));
                         let inputs = Inputs {
                             ingresses: &ingresses,
                             tunnels: &tunnels,
+                            claims: book.as_ref(),
                             ..Inputs::default()
                         };
                         let p = plan(&inputs, &services(WEB), &options);
                         let owner = p.hosts.get(H).map(|h| h.namespace.as_str());
-                        let key = |at: &Option<&str>, c: &str| {
-                            let secs = |s: &str| {
-                                s.parse::<k8s_openapi::jiff::Timestamp>()
-                                    .unwrap()
-                                    .as_second()
-                            };
-                            (at.is_none(), at.map_or(secs(c), secs))
-                        };
-                        let expected = if key(a_at, a_c) <= key(b_at, b_c) {
-                            "a"
-                        } else {
-                            "b"
-                        };
+                        let expected = holder.unwrap_or(if a_c <= b_c { "a" } else { "b" });
                         assert_eq!(
                             owner,
                             Some(expected),
-                            "a: tunnel={a_is_tunnel} created={a_c} recorded={a_at:?}; b: tunnel={b_is_tunnel} created={b_c} recorded={b_at:?}; {:?}",
+                            "a: tunnel={a_is_tunnel} created={a_c}; b: tunnel={b_is_tunnel} created={b_c}; holder {holder:?}; {:?}",
                             reasons(&p)
                         );
-                        // The property: a recorded holder is never displaced by
-                        // an unrecorded (new) claim, however old its object.
-                        if b_at.is_some() && a_at.is_none() {
-                            assert_eq!(owner, Some("b"));
-                        }
                         let loser = if expected == "a" { "b" } else { "a" };
                         assert!(
-                            p.refusals.iter().any(|r| r.object.namespace == loser),
+                            p.refusals.iter().any(|r| r.object.namespace == loser
+                                && r.reason.as_str() == "HostOwnedByOtherNamespace"),
                             "{:?}",
                             reasons(&p)
                         );
@@ -1427,7 +1499,153 @@ spec:
                 }
             }
         }
-        assert_eq!(cases, 4 * 16 * 4);
+        assert_eq!(cases, 4 * 3 * 4);
+    }
+
+    /// Issue 37, item 3: a TCP endpoint belongs to one namespace whether it
+    /// is named by alias, by port number, by the same digits as a string or
+    /// by a Gateway TCP listener's name; an alias no TCPEndpoint declares is
+    /// held like a host (recorded, not by age).
+    #[test]
+    fn a_tcp_endpoint_is_taken_by_no_name_of_it() {
+        let endpoints = objects::<TcpEndpoint>(
+            "
+metadata: {name: pg, namespace: team-b, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec: {alias: pg}
+status: {port: 30001}
+",
+        );
+        let tunnel = |ns: &str, name: &str, created: &str, poa: &str| {
+            format!(
+                "metadata: {{name: {name}, namespace: {ns}, creationTimestamp: '{created}'}}\nspec: {{protocol: tcp, portOrAlias: {poa}, upstream: {{url: 'tcp://web:80'}}}}"
+            )
+        };
+        let (old, new) = ("2025-01-01T00:00:00Z", "2026-02-01T00:00:00Z");
+        let classes = objects::<tuna_crds::gateway::GatewayClass>(
+            "metadata: {name: tuna}\nspec: {controllerName: k8s.tuna.am/gateway-controller}",
+        );
+        let gateways = objects::<tuna_crds::gateway::Gateway>(&format!(
+            "
+metadata: {{name: grab, namespace: team-a, creationTimestamp: '{old}'}}
+spec:
+  gatewayClassName: tuna
+  listeners: [{{name: '30001', protocol: TCP, port: 5432}}]
+"
+        ));
+        let mut b_holds_mqtt = claims::ClaimBook::default();
+        b_holds_mqtt.tcp.insert(
+            "mqtt".into(),
+            claims::ClaimBook::held("team-b", 1_767_300_000),
+        );
+        let mut b_holds_port = claims::ClaimBook::default();
+        b_holds_port.tcp.insert(
+            "30002".into(),
+            claims::ClaimBook::held("team-b", 1_767_300_000),
+        );
+        // (case, tunnels, with the Gateway, book, the key, the refused team-a object)
+        #[allow(clippy::type_complexity)]
+        let cases: Vec<(&str, String, bool, Option<&claims::ClaimBook>, &str, &str)> = vec![
+            (
+                "the port of team-b's TCPEndpoint, as a number",
+                [
+                    tunnel("team-b", "db", new, "pg"),
+                    tunnel("team-a", "grab", old, "30001"),
+                ]
+                .join("\n---\n"),
+                false,
+                None,
+                "30001",
+                "Tunnel team-a/grab",
+            ),
+            (
+                "the same port as a string",
+                [
+                    tunnel("team-b", "db", new, "pg"),
+                    tunnel("team-a", "grab", old, "'30001'"),
+                ]
+                .join("\n---\n"),
+                false,
+                None,
+                "30001",
+                "Tunnel team-a/grab",
+            ),
+            (
+                "a Gateway TCP listener named with its digits",
+                tunnel("team-b", "db", new, "pg"),
+                true,
+                None,
+                "30001",
+                "Gateway team-a/grab",
+            ),
+            (
+                "int against string, the holder recorded",
+                [
+                    tunnel("team-b", "db", new, "30002"),
+                    tunnel("team-a", "grab", old, "'30002'"),
+                ]
+                .join("\n---\n"),
+                false,
+                Some(&b_holds_port),
+                "30002",
+                "Tunnel team-a/grab",
+            ),
+            (
+                "an undeclared alias held by team-b, an older Tunnel edited to it (T2)",
+                [
+                    tunnel("team-b", "db", new, "mqtt"),
+                    tunnel("team-a", "grab", old, "mqtt"),
+                ]
+                .join("\n---\n"),
+                false,
+                Some(&b_holds_mqtt),
+                "mqtt",
+                "Tunnel team-a/grab",
+            ),
+        ];
+        for (case, tunnels, with_gateway, book, key, refused) in cases {
+            let tunnels = objects::<Tunnel>(&tunnels);
+            let gateway = if with_gateway {
+                httproute::GatewayInputs {
+                    classes: &classes,
+                    gateways: &gateways,
+                    ..Default::default()
+                }
+            } else {
+                Default::default()
+            };
+            let inputs = Inputs {
+                tunnels: &tunnels,
+                tcp_endpoints: &endpoints,
+                gateway,
+                claims: book,
+                ..Inputs::default()
+            };
+            let svc = services(WEB);
+            let p = plan(&inputs, &svc, &PlanOptions::cluster("a.2na.am"));
+            assert_eq!(p.tcp_owners[key].namespace, "team-b", "{case}");
+            assert!(
+                p.tcp.keys().all(|o| o.namespace == "team-b"),
+                "{case}: {:?}",
+                p.tcp
+            );
+            if with_gateway {
+                let listener = &p.gateway.gateways[0].listeners[0];
+                assert!(
+                    !listener.conditions[0].status
+                        && listener.conditions[0]
+                            .message
+                            .contains("belongs to namespace \"team-b\""),
+                    "{case}: {listener:?}"
+                );
+            } else {
+                assert!(
+                    reasons(&p).contains(&(refused.to_owned(), "TcpEndpointOwnedByOtherNamespace")),
+                    "{case}: {:?}",
+                    reasons(&p)
+                );
+                assert!(p.tcp.keys().any(|o| o.namespace == "team-b"), "{case}");
+            }
+        }
     }
 
     /// The table of refusals for Ingresses: every cross-kind rule, each named

@@ -54,6 +54,9 @@ pub struct DesiredTcpEndpoint {
     pub reclaim_policy: ReclaimPolicy,
     /// Creation time in seconds, `i64::MAX` when unknown.
     pub created: i64,
+    /// The port the edge reserved for it (`status.port`), once known: that
+    /// port number belongs to the TCPEndpoint's namespace as its alias does.
+    pub port: Option<u16>,
 }
 
 /// Translates one TCPEndpoint.
@@ -61,6 +64,14 @@ pub fn desired_tcp_endpoint(
     endpoint: &TcpEndpoint,
 ) -> Result<DesiredTcpEndpoint, TcpEndpointError> {
     let alias = &endpoint.spec.alias;
+    if !alias.is_empty() && alias.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(TcpEndpointError {
+            reason: TcpEndpointReason::InvalidAlias,
+            message: format!(
+                "alias {alias:?} is all digits, which everywhere means a port number: give it a name with a letter"
+            ),
+        });
+    }
     if !is_dns_label(alias) {
         return Err(TcpEndpointError {
             reason: TcpEndpointReason::InvalidAlias,
@@ -83,6 +94,12 @@ pub fn desired_tcp_endpoint(
             .creation_timestamp
             .as_ref()
             .map_or(i64::MAX, |t| t.0.as_second()),
+        port: endpoint
+            .status
+            .as_ref()
+            .and_then(|s| s.port)
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0),
     })
 }
 

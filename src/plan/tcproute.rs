@@ -28,6 +28,7 @@ use tuna_crds::gateway::httproutes::{
 use tuna_crds::gateway::tcproutes::{TcpRouteParentRefs, TcpRouteRulesBackendRefs};
 use tuna_crds::gateway::{Gateway, ReferenceGrant};
 
+use super::claims::tcp_key;
 use super::gateway::{attach, refers_to};
 use super::httproute::{
     Cond, GatewayInputs, GatewayOutcome, HostContext, ParentStatus, RouteStatus, action_of,
@@ -82,13 +83,16 @@ pub(crate) fn reserve_listeners(
         let m = &gateways[i].metadata;
         (created(m), m.namespace.clone(), m.name.clone())
     });
-    let mut used: BTreeMap<&str, ObjectRef> = BTreeMap::new();
+    let mut used: BTreeMap<String, ObjectRef> = BTreeMap::new();
     let mut out = BTreeMap::new();
     for gi in order {
         let g = gateways[gi];
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         for l in g.spec.listeners.iter().filter(|l| l.protocol == "TCP") {
             let alias = l.name.as_str();
+            // An all-digit name is a port, as everywhere (one key).
+            let key = tcp_key(alias);
+            let endpoint = PortOrAlias::parse(alias);
             let verdict = if let Some(e) = ctx.aliases.get(alias)
                 && e.namespace != object.namespace
             {
@@ -99,7 +103,21 @@ pub(crate) fn reserve_listeners(
                         e.namespace, e.name, object.namespace
                     ),
                 })
-            } else if ctx.aliases.get(alias).is_none() && ctx.require_tcp_endpoint_objects {
+            } else if let Some(holder) = ctx.tcp_owners.get(&key)
+                && holder.namespace != object.namespace
+            {
+                Err(Unavailable {
+                    reason: Reason::Tunnel(TunnelReason::TcpEndpointOwnedByOtherNamespace),
+                    message: format!(
+                        "{endpoint} belongs to namespace {:?}, {}",
+                        holder.namespace,
+                        holder.why()
+                    ),
+                })
+            } else if matches!(endpoint, PortOrAlias::Alias(_))
+                && ctx.aliases.get(alias).is_none()
+                && ctx.require_tcp_endpoint_objects
+            {
                 Err(Unavailable {
                     reason: Reason::TcpEndpointNotFound,
                     message: format!(
@@ -107,20 +125,18 @@ pub(crate) fn reserve_listeners(
                         object.namespace
                     ),
                 })
-            } else if let Some(t) = ctx.tcp_taken.get(&PortOrAlias::Alias(alias.to_owned())) {
+            } else if let Some(t) = ctx.tcp_taken.get(&key) {
                 Err(Unavailable {
                     reason: Reason::TcpEndpointInUse,
-                    message: format!("alias {alias} is published by {t}, which keeps it"),
+                    message: format!("{endpoint} is published by {t}, which keeps it"),
                 })
-            } else if let Some(first) = used.get(alias) {
+            } else if let Some(first) = used.get(&key) {
                 Err(Unavailable {
                     reason: Reason::TcpEndpointInUse,
-                    message: format!(
-                        "alias {alias} is used by a listener of {first}, which is older"
-                    ),
+                    message: format!("{endpoint} is used by a listener of {first}, which is older"),
                 })
             } else {
-                used.insert(alias, object.clone());
+                used.insert(key, object.clone());
                 Ok(())
             };
             out.insert((gi, l.name.clone()), verdict);
@@ -307,7 +323,7 @@ pub(crate) fn plan_tcp_routes(
                 out.tcp.insert(
                     object,
                     TcpPlan {
-                        endpoint: PortOrAlias::Alias(alias.clone()),
+                        endpoint: PortOrAlias::parse(alias),
                         upstream,
                     },
                 );

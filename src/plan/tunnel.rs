@@ -35,6 +35,26 @@ pub enum PortOrAlias {
     Alias(String),
 }
 
+impl PortOrAlias {
+    /// A port number when `s` is all digits and a port (however written:
+    /// `30001`, `"30001"`, a listener named `30001`), else an alias.
+    pub fn parse(s: &str) -> Self {
+        match s.parse::<u16>() {
+            Ok(p) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => Self::Port(p),
+            _ => Self::Alias(s.to_owned()),
+        }
+    }
+
+    /// The key of the endpoint in host and port ownership
+    /// ([`super::claims::tcp_key`]): the port in decimal, or the alias.
+    pub fn key(&self) -> String {
+        match self {
+            Self::Port(p) => p.to_string(),
+            Self::Alias(a) => a.clone(),
+        }
+    }
+}
+
 impl fmt::Display for PortOrAlias {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -354,6 +374,7 @@ mod tests {
             alias: alias.into(),
             reclaim_policy: ReclaimPolicy::Delete,
             created: 0,
+            port: None,
         };
         AliasOwners::new(&[e("shop", "pg"), e("other", "redis")]).0
     }
