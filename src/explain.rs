@@ -505,6 +505,9 @@ pub struct Snapshot {
     pub grants: Vec<Arc<ReferenceGrant>>,
     /// Namespaces (their labels, for listeners' namespace selectors).
     pub namespaces: Vec<Arc<Namespace>>,
+    /// The agent's claim book (a cluster: the ConfigMap labelled
+    /// [`crate::plan::claims::BOOK_LABEL`], when it can be read).
+    pub claims: Option<crate::plan::claims::ClaimBook>,
 }
 
 impl Snapshot {
@@ -631,6 +634,7 @@ async fn read_snapshot(class: &str) -> crate::Result<Snapshot> {
         }
     }
     let gateway = read_gateway_api(&client).await?;
+    let claims = read_claim_book(&client).await;
     let mut known: std::collections::BTreeSet<(String, String)> = services
         .iter()
         .map(|s: &ServiceInfo| (s.namespace.clone(), s.name.clone()))
@@ -668,8 +672,29 @@ async fn read_snapshot(class: &str) -> crate::Result<Snapshot> {
         services: Some(ServiceIndex::new(services)),
         classes: options.also,
         is_default_class: options.is_default_class,
+        claims,
         ..gateway
     })
+}
+
+/// The agent's claim book, found by its label in any namespace; `None`
+/// (with a warning: ownership is then decided as on a first start) when it
+/// cannot be listed or there is none.
+async fn read_claim_book(client: &kube::Client) -> Option<crate::plan::claims::ClaimBook> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let lp = ListParams::default().labels(&format!("{}=true", crate::plan::claims::BOOK_LABEL));
+    match Api::<ConfigMap>::all(client.clone()).list(&lp).await {
+        Ok(list) => {
+            let cm = list.items.into_iter().next()?;
+            Some(crate::plan::claims::ClaimBook::from_data(
+                &cm.data.unwrap_or_default(),
+            ))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the agent's claim book: hosts are explained as if nothing were recorded");
+            None
+        }
+    }
 }
 
 /// Lists the Gateway API objects (none when the CRDs are not installed)
@@ -767,6 +792,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
             grants: &snapshot.grants,
             namespaces: &snapshot.namespaces,
         },
+        claims: snapshot.claims.as_ref(),
     };
     let plan = plan(&inputs, services, &options);
     let mut specs: Vec<HostRoute> = plan

@@ -54,10 +54,7 @@ impl ClaimStore {
 
     /// Loads the book once (`legacy` gives the annotations' records when
     /// the ConfigMap does not exist yet). Returns it.
-    pub async fn load(
-        &self,
-        legacy: impl FnOnce() -> ClaimBook,
-    ) -> Result<ClaimBook, kube::Error> {
+    pub async fn load(&self, legacy: impl FnOnce() -> ClaimBook) -> Result<ClaimBook, kube::Error> {
         if let Some(book) = self.book.lock().expect("claim book").clone() {
             return Ok(book);
         }
@@ -98,14 +95,32 @@ impl ClaimStore {
     ) -> Result<(), kube::Error> {
         let _guard = self.write.lock().await;
         let now = k8s_openapi::jiff::Timestamp::now().as_second();
-        let next = {
+        let (before, next) = {
             let mut slot = self.book.lock().expect("claim book");
             let book = slot.get_or_insert_with(ClaimBook::default);
+            let before = book.clone();
             if !book.absorb(hosts, &plan.owners, tcp, &plan.tcp_owners, now) {
                 return Ok(());
             }
-            book.clone()
+            (before, book.clone())
         };
+        for (what, old, new) in [
+            ("host", &before.hosts, &next.hosts),
+            ("TCP endpoint", &before.tcp, &next.tcp),
+        ] {
+            for key in old.keys().chain(new.keys()).collect::<BTreeSet<_>>() {
+                match (old.get(key), new.get(key)) {
+                    (a, b) if a == b => {}
+                    (_, Some(r)) => {
+                        tracing::info!(%key, namespace = %r.namespace, "{what} recorded as held by its namespace")
+                    }
+                    (Some(r), None) => {
+                        tracing::info!(%key, namespace = %r.namespace, "{what} no longer recorded: nobody of its namespace claims it, or a reservation decides it")
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
         self.persist(&next).await
     }
 
@@ -140,7 +155,11 @@ impl ClaimStore {
 /// The holders earlier agents recorded in the annotations of Ingresses and
 /// Tunnels (pure): per host, the namespace of the earliest record among
 /// the objects that still name the host.
-pub fn legacy_book(ingresses: &[std::sync::Arc<Ingress>], tunnels: &[std::sync::Arc<Tunnel>], base_domain: &str) -> ClaimBook {
+pub fn legacy_book(
+    ingresses: &[std::sync::Arc<Ingress>],
+    tunnels: &[std::sync::Arc<Tunnel>],
+    base_domain: &str,
+) -> ClaimBook {
     let mut book = ClaimBook::default();
     let mut note = |meta: &ObjectMeta, named: BTreeSet<String>| {
         let ns = meta.namespace.as_deref().unwrap_or("default");
@@ -158,7 +177,10 @@ pub fn legacy_book(ingresses: &[std::sync::Arc<Ingress>], tunnels: &[std::sync::
         note(&i.metadata, rule_hosts(i));
     }
     for t in tunnels {
-        note(&t.metadata, tunnel_host(t, base_domain).into_iter().collect());
+        note(
+            &t.metadata,
+            tunnel_host(t, base_domain).into_iter().collect(),
+        );
     }
     book
 }

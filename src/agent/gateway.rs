@@ -497,25 +497,21 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
     // tcp Tunnels on the aliases TCP listeners name: they keep them (their
     // Services are read so that the plan sees them as it does in their
     // reconciler).
-    let listener_aliases: BTreeSet<&str> = gateway
+    // By one key: a listener named `30001` and `portOrAlias: 30001` are
+    // the same port (issue 37, item 3).
+    let listener_keys: BTreeSet<String> = gateway
         .gateways
         .iter()
         .flat_map(|g| &g.spec.listeners)
         .filter(|l| l.protocol == "TCP")
-        .map(|l| l.name.as_str())
+        .map(|l| crate::plan::claims::tcp_key(&l.name))
         .collect();
     let tcp_tunnels: Vec<_> = state
         .stores
         .tunnels
         .state()
         .into_iter()
-        .filter(|t| {
-            matches!(
-                &t.spec.port_or_alias,
-                Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(a))
-                    if listener_aliases.contains(a.as_str())
-            )
-        })
+        .filter(|t| crate::plan::tunnel_tcp_key(t).is_some_and(|k| listener_keys.contains(&k)))
         .collect();
     let services: BTreeSet<(String, String)> = gateway
         .routes
@@ -584,6 +580,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .chain(tcp_tunnels)
         .collect();
     let tcp_endpoints = state.stores.tcp_endpoints.state();
+    let book = state.claim_book().await?;
     let plan = plan(
         &Inputs {
             ingresses: &ingresses,
@@ -591,10 +588,17 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
             domains: &domains,
             tcp_endpoints: &tcp_endpoints,
             gateway: all,
+            claims: Some(&book),
         },
         &state.services.snapshot(),
         &options,
     );
+    // Every claimant of these hosts and TCP endpoints was in view: their
+    // holders are recorded before anything is published.
+    state
+        .claim_store
+        .absorb(&plan, &hosts, &listener_keys)
+        .await?;
     // The hosts HTTPRoutes publish, and those nothing publishes any more;
     // a Tunnel's or an Ingress's host is their reconciler's.
     let ours: BTreeSet<String> = hosts

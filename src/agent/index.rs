@@ -12,7 +12,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tuna_crds::{Tunnel, TunnelProtocol};
@@ -22,22 +21,17 @@ use tuna_crds::{Tunnel, TunnelProtocol};
 enum Claim {
     /// An http Tunnel's subdomain (none: the Tunnel is refused for it).
     Http(Option<String>),
-    /// A tcp Tunnel's port (a number) or alias (a name), as written: a port
-    /// number and the same digits as a string are different claims.
-    TcpPort(Option<i32>),
-    /// See [`Claim::TcpPort`].
-    TcpAlias(String),
+    /// A tcp Tunnel's TCP endpoint by its one key
+    /// ([`crate::plan::claims::tcp_key`]): `portOrAlias: 30001` and
+    /// `"30001"` are the same port, so the same claim (none: refused).
+    Tcp(Option<String>),
 }
 
 impl Claim {
     fn of(tunnel: &Tunnel) -> Self {
         match tunnel.spec.protocol {
             TunnelProtocol::Http => Self::Http(tunnel.spec.subdomain.clone()),
-            TunnelProtocol::Tcp => match &tunnel.spec.port_or_alias {
-                None => Self::TcpPort(None),
-                Some(IntOrString::Int(port)) => Self::TcpPort(Some(*port)),
-                Some(IntOrString::String(alias)) => Self::TcpAlias(alias.clone()),
-            },
+            TunnelProtocol::Tcp => Self::Tcp(crate::plan::tunnel_tcp_key(tunnel)),
         }
     }
 }
@@ -215,11 +209,15 @@ mod tests {
         assert_eq!(both.competitors(&tunnel("x", "y", WEB)), ["a/one", "b/two"]);
         assert_eq!(both.competitors(&tunnel("x", "y", API)), ["a/api"]);
         assert_eq!(both.competitors(&tunnel("x", "y", PG)), ["a/pg", "b/pg"]);
-        // Int and string are different claims, as the spec comparison had it.
-        assert_eq!(both.competitors(&tunnel("x", "y", PORT)), ["a/port"]);
+        // An int and the same digits as a string are one port (issue 37,
+        // item 3): one claim, so each sees the other.
+        assert_eq!(
+            both.competitors(&tunnel("x", "y", PORT)),
+            ["a/port", "a/port-str"]
+        );
         assert_eq!(
             both.competitors(&tunnel("x", "y", PORT_STR)),
-            ["a/port-str"]
+            ["a/port", "a/port-str"]
         );
     }
 

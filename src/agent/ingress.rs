@@ -36,12 +36,10 @@ use super::gateway::{GatewaySnapshot, backend_services};
 use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
 use crate::Error;
 use crate::edge::publisher::{RouteBackend, Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::plan::ingress::{
-    SkipReason, TranslateOptions, next_claims, recorded_claims, rule_hosts, service_names,
-};
+use crate::plan::ingress::{SkipReason, TranslateOptions, rule_hosts, service_names};
 use crate::plan::{HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
-use crate::reconcile::{apply_status, record_claims, resync};
+use crate::reconcile::{apply_status, resync};
 use tuna_routing::Matcher;
 
 /// The host a Domain reserves, given the base domain.
@@ -103,6 +101,7 @@ pub fn plan_hosts(
         domains: &domains,
         tcp_endpoints: &[],
         gateway: objects.gateway,
+        claims: objects.claims,
     };
     plan(&inputs, services, options)
 }
@@ -215,6 +214,7 @@ async fn apply_hosts(
         state.services.ensure(&namespace, &name).await?;
     }
     let (tunnels, domains) = (state.stores.tunnels.state(), state.stores.domains.state());
+    let book = state.claim_book().await?;
     let plan = plan_hosts(
         hosts,
         me,
@@ -224,10 +224,17 @@ async fn apply_hosts(
             domains: &domains,
             tcp_endpoints: &[],
             gateway: gateway.inputs(&routes),
+            claims: Some(&book),
         },
         &state.services.snapshot(),
         options,
     );
+    // Every claimant of `hosts` was in view: their holders are recorded
+    // before anything is published.
+    state
+        .claim_store
+        .absorb(&plan, hosts, &BTreeSet::new())
+        .await?;
     publish_hosts(state, hosts, &plan, me).await;
     Ok(plan)
 }
@@ -409,11 +416,6 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
         .lock()
         .expect("claims")
         .set_hosts(&me, now.clone());
-    // The hosts it holds (issue 30, item 2): recorded when first served,
-    // kept while named and not lost, dropped otherwise (which frees them).
-    let api: Api<Ingress> = Api::namespaced(ctx.client.clone(), namespace);
-    let claims = held_claims(ingress, &me, &plan, &now);
-    record_claims(&api, ingress, &claims).await?;
     if !ours {
         // Another controller's Ingress: nothing to report.
         return Ok(Action::await_change());
@@ -422,51 +424,6 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
     // `TunnelStopped` is reported once.
     report(state, ingress, &me, &plan, &affected).await?;
     Ok(resync(ctx.resync_interval))
-}
-
-/// The next record of the hosts `ingress` claims (`named`, empty when it is
-/// not ours), given the plan of those hosts (pure): a host another namespace
-/// publishes, or refused to it as another namespace's (or a Tunnel's, or not
-/// reserved), is lost; a host it publishes is won; the others keep their
-/// record (a broken backend, or a sibling Ingress of its namespace serving).
-pub fn held_claims(
-    ingress: &Ingress,
-    me: &ObjectRef,
-    plan: &Plan,
-    named: &BTreeSet<String>,
-) -> BTreeMap<String, i64> {
-    let rules = ingress.spec.as_ref().and_then(|s| s.rules.as_ref());
-    let lost_by_refusal: BTreeSet<String> = plan
-        .refusals_of(me)
-        .filter(|r| {
-            matches!(
-                r.reason,
-                Reason::HostOwnedByOtherNamespace
-                    | Reason::HostNotReserved
-                    | Reason::HostUsedByTunnel
-                    | Reason::Ingress(SkipReason::HostOwnedByOtherNamespace)
-            )
-        })
-        .filter_map(|r| rules?.get(r.rule?)?.host.as_deref())
-        .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
-        .collect();
-    let kept: BTreeSet<String> = named
-        .iter()
-        .filter(|h| !lost_by_refusal.contains(*h))
-        .filter(|h| {
-            plan.hosts
-                .get(*h)
-                .is_none_or(|p| p.namespace == me.namespace)
-        })
-        .cloned()
-        .collect();
-    let won: BTreeSet<String> = plan.hosts_of(me).into_iter().collect();
-    next_claims(
-        &recorded_claims(&ingress.metadata),
-        &kept,
-        &won,
-        k8s_openapi::jiff::Timestamp::now().as_second(),
-    )
 }
 
 /// Events and `status.loadBalancer` of one Ingress.
@@ -681,73 +638,6 @@ mod tests {
             .filter(|d| !d.trim().is_empty())
             .map(|d| Arc::new(serde_saphyr::from_str::<K>(d).expect("test manifest")))
             .collect()
-    }
-
-    /// Issue 30, item 2: what each Ingress records after a plan. The holder
-    /// keeps its recorded time, a new host it wins is recorded now, and the
-    /// older Ingress of another namespace that added the host records nothing
-    /// for it (and drops a host it no longer names).
-    #[test]
-    fn held_claims_keep_won_and_drop_hosts() {
-        let ingresses = objects::<Ingress>(
-            r#"metadata:
-  name: site
-  namespace: team-b
-  creationTimestamp: '2025-01-01T00:00:00Z'
-  annotations: {k8s.tuna.am/hosts-claimed-at: '{"shop.a.2na.am":"2025-06-01T00:00:00Z"}'}
-spec:
-  ingressClassName: tuna
-  rules:
-  - host: shop.a.2na.am
-    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
-  - host: new.a.2na.am
-    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
----
-metadata:
-  name: old
-  namespace: team-a
-  creationTimestamp: '2023-01-01T00:00:00Z'
-  annotations: {k8s.tuna.am/hosts-claimed-at: '{"gone.a.2na.am":"2024-01-01T00:00:00Z"}'}
-spec:
-  ingressClassName: tuna
-  rules:
-  - host: shop.a.2na.am
-    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}"#,
-        );
-        let services = ServiceIndex::new(
-            objects::<k8s_openapi::api::core::v1::Service>(
-                "metadata: {name: web, namespace: team-a}
-spec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}
----
-metadata: {name: web, namespace: team-b}
-spec: {clusterIP: 10.0.0.2, ports: [{port: 80}]}",
-            )
-            .iter()
-            .map(|s| ServiceInfo::from_service(s)),
-        );
-        let mut options = PlanOptions::cluster("a.2na.am");
-        options.account_hosts = ["shop.a.2na.am", "new.a.2na.am"].map(String::from).into();
-        let hosts: BTreeSet<String> = ingresses.iter().flat_map(|i| rule_hosts(i)).collect();
-        let plan = plan_hosts(
-            &hosts,
-            None,
-            Inputs {
-                ingresses: &ingresses,
-                ..Default::default()
-            },
-            &services,
-            &options,
-        );
-        let (site, old) = (&ingresses[0], &ingresses[1]);
-        let held = |i: &Ingress| {
-            let me = ObjectRef::of(Kind::Ingress, &i.metadata);
-            held_claims(i, &me, &plan, &rule_hosts(i))
-        };
-        let site_claims = held(site);
-        assert_eq!(site_claims["shop.a.2na.am"], 1_748_736_000);
-        assert!(site_claims["new.a.2na.am"] > 1_748_736_000);
-        assert_eq!(site_claims.len(), 2);
-        assert_eq!(held(old), BTreeMap::new());
     }
 
     /// The documentation's Domain + Ingress: /api → api, / → web (named port).

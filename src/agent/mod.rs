@@ -6,6 +6,7 @@
 //! the reconciler kit ([`crate::reconcile`]); it must not know the other
 //! families (reservations, connectors, standalone), nor `route explain`.
 
+pub mod claims;
 pub mod gateway;
 pub mod index;
 pub mod ingress;

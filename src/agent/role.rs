@@ -70,6 +70,16 @@ pub struct AgentFlags {
     /// that leaks stops working this long after the agent stops renewing it.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_token_ttl)]
     pub tunnel_token_ttl: std::time::Duration,
+    /// The ConfigMap in which the agent records which namespace holds which
+    /// public host and TCP endpoint (host ownership goes by it; the agent
+    /// alone writes it). Kept in --claims-namespace.
+    #[arg(long, value_name = "NAME", default_value = "tuna-operator-claims")]
+    pub claims_configmap: String,
+    /// The namespace of --claims-configmap: the operator's own, where no
+    /// tenant may write (default: the environment variable POD_NAMESPACE,
+    /// else `default`).
+    #[arg(long, value_name = "NAMESPACE", env = "POD_NAMESPACE")]
+    pub claims_namespace: Option<String>,
 }
 
 fn parse_token_ttl(s: &str) -> Result<std::time::Duration, String> {
@@ -176,6 +186,13 @@ pub async fn serve(
                 UpstreamPolicy::cluster()
             },
             edge_args,
+            claims_configmap: (
+                flags
+                    .claims_namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".to_owned()),
+                flags.claims_configmap.clone(),
+            ),
         },
         tunnel_tx.clone(),
         ingress_tx.clone(),

@@ -89,6 +89,9 @@ pub struct AgentOptions {
     pub policy: UpstreamPolicy,
     /// How to build clients for `apiKeySecretRef` keys.
     pub edge_args: EdgeArgs,
+    /// Where the claim book is kept: namespace and ConfigMap name
+    /// (see [`super::claims`]).
+    pub claims_configmap: (String, String),
 }
 
 /// The reflector stores the agent reads.
@@ -301,6 +304,8 @@ pub struct AgentState {
     pub options: AgentOptions,
     /// Claims by object.
     pub claims: Mutex<Claims>,
+    /// Who holds which host and TCP endpoint (see [`super::claims`]).
+    pub claim_store: super::claims::ClaimStore,
     /// The host plans last published, by host (for `RoutesUpdated` and to
     /// re-reconcile the other Ingresses of a host only when it changed).
     pub host_plans: Mutex<HashMap<String, String>>,
@@ -339,7 +344,10 @@ impl AgentState {
         ingress_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Ingress>>,
         gateway_triggers: mpsc::UnboundedSender<()>,
     ) -> Self {
+        let (namespace, name) = &options.claims_configmap;
+        let claim_store = super::claims::ClaimStore::new(ctx.client.clone(), namespace, name);
         Self {
+            claim_store,
             services: ServiceCache::new(ctx.client.clone()),
             ctx,
             publisher,
@@ -357,6 +365,32 @@ impl AgentState {
             gateway_triggers,
             gateway_hosts: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// The claim book, loaded at its first use (then carried over from the
+    /// annotations of earlier agents when its ConfigMap does not exist yet:
+    /// the Ingress and Tunnel stores are awaited for that).
+    pub async fn claim_book(&self) -> Result<crate::plan::claims::ClaimBook, kube::Error> {
+        let loaded = self.claim_store.snapshot_if_loaded();
+        if let Some(book) = loaded {
+            return Ok(book);
+        }
+        let _ = self.stores.ingresses.wait_until_ready().await;
+        let _ = self.stores.tunnels.wait_until_ready().await;
+        let base = self
+            .ctx
+            .edge_info_now()
+            .map(|w| w.base_domain.clone())
+            .unwrap_or_default();
+        self.claim_store
+            .load(|| {
+                super::claims::legacy_book(
+                    &self.stores.ingresses.state(),
+                    &self.stores.tunnels.state(),
+                    &base,
+                )
+            })
+            .await
     }
 
     /// Asks for a Gateway API sync when `host` is one HTTPRoutes publish or

@@ -13,7 +13,7 @@
 //!   every transition. A deleted Tunnel's tunnel stops and its token is
 //!   revoked; the subdomain the agent reserved for it is released.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::Ingress;
@@ -25,17 +25,19 @@ use kube::runtime::events::EventType;
 use tuna_crds::{ConditionStatus, Domain, TcpEndpoint, Tunnel, TunnelStatus};
 use tuna_tunnel::api::CreateDomain;
 
+use super::gateway::{GatewaySnapshot, backend_services};
 use super::state::{AgentState, SETTLE_WAIT, labels};
 use crate::Error;
 use crate::edge::api::{EdgeApi, ErrorClass, gone_is_ok};
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::plan::claims::ClaimBook;
+use crate::plan::httproute::GatewayInputs;
 use crate::plan::ingress::rule_hosts;
-use crate::plan::ingress::{next_claims, recorded_claims};
 use crate::plan::service::{ServiceIndex, UpstreamHost, parse_upstream_url};
 use crate::plan::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint};
-use crate::plan::{Inputs, Kind, ObjectRef, PlanOptions, Refusal, plan};
+use crate::plan::{Inputs, Kind, ObjectRef, Plan, PlanOptions, Refusal, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
-use crate::reconcile::{apply_status, ready, ready_of, reason_of, record_claims, resync};
+use crate::reconcile::{apply_status, ready, ready_of, reason_of, resync};
 
 /// The objects that compete with a Tunnel for its host or endpoint.
 #[derive(Debug, Clone, Copy, Default)]
@@ -49,38 +51,46 @@ pub struct Competitors<'a> {
     pub domains: &'a [Arc<Domain>],
     /// TCPEndpoints.
     pub tcp_endpoints: &'a [Arc<TcpEndpoint>],
+    /// HTTPRoutes that may serve the Tunnel's host, and the Gateways whose
+    /// TCP listeners name its endpoint (with their classes).
+    pub gateway: GatewayInputs<'a>,
+    /// The claim book.
+    pub claims: Option<&'a ClaimBook>,
 }
 
-/// What a Tunnel asks for, given the objects that compete with it (pure).
-/// `options` are the agent's plan options (base domain, upstream policy, the
-/// account's hosts, the Ingress class).
+/// What a Tunnel asks for, given the objects that compete with it (pure),
+/// and the plan that decided it. `options` are the agent's plan options
+/// (base domain, upstream policy, the account's hosts, the Ingress class).
 pub fn desired(
     tunnel: &Tunnel,
     competitors: Competitors<'_>,
     services: &ServiceIndex,
     options: &PlanOptions,
-) -> Result<DesiredTunnel, Box<Refusal>> {
+) -> (Plan, Result<DesiredTunnel, Box<Refusal>>) {
     let me = ObjectRef::of(Kind::Tunnel, &tunnel.metadata);
     let inputs = Inputs {
         tunnels: competitors.tunnels,
         ingresses: competitors.ingresses,
         domains: competitors.domains,
         tcp_endpoints: competitors.tcp_endpoints,
-        gateway: Default::default(),
+        gateway: competitors.gateway,
+        claims: competitors.claims,
     };
     let plan = plan(&inputs, services, options);
-    if let Some(r) = plan.refusals_of(&me).next() {
-        return Err(Box::new(r.clone()));
-    }
-    plan.tunnels.get(&me).cloned().ok_or_else(|| {
-        Box::new(Refusal {
-            object: me,
-            rule: None,
-            path: None,
-            reason: crate::plan::Reason::HostConflict,
-            message: "the Tunnel is not in the plan".into(),
+    let result = if let Some(r) = plan.refusals_of(&me).next() {
+        Err(Box::new(r.clone()))
+    } else {
+        plan.tunnels.get(&me).cloned().ok_or_else(|| {
+            Box::new(Refusal {
+                object: me,
+                rule: None,
+                path: None,
+                reason: crate::plan::Reason::HostConflict,
+                message: "the Tunnel is not in the plan".into(),
+            })
         })
-    })
+    };
+    (plan, result)
 }
 
 /// The Services a Tunnel's upstream names: `(namespace, name)`.
@@ -340,21 +350,50 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
             options.account_hosts = state.account_hosts().await;
         }
     }
+    // HTTPRoutes that may serve its host, Gateways whose TCP listeners name
+    // its endpoint: ownership is settled over every kind's claims.
+    let host = crate::plan::tunnel_host(tunnel, &options.base_domain);
+    let tcp_key = crate::plan::tunnel_tcp_key(tunnel);
+    let snapshot = GatewaySnapshot::of(state);
+    let routes = match &host {
+        Some(h) => snapshot.touching(&BTreeSet::from([h.clone()])),
+        None => Vec::new(),
+    };
+    if !routes.is_empty() {
+        options.ingress = state.ingress_options();
+        options.account_hosts = state.account_hosts().await;
+        for (ns, name) in routes.iter().flat_map(|r| backend_services(r)) {
+            state.services.ensure(&ns, &name).await?;
+        }
+    }
+    let mut gateway = snapshot.inputs(&routes);
+    gateway.tcp_routes = &[];
+    if tcp_key.is_none() && routes.is_empty() {
+        gateway = Default::default();
+    }
+    let book = state.claim_book().await?;
     let competitors = Competitors {
         tunnels: &competitors,
         ingresses: &claiming,
         domains: &domains,
         tcp_endpoints: &endpoints,
+        gateway,
+        claims: Some(&book),
     };
-    let api: Api<Tunnel> = Api::namespaced(
-        ctx.client.clone(),
-        tunnel.namespace().as_deref().unwrap_or("default"),
-    );
-    let desired = match desired(tunnel, competitors, &state.services.snapshot(), &options) {
+    let (plan, desired) = desired(tunnel, competitors, &state.services.snapshot(), &options);
+    // Every claimant of its host (or endpoint) was in view: the holder is
+    // recorded before anything is published.
+    state
+        .claim_store
+        .absorb(
+            &plan,
+            &host.into_iter().collect(),
+            &tcp_key.into_iter().collect(),
+        )
+        .await?;
+    let desired = match desired {
         Ok(d) => d,
         Err(refusal) => {
-            // A refused Tunnel holds no host: its claim is dropped (issue 30, item 2).
-            record_claims(&api, tunnel, &BTreeMap::new()).await?;
             withdraw(state, &me, None).await;
             report(
                 state,
@@ -368,19 +407,6 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
             return Ok(resync(ctx.resync_interval));
         }
     };
-    // The plan gave the Tunnel its host: the claim is recorded when it is
-    // first won, so that no older object adding the host later takes it.
-    let held: BTreeSet<String> = match &desired.public {
-        PublicEndpoint::Http { host } => BTreeSet::from([host.clone()]),
-        PublicEndpoint::Tcp(_) => BTreeSet::new(),
-    };
-    let claims = next_claims(
-        &recorded_claims(&tunnel.metadata),
-        &held,
-        &held,
-        k8s_openapi::jiff::Timestamp::now().as_second(),
-    );
-    record_claims(&api, tunnel, &claims).await?;
     // The key this tunnel mints its token with.
     let (edge, identity): (Arc<dyn EdgeApi>, String) = match &desired.api_key_secret {
         None => (Arc::clone(&ctx.edge), "operator".to_owned()),
@@ -585,6 +611,7 @@ mod tests {
                 &svc,
                 &PlanOptions::cluster("tuna.test"),
             )
+            .1
             .map(|d| d.upstream.authority())
             .map_err(|r| r.reason.as_str());
             assert_eq!(got.as_deref().map_err(|e| *e), want, "{url}");
@@ -603,7 +630,8 @@ mod tests {
                     },
                     &svc,
                     &options,
-                );
+                )
+                .1;
                 assert!(
                     allowed.is_ok(),
                     "{url} with allowExternalUpstreams: {allowed:?}"

@@ -497,37 +497,6 @@ where
     Ok(())
 }
 
-/// Records the hosts an object claims ([`crate::plan::ingress::HOSTS_CLAIMED_AT`])
-/// by a merge patch of its annotations, unless the record is unchanged.
-pub async fn record_claims<K>(
-    api: &Api<K>,
-    obj: &K,
-    claims: &std::collections::BTreeMap<String, i64>,
-) -> Result<(), kube::Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
-{
-    use crate::plan::ingress::{HOSTS_CLAIMED_AT, claims_annotation, recorded_claims};
-    let present = obj
-        .meta()
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(HOSTS_CLAIMED_AT));
-    if recorded_claims(obj.meta()) == *claims && (present || claims.is_empty()) {
-        return Ok(());
-    }
-    let patch = serde_json::json!({
-        "metadata": {"annotations": {HOSTS_CLAIMED_AT: claims_annotation(claims)}}
-    });
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
-    Ok(())
-}
-
 /// A CamelCase reason from an edge error code (`held_by_other_account` →
 /// `HeldByOtherAccount`), or `fallback`.
 pub fn reason_of(error: &crate::Error, fallback: &str) -> String {

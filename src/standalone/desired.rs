@@ -335,6 +335,9 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             grants: &grants,
             namespaces: &namespaces,
         },
+        // Files have one author: nothing is recorded, so `route explain -f`
+        // on the same files decides as standalone does.
+        claims: None,
     };
     let mut plan_options = PlanOptions::standalone(&options.base_domain);
     plan_options.ingress = TranslateOptions::for_class(options.ingress_class.clone());

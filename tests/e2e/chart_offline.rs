@@ -787,7 +787,7 @@ fn a_reused_values_file_from_before_the_claims_policy_still_renders_it() {
     assert!(copied.success());
     let values = std::fs::read_to_string(chart.join("values.yaml")).unwrap();
     let start = values
-        .find("  # Who may record host claims.\n")
+        .find("  # Who may write the legacy host-claim records.\n")
         .expect("the block");
     let end =
         start + values[start..].find("    enabled: true\n").unwrap() + "    enabled: true\n".len();

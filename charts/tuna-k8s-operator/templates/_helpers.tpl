@@ -103,7 +103,7 @@ what to set. Included by both Deployments, so `helm template` fails too.
   valueFrom:
     fieldRef:
       fieldPath: metadata.name
-{{- if eq .component "controller" }}
+{{- if has .component (list "controller" "agent") }}
 - name: POD_NAMESPACE
   valueFrom:
     fieldRef:
