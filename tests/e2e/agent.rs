@@ -1095,7 +1095,11 @@ async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingre
     )
     .await;
     let (_, _, message) = tunnel_ready(&t).unwrap();
-    assert!(message.contains("Ingress default/site"), "{message}");
+    // It names the namespace, not the other tenant's objects.
+    assert!(
+        message.contains(r#"belongs to namespace "default""#) && !message.contains("site"),
+        "{message}"
+    );
     wait_for_event(
         &env.cluster,
         "other",
@@ -1191,7 +1195,7 @@ async fn a_tunnel_of_another_namespace_cannot_take_over_an_account_host_an_ingre
 /// Ingress of `default` that serves an account host, are edited to claim that
 /// host: both are refused (`HostOwnedByOtherNamespace`), the host keeps its
 /// backend, `route explain` on the cluster says the same, and so does a
-/// restarted agent (the claim is recorded in `k8s.tuna.am/hosts-claimed-at`).
+/// restarted agent (the holder is recorded in the agent's claim book).
 /// Once the holder is deleted, team-a gets the host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart() {
@@ -1243,21 +1247,20 @@ async fn adding_a_host_to_an_older_ingress_does_not_take_it_even_after_a_restart
         .is_ok()
     };
     assert!(serves("web").await, "the Ingress: {}", env.agent.log());
-    // The claim is recorded on the serving Ingress.
-    let recorded = |i: &Ingress| {
-        i.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("k8s.tuna.am/hosts-claimed-at"))
-            .is_some_and(|v| v.contains("shop.tuna.test"))
-    };
+    // The holder is recorded in the agent's claim book (issue 37), which no
+    // tenant can write.
     wait_for(
         &env.client,
         "default",
-        "site",
-        "hosts-claimed-at",
+        "tuna-operator-claims",
+        "the claim book",
         &env.procs(),
-        recorded,
+        |cm: &k8s_openapi::api::core::v1::ConfigMap| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("hosts.json"))
+                .is_some_and(|h| h.contains("\"shop.tuna.test\":{\"namespace\":\"default\""))
+        },
     )
     .await;
 

@@ -686,29 +686,35 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
     ]);
     assert_eq!(accepted, "True");
 
-    // ---- the chart's host-claims admission policy (issue 30, item 2) ----
-    // The agent recorded its claim past the policy; a tenant who may edit
-    // Ingresses and Tunnels may not set or change the record (back-date a
-    // claim), may remove it, and may edit everything else.
+    // ---- the claim book and the legacy-record admission policy (issue 37) ----
+    // The agent keeps its claim book in the ConfigMap of its Role (get, and
+    // create then patch by server-side apply, of that one name; my-app.a.2na.am
+    // is a Domain's, so it is not recorded there); a tenant who may edit
+    // Ingresses and Tunnels can neither write the book nor forge the legacy
+    // annotation, on the object or through its status subresource.
     const CLAIMS: &str = "k8s.tuna.am/hosts-claimed-at";
-    let recorded = |i: &Ingress| {
-        i.metadata
-            .annotations
+    let book_name = format!("{RELEASE}-agent-claims");
+    let holds = |cm: &k8s_openapi::api::core::v1::ConfigMap| {
+        cm.metadata
+            .labels
             .as_ref()
-            .and_then(|a| a.get(CLAIMS))
-            .is_some_and(|v| v.contains("my-app.a.2na.am"))
+            .is_some_and(|l| l.get("k8s.tuna.am/claims").map(String::as_str) == Some("true"))
+            && cm.data.as_ref().is_some_and(|d| {
+                d.get("hosts.json")
+                    .is_some_and(|h| serde_json::from_str::<Value>(h).is_ok())
+            })
     };
     wait_for(
         &client,
-        "default",
-        "my-app",
-        "the agent's claim record",
+        NAMESPACE,
+        &book_name,
+        "the agent's claim book",
         &[&agent],
-        recorded,
+        holds,
     )
     .await;
     cluster.apply(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: publisher, namespace: default}\nrules:\n- {apiGroups: [networking.k8s.io], resources: [ingresses], verbs: [get, list, create, update, patch]}\n- {apiGroups: [k8s.tuna.am], resources: [tunnels], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: tenant-publishes, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: publisher}\nsubjects: [{kind: User, name: tenant}]\n",
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: publisher, namespace: default}\nrules:\n- {apiGroups: [networking.k8s.io], resources: [ingresses, ingresses/status], verbs: [get, list, create, update, patch]}\n- {apiGroups: [k8s.tuna.am], resources: [tunnels], verbs: [get, list, create, update, patch]}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: tenant-publishes, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: publisher}\nsubjects: [{kind: User, name: tenant}]\n",
     );
     let tenant = cluster.user_kubeconfig("tenant", &[]);
     let home = cluster.path("tenant-home");
@@ -716,6 +722,24 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
     let as_tenant = |args: &[&str], stdin: Option<&str>| {
         support::connectors::kubectl(&tenant, &home, args, stdin)
     };
+    let forbidden = as_tenant(
+        &[
+            "-n",
+            NAMESPACE,
+            "patch",
+            "configmap",
+            &book_name,
+            "--type=merge",
+            "-p",
+            r#"{"data":{"hosts.json":"{}"}}"#,
+        ],
+        None,
+    );
+    assert!(
+        !forbidden.status.success() && text(&forbidden).contains("forbidden"),
+        "{}",
+        text(&forbidden)
+    );
     let denied = format!(
         "ValidatingAdmissionPolicy '{RELEASE}-agent-host-claims' with binding '{RELEASE}-agent-host-claims' denied request: only the tuna agent (system:serviceaccount:{NAMESPACE}:{RELEASE}-agent) may set or change the annotation {CLAIMS}"
     );
@@ -728,6 +752,24 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
         !refused.status.success() && text(&refused).contains(&denied),
         "{}",
         text(&refused)
+    );
+    // Through ingresses/status, where Kubernetes keeps metadata (G7).
+    let through_status = as_tenant(
+        &[
+            "patch",
+            "ingress",
+            "my-app",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"k8s.tuna.am/hosts-claimed-at":"{\"my-app.a.2na.am\":\"2000-01-01T00:00:00Z\"}"}}}"#,
+        ],
+        None,
+    );
+    assert!(
+        !through_status.status.success() && text(&through_status).contains(&denied),
+        "{}",
+        text(&through_status)
     );
     let annotated = |kind: &str, name: &str, spec: &str| {
         format!(
@@ -753,22 +795,16 @@ async fn helm_install_runs_the_documented_journeys_with_least_privilege_then_upg
             text(&refused)
         );
     }
-    // Other edits pass; so does removing the record, which the agent then
-    // writes again (the Ingress still holds the host).
+    // Other edits pass; the book still holds the host for default.
     let labelled = as_tenant(&["label", "ingress", "my-app", "team=web"], None);
     assert!(labelled.status.success(), "{}", text(&labelled));
-    let removed = as_tenant(
-        &["annotate", "ingress", "my-app", &format!("{CLAIMS}-")],
-        None,
-    );
-    assert!(removed.status.success(), "{}", text(&removed));
     wait_for(
         &client,
-        "default",
-        "my-app",
-        "the claim recorded again",
+        NAMESPACE,
+        &book_name,
+        "the claim book unchanged",
         &[&agent],
-        recorded,
+        holds,
     )
     .await;
 

@@ -615,3 +615,358 @@ async fn a_tcproute_is_published_through_its_listeners_tcpendpoint() {
     )
     .await;
 }
+
+/// Issue 37, items 1, 2 and 5, on the real control plane: `shop.tuna.test`,
+/// an account host, is served by team-b's HTTPRoute and recorded in the
+/// agent's claim book. Then team-a tries every way the security review
+/// found: (a) a younger HTTPRoute carrying a forged
+/// `k8s.tuna.am/hosts-claimed-at`, (b) an older HTTPRoute edited to add the
+/// hostname, (c) an HTTPRoute without hostnames, (2) a new Ingress and an
+/// http Tunnel naming the host, (5) the forged annotation written through
+/// `ingresses/status`. The host keeps team-b's backend throughout, each
+/// explicit claimant is refused `HostOwnedByOtherNamespace`, and so it stays
+/// after an agent restart (the book lives in a ConfigMap). Deleting team-b's
+/// route frees the host for team-a.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_other_namespace_takes_a_held_host_by_any_kind_even_after_a_restart() {
+    let mut env = Env::start().await;
+    const H: &str = "shop.tuna.test";
+    for ns in ["team-a", "team-b"] {
+        env.cluster.kubectl_ok(&["create", "namespace", ns]);
+        env.cluster.apply(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: {ns}}}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {{name: http, protocol: HTTP, port: 80}}\n"
+        ));
+    }
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let thief = http_backend("thief", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("team-b", "web", web));
+    env.cluster.apply(&service("team-a", "thief", thief));
+    env.edge
+        .client()
+        .create_domain(&tuna_tunnel::api::CreateDomain {
+            subdomain: Some("shop".into()),
+            domain: None,
+        })
+        .await
+        .unwrap();
+    let route = |ns: &str,
+                 name: &str,
+                 extra_meta: &str,
+                 hostnames: &str,
+                 backend: &str,
+                 port: u16| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {ns}{extra_meta}}}\nspec:\n  parentRefs: [{{name: gw}}]\n  {hostnames}\n  rules: [{{backendRefs: [{{name: {backend}, port: {port}}}]}}]\n"
+        )
+    };
+    // team-a's route first: the older object, on another host for now.
+    env.cluster.apply(&route(
+        "team-a",
+        "old",
+        "",
+        "hostnames: [elsewhere.tuna.test]",
+        "thief",
+        thief.port(),
+    ));
+    wait_for(
+        &env.client,
+        "team-a",
+        "old",
+        "a status",
+        &env.procs(),
+        |r: &HttpRoute| our_parent(r).is_some(),
+    )
+    .await;
+    // team-b's route comes after: its creationTimestamp is the same second
+    // or later, so by age (then namespace) team-a's route would win.
+    env.cluster.apply(&route(
+        "team-b",
+        "shop",
+        "",
+        &format!("hostnames: [{H}]"),
+        "web",
+        web.port(),
+    ));
+    env.serves(H, "/", "", 200, "web").await;
+    // The holder is recorded where no tenant writes: the agent's ConfigMap.
+    let book = wait_for(
+        &env.client,
+        "default",
+        "tuna-operator-claims",
+        "the claim book recording team-b",
+        &env.procs(),
+        |cm: &k8s_openapi::api::core::v1::ConfigMap| {
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("hosts.json"))
+                .is_some_and(|h| h.contains(&format!("\"{H}\":{{\"namespace\":\"team-b\"")))
+        },
+    )
+    .await;
+    assert_eq!(book.metadata.labels.unwrap()["k8s.tuna.am/claims"], "true");
+    let http = env.http();
+    let still_web = || async move {
+        for _ in 0..5 {
+            let mut conn = tokio::net::TcpStream::connect(http).await.unwrap();
+            let (status, body) = http_request(&mut conn, H, "/", "").await;
+            assert_eq!(status, 200, "{body}");
+            assert!(body.contains("\"web\""), "{body}");
+        }
+    };
+    let refused = |kind: &'static str, name: &'static str| {
+        let cluster = &env.cluster;
+        async move {
+            wait_for_event(
+                cluster,
+                "team-a",
+                kind,
+                name,
+                "RuleSkipped",
+                "HostOwnedByOtherNamespace",
+            )
+            .await
+        }
+    };
+
+    // (a) A younger route with a forged record.
+    env.cluster.apply(&route(
+        "team-a",
+        "forged",
+        &format!(
+            ", annotations: {{k8s.tuna.am/hosts-claimed-at: '{{\"{H}\":\"2000-01-01T00:00:00Z\"}}'}}"
+        ),
+        &format!("hostnames: [{H}]"),
+        "thief",
+        thief.port(),
+    ));
+    refused("HTTPRoute", "forged").await;
+    still_web().await;
+    // (b) The older route edited to add the hostname.
+    env.cluster.apply(&route(
+        "team-a",
+        "old",
+        "",
+        &format!("hostnames: [elsewhere.tuna.test, {H}]"),
+        "thief",
+        thief.port(),
+    ));
+    refused("HTTPRoute", "old").await;
+    still_web().await;
+    // (c) A route without hostnames (it covers every account host).
+    env.cluster
+        .apply(&route("team-a", "all", "", "", "thief", thief.port()));
+    wait_for(
+        &env.client,
+        "team-a",
+        "all",
+        "Accepted",
+        &env.procs(),
+        |r: &HttpRoute| our_parent(r).is_some_and(|p| is_true(&p.conditions, "Accepted")),
+    )
+    .await;
+    still_web().await;
+    // (2) A new Ingress, and an http Tunnel, of team-a naming the host.
+    env.cluster.apply(&format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: steal, namespace: team-a}}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: {H}\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: thief, port: {{number: {}}}}}}}}}]}}\n",
+        thief.port()
+    ));
+    refused("Ingress", "steal").await;
+    env.cluster.apply(&format!(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {{name: steal, namespace: team-a}}\nspec: {{subdomain: shop, upstream: {{url: 'http://thief:{}'}}}}\n",
+        thief.port()
+    ));
+    let tunnel_refused = |t: &tuna_crds::Tunnel| {
+        t.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "HostOwnedByOtherNamespace")
+        })
+    };
+    wait_for(
+        &env.client,
+        "team-a",
+        "steal",
+        "Ready=False HostOwnedByOtherNamespace",
+        &env.procs(),
+        tunnel_refused,
+    )
+    .await;
+    still_web().await;
+    // (5) The forged record through the status subresource: Kubernetes keeps
+    // metadata sent there for Ingresses, and the agent does not read it.
+    env.cluster.kubectl_ok(&[
+        "-n",
+        "team-a",
+        "patch",
+        "ingress",
+        "steal",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &format!(
+            "{{\"metadata\":{{\"annotations\":{{\"k8s.tuna.am/hosts-claimed-at\":\"{{\\\"{H}\\\":\\\"2000-01-01T00:00:00Z\\\"}}\"}}}}}}"
+        ),
+    ]);
+    let kept = env.cluster.kubectl_ok(&[
+        "-n",
+        "team-a",
+        "get",
+        "ingress",
+        "steal",
+        "-o",
+        "jsonpath={.metadata.annotations}",
+    ]);
+    assert!(kept.contains("2000-01-01"), "{kept}");
+
+    // A restarted agent reads every object afresh, the forged records
+    // included, and decides the same: the book, not the objects.
+    env.agent.terminate().await;
+    env.agent = agent(&env.cluster, &env.edge, "agent-new", &[]);
+    env.serves(H, "/", "", 200, "web").await;
+    wait_for(
+        &env.client,
+        "team-a",
+        "steal",
+        "Ready=False HostOwnedByOtherNamespace",
+        &env.procs(),
+        tunnel_refused,
+    )
+    .await;
+    wait_for(
+        &env.client,
+        "team-a",
+        "forged",
+        "Accepted",
+        &env.procs(),
+        |r: &HttpRoute| our_parent(r).is_some(),
+    )
+    .await;
+    still_web().await;
+
+    // team-b lets go: its route deleted, the host is free, and team-a's
+    // Tunnel (a Tunnel ranks first within its namespace) takes it.
+    env.cluster
+        .kubectl_ok(&["-n", "team-b", "delete", "httproute", "shop"]);
+    env.serves(H, "/", "", 200, "thief").await;
+}
+
+/// Issue 37, item 3, on the real control plane: team-b's TCPEndpoint `pg`
+/// is reserved a port P and served by team-b's tcp Tunnel. team-a names P
+/// (1) as a number in a tcp Tunnel's `portOrAlias`, (2) as the same digits
+/// in a string, (3) as the name of a Gateway TCP listener with a TCPRoute.
+/// Each is refused (`TcpEndpointOwnedByOtherNamespace`, the listener
+/// `PortUnavailable`), and after each, 20 connections to P all reach
+/// team-b's echo backend (team-a's backend answers HTTP, never an echo).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_other_namespace_takes_a_tcp_endpoint_by_its_port() {
+    let env = Env::start().await;
+    for ns in ["team-a", "team-b"] {
+        env.cluster.kubectl_ok(&["create", "namespace", ns]);
+    }
+    let echo = echo_backend(bind_loopback(5432).await).await;
+    let thief = http_backend("thief", bind_loopback(5432).await).await;
+    env.cluster.apply(&service("team-b", "db", echo));
+    env.cluster.apply(&service("team-a", "grab", thief));
+    env.cluster.apply(&format!(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: TCPEndpoint\nmetadata: {{name: pg, namespace: team-b}}\nspec: {{alias: pg}}\n---\napiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {{name: db, namespace: team-b}}\nspec: {{protocol: tcp, portOrAlias: pg, upstream: {{url: 'tcp://db:{}'}}}}\n",
+        echo.port()
+    ));
+    let ready = |t: &tuna_crds::Tunnel| {
+        t.status.as_ref().is_some_and(|s| {
+            s.url.is_some()
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    };
+    let t: tuna_crds::Tunnel =
+        wait_for(&env.client, "team-b", "db", "Ready", &env.procs(), ready).await;
+    let port: u16 = t
+        .status
+        .unwrap()
+        .url
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    let all_reach_team_b = || async move {
+        for i in 0..20 {
+            let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let line = format!("ping {i:02}\n");
+            conn.write_all(line.as_bytes()).await.unwrap();
+            let mut buf = vec![0u8; line.len()];
+            tokio::time::timeout(support::WAIT, conn.read_exact(&mut buf))
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&buf), line, "connection {i}");
+        }
+    };
+    all_reach_team_b().await;
+    let refused = |t: &tuna_crds::Tunnel| {
+        t.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "TcpEndpointOwnedByOtherNamespace")
+        })
+    };
+    // (1) and (2): the port as a number, and as the same digits in a string.
+    for (name, written) in [
+        ("grab-int", port.to_string()),
+        ("grab-str", format!("'{port}'")),
+    ] {
+        env.cluster.apply(&format!(
+            "apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {{name: {name}, namespace: team-a}}\nspec: {{protocol: tcp, portOrAlias: {written}, upstream: {{url: 'tcp://grab:{}'}}}}\n",
+            thief.port()
+        ));
+        wait_for(
+            &env.client,
+            "team-a",
+            name,
+            "Ready=False TcpEndpointOwnedByOtherNamespace",
+            &env.procs(),
+            refused,
+        )
+        .await;
+        all_reach_team_b().await;
+    }
+    // (3) A Gateway TCP listener named with the port's digits.
+    env.cluster.apply(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: grab, namespace: team-a}}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {{name: '{port}', protocol: TCP, port: 5432}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {{name: grab, namespace: team-a}}\nspec:\n  parentRefs: [{{name: grab}}]\n  rules: [{{backendRefs: [{{name: grab, port: {}}}]}}]\n",
+        thief.port()
+    ));
+    let g: Gateway = wait_for(
+        &env.client,
+        "team-a",
+        "grab",
+        "the listener PortUnavailable",
+        &env.procs(),
+        |g: &Gateway| {
+            g.status
+                .as_ref()
+                .and_then(|s| s.listeners.as_ref())
+                .and_then(|l| l.first())
+                .is_some_and(|l| {
+                    condition(&l.conditions, "Accepted")
+                        .is_some_and(|c| c.status == "False" && c.reason == "PortUnavailable")
+                })
+        },
+    )
+    .await;
+    let message = &condition(
+        &g.status.unwrap().listeners.unwrap()[0].conditions,
+        "Accepted",
+    )
+    .unwrap()
+    .message
+    .clone();
+    assert!(
+        message.contains("belongs to namespace \"team-b\""),
+        "{message}"
+    );
+    all_reach_team_b().await;
+}

@@ -57,7 +57,13 @@ impl Process {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
-            .env("RUST_LOG", "info,kube=warn,tower=warn,hyper=warn")
+            // TUNA_TEST_LOG (a RUST_LOG filter) raises what the processes log
+            // while a test is being debugged.
+            .env(
+                "RUST_LOG",
+                std::env::var("TUNA_TEST_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn,tower=warn,hyper=warn".into()),
+            )
             .kill_on_drop(true);
         for (k, v) in env {
             command.env(k, v);
@@ -973,6 +979,18 @@ pub async fn wait_for_event(
         }
     })
     .await;
+    // With TUNA_TEST_LOG, a missing event also prints every process's log.
+    if seen.is_err() && std::env::var_os("TUNA_TEST_LOG").is_some() {
+        for e in std::fs::read_dir(cluster.dir.path()).unwrap().flatten() {
+            if e.path().extension().is_some_and(|x| x == "log") {
+                eprintln!(
+                    "=== {}\n{}",
+                    e.path().display(),
+                    std::fs::read_to_string(e.path()).unwrap_or_default()
+                );
+            }
+        }
+    }
     assert!(
         seen.is_ok(),
         "no {reason} event with {needle:?} on {kind} {namespace}/{name}: {:?}",
