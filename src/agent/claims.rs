@@ -62,8 +62,16 @@ impl ClaimStore {
         if let Some(book) = self.book.lock().expect("claim book").clone() {
             return Ok(book);
         }
-        let book = match self.api.get_opt(&self.name).await? {
-            Some(cm) => ClaimBook::from_data(&cm.data.unwrap_or_default()),
+        // The chart creates the ConfigMap empty: a book an agent never wrote
+        // (no `hosts.json`) is carried over from the legacy records too.
+        let written = self
+            .api
+            .get_opt(&self.name)
+            .await?
+            .and_then(|cm| cm.data)
+            .filter(|d| d.contains_key(crate::plan::claims::HOSTS_KEY));
+        let book = match written {
+            Some(data) => ClaimBook::from_data(&data),
             None => {
                 let book = legacy();
                 self.persist(&book).await?;

@@ -55,6 +55,12 @@ const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
         "patch",
         "kube's Recorder patches an event repeated within 6 minutes (series.count)",
     ),
+    (
+        "agent",
+        "/configmaps",
+        "create",
+        "the chart creates the claim book; the agent's apply creates it only if someone deleted it",
+    ),
 ];
 
 /// A Helm chart repository on 127.0.0.1 (standing in for the documentation's
