@@ -107,7 +107,7 @@ impl ClaimStore {
             let mut slot = self.book.lock().expect("claim book");
             let book = slot.get_or_insert_with(ClaimBook::default);
             let before = book.clone();
-            if !book.absorb(hosts, &plan.owners, tcp, &plan.tcp_owners, now) {
+            if !book.absorb(hosts, tcp, &plan.decided(), now) {
                 return Ok(());
             }
             (before, book.clone())

@@ -486,6 +486,8 @@ async fn run(state: Arc<AgentState>, mut triggers: mpsc::UnboundedReceiver<()>) 
 
 /// One sync of every Gateway API object (see the module docs).
 async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
+    // First: it waits until every store is filled (a plan must see every claimant).
+    let book = state.claim_book().await?;
     let who = state.ctx.edge_info().await?.clone();
     let options = ingress::options_for(
         state,
@@ -580,7 +582,6 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .chain(tcp_tunnels)
         .collect();
     let tcp_endpoints = state.stores.tcp_endpoints.state();
-    let book = state.claim_book().await?;
     let plan = plan(
         &Inputs {
             ingresses: &ingresses,

@@ -195,6 +195,8 @@ async fn apply_hosts(
     me: Option<&ObjectRef>,
     options: &PlanOptions,
 ) -> Result<Plan, Error> {
+    // First: it waits until every store is filled (a plan must see every claimant).
+    let book = state.claim_book().await?;
     let ingresses = state.stores.ingresses.state();
     // The Services every touching Ingress names (read once; a reconcile of
     // the Ingress itself re-reads its own). Named, not translated: the plan
@@ -214,7 +216,6 @@ async fn apply_hosts(
         state.services.ensure(&namespace, &name).await?;
     }
     let (tunnels, domains) = (state.stores.tunnels.state(), state.stores.domains.state());
-    let book = state.claim_book().await?;
     let plan = plan_hosts(
         hosts,
         me,
@@ -229,6 +230,7 @@ async fn apply_hosts(
         &state.services.snapshot(),
         options,
     );
+    for h in hosts {}
     // Every claimant of `hosts` was in view: their holders are recorded
     // before anything is published.
     state

@@ -367,16 +367,26 @@ impl AgentState {
         }
     }
 
-    /// The claim book, loaded at its first use (then carried over from the
-    /// annotations of earlier agents when its ConfigMap does not exist yet:
-    /// the Ingress and Tunnel stores are awaited for that).
+    /// The claim book, loaded at its first use, once every store the plans
+    /// read is filled (then carried over from the annotations of earlier
+    /// agents when its ConfigMap holds none yet). Call it before reading the
+    /// stores for a plan.
     pub async fn claim_book(&self) -> Result<crate::plan::claims::ClaimBook, kube::Error> {
         let loaded = self.claim_store.snapshot_if_loaded();
         if let Some(book) = loaded {
             return Ok(book);
         }
-        let _ = self.stores.ingresses.wait_until_ready().await;
-        let _ = self.stores.tunnels.wait_until_ready().await;
+        // Every store a plan reads must be filled before the first plan: a
+        // plan that misses a claimant would record the wrong holder. Not
+        // `wait_until_ready`: it wakes one waiter only, and the controllers
+        // wait on these stores too (see `store_ready`).
+        let s = &self.stores;
+        futures::join!(
+            crate::reconcile::store_ready(&s.ingresses),
+            crate::reconcile::store_ready(&s.tunnels),
+            crate::reconcile::store_ready(&s.domains),
+            crate::reconcile::store_ready(&s.tcp_endpoints),
+        );
         let base = self
             .ctx
             .edge_info_now()

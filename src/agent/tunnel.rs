@@ -315,6 +315,8 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
             return Err(e);
         }
     };
+    // First: it waits until every store is filled (a plan must see every claimant).
+    let book = state.claim_book().await?;
     // Observe: competitors for the same host or endpoint, and the Services.
     let competitors = state
         .stores
@@ -371,7 +373,6 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
     if tcp_key.is_none() && routes.is_empty() {
         gateway = Default::default();
     }
-    let book = state.claim_book().await?;
     let competitors = Competitors {
         tunnels: &competitors,
         ingresses: &claiming,

@@ -187,28 +187,56 @@ impl ClaimBook {
     /// Takes the decisions of a plan into the book, for the `hosts` (and
     /// `tcp` keys) the plan decided with every claimant in view: a holder
     /// decided by claims is recorded (keeping its time when it is the
-    /// recorded one), a key reserved by a Domain or TCPEndpoint, or that
-    /// nobody claims any more, is dropped. Keys outside the sets are left as
+    /// recorded one); a key reserved by a Domain or TCPEndpoint is dropped
+    /// (the reservation decides); a key no claim counted for keeps its record
+    /// while the recorded namespace still names it (its claim may not count
+    /// for a moment — the account's hosts not yet listed — and must not be
+    /// lost for that), else it is dropped. Keys outside the sets are left as
     /// they are. Returns whether anything changed.
     pub fn absorb(
         &mut self,
         hosts: &BTreeSet<String>,
-        host_owners: &BTreeMap<String, Owner>,
         tcp: &BTreeSet<String>,
-        tcp_owners: &BTreeMap<String, Owner>,
+        decided: &Decided<'_>,
         now: i64,
     ) -> bool {
         let before = self.clone();
-        absorb_into(&mut self.hosts, hosts, host_owners, now);
-        absorb_into(&mut self.tcp, tcp, tcp_owners, now);
+        absorb_into(
+            &mut self.hosts,
+            hosts,
+            decided.host_owners,
+            decided.host_names,
+            now,
+        );
+        absorb_into(
+            &mut self.tcp,
+            tcp,
+            decided.tcp_owners,
+            decided.tcp_names,
+            now,
+        );
         *self != before
     }
+}
+
+/// What a plan decided, as [`ClaimBook::absorb`] reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct Decided<'a> {
+    /// The holder of each claimed host.
+    pub host_owners: &'a BTreeMap<String, Owner>,
+    /// The namespaces that name each host (every kind, reserved or not).
+    pub host_names: &'a BTreeMap<String, BTreeSet<String>>,
+    /// The holder of each claimed TCP endpoint.
+    pub tcp_owners: &'a BTreeMap<String, Owner>,
+    /// The namespaces that name each TCP endpoint.
+    pub tcp_names: &'a BTreeMap<String, BTreeSet<String>>,
 }
 
 fn absorb_into(
     book: &mut BTreeMap<String, Record>,
     keys: &BTreeSet<String>,
     owners: &BTreeMap<String, Owner>,
+    names: &BTreeMap<String, BTreeSet<String>>,
     now: i64,
 ) {
     for key in keys {
@@ -225,9 +253,16 @@ fn absorb_into(
             Some(Owner {
                 held: Held::Reserved,
                 ..
-            })
-            | None => {
+            }) => {
                 book.remove(key);
+            }
+            None => {
+                let still_named = book
+                    .get(key)
+                    .is_some_and(|r| names.get(key).is_some_and(|n| n.contains(&r.namespace)));
+                if !still_named {
+                    book.remove(key);
+                }
             }
         }
     }
@@ -468,9 +503,30 @@ mod tests {
         ]
         .map(String::from)
         .into();
-        assert!(b.absorb(&planned, &owners, &BTreeSet::new(), &BTreeMap::new(), 99));
+        // `kept-named.example`: no claim counted now (its host is not listed
+        // as reserved for a moment), but team-b still names it: kept.
+        b.hosts
+            .insert("kept-named.example".into(), ClaimBook::held("team-b", 10));
+        let mut planned = planned;
+        planned.insert("kept-named.example".into());
+        let names = BTreeMap::from([(
+            "kept-named.example".to_owned(),
+            BTreeSet::from(["team-b".to_owned()]),
+        )]);
+        let (none, no_names) = (BTreeMap::new(), BTreeMap::new());
+        let absorb = |b: &mut ClaimBook, owners: &BTreeMap<String, Owner>, now| {
+            let d = Decided {
+                host_owners: owners,
+                host_names: &names,
+                tcp_owners: &none,
+                tcp_names: &no_names,
+            };
+            b.absorb(&planned, &BTreeSet::new(), &d, now)
+        };
+        assert!(absorb(&mut b, &owners, 99));
         let expect = book(&[
             ("kept.example", "team-b", 10),
+            ("kept-named.example", "team-b", 10),
             ("moved.example", "team-a", 99),
             ("new.example", "team-c", 99),
             ("elsewhere.example", "team-z", 10),
@@ -486,7 +542,7 @@ mod tests {
                 (k, o)
             })
             .collect();
-        assert!(!b.absorb(&planned, &again, &BTreeSet::new(), &BTreeMap::new(), 200));
+        assert!(!absorb(&mut b, &again, 200));
     }
 
     #[test]

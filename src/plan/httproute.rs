@@ -725,6 +725,21 @@ impl Prepared<'_> {
         out
     }
 
+    /// The hosts the routes name or cover, with the route's namespace,
+    /// reserved or not (see [`super::Plan::host_names`]).
+    pub(crate) fn named_hosts(&self) -> Vec<(String, String)> {
+        let explicit = self
+            .candidates
+            .iter()
+            .filter(|c| !c.pattern.starts_with('*'))
+            .map(|c| (c.pattern.clone(), c.route.namespace.clone()));
+        let covered = self.claims.iter().flat_map(|(host, list)| {
+            list.iter()
+                .map(move |(_, route)| (host.clone(), route.namespace.clone()))
+        });
+        explicit.chain(covered).collect()
+    }
+
     /// The claims of our Gateways' TCP listeners on the TCP endpoints their
     /// names give (by [`tcp_key`]: a listener named `30001` is port 30001).
     pub(crate) fn tcp_claims(&self) -> Vec<Claim> {

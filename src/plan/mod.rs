@@ -464,6 +464,24 @@ pub struct Plan {
     /// The holder of every TCP endpoint some object claims, by
     /// [`claims::tcp_key`].
     pub tcp_owners: BTreeMap<String, claims::Owner>,
+    /// The namespaces whose objects name each host, reserved or not (a
+    /// recorded holder that still names a host keeps its record even when
+    /// its claim does not count for a moment).
+    pub host_names: BTreeMap<String, BTreeSet<String>>,
+    /// The same for TCP endpoints.
+    pub tcp_names: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Plan {
+    /// What the plan decided about ownership, for [`claims::ClaimBook::absorb`].
+    pub fn decided(&self) -> claims::Decided<'_> {
+        claims::Decided {
+            host_owners: &self.owners,
+            host_names: &self.host_names,
+            tcp_owners: &self.tcp_owners,
+            tcp_names: &self.tcp_names,
+        }
+    }
 }
 
 /// What the plan says of Gateway API objects besides their hosts.
@@ -607,6 +625,15 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
             ))
         })
         .collect();
+    for c in ingress::host_claims(&ingress_routes.specs, |_| true)
+        .iter()
+        .chain(&host_claims)
+    {
+        out.host_names
+            .entry(c.key.clone())
+            .or_default()
+            .insert(c.namespace.clone());
+    }
     host_claims.extend(ingress::host_claims(&ingress_routes.specs, reserved));
     let gateway = (!inputs.gateway.is_empty()).then(|| {
         httproute::prepare(
@@ -622,6 +649,9 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
     });
     if let Some(g) = &gateway {
         host_claims.extend(g.host_claims());
+        for (host, ns) in g.named_hosts() {
+            out.host_names.entry(host).or_default().insert(ns);
+        }
     }
     out.owners = claims::settle(&host_claims, &reservations.domains, &book.hosts);
 
@@ -647,6 +677,12 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
         .collect();
     if let Some(g) = &gateway {
         tcp_claims.extend(g.tcp_claims());
+    }
+    for c in &tcp_claims {
+        out.tcp_names
+            .entry(c.key.clone())
+            .or_default()
+            .insert(c.namespace.clone());
     }
     out.tcp_owners = claims::settle(&tcp_claims, &tcp_reserved, &book.tcp);
 
