@@ -701,6 +701,9 @@ pub(crate) fn plan_gateway_api(
 
     // (gateway index, listener name) → attached route count.
     let mut attached_count: BTreeMap<(usize, String), i32> = BTreeMap::new();
+    // (route namespace, route name) → the gateways that accepted it: only
+    // those list its hosts in their status.addresses.
+    let mut accepted_by: BTreeMap<(String, String), BTreeSet<usize>> = BTreeMap::new();
     // Candidate specs by hostname pattern (`*` for none), with the route's claim key.
     struct Candidate {
         pattern: String,
@@ -760,6 +763,10 @@ pub(crate) fn plan_gateway_api(
                 ) {
                     Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, parent)),
                     Ok(listeners) => {
+                        accepted_by
+                            .entry((namespace.clone(), object.name.clone()))
+                            .or_default()
+                            .insert(gi);
                         for a in &listeners {
                             // A listener an HTTPRoute cannot use (TCP) never gets here:
                             // its kinds do not admit HTTPRoute.
@@ -1045,16 +1052,9 @@ pub(crate) fn plan_gateway_api(
         let mut addresses: BTreeSet<String> = BTreeSet::new();
         for (host, specs) in &out.hosts {
             let through_this = specs.iter().any(|s| {
-                candidates.iter().any(|c| {
-                    c.route.namespace == s.origin.namespace
-                        && c.route.name == s.origin.name
-                        && c.meta
-                            .spec
-                            .parent_refs
-                            .iter()
-                            .flatten()
-                            .any(|p| refers_to(p, &c.route.namespace, g))
-                })
+                accepted_by
+                    .get(&(s.origin.namespace.clone(), s.origin.name.clone()))
+                    .is_some_and(|gws| gws.contains(&gi))
             });
             if through_this {
                 addresses.insert(host.clone());
@@ -1198,8 +1198,12 @@ spec:
     }
 
     fn run(w: &World) -> Plan {
+        run_with_gateways(GATEWAY, w)
+    }
+
+    fn run_with_gateways(gateways: &str, w: &World) -> Plan {
         let classes = objects::<GatewayClass>(CLASS);
-        let gateways = objects::<Gateway>(GATEWAY);
+        let gateways = objects::<Gateway>(gateways);
         let routes = objects::<HttpRoute>(w.routes);
         let grants = objects::<ReferenceGrant>(w.grants);
         let ingresses = objects::<Ingress>(w.ingresses);
@@ -1305,6 +1309,51 @@ spec:
         assert_eq!(
             cond(&tls.conditions, "Accepted").reason,
             "UnsupportedProtocol"
+        );
+    }
+
+    /// Issue 37 item 7 (G8): a Gateway's `status.addresses` lists only the
+    /// hosts of routes it accepted; a parentRef that Gateway refused (here
+    /// another namespace's Gateway whose listener allows its own namespace
+    /// only) writes nothing into its status.
+    #[test]
+    fn a_refused_parent_ref_adds_no_address_to_that_gateway() {
+        let gateways = format!(
+            "{GATEWAY}---
+metadata: {{name: gw, namespace: team-b}}
+spec:
+  gatewayClassName: tuna
+  listeners: [{{name: http, protocol: HTTP, port: 80}}]
+"
+        );
+        let p = run_with_gateways(
+            &gateways,
+            &world(
+                "
+metadata: {name: r, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}, {name: gw, namespace: team-b}]
+  hostnames: [a.example.com]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+",
+            ),
+        );
+        assert!(p.hosts.contains_key("a.example.com"));
+        let parents = parent(&p, "r");
+        let refused = cond(&parents[1].conditions, "Accepted");
+        assert_eq!(refused.reason, "NotAllowedByListeners");
+        let status = |ns: &str| {
+            p.gateway
+                .gateways
+                .iter()
+                .find(|g| g.object.namespace == ns)
+                .expect("gateway status")
+        };
+        assert_eq!(status("shop").addresses, ["a.example.com"]);
+        assert!(
+            status("team-b").addresses.is_empty(),
+            "{:?}",
+            status("team-b").addresses
         );
     }
 
