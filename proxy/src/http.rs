@@ -673,7 +673,9 @@ impl ProxyHttp for Router {
         if let Some(rule) = &ctx.rule {
             for filter in &rule.filters {
                 match filter {
-                    Filter::RequestHeaderModifier(m) => gateway::edit_headers(m, upstream),
+                    Filter::RequestHeaderModifier(m) => {
+                        gateway::edit_headers(m, upstream, &self.shared.config.request_id_header)
+                    }
                     Filter::UrlRewrite(_) => rewrite_upstream(upstream, ctx)?,
                     Filter::ResponseHeaderModifier(_) | Filter::RequestRedirect(_) => {}
                 }
@@ -721,7 +723,11 @@ impl ProxyHttp for Router {
         if let Some(rule) = &ctx.rule {
             for filter in &rule.filters {
                 if let Filter::ResponseHeaderModifier(m) = filter {
-                    gateway::edit_headers(m, upstream_response);
+                    gateway::edit_headers(
+                        m,
+                        upstream_response,
+                        &self.shared.config.request_id_header,
+                    );
                 }
             }
         }

@@ -330,6 +330,9 @@ fn unsupported(rule: &HttpRouteRules) -> Option<String> {
             }
             _ => {}
         }
+        if let Some(m) = protected_header_edit(f) {
+            return Some(m);
+        }
     }
     if rule
         .backend_refs
@@ -347,6 +350,43 @@ fn unsupported(rule: &HttpRouteRules) -> Option<String> {
         }
     }
     None
+}
+
+/// A header filter naming a header the proxy owns (framing, hop-by-hop,
+/// `Host`, `X-Forwarded-*`, the request id: [`tuna_proxy::protected_header`])
+/// is an unsupported value: the route could otherwise desynchronise the
+/// upstream connection or forge the client's identity toward a backend.
+fn protected_header_edit(f: &HttpRouteRulesFilters) -> Option<String> {
+    let (kind, names): (&str, Vec<&str>) = match f.r#type {
+        HttpRouteRulesFiltersType::RequestHeaderModifier => {
+            let m = f.request_header_modifier.as_ref()?;
+            let names = m.set.iter().flatten().map(|h| h.name.as_str());
+            let added = m.add.iter().flatten().map(|h| h.name.as_str());
+            let removed = m.remove.iter().flatten().map(String::as_str);
+            (
+                "RequestHeaderModifier",
+                names.chain(added).chain(removed).collect(),
+            )
+        }
+        HttpRouteRulesFiltersType::ResponseHeaderModifier => {
+            let m = f.response_header_modifier.as_ref()?;
+            let names = m.set.iter().flatten().map(|h| h.name.as_str());
+            let added = m.add.iter().flatten().map(|h| h.name.as_str());
+            let removed = m.remove.iter().flatten().map(String::as_str);
+            (
+                "ResponseHeaderModifier",
+                names.chain(added).chain(removed).collect(),
+            )
+        }
+        _ => return None,
+    };
+    let name = names
+        .into_iter()
+        .find(|n| tuna_proxy::protected_header(n))?;
+    Some(format!(
+        "filter {kind} may not change header {name:?}: the proxy sets framing, hop-by-hop, \
+         Host, X-Forwarded-* and request-id headers itself (use URLRewrite for the host)"
+    ))
 }
 
 fn modifier(
@@ -1479,6 +1519,51 @@ spec:
         assert!(!accepted.status);
         assert_eq!(accepted.reason, "UnsupportedValue");
         assert!(p.hosts.is_empty());
+    }
+
+    /// Issue 37 item 7 (G10): a header filter on a header the proxy owns
+    /// (framing, hop-by-hop, Host, X-Forwarded-*, the request id) makes the
+    /// route Accepted=False, UnsupportedValue, and nothing of it is served;
+    /// other names pass.
+    #[test]
+    fn header_filters_on_proxy_owned_headers_are_unsupported_values() {
+        let route = |filter: &str| {
+            format!(
+                "
+metadata: {{name: web, namespace: shop}}
+spec:
+  parentRefs: [{{name: edge, sectionName: http}}]
+  hostnames: [shop.example.com]
+  rules:
+  - filters: [{filter}]
+    backendRefs: [{{name: web, port: 80}}]
+"
+            )
+        };
+        let refused = [
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Transfer-Encoding, value: chunked}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Host, value: evil}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: X-Forwarded-For, value: 10.0.0.1}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {remove: [x-request-id]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Proxy-Authorization, value: x}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: content-length, value: '0'}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: TE, value: trailers}]}}",
+            "{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: Connection, value: close}]}}",
+            "{type: ResponseHeaderModifier, responseHeaderModifier: {remove: [Keep-Alive, Upgrade, Trailer]}}",
+        ];
+        for filter in refused {
+            let yaml: &'static str = Box::leak(route(filter).into_boxed_str());
+            let p = run(&world(yaml));
+            let accepted = cond(&parent(&p, "web")[0].conditions, "Accepted");
+            assert!(!accepted.status, "{filter}");
+            assert_eq!(accepted.reason, "UnsupportedValue", "{filter}");
+            assert!(p.hosts.is_empty(), "{filter}");
+        }
+        let fine = "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-Custom, value: v}], remove: [X-Forwarded]}}";
+        let yaml: &'static str = Box::leak(route(fine).into_boxed_str());
+        let p = run(&world(yaml));
+        assert!(cond(&parent(&p, "web")[0].conditions, "Accepted").status);
+        assert!(p.hosts.contains_key("shop.example.com"));
     }
 
     /// Attachment failures carry the specification's reasons.

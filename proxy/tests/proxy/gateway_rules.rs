@@ -491,3 +491,58 @@ async fn rule_timeouts_answer_504_when_they_elapse() {
     let e = echo(&client, addr, "/fine", &[]).await;
     assert_eq!(e["backend"], ["web"]);
 }
+
+/// Issue 37 item 7 (G10): a header filter cannot touch the message's
+/// framing, hop-by-hop fields, `Host` or what the proxy vouches for
+/// (`X-Forwarded-*`, the request id), on the request or the response; the
+/// plan refuses such filters, and the proxy ignores those names too.
+#[tokio::test]
+async fn header_filters_leave_framing_and_proxy_headers_alone() {
+    let web = echo_backend("web").await;
+    let request = modifier(
+        &[
+            ("Transfer-Encoding", "chunked"),
+            ("X-Forwarded-For", "10.0.0.1"),
+            ("host", "evil.example"),
+            ("x-request-id", "forged"),
+            ("Connection", "upgrade"),
+            ("Upgrade", "h2c"),
+            ("x-custom", "ok"),
+        ],
+        &[("x-forwarded-proto", "ftp"), ("TE", "trailers")],
+        &["x-forwarded-host"],
+    );
+    let response = modifier(&[("content-length", "0"), ("x-out", "ok")], &[], &[]);
+    let (_core, addr) = serve(vec![gateway_route(
+        "/",
+        rule(
+            vec![target(&[web], 1)],
+            vec![
+                Filter::RequestHeaderModifier(request),
+                Filter::ResponseHeaderModifier(response),
+            ],
+        ),
+    )])
+    .await;
+    let resp = client()
+        .post(format!("http://{addr}/x"))
+        .header(HOST, HOST_NAME)
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-out"], "ok");
+    let text = resp.text().await.unwrap();
+    assert!(text.starts_with("backend: web"), "the body was cut: {text}");
+    let e = parse_echo(&text);
+    assert!(!e.contains_key("transfer-encoding"), "{e:?}");
+    assert_eq!(e["content-length"], ["5"]);
+    assert_eq!(e["x-forwarded-for"], ["127.0.0.1"]);
+    assert_eq!(e["host"], [HOST_NAME]);
+    assert_eq!(e["x-forwarded-host"], [HOST_NAME]);
+    assert_eq!(e["x-forwarded-proto"], ["http"]);
+    assert_ne!(e["x-request-id"], ["forged"]);
+    assert!(!e.contains_key("upgrade") && !e.contains_key("te"), "{e:?}");
+    assert_eq!(e["x-custom"], ["ok"]);
+}
