@@ -546,3 +546,50 @@ async fn header_filters_leave_framing_and_proxy_headers_alone() {
     assert!(!e.contains_key("upgrade") && !e.contains_key("te"), "{e:?}");
     assert_eq!(e["x-custom"], ["ok"]);
 }
+
+/// Issue 37 item 7 (G11): `ReplacePrefixMatch` (rewrite and redirect) works
+/// on the canonical path the router matched, so a path that matched `/api`
+/// only once canonicalised (`/%61pi/…`, `//api/…`, dot segments) is still
+/// rewritten; the query is kept as sent.
+#[tokio::test]
+async fn replace_prefix_match_works_on_the_canonical_path() {
+    let web = echo_backend("web").await;
+    let prefix = |p: &str| Some(PathModifier::ReplacePrefixMatch(p.into()));
+    let (_core, addr) = serve(vec![
+        gateway_route(
+            "/api",
+            rule(
+                vec![target(&[web], 1)],
+                vec![Filter::UrlRewrite(Rewrite {
+                    hostname: None,
+                    path: prefix("/public/api"),
+                })],
+            ),
+        ),
+        gateway_route(
+            "/old",
+            rule(
+                vec![],
+                vec![redirect(None, None, prefix("/new"), None, 302)],
+            ),
+        ),
+    ])
+    .await;
+    let client = no_redirects();
+    for (path, upstream) in [
+        ("/api/admin", "/public/api/admin"),
+        ("/%61pi/admin", "/public/api/admin"),
+        ("//api/admin", "/public/api/admin"),
+        ("/x/../api/admin?q=%61", "/public/api/admin?q=%61"),
+        ("/%61pi", "/public/api"),
+    ] {
+        let e = echo(&client, addr, path, &[]).await;
+        assert_eq!(e["path"], [upstream], "{path}");
+    }
+    for (path, location) in [("/%6fld/x", "/new/x"), ("//old/x?k=v", "/new/x?k=v")] {
+        let resp = get(&client, addr, path, &[]).await;
+        assert_eq!(resp.status(), 302, "{path}");
+        let got = resp.headers()["location"].to_str().unwrap().to_owned();
+        assert_eq!(got, format!("http://{HOST_NAME}{location}"), "{path}");
+    }
+}
