@@ -492,12 +492,18 @@ pub fn service_name(connector_name: &str) -> String {
     format!("c-{connector_name}")
 }
 
-/// The proxy's address for `connector`: `http://c-<name>.<ns>.svc.<domain>`.
-pub fn proxy_service_url(namespace: &str, name: &str, cluster_domain: &str) -> String {
-    format!(
-        "http://{}.{namespace}.svc.{cluster_domain}",
-        service_name(name)
-    )
+/// The host of the proxy's own Service: `<service>.<namespace>.svc.<domain>`
+/// in the operator's namespace, or `service` itself when it is a DNS name
+/// already. Kubeconfigs and `status.proxy.httpAddress` name it, never a
+/// Service of the Connector's namespace, which that namespace's editors
+/// could repoint to collect the workloads' tokens; the proxy knows the
+/// Connector from the URL's userinfo (`<ns>/<name>`).
+pub fn proxy_service_host(service: &str, namespace: &str, cluster_domain: &str) -> String {
+    if service.contains('.') {
+        service.to_owned()
+    } else {
+        format!("{service}.{namespace}.svc.{cluster_domain}")
+    }
 }
 
 /// The Service `c-<name>`: an `ExternalName` for the proxy's own Service
@@ -616,17 +622,12 @@ pub fn status_for(
             .position(|t| *t == c.type_)
             .unwrap_or(order.len())
     });
-    let namespace = connector.metadata.namespace.as_deref().unwrap_or("default");
     ConnectorStatus {
         conditions,
         observed_generation: generation,
         proxy: Some(ConnectorProxyStatus {
             http_address: Some(Addressable {
-                url: Some(proxy_service_url(
-                    namespace,
-                    &connector.name_any(),
-                    &options.cluster_domain,
-                )),
+                url: Some(format!("http://{}", options.proxy_service_host)),
                 name: Some("proxy".into()),
                 audience: Some(options.token_audience.clone()),
                 ca_certs: Some(proxy_ca_pem.to_owned()),
@@ -1207,9 +1208,11 @@ mod tests {
             .http_address
             .as_ref()
             .unwrap();
+        // Issue 37 item 7 (C1): the proxy's own Service in the operator's
+        // namespace, not `c-<name>` in the Connector's.
         assert_eq!(
             address.url.as_deref(),
-            Some("http://c-k8s-connector.demo.svc.cluster.local")
+            Some("http://tuna-operator-connectors.tuna-system.svc.cluster.local")
         );
         assert_eq!(address.ca_certs.as_deref(), Some("CA PEM"));
         // The same observation later: an identical status (no write).

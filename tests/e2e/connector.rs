@@ -83,7 +83,7 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
     let address = address.http_address.as_ref().unwrap();
     assert_eq!(
         address.url.as_deref(),
-        Some("http://c-k8s-connector.k8s-connector-demo.svc.cluster.local")
+        Some("http://tuna-operator-connectors.tuna-system.svc.cluster.local")
     );
     for type_ in [
         "ConnectorClassReady",
