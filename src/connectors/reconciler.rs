@@ -950,11 +950,20 @@ pub async fn run(
     .default_backoff()
     .reflect(class_writer)
     .touched_objects();
-    let controller = Controller::new(
+    // Touched objects, not only applied ones: a Connector's own deletion
+    // reconciles it (and the proxy forgets it) at once. `Controller::new`
+    // reacts to applied objects only, so the role learnt of a deletion when
+    // the garbage collector removed the Connector's Service (~10 s on a real
+    // cluster) or at the next resync, while open connections kept their grant.
+    let (connectors, connector_writer) = reflector::store::<Connector>();
+    let connector_stream = watcher(
         Api::<Connector>::all(client.clone()),
         watcher::Config::default(),
-    );
-    let connectors = controller.store();
+    )
+    .default_backoff()
+    .reflect(connector_writer)
+    .touched_objects();
+    let controller = Controller::for_stream(connector_stream, connectors.clone());
     let by_class = {
         let connectors = connectors.clone();
         move |class: ConnectorClass| {
