@@ -38,7 +38,9 @@ impl Default for ProxyConfig {
             limits: DownstreamLimits::default(),
             shutdown_grace: Duration::from_secs(25),
             trusted_peers: Vec::new(),
-            request_id_header: http::HeaderName::from_static("x-request-id"),
+            request_id_header: http::HeaderName::from_static(
+                crate::gateway::DEFAULT_REQUEST_ID_HEADER,
+            ),
             max_connect_attempts: 3,
             upstream_pool_size: 128,
             upstream_h2_streams: 100,

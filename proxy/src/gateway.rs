@@ -168,18 +168,55 @@ impl HeaderEdit for ResponseHeader {
     }
 }
 
+/// The request id header the proxy sets unless configured otherwise
+/// ([`crate::ProxyConfig::request_id_header`]).
+pub const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Whether a rule's header filter must leave `name` alone: the message's
+/// framing (`Content-Length`, `Transfer-Encoding`), hop-by-hop fields
+/// (`Connection`, `Keep-Alive`, `Upgrade`, `TE`, `Trailer`, `Proxy-*`), the
+/// routed `Host` (`URLRewrite` changes it), and what the proxy vouches for
+/// toward the backend (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`, the request
+/// id). Setting them would let a route desynchronise the upstream
+/// connection or forge the client's identity toward a Service that trusts
+/// the proxy. The plan refuses such filters (`UnsupportedValue`); the proxy
+/// ignores those names as well. Case-insensitive.
+pub fn protected_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "host"
+            | "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "keep-alive"
+            | "upgrade"
+            | "te"
+            | "trailer"
+            | "forwarded"
+            | "x-real-ip"
+            | DEFAULT_REQUEST_ID_HEADER
+    ) || name.starts_with("proxy-")
+        || name.starts_with("x-forwarded-")
+}
+
 /// Applies an `HTTPHeaderFilter`: `set` replaces every value of a header
 /// (or adds it), `add` appends one more value, `remove` drops every value;
 /// names compare case-insensitively. A name or value that is not a valid
 /// header is skipped (the plan validates them; the proxy never fails a
-/// request over one).
-pub(crate) fn edit_headers(m: &HeaderModifier, headers: &mut impl HeaderEdit) {
-    fn parse(name: &str, value: &str) -> Option<(HeaderName, HeaderValue)> {
-        Some((
-            HeaderName::from_bytes(name.as_bytes()).ok()?,
-            HeaderValue::from_str(value).ok()?,
-        ))
-    }
+/// request over one), and so is a [`protected_header`] or the configured
+/// `request_id` header.
+pub(crate) fn edit_headers(
+    m: &HeaderModifier,
+    headers: &mut impl HeaderEdit,
+    request_id: &HeaderName,
+) {
+    let parse_name = |name: &str| {
+        let n = HeaderName::from_bytes(name.as_bytes()).ok()?;
+        (!protected_header(n.as_str()) && n != *request_id).then_some(n)
+    };
+    let parse =
+        |name: &str, value: &str| Some((parse_name(name)?, HeaderValue::from_str(value).ok()?));
     for (name, value) in &m.set {
         if let Some((n, v)) = parse(name, value) {
             let _ = headers.set(n, v);
@@ -191,7 +228,7 @@ pub(crate) fn edit_headers(m: &HeaderModifier, headers: &mut impl HeaderEdit) {
         }
     }
     for name in &m.remove {
-        if let Ok(n) = HeaderName::from_bytes(name.as_bytes()) {
+        if let Some(n) = parse_name(name) {
             headers.remove(&n);
         }
     }

@@ -292,6 +292,25 @@ fn apply_timeouts(
     Ok(())
 }
 
+/// The path the router matched (canonical: unreserved escapes decoded, `//`
+/// and dot segments resolved, `%2F` kept) with the query as sent. Rewrites
+/// and redirects work on it: a `ReplacePrefixMatch` of `/api` must replace
+/// the prefix of `/%61pi/x` and `//api/x` too, which matched as `/api/x`.
+/// Borrows when the path is canonical already.
+fn canonical_path_and_query(raw: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    match tuna_routing::normalize_path(raw) {
+        Some(Cow::Owned(mut path)) => {
+            if let Some((_, query)) = raw.split_once('?') {
+                path.push('?');
+                path.push_str(query);
+            }
+            Cow::Owned(path)
+        }
+        Some(Cow::Borrowed(_)) | None => Cow::Borrowed(raw),
+    }
+}
+
 /// A `URLRewrite` on the upstream request: the path (query kept) and the
 /// `Host` (and the target's authority, when it carries one).
 fn rewrite_upstream(upstream: &mut RequestHeader, ctx: &RequestCtx) -> pingora::Result<()> {
@@ -582,11 +601,12 @@ impl ProxyHttp for Router {
                 .as_ref()
                 .and_then(|v| v.to_str().ok())
                 .and_then(gateway::host_port);
+            let canonical = canonical_path_and_query(path);
             let line = RequestLine {
                 scheme: self.scheme,
                 host,
                 port: public_port,
-                path_and_query: path,
+                path_and_query: &canonical,
                 matched_prefix: &m.spec.path,
             };
             let redirect = self.prepare_gateway(ctx, &m, &line);
@@ -673,7 +693,9 @@ impl ProxyHttp for Router {
         if let Some(rule) = &ctx.rule {
             for filter in &rule.filters {
                 match filter {
-                    Filter::RequestHeaderModifier(m) => gateway::edit_headers(m, upstream),
+                    Filter::RequestHeaderModifier(m) => {
+                        gateway::edit_headers(m, upstream, &self.shared.config.request_id_header)
+                    }
                     Filter::UrlRewrite(_) => rewrite_upstream(upstream, ctx)?,
                     Filter::ResponseHeaderModifier(_) | Filter::RequestRedirect(_) => {}
                 }
@@ -721,7 +743,11 @@ impl ProxyHttp for Router {
         if let Some(rule) = &ctx.rule {
             for filter in &rule.filters {
                 if let Filter::ResponseHeaderModifier(m) = filter {
-                    gateway::edit_headers(m, upstream_response);
+                    gateway::edit_headers(
+                        m,
+                        upstream_response,
+                        &self.shared.config.request_id_header,
+                    );
                 }
             }
         }

@@ -234,6 +234,7 @@ pub use connect::{
     UpstreamTarget,
 };
 pub use error::{Error, Result};
+pub use gateway::{DEFAULT_REQUEST_ID_HEADER, protected_header};
 pub use routes::{
     GatewayRule, HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol, WeightedTarget,
 };

@@ -230,7 +230,6 @@ async fn apply_hosts(
         &state.services.snapshot(),
         options,
     );
-    for h in hosts {}
     // Every claimant of `hosts` was in view: their holders are recorded
     // before anything is published.
     state

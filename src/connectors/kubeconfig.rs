@@ -26,7 +26,8 @@ pub struct KubeconfigInput {
     /// The target API server, `spec.address` (kubectl connects there — through
     /// the proxy).
     pub server: String,
-    /// `host[:port]` of the proxy: `c-<name>.<namespace>.svc.cluster.local`.
+    /// `host[:port]` of the proxy: its own Service,
+    /// `tuna-operator-connectors.<operator ns>.svc.cluster.local`.
     pub proxy_host: String,
     /// PEM of the proxy's CA.
     pub proxy_ca_pem: String,

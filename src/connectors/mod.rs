@@ -2,7 +2,7 @@
 //! without ever holding its credentials.
 //!
 //! ```text
-//! workload (kubeconfig: server = the target, proxy-url = c-<name>.<ns>:80,
+//! workload (kubeconfig: server = the target, proxy-url = the proxy's Service:80,
 //!           proxy password = its own short-lived ServiceAccount token)
 //!    │ CONNECT target:port, Proxy-Authorization: Basic <ns>/<name>:<token>
 //!    ▼

@@ -492,12 +492,18 @@ pub fn service_name(connector_name: &str) -> String {
     format!("c-{connector_name}")
 }
 
-/// The proxy's address for `connector`: `http://c-<name>.<ns>.svc.<domain>`.
-pub fn proxy_service_url(namespace: &str, name: &str, cluster_domain: &str) -> String {
-    format!(
-        "http://{}.{namespace}.svc.{cluster_domain}",
-        service_name(name)
-    )
+/// The host of the proxy's own Service: `<service>.<namespace>.svc.<domain>`
+/// in the operator's namespace, or `service` itself when it is a DNS name
+/// already. Kubeconfigs and `status.proxy.httpAddress` name it, never a
+/// Service of the Connector's namespace, which that namespace's editors
+/// could repoint to collect the workloads' tokens; the proxy knows the
+/// Connector from the URL's userinfo (`<ns>/<name>`).
+pub fn proxy_service_host(service: &str, namespace: &str, cluster_domain: &str) -> String {
+    if service.contains('.') {
+        service.to_owned()
+    } else {
+        format!("{service}.{namespace}.svc.{cluster_domain}")
+    }
 }
 
 /// The Service `c-<name>`: an `ExternalName` for the proxy's own Service
@@ -616,17 +622,12 @@ pub fn status_for(
             .position(|t| *t == c.type_)
             .unwrap_or(order.len())
     });
-    let namespace = connector.metadata.namespace.as_deref().unwrap_or("default");
     ConnectorStatus {
         conditions,
         observed_generation: generation,
         proxy: Some(ConnectorProxyStatus {
             http_address: Some(Addressable {
-                url: Some(proxy_service_url(
-                    namespace,
-                    &connector.name_any(),
-                    &options.cluster_domain,
-                )),
+                url: Some(format!("http://{}", options.proxy_service_host)),
                 name: Some("proxy".into()),
                 audience: Some(options.token_audience.clone()),
                 ca_certs: Some(proxy_ca_pem.to_owned()),
@@ -949,11 +950,20 @@ pub async fn run(
     .default_backoff()
     .reflect(class_writer)
     .touched_objects();
-    let controller = Controller::new(
+    // Touched objects, not only applied ones: a Connector's own deletion
+    // reconciles it (and the proxy forgets it) at once. `Controller::new`
+    // reacts to applied objects only, so the role learnt of a deletion when
+    // the garbage collector removed the Connector's Service (~10 s on a real
+    // cluster) or at the next resync, while open connections kept their grant.
+    let (connectors, connector_writer) = reflector::store::<Connector>();
+    let connector_stream = watcher(
         Api::<Connector>::all(client.clone()),
         watcher::Config::default(),
-    );
-    let connectors = controller.store();
+    )
+    .default_backoff()
+    .reflect(connector_writer)
+    .touched_objects();
+    let controller = Controller::for_stream(connector_stream, connectors.clone());
     let by_class = {
         let connectors = connectors.clone();
         move |class: ConnectorClass| {
@@ -1207,9 +1217,11 @@ mod tests {
             .http_address
             .as_ref()
             .unwrap();
+        // Issue 37 item 7 (C1): the proxy's own Service in the operator's
+        // namespace, not `c-<name>` in the Connector's.
         assert_eq!(
             address.url.as_deref(),
-            Some("http://c-k8s-connector.demo.svc.cluster.local")
+            Some("http://tuna-operator-connectors.tuna-system.svc.cluster.local")
         );
         assert_eq!(address.ca_certs.as_deref(), Some("CA PEM"));
         // The same observation later: an identical status (no write).

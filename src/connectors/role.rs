@@ -73,7 +73,8 @@ pub struct ConnectorsFlags {
     )]
     pub ca_secret: String,
     /// The Service in front of the proxy listener, port 80: a name in the
-    /// operator's namespace, or a full DNS name. Every Connector's Service
+    /// operator's namespace, or a full DNS name. Kubeconfigs and
+    /// `status.proxy.httpAddress` name it; every Connector's Service
     /// `c-<name>` is an ExternalName for it.
     #[arg(long, value_name = "NAME", default_value = "tuna-operator-connectors")]
     pub proxy_service: String,
@@ -138,14 +139,7 @@ impl ConnectorsFlags {
     }
 
     fn proxy_service_host(&self, namespace: &str) -> String {
-        if self.proxy_service.contains('.') {
-            self.proxy_service.clone()
-        } else {
-            format!(
-                "{}.{namespace}.svc.{}",
-                self.proxy_service, self.cluster_domain
-            )
-        }
+        super::reconciler::proxy_service_host(&self.proxy_service, namespace, &self.cluster_domain)
     }
 }
 

@@ -91,12 +91,18 @@ pub struct CsiArgs {
     /// pod of another node is refused.
     #[arg(long, value_name = "NODE", env = "NODE_NAME")]
     pub node_id: String,
-    /// Proxy URL written into kubeconfigs instead of the Connector's
-    /// Service, `http://c-<name>.<namespace>.svc.<cluster domain>`, for
-    /// nodes whose pods cannot resolve the cluster's DNS names (tests,
-    /// debugging).
+    /// Proxy URL written into kubeconfigs instead of the proxy's Service
+    /// (`--proxy-service`), for nodes whose pods cannot resolve the
+    /// cluster's DNS names (tests, debugging).
     #[arg(long, value_name = "URL")]
     pub proxy_url: Option<String>,
+    /// The proxy's Service in the operator's namespace (`--namespace`), as
+    /// the connectors role's `--proxy-service`, or a full DNS name:
+    /// kubeconfigs dial `http://<service>.<namespace>.svc.<cluster domain>`
+    /// and name the Connector in the userinfo. Never a Service of the
+    /// Connector's namespace, which its editors could repoint.
+    #[arg(long, value_name = "NAME", default_value = "tuna-operator-connectors")]
+    pub proxy_service: String,
     /// The operator's namespace, of the proxy CA's ConfigMap. Default: the
     /// environment variable POD_NAMESPACE, else the kubeconfig's namespace.
     #[arg(long, value_name = "NS")]

@@ -23,7 +23,7 @@ use crate::Error;
 use crate::connectors::authorizer::{Subject, may_use_connector, refusal};
 use crate::connectors::kubeconfig::{self, KubeconfigInput};
 use crate::connectors::proxy_ca;
-use crate::connectors::reconciler::proxy_service_url;
+use crate::connectors::reconciler::proxy_service_host;
 
 /// The built-in files every volume gets (unless excluded with `!name`).
 pub const TOKEN_FILE: &str = "context.token";
@@ -38,9 +38,10 @@ pub struct NodeContext {
     client: Client,
     node_id: String,
     proxy_url: Option<String>,
+    /// `host` of the proxy's own Service (operator's namespace).
+    proxy_host: String,
     /// Namespace and name of the ConfigMap of the proxy CA's certificate.
     ca_config_map: (String, String),
-    cluster_domain: String,
     token_audience: String,
     /// Volumes with a call in progress: a second call on one gets ABORTED,
     /// as the CSI spec recommends.
@@ -62,8 +63,8 @@ impl NodeContext {
         Self {
             node_id: args.node_id.clone(),
             proxy_url: args.proxy_url.clone(),
+            proxy_host: proxy_service_host(&args.proxy_service, &namespace, &args.cluster_domain),
             ca_config_map: (namespace, args.ca_config_map.clone()),
-            cluster_domain: args.cluster_domain.clone(),
             token_audience: args.token_audience.clone(),
             client,
             busy: Arc::default(),
@@ -412,7 +413,7 @@ impl NodeService {
             .ctx
             .proxy_url
             .clone()
-            .unwrap_or_else(|| proxy_service_url(ns, name, &self.ctx.cluster_domain));
+            .unwrap_or_else(|| format!("http://{}", self.ctx.proxy_host));
         let input = KubeconfigInput::with_proxy(&connector, token.token, &proxy_url, ca)
             .map_err(render_error)?;
         let mut files = Vec::new();

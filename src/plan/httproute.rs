@@ -331,6 +331,9 @@ fn unsupported(rule: &HttpRouteRules) -> Option<String> {
             }
             _ => {}
         }
+        if let Some(m) = protected_header_edit(f) {
+            return Some(m);
+        }
     }
     if rule
         .backend_refs
@@ -348,6 +351,43 @@ fn unsupported(rule: &HttpRouteRules) -> Option<String> {
         }
     }
     None
+}
+
+/// A header filter naming a header the proxy owns (framing, hop-by-hop,
+/// `Host`, `X-Forwarded-*`, the request id: [`tuna_proxy::protected_header`])
+/// is an unsupported value: the route could otherwise desynchronise the
+/// upstream connection or forge the client's identity toward a backend.
+fn protected_header_edit(f: &HttpRouteRulesFilters) -> Option<String> {
+    let (kind, names): (&str, Vec<&str>) = match f.r#type {
+        HttpRouteRulesFiltersType::RequestHeaderModifier => {
+            let m = f.request_header_modifier.as_ref()?;
+            let names = m.set.iter().flatten().map(|h| h.name.as_str());
+            let added = m.add.iter().flatten().map(|h| h.name.as_str());
+            let removed = m.remove.iter().flatten().map(String::as_str);
+            (
+                "RequestHeaderModifier",
+                names.chain(added).chain(removed).collect(),
+            )
+        }
+        HttpRouteRulesFiltersType::ResponseHeaderModifier => {
+            let m = f.response_header_modifier.as_ref()?;
+            let names = m.set.iter().flatten().map(|h| h.name.as_str());
+            let added = m.add.iter().flatten().map(|h| h.name.as_str());
+            let removed = m.remove.iter().flatten().map(String::as_str);
+            (
+                "ResponseHeaderModifier",
+                names.chain(added).chain(removed).collect(),
+            )
+        }
+        _ => return None,
+    };
+    let name = names
+        .into_iter()
+        .find(|n| tuna_proxy::protected_header(n))?;
+    Some(format!(
+        "filter {kind} may not change header {name:?}: the proxy sets framing, hop-by-hop, \
+         Host, X-Forwarded-* and request-id headers itself (use URLRewrite for the host)"
+    ))
 }
 
 fn modifier(
@@ -685,7 +725,6 @@ pub(crate) struct Candidate {
     pattern: String,
     spec: HostRoute,
     route: ObjectRef,
-    meta: Arc<HttpRoute>,
 }
 
 /// The Gateway API objects read, attached and expanded to the hosts they
@@ -697,6 +736,7 @@ pub(crate) struct Prepared<'a> {
     gateways: Vec<&'a Arc<Gateway>>,
     grants: Vec<&'a ReferenceGrant>,
     attached_count: BTreeMap<(usize, String), i32>,
+    accepted_by: BTreeMap<(String, String), BTreeSet<usize>>,
     candidates: Vec<Candidate>,
     per_candidate: Vec<Vec<String>>,
     reported: BTreeSet<(ObjectRef, String)>,
@@ -807,6 +847,9 @@ pub(crate) fn prepare<'a>(
 
     // (gateway index, listener name) → attached route count.
     let mut attached_count: BTreeMap<(usize, String), i32> = BTreeMap::new();
+    // (route namespace, route name) → the gateways that accepted it: only
+    // those list its hosts in their status.addresses.
+    let mut accepted_by: BTreeMap<(String, String), BTreeSet<usize>> = BTreeMap::new();
     // Candidate specs by hostname pattern (`*` for none).
     let mut candidates: Vec<Candidate> = Vec::new();
 
@@ -860,6 +903,10 @@ pub(crate) fn prepare<'a>(
                 ) {
                     Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, parent)),
                     Ok(listeners) => {
+                        accepted_by
+                            .entry((namespace.clone(), object.name.clone()))
+                            .or_default()
+                            .insert(gi);
                         for a in &listeners {
                             // A listener an HTTPRoute cannot use (TCP) never gets here:
                             // its kinds do not admit HTTPRoute.
@@ -922,7 +969,6 @@ pub(crate) fn prepare<'a>(
                             matcher: Matcher::Gateway(Arc::new(matcher)),
                         },
                         route: object.clone(),
-                        meta: Arc::clone(route),
                     });
                 }
             }
@@ -1011,6 +1057,7 @@ pub(crate) fn prepare<'a>(
         gateways,
         grants,
         attached_count,
+        accepted_by,
         candidates,
         per_candidate,
         reported,
@@ -1032,6 +1079,7 @@ pub(crate) fn finish(
         gateways,
         grants,
         mut attached_count,
+        accepted_by,
         candidates,
         per_candidate,
         mut reported,
@@ -1185,16 +1233,9 @@ pub(crate) fn finish(
         let mut addresses: BTreeSet<String> = BTreeSet::new();
         for (host, specs) in &out.hosts {
             let through_this = specs.iter().any(|s| {
-                candidates.iter().any(|c| {
-                    c.route.namespace == s.origin.namespace
-                        && c.route.name == s.origin.name
-                        && c.meta
-                            .spec
-                            .parent_refs
-                            .iter()
-                            .flatten()
-                            .any(|p| refers_to(p, &c.route.namespace, g))
-                })
+                accepted_by
+                    .get(&(s.origin.namespace.clone(), s.origin.name.clone()))
+                    .is_some_and(|gws| gws.contains(&gi))
             });
             if through_this {
                 addresses.insert(host.clone());
@@ -1338,12 +1379,20 @@ spec:
     }
 
     fn run(w: &World) -> Plan {
-        run_with(w, None)
+        run_full(GATEWAY, w, None)
     }
 
     fn run_with(w: &World, book: Option<&crate::plan::claims::ClaimBook>) -> Plan {
+        run_full(GATEWAY, w, book)
+    }
+
+    fn run_with_gateways(gateways: &str, w: &World) -> Plan {
+        run_full(gateways, w, None)
+    }
+
+    fn run_full(gateways: &str, w: &World, book: Option<&crate::plan::claims::ClaimBook>) -> Plan {
         let classes = objects::<GatewayClass>(CLASS);
-        let gateways = objects::<Gateway>(GATEWAY);
+        let gateways = objects::<Gateway>(gateways);
         let routes = objects::<HttpRoute>(w.routes);
         let grants = objects::<ReferenceGrant>(w.grants);
         let ingresses = objects::<Ingress>(w.ingresses);
@@ -1450,6 +1499,51 @@ spec:
         assert_eq!(
             cond(&tls.conditions, "Accepted").reason,
             "UnsupportedProtocol"
+        );
+    }
+
+    /// Issue 37 item 7 (G8): a Gateway's `status.addresses` lists only the
+    /// hosts of routes it accepted; a parentRef that Gateway refused (here
+    /// another namespace's Gateway whose listener allows its own namespace
+    /// only) writes nothing into its status.
+    #[test]
+    fn a_refused_parent_ref_adds_no_address_to_that_gateway() {
+        let gateways = format!(
+            "{GATEWAY}---
+metadata: {{name: gw, namespace: team-b}}
+spec:
+  gatewayClassName: tuna
+  listeners: [{{name: http, protocol: HTTP, port: 80}}]
+"
+        );
+        let p = run_with_gateways(
+            &gateways,
+            &world(
+                "
+metadata: {name: r, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: http}, {name: gw, namespace: team-b}]
+  hostnames: [a.example.com]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+",
+            ),
+        );
+        assert!(p.hosts.contains_key("a.example.com"));
+        let parents = parent(&p, "r");
+        let refused = cond(&parents[1].conditions, "Accepted");
+        assert_eq!(refused.reason, "NotAllowedByListeners");
+        let status = |ns: &str| {
+            p.gateway
+                .gateways
+                .iter()
+                .find(|g| g.object.namespace == ns)
+                .expect("gateway status")
+        };
+        assert_eq!(status("shop").addresses, ["a.example.com"]);
+        assert!(
+            status("team-b").addresses.is_empty(),
+            "{:?}",
+            status("team-b").addresses
         );
     }
 
@@ -1575,6 +1669,51 @@ spec:
         assert!(!accepted.status);
         assert_eq!(accepted.reason, "UnsupportedValue");
         assert!(p.hosts.is_empty());
+    }
+
+    /// Issue 37 item 7 (G10): a header filter on a header the proxy owns
+    /// (framing, hop-by-hop, Host, X-Forwarded-*, the request id) makes the
+    /// route Accepted=False, UnsupportedValue, and nothing of it is served;
+    /// other names pass.
+    #[test]
+    fn header_filters_on_proxy_owned_headers_are_unsupported_values() {
+        let route = |filter: &str| {
+            format!(
+                "
+metadata: {{name: web, namespace: shop}}
+spec:
+  parentRefs: [{{name: edge, sectionName: http}}]
+  hostnames: [shop.example.com]
+  rules:
+  - filters: [{filter}]
+    backendRefs: [{{name: web, port: 80}}]
+"
+            )
+        };
+        let refused = [
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Transfer-Encoding, value: chunked}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Host, value: evil}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: X-Forwarded-For, value: 10.0.0.1}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {remove: [x-request-id]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Proxy-Authorization, value: x}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: content-length, value: '0'}]}}",
+            "{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: TE, value: trailers}]}}",
+            "{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: Connection, value: close}]}}",
+            "{type: ResponseHeaderModifier, responseHeaderModifier: {remove: [Keep-Alive, Upgrade, Trailer]}}",
+        ];
+        for filter in refused {
+            let yaml: &'static str = Box::leak(route(filter).into_boxed_str());
+            let p = run(&world(yaml));
+            let accepted = cond(&parent(&p, "web")[0].conditions, "Accepted");
+            assert!(!accepted.status, "{filter}");
+            assert_eq!(accepted.reason, "UnsupportedValue", "{filter}");
+            assert!(p.hosts.is_empty(), "{filter}");
+        }
+        let fine = "{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-Custom, value: v}], remove: [X-Forwarded]}}";
+        let yaml: &'static str = Box::leak(route(fine).into_boxed_str());
+        let p = run(&world(yaml));
+        assert!(cond(&parent(&p, "web")[0].conditions, "Accepted").status);
+        assert!(p.hosts.contains_key("shop.example.com"));
     }
 
     /// Attachment failures carry the specification's reasons.

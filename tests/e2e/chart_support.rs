@@ -1,5 +1,5 @@
 //! What the chart's tests share: the paths of the chart and of the tools
-//! `scripts/setup.sh` installs under `.tools/` (a real Helm 4 and
+//! `scripts/setup.sh --k8s MINOR` installs under `.tools/` (a real Helm 4 and
 //! kubernetes-validate), and `helm` runs.
 
 use std::path::{Path, PathBuf};
@@ -25,7 +25,7 @@ fn tool(env: &str, relative: &str) -> PathBuf {
         .unwrap_or_else(|| root().join(relative));
     assert!(
         path.exists(),
-        "{} is missing: run scripts/setup.sh (it installs it under .tools/), or set {env}",
+        "{} is missing: run scripts/setup.sh --k8s 1.37 (it installs it under .tools/), or set {env}",
         path.display()
     );
     path

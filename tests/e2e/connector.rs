@@ -83,7 +83,7 @@ async fn kubectl_reaches_the_target_through_the_connector_without_its_credential
     let address = address.http_address.as_ref().unwrap();
     assert_eq!(
         address.url.as_deref(),
-        Some("http://c-k8s-connector.k8s-connector-demo.svc.cluster.local")
+        Some("http://tuna-operator-connectors.tuna-system.svc.cluster.local")
     );
     for type_ in [
         "ConnectorClassReady",
@@ -1017,6 +1017,91 @@ mod trust {
             assert_eq!(status, 403, "{body}");
         }
         reconnect_refused(&env, &token, 403).await;
+    }
+
+    /// Pauses a process of the test's own control plane (SIGSTOP) until
+    /// dropped (SIGCONT).
+    struct Paused(libc::pid_t);
+
+    impl Paused {
+        fn component(cluster_dir: &std::path::Path, name: &str) -> Self {
+            let pids = std::fs::read_to_string(cluster_dir.join("pids")).unwrap();
+            let pid = pids
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("no {name} in the cluster's pids: {pids}"))
+                .trim()
+                .parse()
+                .unwrap();
+            assert_eq!(
+                unsafe { libc::kill(pid, libc::SIGSTOP) },
+                0,
+                "SIGSTOP {name}"
+            );
+            Self(pid)
+        }
+    }
+
+    impl Drop for Paused {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+
+    /// Issue 37 item 7: the role reacts to the Connector's own deletion, not
+    /// to the garbage collection of its Service (which took ~10 s more on a
+    /// real cluster). The garbage collector is paused (kube-controller-manager
+    /// stopped), so the deletion itself is the only signal: an open
+    /// connection is refused and closed within a few re-check intervals (1 s
+    /// here), well inside the documented 10 s, and a new CONNECT is refused;
+    /// the role's resync (which would also find the Connector gone) is longer
+    /// than the test.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deleted_connector_stops_its_open_connections_before_garbage_collection() {
+        // No resync within the test either: it would find the Connector gone.
+        let env = Env::start_with(
+            &[
+                "--proxy-recheck-interval",
+                "1s",
+                "--resync-interval",
+                "300s",
+            ],
+            &[],
+        )
+        .await;
+        let kubeconfig = quick_start_ready(&env).await;
+        let token = password_of(&kubeconfig);
+        let (mut sender, conn) = connection(&env, &kubeconfig, &token).await;
+        let pods = "/api/v1/namespaces/default/pods";
+        assert_eq!(
+            status_of(&mut sender, get(&env, pods)).await.unwrap().0,
+            200
+        );
+        let gc = Paused::component(&env.operator.cluster_dir, "kube-controller-manager");
+        ok(
+            env.op(&["-n", NS, "delete", "connector", "k8s-connector"], None),
+            "delete the Connector",
+        );
+        let since = Instant::now();
+        let bound = Duration::from_secs(4);
+        if let Some((status, body)) = refused_within_the_bound(
+            &env,
+            "Connector deleted, no GC",
+            (since, bound),
+            sender,
+            conn,
+        )
+        .await
+        {
+            assert_eq!(status, 403, "{body}");
+        }
+        reconnect_refused(&env, &token, 403).await;
+        // The Service was still there: the deletion alone did it.
+        ok(
+            env.op(&["-n", NS, "get", "service", "c-k8s-connector"], None),
+            "the Connector's Service, not collected yet",
+        );
+        drop(gc);
     }
 
     /// Whether the proxy closed `tcp` within `within`.

@@ -855,7 +855,9 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         (&mut node, format!("http://{}", env.proxy), "after-forgery"),
         (
             &mut dns_node,
-            format!("http://c-k8s-connector.{NS}.svc.cluster.local"),
+            // The proxy's own Service in the operator's namespace, never
+            // `c-<name>` in the Connector's (issue 37 item 7, C1).
+            "http://tuna-operator-connectors.tuna-system.svc.cluster.local".to_owned(),
             "after-forgery-dns",
         ),
     ] {

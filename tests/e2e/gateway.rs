@@ -21,7 +21,7 @@ use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, TcpRoute};
 
 const CONTROLLER: &str = "k8s.tuna.am/gateway-controller";
 
-/// The pinned standard-channel CRDs (`scripts/setup.sh` puts them there).
+/// The pinned standard-channel CRDs (`scripts/setup.sh --k8s MINOR` puts them there).
 fn crds_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/gateway-api-v1.6.1")
 }
@@ -68,7 +68,7 @@ impl Env {
         let dir = crds_dir();
         assert!(
             dir.is_dir(),
-            "{} is missing: run scripts/setup.sh",
+            "{} is missing: run scripts/setup.sh --k8s 1.37 (or scripts/test.sh)",
             dir.display()
         );
         cluster.kubectl_ok(&["apply", "--server-side", "-f", dir.to_str().unwrap()]);

@@ -34,7 +34,7 @@ mod tests {
     use std::path::PathBuf;
 
     /// The pinned CRDs, as `conformance/gateway-api/crds.sh` (run by
-    /// `scripts/setup.sh`) copies them.
+    /// `scripts/setup.sh --k8s MINOR`) copies them.
     fn pinned_crds() -> PathBuf {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
         let go_mod = std::fs::read_to_string(root.join("conformance/gateway-api/go.mod")).unwrap();
@@ -51,7 +51,7 @@ mod tests {
         let dir = root.join(format!(".tools/gateway-api-{version}"));
         assert!(
             dir.is_dir(),
-            "{} is missing: run scripts/setup.sh",
+            "{} is missing: run scripts/setup.sh --k8s 1.37 (or scripts/test.sh)",
             dir.display()
         );
         dir

@@ -491,3 +491,105 @@ async fn rule_timeouts_answer_504_when_they_elapse() {
     let e = echo(&client, addr, "/fine", &[]).await;
     assert_eq!(e["backend"], ["web"]);
 }
+
+/// Issue 37 item 7 (G10): a header filter cannot touch the message's
+/// framing, hop-by-hop fields, `Host` or what the proxy vouches for
+/// (`X-Forwarded-*`, the request id), on the request or the response; the
+/// plan refuses such filters, and the proxy ignores those names too.
+#[tokio::test]
+async fn header_filters_leave_framing_and_proxy_headers_alone() {
+    let web = echo_backend("web").await;
+    let request = modifier(
+        &[
+            ("Transfer-Encoding", "chunked"),
+            ("X-Forwarded-For", "10.0.0.1"),
+            ("host", "evil.example"),
+            ("x-request-id", "forged"),
+            ("Connection", "upgrade"),
+            ("Upgrade", "h2c"),
+            ("x-custom", "ok"),
+        ],
+        &[("x-forwarded-proto", "ftp"), ("TE", "trailers")],
+        &["x-forwarded-host"],
+    );
+    let response = modifier(&[("content-length", "0"), ("x-out", "ok")], &[], &[]);
+    let (_core, addr) = serve(vec![gateway_route(
+        "/",
+        rule(
+            vec![target(&[web], 1)],
+            vec![
+                Filter::RequestHeaderModifier(request),
+                Filter::ResponseHeaderModifier(response),
+            ],
+        ),
+    )])
+    .await;
+    let resp = client()
+        .post(format!("http://{addr}/x"))
+        .header(HOST, HOST_NAME)
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-out"], "ok");
+    let text = resp.text().await.unwrap();
+    assert!(text.starts_with("backend: web"), "the body was cut: {text}");
+    let e = parse_echo(&text);
+    assert!(!e.contains_key("transfer-encoding"), "{e:?}");
+    assert_eq!(e["content-length"], ["5"]);
+    assert_eq!(e["x-forwarded-for"], ["127.0.0.1"]);
+    assert_eq!(e["host"], [HOST_NAME]);
+    assert_eq!(e["x-forwarded-host"], [HOST_NAME]);
+    assert_eq!(e["x-forwarded-proto"], ["http"]);
+    assert_ne!(e["x-request-id"], ["forged"]);
+    assert!(!e.contains_key("upgrade") && !e.contains_key("te"), "{e:?}");
+    assert_eq!(e["x-custom"], ["ok"]);
+}
+
+/// Issue 37 item 7 (G11): `ReplacePrefixMatch` (rewrite and redirect) works
+/// on the canonical path the router matched, so a path that matched `/api`
+/// only once canonicalised (`/%61pi/…`, `//api/…`, dot segments) is still
+/// rewritten; the query is kept as sent.
+#[tokio::test]
+async fn replace_prefix_match_works_on_the_canonical_path() {
+    let web = echo_backend("web").await;
+    let prefix = |p: &str| Some(PathModifier::ReplacePrefixMatch(p.into()));
+    let (_core, addr) = serve(vec![
+        gateway_route(
+            "/api",
+            rule(
+                vec![target(&[web], 1)],
+                vec![Filter::UrlRewrite(Rewrite {
+                    hostname: None,
+                    path: prefix("/public/api"),
+                })],
+            ),
+        ),
+        gateway_route(
+            "/old",
+            rule(
+                vec![],
+                vec![redirect(None, None, prefix("/new"), None, 302)],
+            ),
+        ),
+    ])
+    .await;
+    let client = no_redirects();
+    for (path, upstream) in [
+        ("/api/admin", "/public/api/admin"),
+        ("/%61pi/admin", "/public/api/admin"),
+        ("//api/admin", "/public/api/admin"),
+        ("/x/../api/admin?q=%61", "/public/api/admin?q=%61"),
+        ("/%61pi", "/public/api"),
+    ] {
+        let e = echo(&client, addr, path, &[]).await;
+        assert_eq!(e["path"], [upstream], "{path}");
+    }
+    for (path, location) in [("/%6fld/x", "/new/x"), ("//old/x?k=v", "/new/x?k=v")] {
+        let resp = get(&client, addr, path, &[]).await;
+        assert_eq!(resp.status(), 302, "{path}");
+        let got = resp.headers()["location"].to_str().unwrap().to_owned();
+        assert_eq!(got, format!("http://{HOST_NAME}{location}"), "{path}");
+    }
+}

@@ -292,6 +292,12 @@ pub struct Bindings {
     pub tcp_endpoints: Vec<String>,
 }
 
+/// The token labels that name a tunnel's owner (its tenant): two tunnels of
+/// one account whose tokens differ in any of them belong to different owners,
+/// and the edge never moves a live TCP port from one owner to another
+/// (`docs/tuna-api.md`, "Owners"). A label absent on both is equal.
+pub const OWNER_LABELS: [&str; 2] = ["k8s.tuna.am/cluster", "k8s.tuna.am/namespace"];
+
 /// `POST /v1/tokens`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -23,6 +23,7 @@
 //! between, heartbeat re-checks still run against the copy: they can close a
 //! tunnel (an expiry, a revocation the copy holds), never grant one.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
@@ -33,7 +34,7 @@ use super::names::normalize_host;
 use super::secrets::{self, API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
 use super::store::State;
 use crate::api::{DomainKind, Scope, Timestamp};
-use crate::edge::authority::{Grant, Revocation, SessionAuthority, TokenId};
+use crate::edge::authority::{Grant, Revocation, SessionAuthority, TokenId, owner_labels};
 use crate::wire::{Binding, BoundTarget, ErrorCode, Rejection, TunnelToken};
 
 /// Prefix of the token ids of grants opened with an API key.
@@ -87,6 +88,7 @@ impl ControlPlane {
                 expires_at: system_time(record.expires_at),
                 api_key: false,
                 allowed,
+                owner: owner_labels(&record.labels),
             });
         }
         if let Some(id) = secrets::id_of(API_KEY_PREFIX, presented) {
@@ -110,6 +112,7 @@ impl ControlPlane {
                 expires_at: key_expiry(),
                 api_key: true,
                 allowed: Vec::new(),
+                owner: BTreeMap::new(),
             });
         }
         Err(bad_token())
@@ -170,6 +173,15 @@ impl ControlPlane {
                         )));
                     }
                 }
+                if endpoint.parse::<u16>().is_ok()
+                    && alias_named_by_another_owner(&state, grant, &record.alias)
+                {
+                    return Err(refuse(format!(
+                        "TCP port {} is the endpoint {:?}, which a live token of another owner \
+                         names by its alias; bind an endpoint of your own",
+                        record.port, record.alias
+                    )));
+                }
                 Ok(BoundTarget::Tcp { port: record.port })
             }
         }
@@ -195,6 +207,22 @@ impl ControlPlane {
     pub fn subscribe_revocations(&self) -> broadcast::Receiver<Revocation> {
         self.shared.revoked.subscribe()
     }
+}
+
+/// Whether a live token of `grant`'s account but of another owner (other
+/// owner labels, [`crate::api::OWNER_LABELS`]) was minted for the TCP
+/// endpoint `alias` by name. A reservation records only its account, not the
+/// tenant it was made for; the owner that names an alias in its tokens is the
+/// one it serves, and a port number must not reach around that name. (One
+/// pass over the tokens, for bindings given by port number only.)
+fn alias_named_by_another_owner(state: &State, grant: &Grant, alias: &str) -> bool {
+    let now = Timestamp::now().unix_seconds();
+    state.tokens.values().any(|t| {
+        t.account == grant.account
+            && t.expires_at > now
+            && t.bindings.tcp_endpoints.iter().any(|e| e == alias)
+            && owner_labels(&t.labels) != grant.owner
+    })
 }
 
 /// The credential behind `grant` must still exist and be live. Returns the

@@ -41,7 +41,7 @@
 //! [`MemoryAuthority`] is the in-memory implementation the data-plane tests
 //! and the benchmark use.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
@@ -75,6 +75,18 @@ pub struct Grant {
     /// Bindings the token was created for; `check_binding` is the judge, this
     /// is informative (the in-memory authority uses it).
     pub allowed: Vec<Binding>,
+    /// The token's owner labels (those of [`crate::api::OWNER_LABELS`] it
+    /// carries; none for API keys): a TCP port is never moved from a live
+    /// tunnel to one of another owner.
+    pub owner: BTreeMap<String, String>,
+}
+
+/// The owner labels among a token's `labels` (see [`Grant::owner`]).
+pub fn owner_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    crate::api::OWNER_LABELS
+        .iter()
+        .filter_map(|k| labels.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+        .collect()
 }
 
 /// What must close now: tunnels of a revoked token, or tunnels serving a
@@ -183,6 +195,7 @@ impl MemoryAuthority {
             expires_at,
             api_key: false,
             allowed,
+            owner: BTreeMap::new(),
         };
         self.inner
             .tokens

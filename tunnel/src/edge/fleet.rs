@@ -772,7 +772,10 @@ impl Lease {
             }
         });
         let (session, _events) = AgentSession::new(format!("peer:{id}"), sender, PEER_OPEN_TIMEOUT);
-        Ok((TunnelRoute::new(&session, String::new()), driver))
+        Ok((
+            TunnelRoute::new(&session, String::new(), Default::default()),
+            driver,
+        ))
     }
 }
 

@@ -7,10 +7,15 @@
 //! the claimant's token may serve it. The displaced tunnel's session is told
 //! ([`SessionEvent::Displaced`]) and closes that tunnel.
 //!
+//! A TCP port is taken over only between tunnels of one owner (account and
+//! owner labels, [`RouteOwner`]): a bind that would displace a live tunnel of
+//! another owner is refused, so that two tenants of one account naming the
+//! same port (by alias and by number) cannot take turns on its connections.
+//!
 //! The tables sit behind `parking_lot` locks, which cannot be poisoned: a
 //! panic somewhere while one is held does not stop routing for good.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Weak};
@@ -21,6 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::authority::Grant;
 use super::fleet::FleetIndex;
 use super::tasks::TaskGuard;
 use crate::mux::{self, Gate, MuxStream};
@@ -74,11 +80,31 @@ pub(crate) enum SessionEvent {
     },
 }
 
+/// Whom a tunnel serves for: its credential's account and owner labels
+/// ([`Grant::owner`]). Fleet hops have none (they are never bound here).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RouteOwner {
+    account: String,
+    labels: BTreeMap<String, String>,
+}
+
+impl RouteOwner {
+    pub(crate) fn of(grant: &Grant) -> Self {
+        Self {
+            account: grant.account.clone(),
+            labels: grant.owner.clone(),
+        }
+    }
+}
+
 /// One tunnel of an agent session: what a public host or TCP port routes to.
 pub(crate) struct TunnelRoute {
     pub(crate) session: Arc<AgentSession>,
     /// The agent's id of the tunnel; every stream carries it.
     pub(crate) tunnel: String,
+    /// Whom it serves for; fixed for the route's life (a tunnel id
+    /// re-attached for another owner gets a new route).
+    pub(crate) owner: RouteOwner,
     /// Cancelled when the tunnel closes (a child of the session's token):
     /// public connections watch it.
     pub(crate) closed: CancellationToken,
@@ -92,11 +118,12 @@ pub(crate) struct TunnelRoute {
 pub(crate) type Session = TunnelRoute;
 
 impl TunnelRoute {
-    pub(crate) fn new(session: &Arc<AgentSession>, tunnel: String) -> Arc<Self> {
+    pub(crate) fn new(session: &Arc<AgentSession>, tunnel: String, owner: RouteOwner) -> Arc<Self> {
         Arc::new(Self {
             closed: session.closed.child_token(),
             session: Arc::clone(session),
             tunnel,
+            owner,
             gate: Gate::new(),
             bound: Mutex::new(HashMap::new()),
         })
@@ -282,7 +309,8 @@ impl Registry {
     }
 
     /// Starts serving `target` through `route`, taking it over from any
-    /// other tunnel.
+    /// other tunnel — for a TCP port, only from a tunnel of the same owner
+    /// or one already closed.
     pub(crate) fn bind(
         &self,
         route: &Arc<TunnelRoute>,
@@ -302,6 +330,22 @@ impl Registry {
                 };
                 let mut ports = self.ports.write();
                 if let Some(entry) = ports.get_mut(port) {
+                    if !Arc::ptr_eq(&entry.route, route)
+                        && entry.route.owner != route.owner
+                        && !entry.route.closed.is_cancelled()
+                    {
+                        // Not "newest wins" across owners: the displaced
+                        // owner's agent would re-attach, and the two would
+                        // take turns on the port's connections.
+                        return Err(Rejection::new(
+                            ErrorCode::BindingNotAllowed,
+                            format!(
+                                "TCP port {port} is served by a live tunnel of another owner \
+                                 (its token's account or owner labels differ); a port moves \
+                                 to another owner only once that tunnel has closed"
+                            ),
+                        ));
+                    }
                     let previous = std::mem::replace(&mut entry.route, Arc::clone(route));
                     entry.endpoint = endpoint;
                     Some(previous).filter(|p| !Arc::ptr_eq(p, route))

@@ -42,7 +42,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::authority::{Grant, Revocation, SessionAuthority, TokenId};
 use super::limits::{EdgeLimits, PreAuthBudget, PreAuthSlot, source_key};
-use super::registry::{AgentSession, Registry, SessionEvent, TunnelRoute};
+use super::registry::{AgentSession, Registry, RouteOwner, SessionEvent, TunnelRoute};
 use super::tasks::TaskGuard;
 use crate::control::RateLimiter;
 use crate::mux::{self, MuxStream};
@@ -741,9 +741,17 @@ impl SessionState {
                 self.release(previous);
             }
         }
+        let owner = RouteOwner::of(&judged.grant);
         let route = match self.tunnels.get(&tunnel) {
-            Some(existing) => Arc::clone(&existing.route),
-            None => TunnelRoute::new(&self.session, tunnel.clone()),
+            Some(existing) if existing.route.owner == owner => Arc::clone(&existing.route),
+            Some(existing) => {
+                // Re-attached with another owner's token: nothing it served
+                // carries over (its quota was given back above).
+                self.ctx.registry.remove_route(&existing.route);
+                existing.route.close();
+                TunnelRoute::new(&self.session, tunnel.clone(), owner)
+            }
+            None => TunnelRoute::new(&self.session, tunnel.clone(), owner),
         };
         // The grant is recorded first, so a failure below releases it.
         self.tunnels.insert(

@@ -4,7 +4,7 @@
 //! stopped (`pg_ctl -m immediate`) when dropped.
 //!
 //! The server binaries come from Debian's `postgresql` package
-//! (`scripts/setup.sh` installs it). Without them the tests fail, saying so:
+//! (`scripts/setup.sh --k8s MINOR`, run by `scripts/test.sh`, installs it). Without them the tests fail, saying so:
 //! CI installs them, so a missing server is a broken setup, not a skip.
 
 #![allow(dead_code)]
@@ -44,7 +44,7 @@ fn bindir() -> PathBuf {
         .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
         .unwrap_or_else(|| {
             panic!(
-                "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: run scripts/setup.sh \
+                "PostgreSQL's server binaries (initdb, pg_ctl) are not installed: run scripts/setup.sh --k8s 1.37 \
                  (it installs Debian's postgresql package); the PostgreSQL store tests need a real server"
             )
         })

@@ -18,7 +18,7 @@ use tuna_tunnel::control::{ControlConfig, ControlPlane};
 use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer};
 use tuna_tunnel::wire::{Binding, ErrorCode};
 
-fn full_access_key(dir: &std::path::Path) -> String {
+pub(crate) fn full_access_key(dir: &std::path::Path) -> String {
     let args = KeysArgs {
         command: KeysCommand::Create(CreateKeyArgs {
             data_dir: DataDirArgs {
@@ -36,13 +36,13 @@ fn full_access_key(dir: &std::path::Path) -> String {
     String::from_utf8(out).unwrap().trim().to_owned()
 }
 
-fn open_plane(dir: &std::path::Path, tcp_port: u16) -> ControlPlane {
+pub(crate) fn open_plane(dir: &std::path::Path, tcp_port: u16) -> ControlPlane {
     let mut config = ControlConfig::new(dir, "tuna.test", "127.0.0.1");
     config.tcp_port_range = tcp_port..=tcp_port;
     ControlPlane::open(config).unwrap()
 }
 
-async fn start(
+pub(crate) async fn start(
     cert: &TestCert,
     plane: &ControlPlane,
     agent_addr: std::net::SocketAddr,

@@ -32,6 +32,7 @@ mod data_edge_control;
 mod data_fleet_revocation;
 mod data_multi_tunnel;
 mod data_relay;
+mod data_tcp_owner;
 mod data_tunnel;
 mod edge_fd_budget;
 mod edge_hardening;
