@@ -187,16 +187,42 @@ impl GatewaySnapshot {
     }
 
     /// The HTTPRoutes that may serve one of `hosts` (a superset: the plan
-    /// decides): those naming one of them, or a wildcard covering one, or
-    /// no hostname at all.
+    /// decides): those with a parentRef to a Gateway of ours naming one of
+    /// them, or a wildcard covering one, or no hostname at all.
     pub fn touching(&self, hosts: &BTreeSet<String>) -> Vec<Arc<HttpRoute>> {
         if hosts.is_empty() {
             return Vec::new();
         }
+        let ours = self.our_gateways();
         self.routes
             .iter()
-            .filter(|r| route_may_serve(r, hosts))
+            .filter(|r| names_our_gateway(r, &ours) && route_may_serve(r, hosts))
             .cloned()
+            .collect()
+    }
+
+    /// The Gateways of our GatewayClasses, as `(namespace, name)`: a route
+    /// whose parentRefs name none of them is never served by us, so its
+    /// backendRefs cost no Service read.
+    pub fn our_gateways(&self) -> BTreeSet<(String, String)> {
+        let classes: BTreeSet<&str> = self
+            .classes
+            .iter()
+            .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
+            .filter_map(|c| c.metadata.name.as_deref())
+            .collect();
+        self.gateways
+            .iter()
+            .filter(|g| classes.contains(g.spec.gateway_class_name.as_str()))
+            .map(|g| {
+                (
+                    g.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                    g.metadata.name.clone().unwrap_or_default(),
+                )
+            })
             .collect()
     }
 
@@ -226,6 +252,55 @@ pub fn route_may_serve(route: &HttpRoute, hosts: &BTreeSet<String>) -> bool {
                 None => hosts.contains(&n),
             }
         })
+}
+
+/// Whether a parentRef `(group, kind, namespace, name)` of a route in
+/// `route_namespace` names one of `gateways` (see [`GatewaySnapshot::our_gateways`]).
+fn names_gateway(
+    (group, kind, namespace, name): (Option<&str>, Option<&str>, Option<&str>, &str),
+    route_namespace: &str,
+    gateways: &BTreeSet<(String, String)>,
+) -> bool {
+    group.unwrap_or(GROUP) == GROUP
+        && kind.unwrap_or("Gateway") == "Gateway"
+        && gateways.contains(&(
+            namespace.unwrap_or(route_namespace).to_owned(),
+            name.to_owned(),
+        ))
+}
+
+/// Whether an HTTPRoute has a parentRef to one of `gateways`.
+pub fn names_our_gateway(route: &HttpRoute, gateways: &BTreeSet<(String, String)>) -> bool {
+    let namespace = route.metadata.namespace.as_deref().unwrap_or("default");
+    route.spec.parent_refs.iter().flatten().any(|p| {
+        names_gateway(
+            (
+                p.group.as_deref(),
+                p.kind.as_deref(),
+                p.namespace.as_deref(),
+                &p.name,
+            ),
+            namespace,
+            gateways,
+        )
+    })
+}
+
+/// Whether a TCPRoute has a parentRef to one of `gateways`.
+pub fn tcp_names_our_gateway(route: &TcpRoute, gateways: &BTreeSet<(String, String)>) -> bool {
+    let namespace = route.metadata.namespace.as_deref().unwrap_or("default");
+    route.spec.parent_refs.iter().flatten().any(|p| {
+        names_gateway(
+            (
+                p.group.as_deref(),
+                p.kind.as_deref(),
+                p.namespace.as_deref(),
+                &p.name,
+            ),
+            namespace,
+            gateways,
+        )
+    })
 }
 
 /// The core Services the backendRefs of `route` name: `(namespace, name)`.
@@ -517,14 +592,19 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
             )
         })
         .collect();
+    // Only routes we may serve cost Service reads (any tenant may create
+    // routes; those naming no Gateway of ours are not ours to resolve).
+    let ours = gateway.our_gateways();
     let services: BTreeSet<(String, String)> = gateway
         .routes
         .iter()
+        .filter(|r| names_our_gateway(r, &ours))
         .flat_map(|r| backend_services(r))
         .chain(
             gateway
                 .tcp_routes
                 .iter()
+                .filter(|r| tcp_names_our_gateway(r, &ours))
                 .flat_map(|r| tcp_backend_services(r)),
         )
         .chain(
@@ -535,9 +615,9 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .collect();
     for (namespace, name) in &services {
         if refresh {
-            state.services.refresh(namespace, name).await?;
+            state.services.refresh(namespace, name).await;
         } else {
-            state.services.ensure(namespace, name).await?;
+            state.services.ensure(namespace, name).await;
         }
     }
     let domains = state.stores.domains.state();
@@ -554,12 +634,22 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         &options,
     );
     let may: BTreeSet<String> = reach.hosts.keys().cloned().collect();
-    let hosts: BTreeSet<String> = {
+    let mut hosts: BTreeSet<String> = {
         let mut known = state.gateway_hosts.lock().expect("gateway hosts");
         let hosts = known.union(&may).cloned().collect();
         *known = may;
         hosts
     };
+    if refresh {
+        // The sweep: every published host is planned again at each resync,
+        // so one that nothing claims any more (a deleted Ingress whose
+        // cleanup failed) is unpublished below; hosts an Ingress or a Tunnel
+        // still publishes stay their reconciler's.
+        hosts.extend(state.publisher.keys().into_iter().filter_map(|k| match k {
+            TunnelKey::Host(h) => Some(h),
+            _ => None,
+        }));
+    }
     let ingresses: Vec<_> = state
         .stores
         .ingresses
@@ -571,7 +661,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
     for i in &ingresses {
         let namespace = i.metadata.namespace.as_deref().unwrap_or("default");
         for name in service_names(i, &translate) {
-            state.services.ensure(namespace, &name).await?;
+            state.services.ensure(namespace, &name).await;
         }
     }
     let base = options.base_domain.clone();

@@ -312,12 +312,11 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
         .competitors(tunnel, &state.stores.tunnels);
     for t in &competitors {
         if let Some((ns, name)) = upstream_service(t) {
-            let read = if Arc::ptr_eq(t, tunnel) || t.metadata.uid == tunnel.metadata.uid {
-                state.services.refresh(&ns, &name).await
+            if Arc::ptr_eq(t, tunnel) || t.metadata.uid == tunnel.metadata.uid {
+                state.services.refresh(&ns, &name).await;
             } else {
-                state.services.ensure(&ns, &name).await
-            };
-            read?;
+                state.services.ensure(&ns, &name).await;
+            }
         }
     }
     let domains = state.stores.domains.state();

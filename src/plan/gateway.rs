@@ -401,7 +401,8 @@ pub fn resolve_backend<'a>(
             return Err(RefRefusal::RefNotPermitted);
         }
     }
-    if !service_exists(namespace, name) {
+    // A name that cannot be a Service is not one (and is never read).
+    if !super::service::is_service_name(name) || !service_exists(namespace, name) {
         return Err(RefRefusal::BackendNotFound);
     }
     Ok((namespace, name))

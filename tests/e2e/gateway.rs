@@ -615,3 +615,139 @@ async fn a_tcproute_is_published_through_its_listeners_tcpendpoint() {
     )
     .await;
 }
+
+/// Waits until `host` `/` answers a status `pred` accepts, within 30 s
+/// (the issue's bound); panics with the agent's log.
+async fn answers_within_30s(env: &Env, host: &str, what: &str, pred: impl Fn(u16, &str) -> bool) {
+    let mut last = (0, String::new());
+    let done = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            last = http_get(env.http(), host, "/").await;
+            if pred(last.0, &last.1) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        done.is_ok(),
+        "{host}: {what} not within 30 s; last {last:?}\n{}",
+        env.agent.log()
+    );
+}
+
+fn backend_of(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["backend"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Issue 37 item 4: HTTPRoutes of team-a whose backendRef names `x y` (no
+/// Service can have that name; once with a parentRef to team-a's Gateway
+/// and no hostname, so that it touches every host, once with no parentRef
+/// at all) stall nothing else. With them present, a new Ingress of team-b
+/// serves, a deleted HTTPRoute's host stops and a deleted ReferenceGrant
+/// stops the cross-namespace traffic, each within 30 s; only the bad route
+/// gets `ResolvedRefs=False` (`BackendNotFound`), a good one stays resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_name_that_cannot_be_a_service_stalls_only_its_own_route() {
+    let env = Env::start().await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let api = http_backend("api", bind_loopback(8080).await).await;
+    let shop = http_backend("shop", bind_loopback(8080).await).await;
+    for namespace in ["team-a", "team-b", "backends"] {
+        env.cluster.kubectl_ok(&["create", "namespace", namespace]);
+    }
+    env.cluster.apply(&service("default", "web", web));
+    env.cluster.apply(&service("backends", "api", api));
+    env.cluster.apply(&service("team-b", "shop", shop));
+    let route = |name: &str, backend: &str| {
+        format!(
+            "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {{name: {name}, namespace: default}}\nspec: {{subdomain: {name}}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  hostnames: [{name}.tuna.test]\n  rules:\n  - backendRefs: [{backend}]\n"
+        )
+    };
+    env.cluster.apply(&route("fine", "{name: web, port: 8080}"));
+    env.cluster.apply(&route("gone", "{name: web, port: 8080}"));
+    env.cluster.apply(&route(
+        "cross",
+        "{name: api, namespace: backends, port: 8080}",
+    ));
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: routes-from-default, namespace: backends}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: default}]\n  to: [{group: '', kind: Service, name: api}]\n",
+    );
+    env.serves("fine.tuna.test", "/", "", 200, "web").await;
+    env.serves("gone.tuna.test", "/", "", 200, "web").await;
+    env.serves("cross.tuna.test", "/", "", 200, "api").await;
+
+    // The poison: any tenant may create these in its own namespace.
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: edge, namespace: team-a}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {name: http, protocol: HTTP, port: 80, hostname: poison.tuna.test}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: poison, namespace: team-a}\nspec:\n  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: \"x y\", port: 80}]}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: orphan, namespace: team-a}\nspec:\n  rules: [{backendRefs: [{name: \"x y\", port: 80}]}]\n",
+    );
+    let poison: HttpRoute = wait_for(
+        &env.client,
+        "team-a",
+        "poison",
+        "ResolvedRefs=False",
+        &env.procs(),
+        |r: &HttpRoute| {
+            our_parent(r).is_some_and(|p| {
+                condition(&p.conditions, "ResolvedRefs").is_some_and(|c| c.status == "False")
+            })
+        },
+    )
+    .await;
+    let resolved = condition(&our_parent(&poison).unwrap().conditions, "ResolvedRefs")
+        .unwrap()
+        .clone();
+    assert_eq!(resolved.reason, "BackendNotFound", "{resolved:?}");
+
+    // With the poison present, each change takes effect within 30 s.
+    env.cluster.apply(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: shop, namespace: team-b}\nspec: {subdomain: shop}\n---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: shop, namespace: team-b}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: shop.tuna.test\n    http:\n      paths:\n      - {path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 8080}}}}\n",
+    );
+    env.cluster
+        .kubectl_ok(&["delete", "httproute", "gone", "-n", "default"]);
+    env.cluster.kubectl_ok(&[
+        "delete",
+        "referencegrant",
+        "routes-from-default",
+        "-n",
+        "backends",
+    ]);
+    answers_within_30s(
+        &env,
+        "shop.tuna.test",
+        "team-b's new Ingress serving",
+        |s, b| s == 200 && backend_of(b) == "shop",
+    )
+    .await;
+    answers_within_30s(
+        &env,
+        "gone.tuna.test",
+        "the deleted route's host stopping",
+        |s, _| s != 200,
+    )
+    .await;
+    answers_within_30s(
+        &env,
+        "cross.tuna.test",
+        "the revoked grant refusing",
+        |s, b| s == 500 && backend_of(b) != "api",
+    )
+    .await;
+
+    // The bad route alone is unresolved: the good one on the same agent is not.
+    let fine = env
+        .route("fine", "Accepted", |r: &HttpRoute| {
+            our_parent(r).is_some_and(|p| is_true(&p.conditions, "Accepted"))
+        })
+        .await;
+    assert!(
+        is_true(&our_parent(&fine).unwrap().conditions, "ResolvedRefs"),
+        "{:?}",
+        fine.status
+    );
+    env.serves("fine.tuna.test", "/", "", 200, "web").await;
+}
