@@ -58,6 +58,7 @@ use super::ingress::{self, publish_hosts, routes_summary};
 use super::state::AgentState;
 use crate::Error;
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::plan::gateway::hostname_matches;
 use crate::plan::httproute::{Cond, GatewayInputs, GatewayStatus, RouteStatus};
 use crate::plan::ingress::{rule_hosts, service_names};
 use crate::plan::tunnel::PortOrAlias;
@@ -244,12 +245,10 @@ pub fn route_may_serve(route: &HttpRoute, hosts: &BTreeSet<String>) -> bool {
     let names = route.spec.hostnames.as_deref().unwrap_or_default();
     names.is_empty()
         || names.iter().any(|n| {
-            let n = n.to_ascii_lowercase();
-            match n.strip_prefix("*.") {
-                Some(suffix) => hosts
-                    .iter()
-                    .any(|h| h.len() > suffix.len() + 1 && h.ends_with(&format!(".{suffix}"))),
-                None => hosts.contains(&n),
+            if n.starts_with("*.") {
+                hosts.iter().any(|h| hostname_matches(n, h))
+            } else {
+                hosts.contains(n) || hosts.contains(&n.to_ascii_lowercase())
             }
         })
 }
