@@ -16,7 +16,10 @@ use kube::api::{Api, ListParams};
 use tuna_crds::{Domain, Tunnel};
 
 use crate::plan::ingress::{ServiceRef, TranslateOptions, translate_one};
-use crate::plan::service::{HeadlessEndpoints, ServiceInfo, UpstreamHost, parse_upstream_url};
+use crate::plan::service::{
+    HeadlessEndpoints, ServiceInfo, UpstreamHost, is_namespace_name, is_service_name,
+    parse_upstream_url,
+};
 
 /// `spec.controller` of the IngressClasses this operator serves.
 pub const INGRESS_CONTROLLER: &str = "k8s.tuna.am/ingress-controller";
@@ -38,12 +41,17 @@ pub async fn client() -> Result<Client, kube::Error> {
 
 /// Reads Service `namespace/name` with one `get` (and, for a headless Service,
 /// a `list` of its EndpointSlices by the `kubernetes.io/service-name` label).
-/// `None` when the Service does not exist.
+/// `None` when the Service does not exist, or when `namespace/name` cannot
+/// name a Service at all (checked first, with no API call: such a name can
+/// come from any route's backendRef and must not fail the caller's sync).
 pub async fn read_service(
     client: &Client,
     namespace: &str,
     name: &str,
 ) -> Result<Option<ServiceInfo>, kube::Error> {
+    if !is_service_name(name) || !is_namespace_name(namespace) {
+        return Ok(None);
+    }
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     let Some(service) = services.get_opt(name).await? else {
         return Ok(None);

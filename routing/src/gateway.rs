@@ -15,9 +15,11 @@
 //! matching spec of the whole order.
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 
 use crate::normalize;
-use crate::request::{Conditions, RequestView, query_of};
+use crate::request::{Conditions, ConditionsKey, RequestView, query_of};
 use crate::table::{BuildHost, HostRoutes, NONE, SpecState, rule_key, with_canonical_path};
 use crate::{Matcher, RouteSpec};
 
@@ -115,15 +117,24 @@ impl GatewayRoutes {
         };
         let mut ranges = Vec::with_capacity(lists.len());
         let mut entries = Vec::new();
+        // The first spec of the list with each (hostname, conditions): one
+        // hash per spec, where a scan of the earlier specs made a host of L
+        // specs on one path cost L² comparisons (issue 37, G9).
+        let mut first: HashMap<(Option<&str>, ConditionsKey<'_>), usize> = HashMap::new();
         for mut list in lists {
             list.sort_by(|a, b| order(a).cmp(&order(b)));
             let start = entries.len();
+            first.clear();
             for i in list {
                 // Equal conditions on the same path and hostname: the first
                 // in the order always matches when this one would.
-                let winner = entries[start..].iter().map(|&w| w as usize).find(|&w| {
-                    hostnames[w] == hostnames[i] && conditions[w].same_as(&conditions[i])
-                });
+                let winner = match first.entry((hostnames[i].as_deref(), conditions[i].key())) {
+                    Entry::Occupied(w) => Some(*w.get()),
+                    Entry::Vacant(v) => {
+                        v.insert(i);
+                        None
+                    }
+                };
                 match winner {
                     Some(winner) => {
                         let SpecState::Active { path } = states[i].clone() else {
@@ -136,6 +147,7 @@ impl GatewayRoutes {
             }
             ranges.push((start as u32, entries.len() as u32));
         }
+        drop(first);
         let routes = GatewayRoutes {
             groups: builds.into_iter().map(BuildHost::freeze).collect(),
             lists: ranges.into(),

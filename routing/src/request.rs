@@ -89,6 +89,14 @@ pub(crate) struct Conditions {
     pub(crate) query: Box<[(Box<str>, Box<str>)]>,
 }
 
+/// [`Conditions::key`]: equal keys, equal conditions.
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ConditionsKey<'a> {
+    method: Option<&'a str>,
+    headers: Vec<(&'a str, &'a str)>,
+    query: Vec<(&'a str, &'a str)>,
+}
+
 /// The first condition a request fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mismatch<'a> {
@@ -139,15 +147,21 @@ impl Conditions {
         Ok(())
     }
 
-    /// The equality that makes two specs the same rule (conflict): header
-    /// and query conditions as sets.
-    pub(crate) fn same_as(&self, other: &Self) -> bool {
-        fn same_set(a: &[(Box<str>, Box<str>)], b: &[(Box<str>, Box<str>)]) -> bool {
-            a.len() == b.len() && a.iter().all(|pair| b.contains(pair))
+    /// The equality that makes two specs the same rule (conflict), as a
+    /// hashable key: equal keys, equal conditions (the method, and the
+    /// header and query pairs as sets).
+    pub(crate) fn key(&self) -> ConditionsKey<'_> {
+        fn set(pairs: &[(Box<str>, Box<str>)]) -> Vec<(&str, &str)> {
+            let mut out: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (&**n, &**v)).collect();
+            out.sort_unstable();
+            out.dedup();
+            out
         }
-        self.method == other.method
-            && same_set(&self.headers, &other.headers)
-            && same_set(&self.query, &other.query)
+        ConditionsKey {
+            method: self.method.as_deref(),
+            headers: set(&self.headers),
+            query: set(&self.query),
+        }
     }
 }
 

@@ -58,6 +58,7 @@ use super::ingress::{self, publish_hosts, routes_summary};
 use super::state::AgentState;
 use crate::Error;
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::plan::gateway::hostname_matches;
 use crate::plan::httproute::{Cond, GatewayInputs, GatewayStatus, RouteStatus};
 use crate::plan::ingress::{rule_hosts, service_names};
 use crate::plan::tunnel::PortOrAlias;
@@ -187,16 +188,42 @@ impl GatewaySnapshot {
     }
 
     /// The HTTPRoutes that may serve one of `hosts` (a superset: the plan
-    /// decides): those naming one of them, or a wildcard covering one, or
-    /// no hostname at all.
+    /// decides): those with a parentRef to a Gateway of ours naming one of
+    /// them, or a wildcard covering one, or no hostname at all.
     pub fn touching(&self, hosts: &BTreeSet<String>) -> Vec<Arc<HttpRoute>> {
         if hosts.is_empty() {
             return Vec::new();
         }
+        let ours = self.our_gateways();
         self.routes
             .iter()
-            .filter(|r| route_may_serve(r, hosts))
+            .filter(|r| names_our_gateway(r, &ours) && route_may_serve(r, hosts))
             .cloned()
+            .collect()
+    }
+
+    /// The Gateways of our GatewayClasses, as `(namespace, name)`: a route
+    /// whose parentRefs name none of them is never served by us, so its
+    /// backendRefs cost no Service read.
+    pub fn our_gateways(&self) -> BTreeSet<(String, String)> {
+        let classes: BTreeSet<&str> = self
+            .classes
+            .iter()
+            .filter(|c| c.spec.controller_name == CONTROLLER_NAME)
+            .filter_map(|c| c.metadata.name.as_deref())
+            .collect();
+        self.gateways
+            .iter()
+            .filter(|g| classes.contains(g.spec.gateway_class_name.as_str()))
+            .map(|g| {
+                (
+                    g.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                    g.metadata.name.clone().unwrap_or_default(),
+                )
+            })
             .collect()
     }
 
@@ -218,14 +245,61 @@ pub fn route_may_serve(route: &HttpRoute, hosts: &BTreeSet<String>) -> bool {
     let names = route.spec.hostnames.as_deref().unwrap_or_default();
     names.is_empty()
         || names.iter().any(|n| {
-            let n = n.to_ascii_lowercase();
-            match n.strip_prefix("*.") {
-                Some(suffix) => hosts
-                    .iter()
-                    .any(|h| h.len() > suffix.len() + 1 && h.ends_with(&format!(".{suffix}"))),
-                None => hosts.contains(&n),
+            if n.starts_with("*.") {
+                hosts.iter().any(|h| hostname_matches(n, h))
+            } else {
+                hosts.contains(n) || hosts.contains(&n.to_ascii_lowercase())
             }
         })
+}
+
+/// Whether a parentRef `(group, kind, namespace, name)` of a route in
+/// `route_namespace` names one of `gateways` (see [`GatewaySnapshot::our_gateways`]).
+fn names_gateway(
+    (group, kind, namespace, name): (Option<&str>, Option<&str>, Option<&str>, &str),
+    route_namespace: &str,
+    gateways: &BTreeSet<(String, String)>,
+) -> bool {
+    group.unwrap_or(GROUP) == GROUP
+        && kind.unwrap_or("Gateway") == "Gateway"
+        && gateways.contains(&(
+            namespace.unwrap_or(route_namespace).to_owned(),
+            name.to_owned(),
+        ))
+}
+
+/// Whether an HTTPRoute has a parentRef to one of `gateways`.
+pub fn names_our_gateway(route: &HttpRoute, gateways: &BTreeSet<(String, String)>) -> bool {
+    let namespace = route.metadata.namespace.as_deref().unwrap_or("default");
+    route.spec.parent_refs.iter().flatten().any(|p| {
+        names_gateway(
+            (
+                p.group.as_deref(),
+                p.kind.as_deref(),
+                p.namespace.as_deref(),
+                &p.name,
+            ),
+            namespace,
+            gateways,
+        )
+    })
+}
+
+/// Whether a TCPRoute has a parentRef to one of `gateways`.
+pub fn tcp_names_our_gateway(route: &TcpRoute, gateways: &BTreeSet<(String, String)>) -> bool {
+    let namespace = route.metadata.namespace.as_deref().unwrap_or("default");
+    route.spec.parent_refs.iter().flatten().any(|p| {
+        names_gateway(
+            (
+                p.group.as_deref(),
+                p.kind.as_deref(),
+                p.namespace.as_deref(),
+                &p.name,
+            ),
+            namespace,
+            gateways,
+        )
+    })
 }
 
 /// The core Services the backendRefs of `route` name: `(namespace, name)`.
@@ -515,14 +589,19 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .into_iter()
         .filter(|t| crate::plan::tunnel_tcp_key(t).is_some_and(|k| listener_keys.contains(&k)))
         .collect();
+    // Only routes we may serve cost Service reads (any tenant may create
+    // routes; those naming no Gateway of ours are not ours to resolve).
+    let ours = gateway.our_gateways();
     let services: BTreeSet<(String, String)> = gateway
         .routes
         .iter()
+        .filter(|r| names_our_gateway(r, &ours))
         .flat_map(|r| backend_services(r))
         .chain(
             gateway
                 .tcp_routes
                 .iter()
+                .filter(|r| tcp_names_our_gateway(r, &ours))
                 .flat_map(|r| tcp_backend_services(r)),
         )
         .chain(
@@ -533,9 +612,9 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .collect();
     for (namespace, name) in &services {
         if refresh {
-            state.services.refresh(namespace, name).await?;
+            state.services.refresh(namespace, name).await;
         } else {
-            state.services.ensure(namespace, name).await?;
+            state.services.ensure(namespace, name).await;
         }
     }
     let domains = state.stores.domains.state();
@@ -552,12 +631,22 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         &options,
     );
     let may: BTreeSet<String> = reach.hosts.keys().cloned().collect();
-    let hosts: BTreeSet<String> = {
+    let mut hosts: BTreeSet<String> = {
         let mut known = state.gateway_hosts.lock().expect("gateway hosts");
         let hosts = known.union(&may).cloned().collect();
         *known = may;
         hosts
     };
+    if refresh {
+        // The sweep: every published host is planned again at each resync,
+        // so one that nothing claims any more (a deleted Ingress whose
+        // cleanup failed) is unpublished below; hosts an Ingress or a Tunnel
+        // still publishes stay their reconciler's.
+        hosts.extend(state.publisher.keys().into_iter().filter_map(|k| match k {
+            TunnelKey::Host(h) => Some(h),
+            _ => None,
+        }));
+    }
     let ingresses: Vec<_> = state
         .stores
         .ingresses
@@ -569,7 +658,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
     for i in &ingresses {
         let namespace = i.metadata.namespace.as_deref().unwrap_or("default");
         for name in service_names(i, &translate) {
-            state.services.ensure(namespace, &name).await?;
+            state.services.ensure(namespace, &name).await;
         }
     }
     let base = options.base_domain.clone();

@@ -207,13 +207,13 @@ async fn apply_hosts(
     {
         let namespace = i.metadata.namespace.as_deref().unwrap_or("default");
         for name in service_names(i, &options.ingress) {
-            state.services.ensure(namespace, &name).await?;
+            state.services.ensure(namespace, &name).await;
         }
     }
     let gateway = GatewaySnapshot::of(state);
     let routes = gateway.touching(hosts);
     for (namespace, name) in routes.iter().flat_map(|r| backend_services(r)) {
-        state.services.ensure(&namespace, &name).await?;
+        state.services.ensure(&namespace, &name).await;
     }
     let (tunnels, domains) = (state.stores.tunnels.state(), state.stores.domains.state());
     let plan = plan_hosts(
@@ -317,32 +317,60 @@ pub(crate) async fn publish_hosts(
     }
 }
 
-/// A deleted Ingress: its hosts are planned again without it.
+/// A deleted Ingress: its hosts are planned again without it. Its claim (the
+/// hosts it had rules for) is dropped only once that replan succeeded, so a
+/// failed cleanup can be retried ([`retry_cleanup`]) and still knows them.
 pub async fn cleanup(state: &AgentState, namespace: &str, name: &str) -> Result<(), Error> {
     let object = ObjectRef::new(Kind::Ingress, namespace, name);
     let hosts = state
         .claims
         .lock()
         .expect("claims")
-        .remove(&object)
+        .get(&object)
         .map(|c| c.hosts().clone())
         .unwrap_or_default();
+    if !hosts.is_empty() {
+        let who = state.ctx.edge_info().await?.clone();
+        let options = options_for(
+            state,
+            state.ingress_options(),
+            &who.base_domain,
+            state.account_hosts().await,
+        );
+        apply_hosts(state, &hosts, Some(&object), &options).await?;
+        for host in &hosts {
+            state.trigger_gateway_on(host);
+        }
+    }
+    state.claims.lock().expect("claims").remove(&object);
     state.reported.lock().expect("reported").remove(&object);
-    if hosts.is_empty() {
-        return Ok(());
-    }
-    let who = state.ctx.edge_info().await?.clone();
-    let options = options_for(
-        state,
-        state.ingress_options(),
-        &who.base_domain,
-        state.account_hosts().await,
-    );
-    apply_hosts(state, &hosts, Some(&object), &options).await?;
-    for host in &hosts {
-        state.trigger_gateway_on(host);
-    }
     Ok(())
+}
+
+/// Retries the cleanup of a deleted Ingress with the kit's per-object backoff
+/// until it succeeds, or until the Ingress exists again (its reconcile then
+/// replans the hosts its claim still holds). The Gateway API resync also
+/// sweeps every published host nothing claims any more, whatever happens here.
+async fn retry_cleanup(state: Arc<AgentState>, namespace: String, name: String) {
+    let key = format!("cleanup/Ingress/{namespace}/{name}");
+    let backoff = &state.ctx.backoff;
+    loop {
+        tokio::time::sleep(backoff.fail(&key)).await;
+        let back = kube::runtime::reflector::ObjectRef::new(&name).within(&namespace);
+        if state.stores.ingresses.get(&back).is_some() {
+            break;
+        }
+        match cleanup(&state, &namespace, &name).await {
+            Ok(()) => {
+                tracing::info!(ingress = %format_args!("{namespace}/{name}"), "deleted Ingress cleaned up after a retry");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, ingress = %format_args!("{namespace}/{name}"), "cleaning up a deleted Ingress failed again; retrying");
+            }
+        }
+    }
+    backoff.reset(&key);
 }
 
 /// The Ingress reconciler: no finalizer — once the Ingress is gone,
@@ -373,7 +401,9 @@ impl Reconciler for Ingresses {
 
     async fn forget(self: Arc<Self>, namespace: String, name: String) {
         if let Err(e) = cleanup(&self.state, &namespace, &name).await {
-            tracing::warn!(error = %e, "cleaning up a deleted Ingress");
+            tracing::warn!(error = %e, ingress = %format_args!("{namespace}/{name}"), "cleaning up a deleted Ingress failed; retrying with backoff");
+            // Off the kit's result stream, which calls forget in line.
+            tokio::spawn(retry_cleanup(Arc::clone(&self.state), namespace, name));
         }
     }
 }
@@ -399,7 +429,7 @@ async fn apply(ingress: &Arc<Ingress>, state: &AgentState) -> Result<Action, Err
     // Re-read the Services this Ingress names (get).
     let namespace = ingress.metadata.namespace.as_deref().unwrap_or("default");
     for name in service_names(ingress, &translate) {
-        state.services.refresh(namespace, &name).await?;
+        state.services.refresh(namespace, &name).await;
     }
     let affected: BTreeSet<String> = before.union(&now).cloned().collect();
     let options = options_for(

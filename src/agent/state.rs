@@ -126,27 +126,41 @@ impl ServiceCache {
         }
     }
 
-    /// Reads `namespace/name` again (`get`).
-    pub async fn refresh(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
-        let info = crate::cluster::read_service(&self.client, namespace, name).await?;
-        self.services
-            .lock()
-            .expect("service cache")
-            .insert((namespace.to_owned(), name.to_owned()), info);
-        Ok(())
+    /// Reads `namespace/name` again (`get`). A read that fails (the API
+    /// server refuses or is unreachable) is logged and leaves what was known:
+    /// the last Service read, or none, so that this backend alone is
+    /// unresolved (`BackendNotFound`) — one object's bad reference never fails
+    /// the caller's sync of every other object. A name that cannot be a
+    /// Service is not found without an API call ([`crate::cluster::read_service`]).
+    pub async fn refresh(&self, namespace: &str, name: &str) {
+        match crate::cluster::read_service(&self.client, namespace, name).await {
+            Ok(info) => {
+                self.services
+                    .lock()
+                    .expect("service cache")
+                    .insert((namespace.to_owned(), name.to_owned()), info);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    service = %format_args!("{namespace}/{name}"),
+                    "reading a Service failed: its backends stay as last read (unknown if never read); read again on the next sync"
+                );
+            }
+        }
     }
 
-    /// Reads `namespace/name` unless it was read before.
-    pub async fn ensure(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+    /// Reads `namespace/name` unless it was read before (see [`Self::refresh`]
+    /// for failures: a Service never read successfully is read again).
+    pub async fn ensure(&self, namespace: &str, name: &str) {
         let known = self
             .services
             .lock()
             .expect("service cache")
             .contains_key(&(namespace.to_owned(), name.to_owned()));
-        if known {
-            return Ok(());
+        if !known {
+            self.refresh(namespace, name).await;
         }
-        self.refresh(namespace, name).await
     }
 
     /// The known Services, as an index for the plan.

@@ -324,12 +324,11 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
         .competitors(tunnel, &state.stores.tunnels);
     for t in &competitors {
         if let Some((ns, name)) = upstream_service(t) {
-            let read = if Arc::ptr_eq(t, tunnel) || t.metadata.uid == tunnel.metadata.uid {
-                state.services.refresh(&ns, &name).await
+            if Arc::ptr_eq(t, tunnel) || t.metadata.uid == tunnel.metadata.uid {
+                state.services.refresh(&ns, &name).await;
             } else {
-                state.services.ensure(&ns, &name).await
-            };
-            read?;
+                state.services.ensure(&ns, &name).await;
+            }
         }
     }
     let domains = state.stores.domains.state();
@@ -365,7 +364,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
         options.ingress = state.ingress_options();
         options.account_hosts = state.account_hosts().await;
         for (ns, name) in routes.iter().flat_map(|r| backend_services(r)) {
-            state.services.ensure(&ns, &name).await?;
+            state.services.ensure(&ns, &name).await;
         }
     }
     let mut gateway = snapshot.inputs(&routes);

@@ -35,16 +35,23 @@ use std::cmp::{Ordering, Reverse};
 
 /// Whether `host` (a concrete hostname, or itself a `*.` wildcard) is matched
 /// by `pattern`. Case-insensitive (DNS names).
+///
+/// Allocation-free: it runs for every wildcard route against every reserved
+/// host of a plan.
 pub fn hostname_matches(pattern: &str, host: &str) -> bool {
-    let (pattern, host) = (pattern.to_ascii_lowercase(), host.to_ascii_lowercase());
+    // Case-insensitive `ends_with` on bytes (ASCII case only, as DNS).
+    fn ends_with(s: &str, suffix: &str) -> bool {
+        s.len() >= suffix.len()
+            && s.as_bytes()[s.len() - suffix.len()..].eq_ignore_ascii_case(suffix.as_bytes())
+    }
     match pattern.strip_prefix('*') {
         // `*.example.com` (suffix `.example.com`): one or more whole labels
         // before the suffix, or a wildcard at least as narrow.
         Some(suffix) => match host.strip_prefix('*') {
-            Some(host_suffix) => host_suffix.ends_with(suffix),
-            None => host.len() > suffix.len() && host.ends_with(suffix),
+            Some(host_suffix) => ends_with(host_suffix, suffix),
+            None => host.len() > suffix.len() && ends_with(host, suffix),
         },
-        None => pattern == host,
+        None => pattern.eq_ignore_ascii_case(host),
     }
 }
 
@@ -401,7 +408,8 @@ pub fn resolve_backend<'a>(
             return Err(RefRefusal::RefNotPermitted);
         }
     }
-    if !service_exists(namespace, name) {
+    // A name that cannot be a Service is not one (and is never read).
+    if !super::service::is_service_name(name) || !service_exists(namespace, name) {
         return Err(RefRefusal::BackendNotFound);
     }
     Ok((namespace, name))

@@ -25,6 +25,10 @@
 //!   two kinds at once.
 //! - Backends resolve through [`super::gateway::resolve_backend`]; a rule
 //!   without a valid backend answers 500.
+//! - **Route volume** is bounded: a namespace has at most
+//!   [`MAX_SPECS_PER_HOSTNAME`] specs on one hostname and
+//!   [`MAX_SPECS_PER_NAMESPACE`] in all; a route that would go beyond is not
+//!   accepted (`TooManyRoutes`), its older ones keep theirs ([`over_limits`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -293,6 +297,115 @@ pub(super) fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Obj
     meta.creation_timestamp
         .as_ref()
         .map_or(i64::MAX, |t| t.0.as_second())
+}
+
+/// Most route specs (one match of one rule, on one hostname) the HTTPRoutes
+/// of one namespace may have on one hostname (as the routes name it: a
+/// host, a wildcard, or none). One host's specs on one path are a list a
+/// request walks until a match's conditions hold, so this bounds the work of
+/// every request on the host (a few microseconds at most) as well as the
+/// compile of its table; it is 8 routes of the CRD's maximum of 128
+/// matches, far beyond hand-written hosts.
+pub const MAX_SPECS_PER_HOSTNAME: usize = 1024;
+
+/// Most route specs the HTTPRoutes of one namespace may have in all: bounds
+/// what one tenant adds to every plan of the shared agent (each sync plans
+/// every route) — 4 full hosts of [`MAX_SPECS_PER_HOSTNAME`].
+pub const MAX_SPECS_PER_NAMESPACE: usize = 4096;
+
+/// The HTTPRoutes beyond the volume limits, with the message of their
+/// refusal (`TooManyRoutes`). Only routes with a parentRef to one of
+/// `gateways` (ours) count; oldest first (then by name), so that a new route
+/// never evicts an older one. A route counts as (its matches, at least one a
+/// rule) × (its hostnames, at least one) specs, against its namespace's
+/// budget and the budget of each of its hostnames in the namespace; one that
+/// does not fit is refused whole and costs nothing, so a later, smaller one
+/// may still fit.
+pub(crate) fn over_limits(
+    routes: &[Arc<HttpRoute>],
+    gateways: &[&Arc<Gateway>],
+) -> BTreeMap<ObjectRef, String> {
+    let mut ordered: Vec<(i64, &str, &str, &Arc<HttpRoute>)> = routes
+        .iter()
+        .filter_map(|r| {
+            let ns = r.metadata.namespace.as_deref().unwrap_or("default");
+            let ours = r
+                .spec
+                .parent_refs
+                .iter()
+                .flatten()
+                .any(|p| gateways.iter().any(|g| refers_to(p, ns, g)));
+            ours.then(|| {
+                (
+                    created(&r.metadata),
+                    ns,
+                    r.metadata.name.as_deref().unwrap_or(""),
+                    r,
+                )
+            })
+        })
+        .collect();
+    ordered.sort_unstable_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+    let mut per_namespace: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut per_hostname: std::collections::HashMap<(&str, String), usize> =
+        std::collections::HashMap::new();
+    let mut out = BTreeMap::new();
+    for (_, ns, _, route) in ordered {
+        let matches: usize = route
+            .spec
+            .rules
+            .iter()
+            .flatten()
+            .map(|rule| rule.matches.as_ref().map_or(1, |m| m.len().max(1)))
+            .sum();
+        let mut hostnames: Vec<String> = route
+            .spec
+            .hostnames
+            .iter()
+            .flatten()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        if hostnames.is_empty() {
+            hostnames.push("*".to_owned());
+        }
+        hostnames.sort_unstable();
+        hostnames.dedup();
+        let total = matches.saturating_mul(hostnames.len());
+        let used = per_namespace.get(ns).copied().unwrap_or(0);
+        let object = ObjectRef::of(Kind::HttpRoute, &route.metadata);
+        if used.saturating_add(total) > MAX_SPECS_PER_NAMESPACE {
+            out.insert(
+                object,
+                format!(
+                    "namespace {ns:?} would have {} route specs (one per match and hostname) with this route's {total}; at most {MAX_SPECS_PER_NAMESPACE} are served: remove routes or matches",
+                    used.saturating_add(total)
+                ),
+            );
+            continue;
+        }
+        let full = hostnames.iter().find_map(|h| {
+            let on = per_hostname
+                .get(&(ns, h.clone()))
+                .copied()
+                .unwrap_or(0)
+                .saturating_add(matches);
+            (on > MAX_SPECS_PER_HOSTNAME).then_some((h, on))
+        });
+        if let Some((h, on)) = full {
+            out.insert(
+                object,
+                format!(
+                    "hostname {h} would have {on} route specs of namespace {ns:?} with this route's {matches}; at most {MAX_SPECS_PER_HOSTNAME} are served per hostname: merge matches or remove routes"
+                ),
+            );
+            continue;
+        }
+        per_namespace.insert(ns, used + total);
+        for h in hostnames {
+            *per_hostname.entry((ns, h)).or_default() += matches;
+        }
+    }
+    out
 }
 
 /// What is wrong with a rule that this proxy cannot honour, if anything.
@@ -852,6 +965,7 @@ pub(crate) fn prepare<'a>(
     let mut accepted_by: BTreeMap<(String, String), BTreeSet<usize>> = BTreeMap::new();
     // Candidate specs by hostname pattern (`*` for none).
     let mut candidates: Vec<Candidate> = Vec::new();
+    let too_many = over_limits(inputs.http_routes, &gateways);
 
     for route in inputs.http_routes {
         let meta = &route.metadata;
@@ -892,6 +1006,8 @@ pub(crate) fn prepare<'a>(
             };
             let accepted = if let Some(problem) = &problem {
                 Cond::no("Accepted", "UnsupportedValue", problem.clone())
+            } else if let Some(limit) = too_many.get(&object) {
+                Cond::no("Accepted", "TooManyRoutes", limit.clone())
             } else {
                 match attach(
                     gateway,
@@ -931,7 +1047,7 @@ pub(crate) fn prepare<'a>(
                 parents,
             });
         }
-        if problem.is_some() {
+        if problem.is_some() || too_many.contains_key(&object) {
             continue;
         }
         for (pattern, _) in &served {
@@ -1231,6 +1347,8 @@ pub(crate) fn finish(
         }
         let gateway_ns = object.namespace.clone();
         let mut addresses: BTreeSet<String> = BTreeSet::new();
+        // Only routes this Gateway accepted put their hosts here (G8); the
+        // set is built once (a scan per spec was quadratic in a host's specs).
         for (host, specs) in &out.hosts {
             let through_this = specs.iter().any(|s| {
                 accepted_by
@@ -1439,6 +1557,119 @@ spec:
 
     fn cond<'a>(c: &'a [Cond], t: &str) -> &'a Cond {
         c.iter().find(|c| c.type_ == t).expect("condition")
+    }
+
+    /// An HTTPRoute of `matches` header matches on `/` (values distinct, and
+    /// of this route only), on
+    /// `hostnames`, through `parent`, created at second `created`.
+    fn bulky_route(
+        name: &str,
+        namespace: &str,
+        parent: &str,
+        hostnames: &[&str],
+        matches: usize,
+        created: usize,
+    ) -> String {
+        let matches: Vec<String> = (0..matches)
+            .map(|i| {
+                format!(
+                    "{{path: {{type: PathPrefix, value: /}}, headers: [{{name: x, value: '{name}-{i}'}}]}}"
+                )
+            })
+            .collect();
+        format!(
+            "metadata: {{name: {name}, namespace: {namespace}, creationTimestamp: '2026-01-01T00:{:02}:{:02}Z'}}\nspec:\n  parentRefs: [{parent}]\n  hostnames: [{}]\n  rules: [{{matches: [{}], backendRefs: [{{name: web, port: 80, namespace: shop}}]}}]\n",
+            created / 60,
+            created % 60,
+            hostnames.join(", "),
+            matches.join(", ")
+        )
+    }
+
+    /// Issue 37 item 6: a namespace has at most 1 024 specs on one hostname
+    /// and 4 096 in all; the younger routes beyond are not accepted
+    /// (`TooManyRoutes`), the older ones and other namespaces are served,
+    /// and routes naming no Gateway of ours do not count.
+    #[test]
+    fn route_volume_is_bounded_per_hostname_and_per_namespace() {
+        let mut docs = Vec::new();
+        // 9 routes × 128 matches on one host: the 9th is one too many.
+        for i in 0..9 {
+            docs.push(bulky_route(
+                &format!("r{i}"),
+                "shop",
+                "{name: edge, sectionName: http}",
+                &["shop.example.com"],
+                128,
+                i,
+            ));
+        }
+        // Not ours (no such Gateway): counts for nothing.
+        docs.push(bulky_route(
+            "elsewhere",
+            "shop",
+            "{name: theirs}",
+            &["shop.example.com"],
+            128,
+            0,
+        ));
+        // 2 × (128 × 16 hostnames) = 4 096 more would exceed the namespace's
+        // budget (1 024 used): the first fits (3 072), the second does not.
+        let sixteen: Vec<String> = (0..16).map(|i| format!("h{i}.example.com")).collect();
+        let sixteen: Vec<&str> = sixteen.iter().map(String::as_str).collect();
+        for (i, name) in ["wide0", "wide1"].into_iter().enumerate() {
+            docs.push(bulky_route(
+                name,
+                "shop",
+                "{name: edge, sectionName: http}",
+                &sixteen,
+                128,
+                20 + i,
+            ));
+        }
+        // Another namespace, on another account host: untouched.
+        docs.push(bulky_route(
+            "b",
+            "infra",
+            "{name: edge, namespace: shop, sectionName: all}",
+            &["b.other.net"],
+            1,
+            30,
+        ));
+        let routes: &'static str = Box::leak(docs.join("---\n").into_boxed_str());
+        let p = run(&world(routes));
+        let accepted = |name: &str| {
+            let parents = parent(&p, name);
+            let c = cond(&parents[0].conditions, "Accepted");
+            (c.status, c.reason.clone())
+        };
+        for i in 0..8 {
+            assert_eq!(
+                accepted(&format!("r{i}")),
+                (true, "Accepted".to_owned()),
+                "r{i}"
+            );
+        }
+        assert_eq!(accepted("r8"), (false, "TooManyRoutes".to_owned()));
+        assert!(
+            cond(&parent(&p, "r8")[0].conditions, "Accepted")
+                .message
+                .contains("hostname shop.example.com"),
+            "{:?}",
+            parent(&p, "r8")
+        );
+        assert_eq!(p.hosts["shop.example.com"].routes.len(), 1024);
+        assert_eq!(accepted("wide0"), (true, "Accepted".to_owned()));
+        assert_eq!(accepted("wide1"), (false, "TooManyRoutes".to_owned()));
+        assert!(
+            cond(&parent(&p, "wide1")[0].conditions, "Accepted")
+                .message
+                .contains("namespace \"shop\""),
+            "{:?}",
+            parent(&p, "wide1")
+        );
+        assert_eq!(accepted("b"), (true, "Accepted".to_owned()));
+        assert_eq!(p.hosts["b.other.net"].routes.len(), 1);
     }
 
     /// An exact hostname that is reserved is served; one that is not is

@@ -382,6 +382,22 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// Whether `name` can be a Service's name: a DNS-1035 label (lower-case
+/// letters, digits and `-`, at most 63, starting with a letter and ending
+/// with a letter or digit), as the API server validates Service names.
+///
+/// Checked before any Service read: a name that cannot be a Service is not
+/// found, without an API call (a Gateway API backendRef `name` has no
+/// pattern in the CRDs, and `x y` cannot even be put in a request URL).
+pub fn is_service_name(name: &str) -> bool {
+    is_dns_label(name) && name.as_bytes()[0].is_ascii_lowercase()
+}
+
+/// Whether `namespace` can be a namespace's name (a DNS-1123 label).
+pub fn is_namespace_name(namespace: &str) -> bool {
+    is_dns_label(namespace)
+}
+
 /// One port of a Service.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ServicePortInfo {
@@ -798,6 +814,42 @@ fn resolve_port(addressing: Addressing, port: &ServicePortInfo) -> u16 {
 #[allow(clippy::type_complexity)] // test tables
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_names_are_dns_1035_labels() {
+        for (name, ok) in [
+            ("web", true),
+            ("a", true),
+            ("web-2", true),
+            ("w2", true),
+            (&"a".repeat(63), true),
+            (&"a".repeat(64), false),
+            ("", false),
+            ("x y", false),
+            ("2web", false),
+            ("-web", false),
+            ("web-", false),
+            ("Web", false),
+            ("web.default", false),
+            ("web_1", false),
+            ("../secrets", false),
+            ("web%20x", false),
+            ("wéb", false),
+            ("web\n", false),
+        ] {
+            assert_eq!(is_service_name(name), ok, "{name:?}");
+        }
+        for (namespace, ok) in [
+            ("team-a", true),
+            ("2team", true),
+            ("", false),
+            ("team a", false),
+            ("Team", false),
+            (&"n".repeat(64), false),
+        ] {
+            assert_eq!(is_namespace_name(namespace), ok, "{namespace:?}");
+        }
+    }
 
     fn svc(
         ns: &str,
