@@ -3,12 +3,16 @@
 # Idempotent: does nothing when everything is already there.
 # `scripts/setup.sh --fuzz` also installs cargo-fuzz (for scripts/fuzz.sh);
 # `scripts/setup.sh --k8s MINOR` builds that Kubernetes control plane (default
-# 1.37) for the cluster suites.
+# 1.37) for the cluster suites; `--node` also what a real node needs
+# (scripts/test-cluster.sh --node, the node suites): containerd, runc, the CNI
+# plugins and buildah from Debian, kubelet, kube-scheduler, kube-proxy and
+# CoreDNS built from the same pins as the control plane.
 set -euo pipefail
-k8s=1.37 fuzz=""
+k8s=1.37 fuzz="" node=""
 while [ $# -gt 0 ]; do
   case $1 in
     --fuzz) fuzz=1; shift ;;
+    --node) node=1; shift ;;
     --k8s) k8s=${2:?--k8s needs a minor version}; shift 2 ;;
     *) echo "setup.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -29,6 +33,16 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if ! command -v pg_config >/dev/null 2>&1 || [ ! -x "$(pg_config --bindir 2>/dev/null)/initdb" ]; then
   if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need_apt+=(postgresql); fi
   command -v pg_config >/dev/null 2>&1 || need_apt+=(libpq-dev)
+fi
+if [ -n "$node" ]; then
+  # The node's runtime (containerd 1.6 + runc: crun refuses this machine's
+  # hybrid cgroups), the CNI bridge/host-local/portmap plugins, iptables for
+  # kube-proxy and buildah for the images (scripts/image.sh).
+  command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
+  command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+  [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+  command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+  command -v buildah >/dev/null 2>&1 || need_apt+=(buildah)
 fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}" >&2
@@ -52,7 +66,7 @@ fi
 # The cluster suites run on a real control plane (etcd, kube-apiserver,
 # kube-controller-manager) built from the Go module proxy with the pins of
 # conformance/k8s/ into .tools/k8s/ (a no-op once built).
-"$(dirname "$0")/../conformance/k8s/build.sh" "$k8s"
+"$(dirname "$0")/../conformance/k8s/build.sh" ${node:+--node} "$k8s"
 
 # The Gateway API suites install the standard-channel CRDs of the release
 # pinned in conformance/gateway-api/go.mod, copied from the Go module into
