@@ -43,6 +43,7 @@ if [ -n "$node" ]; then
   [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
   command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
   command -v buildah >/dev/null 2>&1 || need_apt+=(buildah)
+  command -v nft >/dev/null 2>&1 || need_apt+=(nftables)   # test-cluster.sh stop: empty tables
 fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}" >&2
