@@ -57,7 +57,9 @@ if [ -z "$binary" ]; then
   cargo build --release --locked -p tuna-operator --bin tuna-operator
   binary="$target/release/tuna-operator"
 fi
-"$binary" --version | grep -qx "tuna-operator $version" \
+# (Outputs captured, not piped into grep -q: with pipefail, grep's early exit
+# would fail the pipeline.)
+[ "$("$binary" --version)" = "tuna-operator $version" ] \
   || { echo "image: the binary is not version $version (Chart.yaml appVersion)" >&2; exit 1; }
 
 echo "== root filesystem"
@@ -72,7 +74,8 @@ left="$(readelf -SW "$shipped" | grep -E '\] \.(debug_|symtab)' | grep -v '\.deb
 [ -z "$left" ] || { echo "image: the image's binary is not stripped:" >&2; echo "$left" >&2; exit 1; }
 link="$(readelf -p .gnu_debuglink "$shipped" 2>/dev/null | sed -n 's/^ *\[ *0\] *//p')"
 [ "$link" = tuna-operator.debug ] || { echo "image: the binary's debuglink is '$link', not tuna-operator.debug" >&2; exit 1; }
-readelf -SW "$debug" 2>/dev/null | grep -q '\] \.debug_line ' || { echo "image: $debug holds no line tables" >&2; exit 1; }
+sections="$(readelf -SW "$debug" 2>/dev/null || true)"
+grep -q '\] \.debug_line ' <<<"$sections" || { echo "image: $debug holds no line tables" >&2; exit 1; }
 echo "image: binary $(du -h "$binary" | cut -f1) built, $(du -h "$shipped" | cut -f1) shipped, debug info $(du -h "$debug" | cut -f1) in $debug"
 (cd "$rootfs" && find . -type f | sort) > "$out/files.txt"
 cat "$out/files.txt"

@@ -118,7 +118,7 @@ stop_node() {
   # The runc shims of this containerd (they outlive it by design).
   local pid
   for pid in $(grep -lsF -- "$dir/containerd/containerd.sock" /proc/[0-9]*/cmdline | cut -d/ -f3); do
-    { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q 'containerd-shim' && kill -KILL "$pid" 2>/dev/null
+    case "$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" in *containerd-shim*) kill -KILL "$pid" 2>/dev/null ;; esac
   done
   # Mounts under DIR (sandboxes' shm, projected volumes, overlay rootfs), deepest first.
   awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do
@@ -179,7 +179,8 @@ remove_chains() {
     nft list tables 2>/dev/null | while read -r _ family table; do
       grep -qx "table $family $table" "$dir/nft.before" && continue
       # Empty = only base chains without rules.
-      if ! nft list table "$family" "$table" | grep -vE '^\s*(table|chain|type|policy|\}|$)' | grep -q .; then
+      rules="$(nft list table "$family" "$table" | grep -vE '^\s*(table|chain|type|policy|\}|$)' || true)"
+      if [ -z "$rules" ]; then
         nft delete table "$family" "$table" 2>/dev/null || true
       fi
     done
