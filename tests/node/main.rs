@@ -624,5 +624,152 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     eprintln!("TCP echo through {url} after {attempts} attempt(s)");
+
+    // `helm upgrade --reuse-values` to a new image tag while requests flow:
+    // the agent (one replica, Recreate) is replaced; count what fails.
+    let next = "0.1.0-next";
+    let out = Command::new("ctr")
+        .args(["--address", &node.env["CONTAINERD_ADDRESS"], "-n", "k8s.io"])
+        .args(["images", "tag", "--force"])
+        .arg("code.tuna.am/tuna/tuna-operator:0.1.0")
+        .arg(format!("code.tuna.am/tuna/tuna-operator:{next}"))
+        .output()
+        .expect("ctr images tag");
+    assert!(out.status.success(), "ctr images tag: {}", text(&out));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = {
+        let stop = stop.clone();
+        let http = edge.http;
+        tokio::spawn(async move {
+            // (ok, failed, first failure, last failure)
+            let (mut ok, mut failed) = (0u32, 0u32);
+            let (mut first, mut last) = (None::<Instant>, None::<Instant>);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let answered = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    http_get(http, "my-app.a.2na.am", "/api/flow"),
+                )
+                .await;
+                if matches!(answered, Ok((200, _))) {
+                    ok += 1;
+                } else {
+                    failed += 1;
+                    first.get_or_insert_with(Instant::now);
+                    last = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, failed, first, last)
+        })
+    };
+    let started = Instant::now();
+    let tag_arg = format!("image.tag={next}");
+    let upgraded = node.helm(&[
+        "upgrade",
+        chart_support::RELEASE,
+        chart.to_str().unwrap(),
+        "-n",
+        ns,
+        "--reuse-values",
+        "--set",
+        &tag_arg,
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    assert!(upgraded.contains("STATUS: deployed"), "{upgraded}");
+    let agent_image = node.kubectl_ok(&[
+        "-n",
+        ns,
+        "get",
+        "deployment",
+        "tuna-operator-agent",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ]);
+    assert_eq!(
+        agent_image,
+        format!("code.tuna.am/tuna/tuna-operator:{next}")
+    );
+    // Served again by the new agent pod.
+    get_json(edge.http, host, "/api/after", &agent_logs).await;
+    let upgrade_took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed, first, last) = traffic.await.unwrap();
+    let outage = first.zip(last).map(|(f, l)| l - f).unwrap_or_default();
+    eprintln!(
+        "helm upgrade to {next} under traffic: {:.1} s; requests {ok} answered, {failed} failed \
+         (failures over {:.1} s)",
+        upgrade_took.as_secs_f64(),
+        outage.as_secs_f64()
+    );
+    assert!(ok > 0, "no request was answered during the upgrade");
+
+    // Uninstall, as documented: the resources, the release, the CRDs.
+    node.kubectl_ok(&[
+        "delete",
+        "ingresses,tunnels,domains,tcpendpoints",
+        "--all",
+        "--all-namespaces",
+        "--timeout=60s",
+    ]);
+    let uninstalled = node.helm(&["uninstall", chart_support::RELEASE, "-n", ns, "--wait"]);
+    assert!(uninstalled.contains("uninstalled"), "{uninstalled}");
+    node.kubectl_ok(&[
+        "delete",
+        "crd",
+        "tunnels.k8s.tuna.am",
+        "domains.k8s.tuna.am",
+        "tcpendpoints.k8s.tuna.am",
+        "--timeout=60s",
+    ]);
+    // The kubelet stops the pods (SIGTERM, within their grace period).
+    node.kubectl_ok(&[
+        "wait",
+        "--for=delete",
+        "pods",
+        "--all",
+        "-n",
+        ns,
+        "--timeout=60s",
+    ]);
+    // The controller's leader-election Lease is its own object, not the
+    // chart's: it stays in the namespace (as any controller's does).
+    let lease = node.kubectl_ok(&["get", "leases", "-n", ns, "-o", "name"]);
+    eprintln!("left after uninstall, not the chart's: {}", lease.trim());
+    let left = node.kubectl_ok(&[
+        "get",
+        "deployments,pods,serviceaccounts,secrets,configmaps,roles,rolebindings,services",
+        "-n",
+        ns,
+        "-o",
+        "name",
+    ]);
+    // What kube-controller-manager puts in every namespace is not the chart's.
+    let left: Vec<&str> = left
+        .lines()
+        .filter(|l| *l != "serviceaccount/default" && *l != "configmap/kube-root-ca.crt")
+        .collect();
+    assert!(left.is_empty(), "left in {ns}: {left:?}");
+    let cluster_wide = node.kubectl_ok(&[
+        "get",
+        "clusterroles,clusterrolebindings,ingressclasses,crds",
+        "-o",
+        "name",
+    ]);
+    assert!(!cluster_wide.contains("tuna"), "left: {cluster_wide}");
+    // Nothing is left at the edge: no reservation, no live token.
+    let domains = edge_api.list_domains().await.unwrap();
+    assert!(domains.is_empty(), "{domains:?}");
+    let endpoints = edge_api.list_tcp_endpoints().await.unwrap();
+    assert!(endpoints.is_empty(), "{endpoints:?}");
+    let tokens: Vec<_> = edge_api
+        .list_tokens("")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|t| !t.expired)
+        .collect();
+    assert!(tokens.is_empty(), "{tokens:?}\n{}", edge_log());
     assert_eq!(&buf, b"hello postgres\n");
 }
