@@ -59,34 +59,55 @@ fn text(out: &Output) -> String {
 }
 
 /// A node of `scripts/test-cluster.sh start --node`, stopped (every host
-/// change undone) on drop.
+/// change undone) on drop — or, should this test binary die without
+/// dropping it, by the watchdog shell that started it: it runs `stop` once
+/// the pipe only this process holds closes (as `support::Cluster` does).
 struct Node {
     dir: tempfile::TempDir,
     cluster_dir: PathBuf,
     env: BTreeMap<String, String>,
+    watchdog: Option<(std::process::ChildStdin, std::process::Child)>,
 }
 
 impl Node {
     fn start() -> Self {
+        use std::io::BufRead;
         let dir = tempfile::tempdir().expect("temp dir");
         let cluster_dir = dir.path().join("cluster");
+        let log = dir.path().join("node-start.log");
         let version = std::env::var("TUNA_TEST_K8S").unwrap_or_else(|_| "1.37".into());
         let started = Instant::now();
-        let out = Command::new(root().join("scripts/test-cluster.sh"))
-            .args(["start", "--version", &version, "--node", "--dir"])
+        let mut shell = Command::new("setsid")
+            .arg("sh")
+            .arg("-c")
+            // The status from a subshell: if this binary is gone, SIGPIPE
+            // ends the subshell, not the watchdog.
+            .arg(r#""$0" start --version "$2" --node --dir "$1" >"$3" 2>&1; s=$?; (echo "$s"); cat >/dev/null; exec "$0" stop --dir "$1" >>"$3" 2>&1"#)
+            .arg(root().join("scripts/test-cluster.sh"))
             .arg(&cluster_dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("scripts/test-cluster.sh");
+            .arg(&version)
+            .arg(&log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the watchdog shell");
+        let pipe = shell.stdin.take().expect("piped");
+        let mut status = String::new();
+        std::io::BufReader::new(shell.stdout.take().expect("piped"))
+            .read_line(&mut status)
+            .expect("the start's status");
         let mut node = Self {
             dir,
             cluster_dir,
             env: BTreeMap::new(),
+            watchdog: Some((pipe, shell)),
         };
-        assert!(
-            out.status.success(),
+        assert_eq!(
+            status.trim(),
+            "0",
             "test-cluster.sh start --node: {}",
-            text(&out)
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
         eprintln!("node: started in {:.1} s", started.elapsed().as_secs_f64());
         node.env = std::fs::read_to_string(node.cluster_dir.join("cluster.env"))
@@ -186,15 +207,10 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let out = Command::new(root().join("scripts/test-cluster.sh"))
-            .args(["stop", "--dir"])
-            .arg(&self.cluster_dir)
-            .stdin(Stdio::null())
-            .output();
-        if let Ok(out) = out
-            && !out.status.success()
-        {
-            eprintln!("test-cluster.sh stop: {}", text(&out));
+        // Closing the pipe makes the watchdog run `stop`; wait for it.
+        if let Some((pipe, mut shell)) = self.watchdog.take() {
+            drop(pipe);
+            let _ = shell.wait();
         }
     }
 }
