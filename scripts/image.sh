@@ -51,6 +51,10 @@ for tool in buildah; do
 done
 # Root in a container: no overlay mounts, no user namespaces.
 export STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}" BUILDAH_ISOLATION="${BUILDAH_ISOLATION:-chroot}"
+# A private image store beside the output, removed on exit: nothing of a build
+# stays in /var/lib/containers (each build would leave its image there).
+store="$out/buildah"
+buildah() { command buildah --root "$store/root" --runroot "$store/run" "$@"; }
 
 if [ -z "$binary" ]; then
   echo "== cargo build --release (tuna-operator)"
@@ -90,12 +94,15 @@ done
 echo "== buildah from scratch"
 # buildah's network setup makes /etc/cni/net.d (with a lock) even for a
 # build that runs nothing: removed again if it was not there before.
+# Likewise its blob-info cache in /var/lib/containers/cache, whatever --root says.
 cni_made=""; [ -e /etc/cni ] || cni_made=1
+containers_made=""; [ -e /var/lib/containers ] || containers_made=1
 forget_cni() {
   if [ -n "$cni_made" ]; then rm -f /etc/cni/net.d/cni.lock; rmdir /etc/cni/net.d /etc/cni 2>/dev/null || true; fi
+  if [ -n "$containers_made" ]; then rm -rf /var/lib/containers; fi
 }
 ctr="$(buildah from scratch)"
-trap 'buildah rm "$ctr" >/dev/null 2>&1 || true; forget_cni' EXIT
+trap 'buildah rm "$ctr" >/dev/null 2>&1 || true; forget_cni; rm -rf "$store"' EXIT
 buildah copy --quiet "$ctr" "$rootfs/" / >/dev/null
 buildah config \
   --user 65532:65532 \
@@ -143,6 +150,7 @@ cleanup() {
   scripts/test-cluster.sh stop --dir "$work/cluster"
   buildah rm "$ctr" >/dev/null 2>&1
   forget_cni
+  rm -rf "$store"
   rm -rf "$work"
   true
 }

@@ -23,10 +23,13 @@ export STORAGE_DRIVER=vfs BUILDAH_ISOLATION=chroot
 work=""
 # buildah's network setup makes /etc/cni/net.d (with a lock) even for
 # builds that run nothing: removed again if it was not there before.
+# Likewise its blob-info cache in /var/lib/containers/cache, whatever --root says.
 cni_made=""; [ -e /etc/cni ] || cni_made=1
+containers_made=""; [ -e /var/lib/containers ] || containers_made=1
 cleanup() {
   [ -z "$work" ] || rm -rf "$work"
   if [ -n "$cni_made" ]; then rm -f /etc/cni/net.d/cni.lock; rmdir /etc/cni/net.d /etc/cni 2>/dev/null || true; fi
+  if [ -n "$containers_made" ]; then rm -rf /var/lib/containers; fi
 }
 trap cleanup EXIT
 B=()
