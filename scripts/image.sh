@@ -9,10 +9,34 @@
 #
 #   scripts/image.sh            # -> target/image/tuna-operator-<version>.oci.tar
 #                               #    and target/image/tuna-operator.debug
+#   scripts/image.sh --load DIR [--binary PATH]
+#
+# --load DIR imports the image into the containerd of the test node started
+# by `scripts/test-cluster.sh start --node --dir DIR`, under the name and tag
+# the chart's defaults use (image.repository:appVersion, so `helm install`
+# with no image values runs it; no pull happens: the image is present), with
+# the images the node suites use (scripts/node-images.sh: the echo backend);
+# the node's pods are then the run check. --binary PATH puts PATH in the
+# image instead of a release build: the node suites use the debug binary the
+# test build made anyway (same code, `tuna-operator <version>`; the release
+# build costs ~7 minutes on two cores).
 #
 # Needs buildah (and podman for the run check): apt-get install buildah podman.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+load="" binary=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --load) load=$(cd "${2:?--load needs the test cluster DIR}" && pwd); shift 2 ;;
+    --binary) binary=${2:?--binary needs a path}; shift 2 ;;
+    *) echo "usage: scripts/image.sh [--load DIR] [--binary PATH]" >&2; exit 2 ;;
+  esac
+done
+if [ -n "$load" ]; then
+  containerd_address="$(sed -n 's/^CONTAINERD_ADDRESS=//p' "$load/cluster.env" 2>/dev/null)"
+  [ -n "$containerd_address" ] \
+    || { echo "image: $load/cluster.env names no CONTAINERD_ADDRESS (scripts/test-cluster.sh start --node --dir $load)" >&2; exit 1; }
+fi
 target="${CARGO_TARGET_DIR:-target}"
 version="$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/tuna-k8s-operator/Chart.yaml)"
 repository="$(sed -n 's/^  repository: //p' charts/tuna-k8s-operator/values.yaml)"
@@ -27,11 +51,19 @@ for tool in buildah; do
 done
 # Root in a container: no overlay mounts, no user namespaces.
 export STORAGE_DRIVER="${STORAGE_DRIVER:-vfs}" BUILDAH_ISOLATION="${BUILDAH_ISOLATION:-chroot}"
+# A private image store beside the output, removed on exit: nothing of a build
+# stays in /var/lib/containers (each build would leave its image there).
+store="$out/buildah"
+buildah() { command buildah --root "$store/root" --runroot "$store/run" "$@"; }
 
-echo "== cargo build --release (tuna-operator)"
-cargo build --release --locked -p tuna-operator --bin tuna-operator
-binary="$target/release/tuna-operator"
-"$binary" --version | grep -qx "tuna-operator $version" \
+if [ -z "$binary" ]; then
+  echo "== cargo build --release (tuna-operator)"
+  cargo build --release --locked -p tuna-operator --bin tuna-operator
+  binary="$target/release/tuna-operator"
+fi
+# (Outputs captured, not piped into grep -q: with pipefail, grep's early exit
+# would fail the pipeline.)
+[ "$("$binary" --version)" = "tuna-operator $version" ] \
   || { echo "image: the binary is not version $version (Chart.yaml appVersion)" >&2; exit 1; }
 
 echo "== root filesystem"
@@ -46,7 +78,8 @@ left="$(readelf -SW "$shipped" | grep -E '\] \.(debug_|symtab)' | grep -v '\.deb
 [ -z "$left" ] || { echo "image: the image's binary is not stripped:" >&2; echo "$left" >&2; exit 1; }
 link="$(readelf -p .gnu_debuglink "$shipped" 2>/dev/null | sed -n 's/^ *\[ *0\] *//p')"
 [ "$link" = tuna-operator.debug ] || { echo "image: the binary's debuglink is '$link', not tuna-operator.debug" >&2; exit 1; }
-readelf -SW "$debug" 2>/dev/null | grep -q '\] \.debug_line ' || { echo "image: $debug holds no line tables" >&2; exit 1; }
+sections="$(readelf -SW "$debug" 2>/dev/null || true)"
+grep -q '\] \.debug_line ' <<<"$sections" || { echo "image: $debug holds no line tables" >&2; exit 1; }
 echo "image: binary $(du -h "$binary" | cut -f1) built, $(du -h "$shipped" | cut -f1) shipped, debug info $(du -h "$debug" | cut -f1) in $debug"
 (cd "$rootfs" && find . -type f | sort) > "$out/files.txt"
 cat "$out/files.txt"
@@ -59,8 +92,17 @@ for required in usr/local/bin/tuna-operator lib64/ld-linux-x86-64.so.2 etc/ssl/c
 done
 
 echo "== buildah from scratch"
+# buildah's network setup makes /etc/cni/net.d (with a lock) even for a
+# build that runs nothing: removed again if it was not there before.
+# Likewise its blob-info cache in /var/lib/containers/cache, whatever --root says.
+cni_made=""; [ -e /etc/cni ] || cni_made=1
+containers_made=""; [ -e /var/lib/containers ] || containers_made=1
+forget_cni() {
+  if [ -n "$cni_made" ]; then rm -f /etc/cni/net.d/cni.lock; rmdir /etc/cni/net.d /etc/cni 2>/dev/null || true; fi
+  if [ -n "$containers_made" ]; then rm -rf /var/lib/containers; fi
+}
 ctr="$(buildah from scratch)"
-trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
+trap 'buildah rm "$ctr" >/dev/null 2>&1 || true; forget_cni; rm -rf "$store"' EXIT
 buildah copy --quiet "$ctr" "$rootfs/" / >/dev/null
 buildah config \
   --user 65532:65532 \
@@ -78,6 +120,19 @@ user="$(buildah inspect --type image --format '{{.OCIv1.Config.User}}' "$image")
 [ "$user" = "65532:65532" ] || { echo "image: user is '$user', not 65532:65532" >&2; exit 1; }
 echo "image: $image ($(du -h "$archive" | cut -f1)), user $user -> $archive"
 
+if [ -n "$load" ]; then
+  # A docker-archive keeps the name:tag that `ctr images import` registers.
+  docker_archive="$out/tuna-operator-$version.docker.tar"
+  rm -f "$docker_archive"
+  buildah push --quiet "$image" "docker-archive:$docker_archive:$image"
+  for f in "$docker_archive" $(scripts/node-images.sh); do
+    ctr --address "$containerd_address" -n k8s.io images import "$f" >/dev/null
+  done
+  echo "image: loaded into the node of $load:"
+  ctr --address "$containerd_address" -n k8s.io images ls -q | grep -v '^sha256:' | sed 's/^/  /'
+  exit 0
+fi
+
 echo "== run check"
 # The agent in the image, as the chart runs it: user 65532, read-only root,
 # no capabilities, no privilege escalation, against a real control plane on
@@ -94,6 +149,8 @@ cleanup() {
   command -v podman >/dev/null 2>&1 && podman --storage-driver "$STORAGE_DRIVER" rm -f "$name" >/dev/null 2>&1
   scripts/test-cluster.sh stop --dir "$work/cluster"
   buildah rm "$ctr" >/dev/null 2>&1
+  forget_cni
+  rm -rf "$store"
   rm -rf "$work"
   true
 }

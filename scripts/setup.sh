@@ -7,15 +7,21 @@
 # machine), the Gateway API CRDs, Helm 4, kubernetes-validate and PostgreSQL's
 # server binaries; `scripts/test.sh` passes it.
 # `scripts/setup.sh --fuzz` also installs cargo-fuzz (for scripts/fuzz.sh).
+# `--node` (with --k8s, default 1.37) also what a real node needs
+# (scripts/test-cluster.sh --node, the node suites): containerd, runc, the CNI
+# plugins and buildah from Debian, kubelet, kube-scheduler, kube-proxy and
+# CoreDNS built from the same pins as the control plane.
 set -euo pipefail
-k8s="" fuzz=""
+k8s="" fuzz="" node=""
 while [ $# -gt 0 ]; do
   case $1 in
     --fuzz) fuzz=1; shift ;;
+    --node) node=1; shift ;;
     --k8s) k8s=${2:?--k8s needs a minor version, e.g. 1.37}; shift 2 ;;
     *) echo "setup.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+if [ -n "$node" ] && [ -z "$k8s" ]; then k8s=1.37; fi
 
 need_apt=()
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)          # pingora's zlib-ng build
@@ -34,6 +40,17 @@ if [ -n "$k8s" ]; then
     if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need_apt+=(postgresql); fi
     command -v pg_config >/dev/null 2>&1 || need_apt+=(libpq-dev)
   fi
+fi
+if [ -n "$node" ]; then
+  # The node's runtime (containerd 1.6 + runc: crun refuses this machine's
+  # hybrid cgroups), the CNI bridge/host-local/portmap plugins, iptables for
+  # kube-proxy and buildah for the images (scripts/image.sh).
+  command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
+  command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+  [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+  command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+  command -v buildah >/dev/null 2>&1 || need_apt+=(buildah)
+  command -v nft >/dev/null 2>&1 || need_apt+=(nftables)   # test-cluster.sh stop: empty tables
 fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}" >&2
@@ -58,7 +75,7 @@ if [ -n "$k8s" ]; then
   # The cluster suites run on a real control plane (etcd, kube-apiserver,
   # kube-controller-manager) built from the Go module proxy with the pins of
   # conformance/k8s/ into .tools/k8s/ (a no-op once built).
-  "$(dirname "$0")/../conformance/k8s/build.sh" "$k8s"
+  "$(dirname "$0")/../conformance/k8s/build.sh" ${node:+--node} "$k8s"
 
   # The Gateway API suites install the standard-channel CRDs of the release
   # pinned in conformance/gateway-api/go.mod, copied from the Go module into

@@ -247,6 +247,44 @@ mod tests {
         assert!(format!("{first:?}").contains("***"));
     }
 
+    /// What a client that dials the edge by an IP address checks: the
+    /// generated certificate, verified by rustls against `ca.pem` for that
+    /// address, holds for the names it was issued for and no other.
+    #[test]
+    fn the_generated_certificate_holds_for_the_given_ip_addresses_only() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::{ServerName, UnixTime};
+        let dir = tempfile::tempdir().unwrap();
+        let identity = self_signed_identity(
+            dir.path(),
+            &["edge.tuna.test".into(), "198.19.254.1".into()],
+        )
+        .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(identity.cert_chain[1].clone()).unwrap();
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let verify = |name: &str| {
+            verifier.verify_server_cert(
+                &identity.cert_chain[0],
+                &identity.cert_chain[1..],
+                &ServerName::try_from(name.to_owned()).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+        };
+        for good in ["198.19.254.1", "127.0.0.1", "localhost", "edge.tuna.test"] {
+            verify(good).unwrap_or_else(|e| panic!("{good}: {e}"));
+        }
+        for bad in ["198.19.254.2", "other.tuna.test"] {
+            assert!(verify(bad).is_err(), "{bad} must not be valid");
+        }
+    }
+
     #[test]
     fn pem_files_given_by_flags_load_and_bad_ones_are_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -1355,8 +1355,10 @@ pub async fn fault_injecting_proxy(upstream: SocketAddr, failures: usize) -> Soc
 }
 
 /// A test host in a network namespace of its own, joined to this one by a
-/// veth pair with a /30 of 198.18.0.0/15 (RFC 2544's benchmarking range,
-/// never routed): the only kind of non-loopback address a test may send to.
+/// veth pair with a /30 of 198.18.0.0/16 (the lower half of RFC 2544's
+/// benchmarking range, never routed; the upper half holds the test node's
+/// bridge, `scripts/test-cluster.sh --node`): the only kind of non-loopback
+/// address a test may send to.
 /// Where Kubernetes refuses loopback addresses (EndpointSlice endpoints), a
 /// backend listens here. Dropping it deletes the namespace and the pair.
 pub struct NetnsHost {
@@ -1372,8 +1374,8 @@ impl NetnsHost {
     /// Creates the namespace and its link (`ip netns add`, `ip link`).
     pub fn create() -> Self {
         use rand::Rng;
-        let id: u32 = rand::rng().random_range(0..1 << 15);
-        // The /30's base in 198.18.0.0/15: host .1, namespace .2.
+        let id: u32 = rand::rng().random_range(0..1 << 14);
+        // The /30's base in 198.18.0.0/16: host .1, namespace .2.
         let base = u32::from(std::net::Ipv4Addr::new(198, 18, 0, 0)) + (id << 2);
         let (host_ip, ip) = (
             std::net::Ipv4Addr::from(base + 1),

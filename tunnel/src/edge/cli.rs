@@ -183,6 +183,13 @@ pub struct EdgeArgs {
     /// Unverified custom domains are released after this many hours.
     #[arg(long, default_value_t = 168, value_parser = clap::value_parser!(u64).range(1..))]
     pub pending_domain_ttl_hours: u64,
+    /// A host name or IP address agents and API clients reach this edge by,
+    /// put into the certificate the edge issues itself (repeatable). The
+    /// listen addresses that are not wildcards are in it anyway; give this
+    /// for a wildcard listener or a name in front of it (e.g. the address
+    /// of a bridge the cluster's pods reach the host on).
+    #[arg(long = "advertise-name", value_name = "NAME")]
+    pub advertise_names: Vec<String>,
     /// Once every listener is bound, write their addresses here as JSON
     /// (`{"agent": "127.0.0.1:7443", "http": …, "https": …, "api": …, "caFile": …}`),
     /// atomically: scripts and tests that bind port 0 read the real ports from it.
@@ -290,6 +297,41 @@ fn identity(
     })
 }
 
+/// The names the edge's own certificate is issued for (besides loopback,
+/// which it always holds): the public host, the base domain and its
+/// wildcard, every listen address that is not a wildcard (a client that
+/// dials the address it was given must find it in the certificate: an agent
+/// in a pod reaches the edge on the host's bridge address, never on
+/// loopback) and the `--advertise-name`s, without repeats.
+fn certificate_names(args: &EdgeArgs, public_host: &str, base_domain: &str) -> Vec<String> {
+    let listeners = [
+        Some(args.agent_listen),
+        Some(args.api_listen),
+        args.https_listen,
+    ];
+    let addresses = listeners
+        .into_iter()
+        .flatten()
+        .map(|addr| addr.ip())
+        .filter(|ip| !ip.is_unspecified() && !ip.is_loopback())
+        .map(|ip| ip.to_string());
+    let mut names: Vec<String> = Vec::new();
+    for name in [
+        public_host.to_owned(),
+        base_domain.to_owned(),
+        format!("*.{base_domain}"),
+    ]
+    .into_iter()
+    .chain(addresses)
+    .chain(args.advertise_names.iter().cloned())
+    {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
 /// The pre-authentication totals of the listeners `args` opens, named by
 /// their flags.
 fn pre_auth_totals(args: &EdgeArgs) -> Vec<PreAuthTotal> {
@@ -379,11 +421,7 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
         .await
         .map_err(|e| Error::Internal(format!("opening the store did not finish: {e}")))??;
 
-    let names = vec![
-        public_host.clone(),
-        base_domain.clone(),
-        format!("*.{base_domain}"),
-    ];
+    let names = certificate_names(&args, &public_host, &base_domain);
     let agent_identity = identity(&args.agent_tls_cert, &args.agent_tls_key, &data_dir, &names)?;
     let public_identity = identity(&args.tls_cert, &args.tls_key, &data_dir, &names)?;
     let mut config = EdgeConfig::new(args.agent_listen, tls::server_config(&agent_identity, &[])?);
@@ -539,6 +577,44 @@ mod tests {
                 "9-3"
             ])
             .is_err()
+        );
+    }
+
+    #[test]
+    fn the_certificate_names_the_listen_addresses_and_the_advertised_names() {
+        let top = Top::try_parse_from([
+            "edge",
+            "--data-dir",
+            "/d",
+            "--base-domain",
+            "t.example",
+            "--agent-listen",
+            "198.19.254.1:7443",
+            "--api-listen",
+            "198.19.254.1:7444",
+            "--https-listen",
+            "127.0.0.1:8443",
+            "--advertise-name",
+            "edge.cluster.test",
+            "--advertise-name",
+            "198.19.254.1",
+        ])
+        .unwrap();
+        assert_eq!(
+            certificate_names(&top.edge.serve, "t.example", "t.example"),
+            [
+                "t.example",
+                "*.t.example",
+                "198.19.254.1",
+                "edge.cluster.test"
+            ]
+        );
+        // Wildcard listeners (the defaults) add nothing: the operator names them.
+        let top =
+            Top::try_parse_from(["edge", "--data-dir", "/d", "--base-domain", "b.test"]).unwrap();
+        assert_eq!(
+            certificate_names(&top.edge.serve, "edge.b.test", "b.test"),
+            ["edge.b.test", "b.test", "*.b.test"]
         );
     }
 

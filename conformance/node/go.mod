@@ -1,0 +1,3 @@
+module tuna.test/node-images
+
+go 1.26.8
