@@ -493,6 +493,8 @@ pub async fn discover_and_run(
         if let Some(d) = discover(&client).await {
             break d;
         }
+        // Known to be absent: plans need not wait for HTTPRoutes.
+        state.gateway_known.send_replace(true);
         if !logged {
             tracing::info!(
                 group = GROUP,
@@ -514,6 +516,13 @@ pub async fn discover_and_run(
         }
     }
     let _guard = AbortAll(tasks);
+    // Plans wait for the Gateway API's stores: a plan without the
+    // HTTPRoutes would not see their claims (and record another holder).
+    if let Some(stores) = state.gateway.get().cloned()
+        && stores.ready().await
+    {
+        state.gateway_known.send_replace(true);
+    }
     std::future::pending::<()>().await;
 }
 

@@ -345,6 +345,9 @@ pub struct AgentState {
     /// The hosts HTTPRoutes published at the last Gateway API sync, and
     /// those they may publish (to re-plan them when another kind changes).
     pub gateway_hosts: Mutex<BTreeSet<String>>,
+    /// True once the Gateway API is known: its CRDs found absent, or its
+    /// stores listed once (a plan before that would miss HTTPRoutes' claims).
+    pub gateway_known: tokio::sync::watch::Sender<bool>,
 }
 
 impl AgentState {
@@ -378,11 +381,12 @@ impl AgentState {
             gateway: std::sync::OnceLock::new(),
             gateway_triggers,
             gateway_hosts: Mutex::new(BTreeSet::new()),
+            gateway_known: tokio::sync::watch::Sender::new(false),
         }
     }
 
     /// The claim book, loaded at its first use, once every store the plans
-    /// read is filled (then carried over from the annotations of earlier
+    /// read is filled (the Gateway API's too, or known to be absent) (then carried over from the annotations of earlier
     /// agents when its ConfigMap holds none yet). Call it before reading the
     /// stores for a plan.
     pub async fn claim_book(&self) -> Result<crate::plan::claims::ClaimBook, kube::Error> {
@@ -395,6 +399,8 @@ impl AgentState {
         // `wait_until_ready`: it wakes one waiter only, and the controllers
         // wait on these stores too (see `store_ready`).
         let s = &self.stores;
+        let mut gateway = self.gateway_known.subscribe();
+        let _ = gateway.wait_for(|known| *known).await;
         futures::join!(
             crate::reconcile::store_ready(&s.ingresses),
             crate::reconcile::store_ready(&s.tunnels),
