@@ -392,8 +392,20 @@ spec:
             "{needle:?} in {events:?}"
         );
     }
-    let (status, body) = http_get(env.http(), "shop.tuna.test", "/anything").await;
-    assert_eq!(status, 200, "{body}");
+    // The events come with the plan; the tunnel connects on its own time
+    // (the Domain's reservation may still be on its way): wait for it.
+    let mut last = (0, String::new());
+    let served = tokio::time::timeout(support::WAIT, async {
+        loop {
+            last = http_get(env.http(), "shop.tuna.test", "/anything").await;
+            if last.0 == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(served.is_ok(), "{last:?}\n{}", env.agent.log());
     let (status, _) = http_get(env.http(), "shop.tuna.test", "/gone").await;
     assert_eq!(
         status, 200,
