@@ -270,25 +270,33 @@ fn names_gateway(
 
 /// Whether an HTTPRoute has a parentRef to one of `gateways`.
 pub fn names_our_gateway(route: &HttpRoute, gateways: &BTreeSet<(String, String)>) -> bool {
-    let namespace = route.metadata.namespace.as_deref().unwrap_or("default");
-    route.spec.parent_refs.iter().flatten().any(|p| {
-        names_gateway(
-            (
-                p.group.as_deref(),
-                p.kind.as_deref(),
-                p.namespace.as_deref(),
-                &p.name,
-            ),
-            namespace,
-            gateways,
-        )
-    })
+    refs_name_our_gateway(
+        &route.metadata,
+        route.spec.parent_refs.iter().flatten(),
+        gateways,
+    )
 }
 
-/// Whether a TCPRoute has a parentRef to one of `gateways`.
+/// Whether a TCPRoute has a parentRef to one of `gateways` (its parentRefs
+/// in the HTTPRoute's shape, as the plan reads them).
 pub fn tcp_names_our_gateway(route: &TcpRoute, gateways: &BTreeSet<(String, String)>) -> bool {
-    let namespace = route.metadata.namespace.as_deref().unwrap_or("default");
-    route.spec.parent_refs.iter().flatten().any(|p| {
+    let refs: Vec<_> = route
+        .spec
+        .parent_refs
+        .iter()
+        .flatten()
+        .map(crate::plan::tcproute::parent_ref)
+        .collect();
+    refs_name_our_gateway(&route.metadata, &refs, gateways)
+}
+
+fn refs_name_our_gateway<'a>(
+    meta: &kube::api::ObjectMeta,
+    refs: impl IntoIterator<Item = &'a tuna_crds::gateway::httproutes::HttpRouteParentRefs>,
+    gateways: &BTreeSet<(String, String)>,
+) -> bool {
+    let namespace = meta.namespace.as_deref().unwrap_or("default");
+    refs.into_iter().any(|p| {
         names_gateway(
             (
                 p.group.as_deref(),

@@ -582,7 +582,7 @@ pub fn translate<'a>(
     domain_owners: &BTreeMap<String, String>,
 ) -> IngressRoutes {
     let all = translate_each(ingresses, options);
-    let claims = host_claims(&all.specs, |_| true);
+    let claims = host_claims(&all.specs);
     let owners = super::claims::settle(&claims, domain_owners, &BTreeMap::new());
     keep_owned(all, &owners)
 }
@@ -634,19 +634,14 @@ pub fn recorded_claims(meta: &ObjectMeta) -> BTreeMap<String, i64> {
 }
 
 /// The explicit claims the route specs of Ingresses make on their hosts
-/// ([`super::claims`]), on the hosts `counts` admits (reserved ones: a claim
-/// on a host nobody reserved is refused anyway and must not block anyone).
-pub fn host_claims<'a>(
-    specs: impl IntoIterator<Item = &'a RouteSpec<ServiceRef>>,
-    counts: impl Fn(&str) -> bool,
-) -> Vec<Claim> {
+/// ([`super::claims`]), one per Ingress and host. The plan counts only those
+/// on reserved hosts: a claim on a host nobody reserved is refused anyway and
+/// must not block anyone.
+pub fn host_claims<'a>(specs: impl IntoIterator<Item = &'a RouteSpec<ServiceRef>>) -> Vec<Claim> {
     let mut seen: BTreeSet<(String, &str, &str)> = BTreeSet::new();
     let mut out = Vec::new();
     for spec in specs {
         let host = spec.host.to_ascii_lowercase();
-        if !counts(&host) {
-            continue;
-        }
         if seen.insert((host.clone(), &spec.origin.namespace, &spec.origin.name)) {
             out.push(Claim::new(
                 host,

@@ -625,16 +625,15 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
             ))
         })
         .collect();
-    for c in ingress::host_claims(&ingress_routes.specs, |_| true)
-        .iter()
-        .chain(&host_claims)
-    {
+    // Every Ingress rule names its host; only rules on reserved hosts claim.
+    let ingress_claims = ingress::host_claims(&ingress_routes.specs);
+    for c in ingress_claims.iter().chain(&host_claims) {
         out.host_names
             .entry(c.key.clone())
             .or_default()
             .insert(c.namespace.clone());
     }
-    host_claims.extend(ingress::host_claims(&ingress_routes.specs, reserved));
+    host_claims.extend(ingress_claims.into_iter().filter(|c| reserved(&c.key)));
     let gateway = (!inputs.gateway.is_empty()).then(|| {
         httproute::prepare(
             &inputs.gateway,
