@@ -462,13 +462,29 @@ ssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$pki/sa.key"
 ssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 
 # --- ports -----------------------------------------------------------------
-# Bound together and released together, so the four are distinct.
+# Picked below the kernel's ephemeral range (ip_local_port_range), where no
+# outgoing connection and no `bind(0)` of a test can take one between this
+# pick and the component's own bind (seconds later, for the controller
+# manager). Each is checked free now; nine distinct ones.
 read -r etcd_port etcd_peer_port api_port kcm_port kubelet_port kubelet_healthz_port scheduler_port \
   proxy_healthz_port proxy_metrics_port < <(python3 -c '
-import socket
-s = [socket.socket() for _ in range(9)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
+import random, socket
+elo, ehi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+lo, hi = (10000, elo - 1) if elo > 12000 else (ehi + 1, 65535)
+held, ports = [], []
+while len(ports) < 9:
+    p = random.randint(lo, hi)
+    if p in ports:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+    ports.append(p)
+print(*ports)')
 if [ -n "$node" ]; then
   server="https://$host_address:$api_port"
 else
