@@ -8,7 +8,8 @@ use std::fmt;
 
 use crate::normalize::{self, InvalidPath};
 use crate::request::{Mismatch, PlainGet, RequestView, query_of};
-use crate::table::{HostTable, SpecState};
+use crate::table::HostTable;
+use crate::trie::SpecState;
 use crate::{Match, Origin, PathType, RouteSpec, RouteTable};
 
 /// Which host routes a request host selected.

@@ -20,7 +20,7 @@ use std::collections::hash_map::Entry;
 
 use crate::normalize;
 use crate::request::{Conditions, ConditionsKey, RequestView, query_of};
-use crate::table::{BuildHost, HostRoutes, NONE, SpecState, rule_key, with_canonical_path};
+use crate::trie::{BuildHost, HostRoutes, NONE, SpecState, rule_key, with_canonical_path};
 use crate::{Matcher, RouteSpec};
 
 /// The compiled routes of a Gateway host.

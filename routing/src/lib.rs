@@ -176,6 +176,7 @@ mod gateway;
 mod normalize;
 mod request;
 mod table;
+mod trie;
 
 pub use explain::{Candidate, Explanation, HostSelection, Outcome};
 pub use normalize::{
