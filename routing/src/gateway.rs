@@ -19,22 +19,154 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use crate::normalize;
-use crate::request::{Conditions, ConditionsKey, RequestView, query_of};
+use crate::request::{self, Conditions, ConditionsKey, RequestView, query_of};
 use crate::trie::{BuildHost, HostRoutes, NONE, SpecState, rule_key, with_canonical_path};
 use crate::{Matcher, RouteSpec};
 
 /// The compiled routes of a Gateway host.
+///
+/// A lookup touches as few cache lines as on an Ingress host plus the
+/// candidate list it reaches: the first group is inline, a trie slot is the
+/// offset of its list in `lists`, and each list is laid out with the
+/// conditions and strings of its candidates right after it, in the same
+/// allocation (see [`Lists`]).
 #[derive(Debug)]
 pub(crate) struct GatewayRoutes {
-    /// One trie per hostname rank, highest rank first. Its node slots index
-    /// `lists`.
-    groups: Box<[HostRoutes]>,
-    /// Each list is `entries[start..end]`.
-    lists: Box<[(u32, u32)]>,
-    /// Spec indexes; each list in precedence order, without conflict losers.
-    entries: Box<[u32]>,
-    /// Every spec's conditions, by spec index.
+    /// The trie of the highest hostname rank, with every candidate list
+    /// ([`Lists`]) in front of it in its array of words; then the tries of
+    /// the other ranks, highest first. Their node slots are offsets of
+    /// lists in `first`'s words.
+    first: HostRoutes,
+    more: Box<[HostRoutes]>,
+    /// Every spec's conditions, by spec index (for `explain`).
     conditions: Box<[Conditions]>,
+}
+
+/// The candidate lists of a host in one array of words.
+///
+/// A list at offset `l` is `words[l]` = its length `n`, then `n` pairs
+/// `(spec, condition)`, in precedence order. `condition` is [`NONE`] for a
+/// candidate without conditions (it always matches), else the offset of a
+/// condition record: the method's text (offset, length; [`NONE`] for any
+/// method), the number of header and of query pairs, then for each pair
+/// its name's and value's text (offset, length). Texts are bytes of the
+/// same array (byte offsets). A list's records and texts follow the list,
+/// so that one lookup reads one short run of memory.
+#[derive(Clone, Copy)]
+struct Lists<'a> {
+    words: &'a [u32],
+}
+
+impl<'a> Lists<'a> {
+    #[inline]
+    fn text(self, offset: u32, len: u32) -> &'a [u8] {
+        let bytes: &[u8] = bytemuck::cast_slice(self.words);
+        &bytes[offset as usize..(offset + len) as usize]
+    }
+
+    /// The name of a header or query pair: text the build wrote from a
+    /// `str`, so always UTF-8.
+    #[inline]
+    fn name(self, offset: u32, len: u32) -> &'a str {
+        std::str::from_utf8(self.text(offset, len)).unwrap_or_default()
+    }
+
+    /// The first spec of list `list` whose conditions hold.
+    #[inline]
+    fn first(self, list: u32, target: &str, request: &impl RequestView) -> Option<u32> {
+        let w = self.words;
+        let list = list as usize;
+        let len = w[list] as usize;
+        (0..len).find_map(|k| {
+            let (spec, condition) = (w[list + 1 + 2 * k], w[list + 2 + 2 * k]);
+            (condition == NONE || self.holds(condition as usize, target, request)).then_some(spec)
+        })
+    }
+
+    #[inline]
+    fn holds(self, at: usize, target: &str, request: &impl RequestView) -> bool {
+        let w = self.words;
+        let method = (w[at] != NONE).then(|| self.text(w[at], w[at + 1]));
+        let (headers, queries) = (w[at + 2] as usize, w[at + 3] as usize);
+        // The query is found only when a condition reads it.
+        let query = if queries == 0 { "" } else { query_of(target) };
+        let pair = |i: usize| {
+            let p = at + 4 + 4 * i;
+            (self.name(w[p], w[p + 1]), self.text(w[p + 2], w[p + 3]))
+        };
+        request::check(
+            method,
+            (0..headers).map(pair),
+            (headers..headers + queries).map(pair),
+            query,
+            request,
+        )
+        .is_ok()
+    }
+}
+
+/// Builds [`Lists`]: words, with texts packed into them.
+#[derive(Default)]
+struct ListsBuilder {
+    words: Vec<u32>,
+}
+
+impl ListsBuilder {
+    /// Appends a list of `(spec, conditions)` candidates and returns its
+    /// offset.
+    fn push(&mut self, candidates: &[(u32, &Conditions)]) -> u32 {
+        let list = self.words.len();
+        self.words.push(candidates.len() as u32);
+        let slots = self.words.len();
+        self.words
+            .extend(std::iter::repeat_n(NONE, 2 * candidates.len()));
+        let mut texts: Vec<(usize, &str)> = Vec::new();
+        for (k, (spec, conditions)) in candidates.iter().enumerate() {
+            self.words[slots + 2 * k] = *spec;
+            if conditions.method.is_none()
+                && conditions.headers.is_empty()
+                && conditions.query.is_empty()
+            {
+                continue;
+            }
+            let at = self.words.len();
+            self.words[slots + 2 * k + 1] = at as u32;
+            self.words.extend([
+                NONE,
+                0,
+                conditions.headers.len() as u32,
+                conditions.query.len() as u32,
+            ]);
+            if let Some(method) = &conditions.method {
+                texts.push((at, method));
+            }
+            for (name, value) in conditions.headers.iter().chain(conditions.query.iter()) {
+                let p = self.words.len();
+                self.words.extend([0; 4]);
+                texts.push((p, name));
+                texts.push((p + 2, value));
+            }
+        }
+        // The texts, packed after the records: (offset, length) in bytes.
+        let mut bytes = Vec::new();
+        let start = self.words.len() * 4;
+        for (slot, text) in texts {
+            self.words[slot] = (start + bytes.len()) as u32;
+            self.words[slot + 1] = text.len() as u32;
+            bytes.extend_from_slice(text.as_bytes());
+        }
+        bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+        self.words.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])),
+        );
+        list as u32
+    }
+
+    fn finish(self) -> Vec<u32> {
+        self.words
+    }
 }
 
 /// The first keys of the order: the most non-wildcard characters of the
@@ -115,16 +247,18 @@ impl GatewayRoutes {
                 seq[i],
             )
         };
-        let mut ranges = Vec::with_capacity(lists.len());
-        let mut entries = Vec::new();
+        // Lists are laid out first and the trie slots then point at them.
+        let mut words = ListsBuilder::default();
+        let mut offsets = Vec::with_capacity(lists.len());
+        let mut kept: Vec<(u32, &Conditions)> = Vec::new();
         // The first spec of the list with each (hostname, conditions): one
         // hash per spec, where a scan of the earlier specs made a host of L
         // specs on one path cost L² comparisons (issue 37, G9).
         let mut first: HashMap<(Option<&str>, ConditionsKey<'_>), usize> = HashMap::new();
         for mut list in lists {
             list.sort_by(|a, b| order(a).cmp(&order(b)));
-            let start = entries.len();
             first.clear();
+            kept.clear();
             for i in list {
                 // Equal conditions on the same path and hostname: the first
                 // in the order always matches when this one would.
@@ -142,16 +276,23 @@ impl GatewayRoutes {
                         };
                         states[i] = SpecState::Conflict { path, winner };
                     }
-                    None => entries.push(i as u32),
+                    None => kept.push((i as u32, &conditions[i])),
                 }
             }
-            ranges.push((start as u32, entries.len() as u32));
+            offsets.push(words.push(&kept));
         }
         drop(first);
+        let lists = words.finish();
+        for build in &mut builds {
+            build.map_slots(|list| offsets[list as usize]);
+        }
+        let mut groups = builds.into_iter();
+        let first = groups.next().unwrap_or_default().freeze_after(lists);
+        let more = groups.map(BuildHost::freeze).collect();
+        drop(kept);
         let routes = GatewayRoutes {
-            groups: builds.into_iter().map(BuildHost::freeze).collect(),
-            lists: ranges.into(),
-            entries: entries.into(),
+            first,
+            more,
             conditions: conditions.into(),
         };
         (routes, states)
@@ -160,32 +301,35 @@ impl GatewayRoutes {
     /// The first spec in precedence order that matches a raw request target.
     #[inline]
     pub(crate) fn find(&self, raw_target: &str, request: &impl RequestView) -> Option<u32> {
-        let query = query_of(raw_target);
         with_canonical_path(raw_target, |path| {
-            self.groups.iter().find_map(|group| {
-                let (node, exact) = group.walk(path);
-                let exact = if exact == NONE {
-                    None
-                } else {
-                    self.first(exact, query, request)
-                };
-                exact.or_else(|| {
-                    group
-                        .prefixes_up(node)
-                        .find_map(|list| self.first(list, query, request))
-                })
-            })
+            std::iter::once(&self.first)
+                .chain(self.more.iter())
+                .find_map(|group| self.find_in(group, path, raw_target, request))
         })
     }
 
-    /// The first spec of a list whose conditions hold.
     #[inline]
-    fn first(&self, list: u32, query: &str, request: &impl RequestView) -> Option<u32> {
-        let (start, end) = self.lists[list as usize];
-        self.entries[start as usize..end as usize]
-            .iter()
-            .copied()
-            .find(|&i| self.conditions[i as usize].check(query, request).is_ok())
+    fn find_in(
+        &self,
+        group: &HostRoutes,
+        path: &str,
+        target: &str,
+        request: &impl RequestView,
+    ) -> Option<u32> {
+        let lists = Lists {
+            words: self.first.words(),
+        };
+        let (node, exact) = group.walk(path);
+        let exact = if exact == NONE {
+            None
+        } else {
+            lists.first(exact, target, request)
+        };
+        exact.or_else(|| {
+            group
+                .prefixes_up(node)
+                .find_map(|list| lists.first(list, target, request))
+        })
     }
 
     /// The conditions of spec `index`.

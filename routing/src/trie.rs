@@ -17,43 +17,39 @@ pub(crate) const NONE: u32 = u32::MAX;
 /// Above this many children a node switches from a scan to a hash map.
 const FEW_CHILDREN: usize = 8;
 
-/// A trie node: one path segment. Kept small and index-based so that a
-/// lookup touches few cache lines.
+/// A frozen trie lives in one array of words ([`HostRoutes::words`]), so
+/// that a lookup reads one allocation (on a Gateway host, the candidate
+/// lists sit in front of the trie, in the same array): at 10 000 hosts the
+/// cost of a lookup is mostly the pages it touches, not its instructions.
+///
+/// A node is [`NODE_WORDS`] words at a word offset, which is its id:
+/// the offset of its first edge and its edge count (when it has few
+/// children), its parent (the root is its own parent: Gateway lookups walk
+/// back up from the deepest node), its three slots — `Exact` without a
+/// trailing slash (`/a/b`), `Exact` with one (`/a/b/`), Prefix-like
+/// covering the node and everything below, [`NONE`] when empty — and the
+/// index of its child map in [`HostRoutes::many`] when it has more than
+/// [`FEW_CHILDREN`] children, else [`NONE`].
 ///
 /// On an Ingress host the three slots hold the index of the spec that owns
-/// the rule; on a Gateway host they hold the index of a list of specs (see
+/// the rule; on a Gateway host they hold the offset of a list of specs (see
 /// `gateway.rs`).
-#[derive(Debug)]
-struct Node {
-    /// This node's children are `edges[first_edge..first_edge + edge_count]`
-    /// when they are few.
-    first_edge: u32,
-    edge_count: u32,
-    /// The parent node (the root is its own parent): Gateway lookups walk
-    /// back up from the deepest node. Fits in the padding of `many`.
-    parent: u32,
-    /// `Exact` route ending here, without a trailing slash (`/a/b`).
-    exact: u32,
-    /// `Exact` route ending here with a trailing slash (`/a/b/`).
-    exact_slash: u32,
-    /// Prefix-like route covering this node and everything below.
-    prefix: u32,
-    /// Children by segment when there are more than [`FEW_CHILDREN`].
-    many: Option<Box<FastMap<Box<str>, u32>>>,
-}
+const NODE_WORDS: usize = 8;
+const FIRST_EDGE: usize = 0;
+const EDGE_COUNT: usize = 1;
+const PARENT: usize = 2;
+const EXACT: usize = 3;
+const EXACT_SLASH: usize = 4;
+const PREFIX: usize = 5;
+const MANY: usize = 6;
 
-/// A link to a child node, labelled by a segment stored in `labels`.
-#[derive(Debug, Clone, Copy)]
-struct Edge {
-    /// The label's first 8 bytes, little-endian, zero-padded: most labels
-    /// are decided by one integer comparison instead of a `memcmp` call.
-    tag: u64,
-    label_start: u32,
-    label_len: u32,
-    node: u32,
-}
+/// An edge (a link to a child node) is [`EDGE_WORDS`] words: the label's
+/// first 8 bytes, little-endian, zero-padded, as two words (most labels are
+/// decided by integer comparisons instead of a `memcmp` call), the label's
+/// byte offset in the array and its length, and the child node.
+const EDGE_WORDS: usize = 5;
 
-/// The first 8 bytes of a segment as an integer (see [`Edge::tag`]).
+/// The first 8 bytes of a segment as an integer (see [`EDGE_WORDS`]).
 #[inline]
 fn tag_of(segment: &[u8]) -> u64 {
     let mut tag = 0u64;
@@ -67,47 +63,64 @@ fn slot(value: u32) -> Option<u32> {
     (value != NONE).then_some(value)
 }
 
-/// All routes of one host pattern: nodes, the edges of nodes with few
-/// children, and every edge label in one string.
+/// All routes of one host pattern: its nodes, the edges of nodes with few
+/// children and every edge label, in one array of words; the child maps of
+/// nodes with many children beside it.
 #[derive(Debug)]
 pub(crate) struct HostRoutes {
-    /// `nodes[0]` is the root (`/`).
-    nodes: Box<[Node]>,
-    edges: Box<[Edge]>,
-    labels: Box<str>,
+    words: Box<[u32]>,
+    /// The root node (`/`): the words before it belong to the caller
+    /// ([`BuildHost::freeze_after`]).
+    root: u32,
+    many: Box<[FastMap<Box<str>, u32>]>,
 }
 
 impl HostRoutes {
+    /// The words the caller placed in front of the trie.
     #[inline]
-    fn child(&self, node: &Node, segment: &str) -> Option<u32> {
-        if let Some(map) = &node.many {
-            return map.get(segment).copied();
+    pub(crate) fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    #[inline]
+    fn field(&self, node: u32, field: usize) -> u32 {
+        self.words[node as usize + field]
+    }
+
+    #[inline]
+    fn child(&self, node: u32, segment: &str) -> Option<u32> {
+        let many = self.field(node, MANY);
+        if many != NONE {
+            return self.many[many as usize].get(segment).copied();
         }
-        let start = node.first_edge as usize;
-        let edges = &self.edges[start..start + node.edge_count as usize];
+        let start = self.field(node, FIRST_EDGE) as usize;
+        let count = self.field(node, EDGE_COUNT) as usize;
+        let edges = &self.words[start..start + count * EDGE_WORDS];
         let segment = segment.as_bytes();
         let tag = tag_of(segment);
+        let (lo, hi) = (tag as u32, (tag >> 32) as u32);
         edges
-            .iter()
+            .chunks_exact(EDGE_WORDS)
             .find(|e| {
-                e.tag == tag
-                    && e.label_len as usize == segment.len()
-                    && (segment.len() <= 8
-                        || self.labels.as_bytes()[e.label_start as usize + 8..]
-                            [..segment.len() - 8]
-                            == segment[8..])
+                e[0] == lo
+                    && e[1] == hi
+                    && e[3] as usize == segment.len()
+                    && (segment.len() <= 8 || {
+                        let bytes: &[u8] = bytemuck::cast_slice(&self.words);
+                        bytes[e[2] as usize + 8..][..segment.len() - 8] == segment[8..]
+                    })
             })
-            .map(|e| e.node)
+            .map(|e| e[4])
     }
 
     /// Returns the winning spec index for a canonical path.
     #[inline]
     fn find(&self, path: &str) -> Option<u32> {
-        let mut node = &self.nodes[0];
-        let mut best = node.prefix;
+        let mut node = self.root;
+        let mut best = self.field(node, PREFIX);
         let rest = &path[1..];
         if rest.is_empty() {
-            return slot(node.exact).or(slot(best));
+            return slot(self.field(node, EXACT)).or(slot(best));
         }
         let (body, trailing) = match rest.strip_suffix('/') {
             Some(body) => (body, true),
@@ -122,9 +135,10 @@ impl HostRoutes {
             };
             match self.child(node, segment) {
                 Some(i) => {
-                    node = &self.nodes[i as usize];
-                    if node.prefix != NONE {
-                        best = node.prefix;
+                    node = i;
+                    let prefix = self.field(node, PREFIX);
+                    if prefix != NONE {
+                        best = prefix;
                     }
                 }
                 // No exact route can lie below a missing child.
@@ -135,11 +149,7 @@ impl HostRoutes {
                 None => break,
             }
         }
-        let exact = if trailing {
-            node.exact_slash
-        } else {
-            node.exact
-        };
+        let exact = self.field(node, if trailing { EXACT_SLASH } else { EXACT });
         slot(exact).or(slot(best))
     }
 
@@ -150,20 +160,20 @@ impl HostRoutes {
     pub(crate) fn walk(&self, path: &str) -> (u32, u32) {
         let rest = &path[1..];
         if rest.is_empty() {
-            return (0, self.nodes[0].exact);
+            return (self.root, self.field(self.root, EXACT));
         }
         let (body, trailing) = match rest.strip_suffix('/') {
             Some(body) => (body, true),
             None => (rest, false),
         };
-        let mut at = 0u32;
+        let mut at = self.root;
         let mut rest = body;
         loop {
             let (segment, more) = match rest.bytes().position(|b| b == b'/') {
                 Some(i) => (&rest[..i], Some(&rest[i + 1..])),
                 None => (rest, None),
             };
-            match self.child(&self.nodes[at as usize], segment) {
+            match self.child(at, segment) {
                 Some(i) => at = i,
                 None => return (at, NONE),
             }
@@ -172,14 +182,9 @@ impl HostRoutes {
                 None => break,
             }
         }
-        let node = &self.nodes[at as usize];
         (
             at,
-            if trailing {
-                node.exact_slash
-            } else {
-                node.exact
-            },
+            self.field(at, if trailing { EXACT_SLASH } else { EXACT }),
         )
     }
 
@@ -191,10 +196,10 @@ impl HostRoutes {
         std::iter::from_fn(move || {
             loop {
                 let here = next?;
-                let node = &self.nodes[here as usize];
-                next = (here != 0).then_some(node.parent);
-                if node.prefix != NONE {
-                    return Some(node.prefix);
+                next = (here != self.root).then(|| self.field(here, PARENT));
+                let prefix = self.field(here, PREFIX);
+                if prefix != NONE {
+                    return Some(prefix);
                 }
             }
         })
@@ -265,40 +270,84 @@ impl BuildHost {
         }
     }
 
+    /// Replaces the value of every filled slot.
+    pub(crate) fn map_slots(&mut self, f: impl Fn(u32) -> u32) {
+        for n in &mut self.nodes {
+            for v in [&mut n.exact, &mut n.exact_slash, &mut n.prefix]
+                .into_iter()
+                .flatten()
+            {
+                *v = f(*v);
+            }
+        }
+    }
+
     pub(crate) fn freeze(self) -> HostRoutes {
-        let mut nodes = Vec::with_capacity(self.nodes.len());
-        let mut edges = Vec::new();
-        let mut labels = String::new();
+        self.freeze_after(Vec::new())
+    }
+
+    /// Freezes the trie into one array of words after `front`, which the
+    /// caller reads back with [`HostRoutes::words`] (its offsets stay
+    /// valid: the trie goes after it).
+    pub(crate) fn freeze_after(self, front: Vec<u32>) -> HostRoutes {
+        let mut words = front;
+        let root = words.len();
+        let node_at = |i: u32| (root + i as usize * NODE_WORDS) as u32;
+        let few: usize = self
+            .nodes
+            .iter()
+            .filter(|n| n.children.len() <= FEW_CHILDREN)
+            .map(|n| n.children.len())
+            .sum();
+        let edges_at = root + self.nodes.len() * NODE_WORDS;
+        let labels_at = (edges_at + few * EDGE_WORDS) * 4;
+        let mut edges: Vec<u32> = Vec::with_capacity(few * EDGE_WORDS);
+        let mut labels: Vec<u8> = Vec::new();
+        let mut many = Vec::new();
+        words.reserve(self.nodes.len() * NODE_WORDS + few * EDGE_WORDS);
         for n in self.nodes {
-            let mut node = Node {
-                first_edge: edges.len() as u32,
-                edge_count: 0,
-                parent: n.parent,
-                exact: n.exact.unwrap_or(NONE),
-                exact_slash: n.exact_slash.unwrap_or(NONE),
-                prefix: n.prefix.unwrap_or(NONE),
-                many: None,
-            };
+            let mut node = [NONE; NODE_WORDS];
+            node[FIRST_EDGE] = (edges_at + edges.len()) as u32;
+            node[EDGE_COUNT] = 0;
+            node[PARENT] = node_at(n.parent);
+            node[EXACT] = n.exact.unwrap_or(NONE);
+            node[EXACT_SLASH] = n.exact_slash.unwrap_or(NONE);
+            node[PREFIX] = n.prefix.unwrap_or(NONE);
             if n.children.len() <= FEW_CHILDREN {
-                node.edge_count = n.children.len() as u32;
+                node[EDGE_COUNT] = n.children.len() as u32;
                 for (label, child) in n.children {
-                    edges.push(Edge {
-                        tag: tag_of(label.as_bytes()),
-                        label_start: labels.len() as u32,
-                        label_len: label.len() as u32,
-                        node: child,
-                    });
-                    labels.push_str(&label);
+                    let tag = tag_of(label.as_bytes());
+                    edges.extend([
+                        tag as u32,
+                        (tag >> 32) as u32,
+                        (labels_at + labels.len()) as u32,
+                        label.len() as u32,
+                        node_at(child),
+                    ]);
+                    labels.extend_from_slice(label.as_bytes());
                 }
             } else {
-                node.many = Some(Box::new(n.children.into_iter().collect()));
+                node[MANY] = many.len() as u32;
+                many.push(
+                    n.children
+                        .into_iter()
+                        .map(|(label, child)| (label, node_at(child)))
+                        .collect(),
+                );
             }
-            nodes.push(node);
+            words.extend(node);
         }
+        words.extend(edges);
+        labels.resize(labels.len().div_ceil(4) * 4, 0);
+        words.extend(
+            labels
+                .chunks_exact(4)
+                .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])),
+        );
         HostRoutes {
-            nodes: nodes.into(),
-            edges: edges.into(),
-            labels: labels.into(),
+            words: words.into(),
+            root: root as u32,
+            many: many.into(),
         }
     }
 }
