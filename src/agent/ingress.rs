@@ -32,15 +32,15 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tuna_crds::{Domain, Tunnel};
 
-use super::gateway::{GatewaySnapshot, backend_services};
-use super::state::{AgentState, SETTLE_WAIT, label_value, labels, owners_of};
+use super::gateway_objects::{GatewaySnapshot, backend_services};
+use super::publish::{options_for, publish_hosts, routes_summary};
+use super::state::{AgentState, SETTLE_WAIT};
 use crate::Error;
-use crate::edge::publisher::{RouteBackend, Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::plan::ingress::{SkipReason, TranslateOptions, rule_hosts, service_names};
-use crate::plan::{HostPlan, HostSource, Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
+use crate::edge::publisher::{TunnelKey, TunnelState};
+use crate::plan::ingress::{SkipReason, rule_hosts, service_names};
+use crate::plan::{Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
 use crate::reconcile::{apply_status, resync};
-use tuna_routing::Matcher;
 
 /// The host a Domain reserves, given the base domain.
 fn domain_host(d: &Domain, base_domain: &str) -> Option<String> {
@@ -106,84 +106,6 @@ pub fn plan_hosts(
     plan(&inputs, services, options)
 }
 
-/// A stable summary of a host's routes (what `RoutesUpdated` says).
-pub fn routes_summary(host: &HostPlan) -> String {
-    let mut routes: Vec<String> = host
-        .routes
-        .iter()
-        .map(|r| {
-            let backend = backend_summary(&r.backend, &r.origin.namespace);
-            match &r.matcher {
-                Matcher::Gateway(m) => {
-                    let mut conditions = Vec::new();
-                    conditions.extend(m.method.clone());
-                    conditions.extend(m.headers.iter().map(|(n, v)| format!("header {n}={v}")));
-                    conditions.extend(m.query.iter().map(|(n, v)| format!("query {n}={v}")));
-                    let conditions = if conditions.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" [{}]", conditions.join(" "))
-                    };
-                    format!("{} {}{conditions} -> {backend}", r.path_type, r.path)
-                }
-                Matcher::Ingress => format!("{} {} -> {backend}", r.path_type, r.path),
-            }
-        })
-        .collect();
-    routes.sort();
-    routes.join(", ")
-}
-
-/// `web:80` (an Ingress backend), `web:80, v2:80 (weights 9:1)` (a
-/// Gateway API rule, other namespaces' Services qualified), or `500` (a rule
-/// without a usable backend).
-fn backend_summary(backend: &crate::plan::Backend, namespace: &str) -> String {
-    if let Some(s) = &backend.service {
-        return format!("{}:{}", s.name, s.port);
-    }
-    let Some(action) = &backend.gateway else {
-        return String::new();
-    };
-    if action.backends.is_empty() {
-        return "500".into();
-    }
-    let names: Vec<String> = action
-        .backends
-        .iter()
-        .map(|b| {
-            let port = b.port.map(|p| p.to_string()).unwrap_or_else(|| "?".into());
-            if b.namespace == namespace {
-                format!("{}:{port}", b.service)
-            } else {
-                format!("{}/{}:{port}", b.namespace, b.service)
-            }
-        })
-        .collect();
-    let mut out = names.join(", ");
-    if action.backends.len() > 1 {
-        let weights: Vec<String> = action
-            .backends
-            .iter()
-            .map(|b| b.weight.to_string())
-            .collect();
-        out.push_str(&format!(" (weights {})", weights.join(":")));
-    }
-    out
-}
-
-pub(crate) fn options_for(
-    state: &AgentState,
-    ingress: TranslateOptions,
-    base_domain: &str,
-    account: BTreeSet<String>,
-) -> PlanOptions {
-    let mut options = PlanOptions::cluster(base_domain);
-    options.ingress = ingress;
-    options.policy = state.options.policy;
-    options.account_hosts = account;
-    options
-}
-
 /// Plans and applies `hosts`: publish each host's routes, or stop its tunnel.
 /// Returns the plan. Other Ingresses of a host whose routes changed are
 /// re-reconciled (for their events and status), except `me`; HTTPRoutes
@@ -210,7 +132,7 @@ async fn apply_hosts(
             state.services.ensure(namespace, &name).await;
         }
     }
-    let gateway = GatewaySnapshot::of(state);
+    let gateway = GatewaySnapshot::of(state.gateway.get());
     let routes = gateway.touching(hosts);
     for (namespace, name) in routes.iter().flat_map(|r| backend_services(r)) {
         state.services.ensure(&namespace, &name).await;
@@ -238,83 +160,6 @@ async fn apply_hosts(
         .await?;
     publish_hosts(state, hosts, &plan, me).await;
     Ok(plan)
-}
-
-/// The routes of a planned host as the publisher takes them.
-fn publishable_routes(h: &HostPlan) -> Vec<tuna_routing::RouteSpec<RouteBackend>> {
-    h.routes
-        .iter()
-        // Unresolved backends were refused by the plan already; a Gateway
-        // rule carries its own (resolved or 500) backends.
-        .filter_map(|r| {
-            let backend = RouteBackend::of(&r.backend)?;
-            Some(r.clone().map_backend(|_| backend))
-        })
-        .collect()
-}
-
-/// Publishes each of `hosts` as `plan` has it, or stops its tunnel when
-/// nothing publishes it (a Tunnel's host is the Tunnel reconciler's).
-/// Ingresses of a host whose routes changed are re-reconciled, except `me`.
-pub(crate) async fn publish_hosts(
-    state: &AgentState,
-    hosts: &BTreeSet<String>,
-    plan: &Plan,
-    me: Option<&ObjectRef>,
-) {
-    for host in hosts {
-        let key = TunnelKey::Host(host.clone());
-        let tunnel_owned = owners_of(state, &key);
-        match plan.hosts.get(host) {
-            Some(h) if matches!(h.source, HostSource::Tunnel(_)) => {}
-            Some(h) => {
-                let kind = match h.source {
-                    HostSource::HttpRoutes(_) => Kind::HttpRoute,
-                    _ => Kind::Ingress,
-                };
-                let mut token_labels = state.token_labels(kind.as_str(), &h.namespace, host);
-                token_labels.insert(labels::HOST.to_owned(), label_value(host));
-                state.publisher.publish(
-                    key,
-                    TunnelSpec {
-                        serving: Serving::Http {
-                            host: host.clone(),
-                            routes: publishable_routes(h),
-                        },
-                        labels: token_labels,
-                        edge: Arc::clone(&state.ctx.edge),
-                        edge_identity: "operator".into(),
-                        keep_on_shutdown: false,
-                    },
-                );
-                let summary = routes_summary(h);
-                let changed = state
-                    .host_plans
-                    .lock()
-                    .expect("host plans")
-                    .insert(host.clone(), summary.clone())
-                    .is_none_or(|old| old != summary);
-                if changed {
-                    for other in h.publishers() {
-                        if other.kind == Kind::Ingress && Some(&other) != me {
-                            let _ = state.ingress_triggers.send(
-                                kube::runtime::reflector::ObjectRef::new(&other.name)
-                                    .within(&other.namespace),
-                            );
-                        }
-                    }
-                }
-            }
-            None if tunnel_owned.is_empty() => {
-                if state.publisher.state(&key).is_some() {
-                    state.publisher.unpublish(&key).await;
-                    tracing::info!(%host, "no route left: tunnel stopped, token revoked");
-                }
-                state.host_plans.lock().expect("host plans").remove(host);
-            }
-            None => {}
-        }
-    }
 }
 
 /// A deleted Ingress: its hosts are planned again without it. Its claim (the

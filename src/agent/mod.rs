@@ -8,8 +8,10 @@
 
 pub mod claims;
 pub mod gateway;
+pub mod gateway_objects;
 pub mod index;
 pub mod ingress;
+pub mod publish;
 pub mod role;
 pub mod state;
 pub mod tunnel;

@@ -339,7 +339,7 @@ pub struct AgentState {
     /// Re-reconcile an Ingress.
     pub ingress_triggers: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<Ingress>>,
     /// The Gateway API stores, once the CRDs are found (see [`super::gateway`]).
-    pub gateway: std::sync::OnceLock<super::gateway::GatewayStores>,
+    pub gateway: std::sync::OnceLock<super::gateway_objects::GatewayStores>,
     /// Re-plan the Gateway API objects and their hosts.
     pub gateway_triggers: mpsc::UnboundedSender<()>,
     /// The hosts HTTPRoutes published at the last Gateway API sync, and

@@ -25,7 +25,7 @@ use kube::runtime::events::EventType;
 use tuna_crds::{ConditionStatus, Domain, TcpEndpoint, Tunnel, TunnelStatus};
 use tuna_tunnel::api::CreateDomain;
 
-use super::gateway::{GatewaySnapshot, backend_services};
+use super::gateway_objects::{GatewaySnapshot, backend_services};
 use super::state::{AgentState, SETTLE_WAIT, labels};
 use crate::Error;
 use crate::edge::api::{EdgeApi, ErrorClass, gone_is_ok};
@@ -33,8 +33,8 @@ use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
 use crate::plan::claims::ClaimBook;
 use crate::plan::httproute::GatewayInputs;
 use crate::plan::ingress::rule_hosts;
-use crate::plan::service::{ServiceIndex, UpstreamHost, parse_upstream_url};
-use crate::plan::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint};
+use crate::plan::service::ServiceIndex;
+use crate::plan::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint, upstream_service};
 use crate::plan::{Inputs, Kind, ObjectRef, Plan, PlanOptions, Refusal, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
 use crate::reconcile::{apply_status, ready, ready_of, reason_of, resync};
@@ -91,19 +91,6 @@ pub fn desired(
         })
     };
     (plan, result)
-}
-
-/// The Services a Tunnel's upstream names: `(namespace, name)`.
-pub fn upstream_service(tunnel: &Tunnel) -> Option<(String, String)> {
-    let namespace = tunnel.namespace().unwrap_or_else(|| "default".into());
-    match parse_upstream_url(&tunnel.spec.upstream.url).ok()?.host {
-        UpstreamHost::Service {
-            namespace: ns,
-            name,
-        } => Some((ns.unwrap_or(namespace), name)),
-        UpstreamHost::ServiceFqdn { namespace, name } => Some((namespace, name)),
-        UpstreamHost::Ip(_) | UpstreamHost::External(_) => None,
-    }
 }
 
 /// The tunnel key and public URL of a desired tunnel.
@@ -355,7 +342,7 @@ async fn apply(tunnel: &Arc<Tunnel>, state: &AgentState) -> Result<Action, Error
     // its endpoint: ownership is settled over every kind's claims.
     let host = crate::plan::tunnel_host(tunnel, &options.base_domain);
     let tcp_key = crate::plan::tunnel_tcp_key(tunnel);
-    let snapshot = GatewaySnapshot::of(state);
+    let snapshot = GatewaySnapshot::of(state.gateway.get());
     let routes = match &host {
         Some(h) => snapshot.touching(&BTreeSet::from([h.clone()])),
         None => Vec::new(),

@@ -12,7 +12,7 @@ use tuna_crds::{Tunnel, TunnelProtocol};
 
 use super::domain::{HostReservations, is_dns_label};
 use super::service::{
-    ResolvedUpstream, ServiceLookup, UpstreamPolicy, UpstreamReason, UpstreamScheme,
+    ResolvedUpstream, ServiceLookup, UpstreamHost, UpstreamPolicy, UpstreamReason, UpstreamScheme,
     parse_upstream_url, resolve_url,
 };
 use super::tcpendpoint::AliasOwners;
@@ -289,6 +289,23 @@ fn port_number(n: i64) -> Result<PortOrAlias, TunnelError> {
                 format!("port {n} is outside 1-65535"),
             )
         })
+}
+
+/// The Services a Tunnel's upstream names: `(namespace, name)`.
+pub fn upstream_service(tunnel: &Tunnel) -> Option<(String, String)> {
+    let namespace = tunnel
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    match parse_upstream_url(&tunnel.spec.upstream.url).ok()?.host {
+        UpstreamHost::Service {
+            namespace: ns,
+            name,
+        } => Some((ns.unwrap_or(namespace), name)),
+        UpstreamHost::ServiceFqdn { namespace, name } => Some((namespace, name)),
+        UpstreamHost::Ip(_) | UpstreamHost::External(_) => None,
+    }
 }
 
 #[cfg(test)]
