@@ -110,6 +110,16 @@ impl RateLimiter {
         self.take_at(key, Instant::now(), false)
     }
 
+    /// Gives back one request taken by [`RateLimiter::check`] (what was
+    /// charged in advance turned out not to be spent): up to the burst.
+    pub fn refund(&self, key: &str) {
+        let (burst, _) = self.current();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bucket) = buckets.get_mut(key) {
+            bucket.tokens = (bucket.tokens + 1.0).min(burst);
+        }
+    }
+
     #[cfg(test)]
     fn check_at(&self, key: &str, now: Instant) -> Result<(), Duration> {
         self.take_at(key, now, true)

@@ -109,19 +109,35 @@ async fn authenticate(
     // revoked, or a domain released, through another replica since then is
     // not in it, so nothing (the key presented included) is judged from it.
     // A missing or malformed key is refused without that round trip: an
-    // unauthenticated client costs the store nothing.
-    if secrets::id_of(API_KEY_PREFIX, presented).is_some()
-        && let Err(e) = plane.store().sync_async().await
-    {
-        tracing::debug!(error = %e, "catching up with the store failed; answering from this replica's copy");
-        if let Err(stale) = plane.store_outage() {
-            return stale.into_response();
+    // unauthenticated client costs the store nothing. A key-shaped one is
+    // charged to the client's failure budget *before* the round trip (and
+    // refunded if it turns out valid): a client that resets its request
+    // right after sending it has paid all the same.
+    let mut charged = false;
+    if secrets::id_of(API_KEY_PREFIX, presented).is_some() {
+        if let Some(client) = &client {
+            if let Err(retry_after) = plane.shared.auth_failures.check(client) {
+                tracing::debug!(%client, "REST API authentication rate limited");
+                return Error::RateLimited { retry_after }.into_response();
+            }
+            charged = true;
+        }
+        if let Err(e) = plane.store().sync_async().await {
+            tracing::debug!(error = %e, "catching up with the store failed; answering from this replica's copy");
+            if let Err(stale) = plane.store_outage() {
+                return stale.into_response();
+            }
         }
     }
     let caller = match plane.authenticate_key(presented) {
-        Ok(caller) => caller,
+        Ok(caller) => {
+            if let (Some(client), true) = (&client, charged) {
+                plane.shared.auth_failures.refund(client);
+            }
+            caller
+        }
         Err(e) => {
-            if let Some(client) = &client {
+            if let (Some(client), false) = (&client, charged) {
                 let _ = plane.shared.auth_failures.check(client);
             }
             return e.into_response();

@@ -36,4 +36,5 @@ mod data_tcp_owner;
 mod data_tunnel;
 mod edge_fd_budget;
 mod edge_hardening;
+mod edge_store_flood;
 mod store_contract;
