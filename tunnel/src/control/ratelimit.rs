@@ -104,12 +104,6 @@ impl RateLimiter {
         self.take_at(key, Instant::now(), true)
     }
 
-    /// Whether `key`'s bucket holds a token, without taking it (`Err(wait)`
-    /// when empty): for budgets spent only by failures.
-    pub fn peek(&self, key: &str) -> Result<(), Duration> {
-        self.take_at(key, Instant::now(), false)
-    }
-
     /// Gives back one request taken by [`RateLimiter::check`] (what was
     /// charged in advance turned out not to be spent): up to the burst.
     pub fn refund(&self, key: &str) {
@@ -118,6 +112,12 @@ impl RateLimiter {
         if let Some(bucket) = buckets.get_mut(key) {
             bucket.tokens = (bucket.tokens + 1.0).min(burst);
         }
+    }
+
+    /// Whether `key`'s bucket holds a token, without taking it.
+    #[cfg(test)]
+    pub(crate) fn peek(&self, key: &str) -> Result<(), Duration> {
+        self.take_at(key, Instant::now(), false)
     }
 
     #[cfg(test)]

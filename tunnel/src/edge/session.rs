@@ -123,6 +123,7 @@ impl Admission {
     }
 
     /// `Err(rate_limited)` when `ip` spent its budget of failed authentications.
+    #[cfg(test)]
     fn auth_allowed(&self, ip: IpAddr) -> Result<(), Rejection> {
         self.auth_failures
             .peek(&source_key(ip).to_string())
@@ -159,6 +160,7 @@ impl Admission {
     }
 
     /// Counts a refusal against `ip` if it was a failed authentication.
+    #[cfg(test)]
     fn note_refusal(&self, ip: IpAddr, reason: &Rejection) {
         if matches!(
             reason.code,
@@ -302,9 +304,6 @@ async fn pre_auth(
     };
     if tunnels.is_empty() {
         let r = Rejection::new(ErrorCode::BadRequest, "the hello attaches no tunnel");
-        return reject(tls, r).await;
-    }
-    if let Err(r) = ctx.admission.auth_allowed(peer.ip()) {
         return reject(tls, r).await;
     }
     // A replica that cannot know of recent revocations judges no one.
@@ -602,10 +601,7 @@ impl SessionState {
                                 tracing::info!(session = %self.session.id, tunnel = %attach.tunnel, "an attach this edge cannot judge now; ending the session");
                                 return Some(r);
                             }
-                            let verdict = match self.ctx.admission.auth_allowed(self.peer.ip()) {
-                                Ok(()) => judge(&self.ctx, self.peer.ip(), &attach).await,
-                                Err(r) => Err(r),
-                            };
+                            let verdict = judge(&self.ctx, self.peer.ip(), &attach).await;
                             Some(self.install(attach, verdict))
                         }
                         Some(Ok(Frame::Detach { tunnel })) => {
@@ -967,9 +963,13 @@ async fn judge(ctx: &AgentContext, ip: IpAddr, attach: &Attach) -> Result<Judged
             ctx.admission.refund(ip);
             grant
         }
+        // No round trip to pay for, but counted: once the source's budget
+        // is spent its refusals say so (a guesser is told to slow down).
         Err(refused) => {
-            ctx.admission.note_refusal(ip, &refused);
-            return Err(refused);
+            return Err(match ctx.admission.charge(ip) {
+                Ok(()) => refused,
+                Err(limited) => limited,
+            });
         }
     };
     let mut checked = Vec::with_capacity(attach.bindings.len());

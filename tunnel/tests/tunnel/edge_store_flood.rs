@@ -147,7 +147,7 @@ pub(crate) async fn connect_from(from: IpAddr, to: SocketAddr) -> std::io::Resul
     socket.connect(to).await
 }
 
-fn client_tls(cert: &TestCert, alpn: &[u8]) -> tokio_rustls::TlsConnector {
+pub(crate) fn client_tls(cert: &TestCert, alpn: &[u8]) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.cert_der.clone()).unwrap();
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
