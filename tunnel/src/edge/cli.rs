@@ -195,9 +195,12 @@ pub struct EdgeArgs {
     /// atomically: scripts and tests that bind port 0 read the real ports from it.
     #[arg(long, value_name = "FILE")]
     pub addresses_file: Option<PathBuf>,
-    /// A proxy in front of the public listeners whose `X-Forwarded-For`,
-    /// `Forwarded`, `X-Real-IP` and `X-Request-Id` are kept (an address or
-    /// CIDR, repeatable). Everyone else's are removed.
+    /// A proxy or load balancer in front of the edge (an address or CIDR,
+    /// repeatable). On every listener, a connection of its that starts with
+    /// a PROXY protocol v2 header counts as the client the header names
+    /// (budgets, caps, logs). On the public listeners its `X-Forwarded-For`,
+    /// `Forwarded`, `X-Real-IP` and `X-Request-Id` are kept; everyone
+    /// else's are removed.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<super::IpCidr>,
     /// A replica that has not reached its `--store` for longer than this

@@ -906,6 +906,7 @@ mod tests {
             "127.0.0.1".parse().unwrap(),
             1024..=65535,
             &[],
+            Arc::from(Vec::new()),
             guard.clone(),
         )
         .unwrap();

@@ -180,6 +180,8 @@ pub(crate) struct Registry {
     /// Ports whose listeners the caller opened: always accepting, routed
     /// while a tunnel binds them.
     prebound: HashSet<u16>,
+    /// Peers whose PROXY v2 header names the client (`--trusted-proxy`).
+    trusted_proxies: Arc<[super::IpCidr]>,
     tasks: TaskGuard,
     me: Weak<Registry>,
     /// Number of open agent sessions (for health and for tests).
@@ -203,6 +205,7 @@ impl Registry {
         tcp_ip: IpAddr,
         tcp_ports: RangeInclusive<u16>,
         prebound: &[Arc<std::net::TcpListener>],
+        trusted_proxies: Arc<[super::IpCidr]>,
         tasks: TaskGuard,
     ) -> Result<Arc<Self>> {
         let mut listeners = Vec::with_capacity(prebound.len());
@@ -219,6 +222,7 @@ impl Registry {
             tcp_ip,
             tcp_ports,
             prebound: listeners.iter().map(|(port, _)| *port).collect(),
+            trusted_proxies,
             tasks,
             me: me.clone(),
             sessions: tokio::sync::watch::Sender::new(0),
@@ -503,6 +507,25 @@ impl Registry {
                 let Some(registry) = registry.upgrade() else {
                     return;
                 };
+                if super::proxy_header::is_trusted(&registry.trusted_proxies, client_addr) {
+                    let registry = Arc::clone(&registry);
+                    tokio::spawn(async move {
+                        let mut tcp = tcp;
+                        let client = match super::proxy_header::client_of(&mut tcp, client_addr)
+                            .await
+                        {
+                            Ok(client) => client,
+                            Err(e) => {
+                                tracing::debug!(peer = %client_addr, error = %e, "closing a trusted proxy's connection");
+                                return;
+                            }
+                        };
+                        if let Some((route, endpoint)) = registry.route_for_port(port) {
+                            forward_tcp(tcp, client, port, endpoint, route).await;
+                        }
+                    });
+                    continue;
+                }
                 let Some((route, endpoint)) = registry.route_for_port(port) else {
                     continue;
                 };
@@ -549,7 +572,14 @@ mod tests {
 
     fn registry() -> Arc<Registry> {
         let (guard, _set) = super::super::tasks::task_set();
-        Registry::new("127.0.0.1".parse().unwrap(), 1..=1, &[], guard).unwrap()
+        Registry::new(
+            "127.0.0.1".parse().unwrap(),
+            1..=1,
+            &[],
+            Arc::from(Vec::new()),
+            guard,
+        )
+        .unwrap()
     }
 
     #[tokio::test]
@@ -602,8 +632,14 @@ mod tests {
             let listener = Arc::new(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
             let port = listener.local_addr().unwrap().port();
             let (guard, _set) = super::super::tasks::task_set();
-            let registry =
-                Registry::new("127.0.0.1".parse().unwrap(), 1..=1, &[listener], guard).unwrap();
+            let registry = Registry::new(
+                "127.0.0.1".parse().unwrap(),
+                1..=1,
+                &[listener],
+                Arc::from(Vec::new()),
+                guard,
+            )
+            .unwrap();
             let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
             // Use up every descriptor left.
             let mut hoard = Vec::new();

@@ -225,3 +225,151 @@ async fn a_source_spent_by_bad_credentials_still_serves_valid_ones() {
     background.abort();
     edge.shutdown().await;
 }
+
+/// A TCP load balancer on `at` that speaks PROXY protocol v2: each
+/// connection to it is forwarded to `to` from `at`'s address, prefixed with
+/// a header naming the client's address. Its port.
+async fn proxy_v2_forwarder(at: IpAddr, to: SocketAddr) -> u16 {
+    use ppp::v2::{Builder, Command, Protocol, Version};
+    let listener = tokio::net::TcpListener::bind((at, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, client_addr)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let Ok(mut server) = connect_from(at, to).await else {
+                    return;
+                };
+                let header = Builder::with_addresses(
+                    Version::Two | Command::Proxy,
+                    Protocol::Stream,
+                    (client_addr, to),
+                )
+                .build()
+                .unwrap();
+                if server.write_all(&header).await.is_err() {
+                    return;
+                }
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    port
+}
+
+/// Issue 40, item 2: behind a load balancer of `--trusted-proxy` that
+/// sends PROXY protocol v2, every listener's budget counts the clients the
+/// headers name, not the load balancer: a client that spent its failed-auth
+/// budget (REST API and agent listener) and holds its 16 pre-auth API slots
+/// leaves another client behind the same load balancer unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trusted_load_balancer_s_proxy_header_names_the_client_to_every_budget() {
+    init();
+    let cert = TestCert::new();
+    let plane = plane().await;
+    let lb: IpAddr = "127.0.0.9".parse().unwrap();
+    let edge = edge(&cert, &plane.plane, |c| {
+        c.trusted_proxies = vec!["127.0.0.9/32".parse().unwrap()];
+    })
+    .await;
+    let (bad, good): (IpAddr, IpAddr) =
+        ("127.0.0.5".parse().unwrap(), "127.0.0.6".parse().unwrap());
+    let api_lb = SocketAddr::new(lb, proxy_v2_forwarder(lb, edge.api_addr.unwrap()).await);
+    let agent_lb = SocketAddr::new(lb, proxy_v2_forwarder(lb, edge.agent_addr).await);
+    let api = format!("http://{api_lb}");
+
+    // The REST API's failed-auth budget.
+    let from_bad = api_client(bad);
+    let mut statuses = Vec::new();
+    for i in 0..31 {
+        let resp = from_bad
+            .get(format!("{api}/v1/domains"))
+            .bearer_auth(fake_key(i))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(resp.status().as_u16());
+    }
+    assert_eq!(statuses[0], 401, "{statuses:?}");
+    assert_eq!(statuses[30], 429, "{statuses:?}");
+    let from_good = api_client(good);
+    let resp = from_good
+        .get(format!("{api}/v1/domains"))
+        .bearer_auth(fake_key(99))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        401,
+        "another client behind the load balancer has its own budget"
+    );
+
+    // The agent listener's.
+    let mut codes = Vec::new();
+    for i in 0..31 {
+        let token = format!("tunat_{i:016x}_{:064x}", i + 7);
+        match hello_from(&cert, agent_lb, bad, &token).await {
+            Frame::Reject(r) => codes.push(r.code),
+            other => panic!("a bad token was welcomed: {other:?}"),
+        }
+    }
+    assert_eq!(codes[30], ErrorCode::RateLimited, "{codes:?}");
+    match hello_from(&cert, agent_lb, good, "tunat_00000000000000ff_00").await {
+        Frame::Reject(r) => assert_eq!(r.code, ErrorCode::BadToken, "{r:?}"),
+        other => panic!("{other:?}"),
+    }
+    match hello_from(&cert, agent_lb, good, &plane.token).await {
+        Frame::Welcome { .. } => {}
+        other => panic!("{other:?}"),
+    }
+
+    // The API's pre-auth slots: 16 idle connections of one client fill
+    // its share only.
+    let mut idle = Vec::new();
+    for _ in 0..16 {
+        let mut held = connect_from(bad, api_lb).await.unwrap();
+        held.write_all(b"GET /v1/domains HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        idle.push(held);
+    }
+    // The edge has read their headers and holds their slots once a 17th
+    // from the same client is closed at accept.
+    let deadline = std::time::Instant::now() + HANG_GUARD;
+    loop {
+        let mut probe = connect_from(bad, api_lb).await.unwrap();
+        probe
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(
+            Duration::from_secs(2),
+            tokio::io::AsyncReadExt::read(&mut probe, &mut buf),
+        )
+        .await;
+        if matches!(read, Ok(Ok(0)) | Ok(Err(_))) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the 17th connection of one client was served"
+        );
+    }
+    let resp = from_good
+        .get(format!("{api}/v1/domains"))
+        .bearer_auth(&plane.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status(),
+        200,
+        "another client behind the load balancer gets a slot"
+    );
+    drop(idle);
+    edge.shutdown().await;
+}
