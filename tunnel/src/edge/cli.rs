@@ -162,6 +162,22 @@ pub struct EdgeArgs {
     /// The same from one client (an IPv4 address or an IPv6 /64).
     #[arg(long, default_value_t = EdgeLimits::default().max_pending_peer_connections_per_ip)]
     pub max_pending_peer_connections_per_ip: usize,
+    /// Public TCP endpoint connections open at once, over every endpoint;
+    /// more are closed at accept. Counted in the open-file budget with the
+    /// `--max-pending-*` totals.
+    #[arg(long, default_value_t = EdgeLimits::default().max_tcp_connections)]
+    pub max_tcp_connections: usize,
+    /// The same from one client (an IPv4 address or an IPv6 /64).
+    #[arg(long, default_value_t = EdgeLimits::default().max_tcp_connections_per_ip)]
+    pub max_tcp_connections_per_ip: usize,
+    /// A TCP endpoint connection on which no byte has moved either way this
+    /// many seconds after accept is closed.
+    #[arg(long, default_value_t = EdgeLimits::default().tcp_first_byte_timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub tcp_first_byte_timeout_secs: u64,
+    /// A TCP endpoint connection on which no byte has moved either way for
+    /// this many seconds is closed.
+    #[arg(long, default_value_t = EdgeLimits::default().tcp_idle_timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub tcp_idle_timeout_secs: u64,
     /// Domains one account may hold (subdomains and verified custom domains).
     #[arg(long, default_value_t = Quotas::default().domains)]
     pub quota_domains: usize,
@@ -364,6 +380,9 @@ fn pre_auth_totals(args: &EdgeArgs) -> Vec<PreAuthTotal> {
             args.max_pending_peer_connections,
         ));
     }
+    // Not pre-auth, but as open to anyone: a TCP endpoint has no
+    // authentication, its connections count for their whole life.
+    totals.push(total("--max-tcp-connections", args.max_tcp_connections));
     totals
 }
 
@@ -453,6 +472,10 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
         max_pending_public_connections_per_ip: args.max_pending_public_connections_per_ip,
         max_pending_peer_connections: args.max_pending_peer_connections,
         max_pending_peer_connections_per_ip: args.max_pending_peer_connections_per_ip,
+        max_tcp_connections: args.max_tcp_connections,
+        max_tcp_connections_per_ip: args.max_tcp_connections_per_ip,
+        tcp_first_byte_timeout: Duration::from_secs(args.tcp_first_byte_timeout_secs),
+        tcp_idle_timeout: Duration::from_secs(args.tcp_idle_timeout_secs),
         ..EdgeLimits::default()
     };
     config.trusted_proxies = args.trusted_proxies.clone();

@@ -906,7 +906,7 @@ mod tests {
             "127.0.0.1".parse().unwrap(),
             1024..=65535,
             &[],
-            Arc::from(Vec::new()),
+            crate::edge::registry::TcpAdmission::new(&crate::edge::EdgeLimits::default(), &[]),
             guard.clone(),
         )
         .unwrap();

@@ -163,7 +163,7 @@ impl EdgeServer {
             config.tcp_bind_ip,
             config.tcp_ports.clone(),
             &config.tcp_listeners,
-            Arc::from(config.trusted_proxies.clone()),
+            super::registry::TcpAdmission::new(&config.limits, &config.trusted_proxies),
             guard.clone(),
         )?;
 
