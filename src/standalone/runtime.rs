@@ -535,6 +535,30 @@ async fn embedded_edge(config: &StandaloneConfig) -> Result<EdgeParts, Error> {
     })
 }
 
+/// The first call to a remote edge's API (`whoami`), retried while the edge
+/// answers `429`: its budget for the key (or for a source address the key
+/// shares, on an older edge) refills, so waiting is the fix, and exiting
+/// would only restart the process into the same answer. The wait is the
+/// edge's `Retry-After`, else a doubling backoff from 1 s, at most 30 s;
+/// any other error ends the start as before.
+async fn first_call(api: &RemoteEdgeApi, url: &str) -> Result<tuna_tunnel::api::WhoAmI, Error> {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        match api.whoami().await {
+            Ok(who) => return Ok(who),
+            Err(e) => match e.class() {
+                crate::error::ErrorClass::RateLimited(retry_after) => {
+                    let wait = retry_after.max(backoff).min(Duration::from_secs(30));
+                    tracing::warn!(api = %url, wait_ms = wait.as_millis() as u64, "the edge API is rate limiting this client; retrying");
+                    tokio::time::sleep(wait).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+                _ => return Err(Error::StandaloneEdge(format!("edge API {url}: {e}"))),
+            },
+        }
+    }
+}
+
 async fn remote_edge(config: &StandaloneConfig, remote: &RemoteEdge) -> Result<EdgeParts, Error> {
     let mut options =
         tuna_tunnel::api::ClientOptions::new(remote.api_url.clone(), remote.api_key.clone());
@@ -544,10 +568,7 @@ async fn remote_edge(config: &StandaloneConfig, remote: &RemoteEdge) -> Result<E
     let client = tuna_tunnel::api::TunaClient::new(options)
         .map_err(|e| Error::StandaloneEdge(format!("edge API client: {e}")))?;
     let api = RemoteEdgeApi::new(client);
-    let who = api
-        .whoami()
-        .await
-        .map_err(|e| Error::StandaloneEdge(format!("edge API {}: {e}", remote.api_url)))?;
+    let who = first_call(&api, &remote.api_url).await?;
     tracing::info!(account = %who.account, base_domain = %who.base_domain, "connected to the edge API");
     // One instance id per data dir: a restart finds its own orphans.
     let instance = instance_id(&config.data_dir)?;

@@ -1015,3 +1015,63 @@ async fn readers_that_never_read_do_not_stall_the_hop_for_another_host() {
     );
     drop(stalled);
 }
+
+/// Issue 40, item 2: `standalone` against a remote edge whose first API
+/// calls get `429` (the key's burst of 2 spent just before, and every token
+/// it refills, 2 a second, taken by another client of the key for 3 s)
+/// waits and retries instead of exiting: `Standalone::start` returns once
+/// a call got through. Before: it failed with the first 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_retries_a_429_on_its_first_api_call() {
+    let fleet = fleet().await;
+    let limits = ["--api-rate-burst", "2", "--api-rate-per-second", "2"];
+    let a = fleet.replica_with("a", "127.0.0.2", &limits).await;
+    let manifests = manifests(
+        fleet.dir.path(),
+        "127.0.0.1:9".parse().unwrap(),
+        "127.0.0.1:9".parse().unwrap(),
+    );
+    let client = api_client(&fleet.certs);
+    let url = format!("https://{}/v1/domains", a.addrs().api);
+    let mut last = 0;
+    for _ in 0..4 {
+        last = client
+            .get(&url)
+            .bearer_auth(&fleet.key)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+    }
+    assert_eq!(last, 429, "the key's burst is spent");
+    let hammer = {
+        let (client, key) = (client.clone(), fleet.key.clone());
+        tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                let _ = client.get(&url).bearer_auth(&key).send().await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let _agent = {
+        use tuna_operator::standalone::{RemoteEdge, Standalone, StandaloneConfig};
+        let mut config = StandaloneConfig::new(
+            vec![manifests.clone()],
+            fleet.dir.path().join("standalone-state"),
+        );
+        config.base_domain = "tuna.test".into();
+        config.remote = Some(RemoteEdge {
+            api_url: format!("https://{}", a.addrs().api),
+            agent_addr: a.addrs().agent.to_string(),
+            api_key: tuna_tunnel::api::Secret::new(&fleet.key),
+            ca_file: Some(fleet.certs.ca.clone()),
+        });
+        tokio::time::timeout(WAIT, Standalone::start(config))
+            .await
+            .expect("standalone starts in time")
+            .expect("standalone starts: its first API call's 429 is retried")
+    };
+    hammer.await.unwrap();
+}

@@ -104,9 +104,19 @@ impl RateLimiter {
         self.take_at(key, Instant::now(), true)
     }
 
-    /// Whether `key`'s bucket holds a token, without taking it (`Err(wait)`
-    /// when empty): for budgets spent only by failures.
-    pub fn peek(&self, key: &str) -> Result<(), Duration> {
+    /// Gives back one request taken by [`RateLimiter::check`] (what was
+    /// charged in advance turned out not to be spent): up to the burst.
+    pub fn refund(&self, key: &str) {
+        let (burst, _) = self.current();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(bucket) = buckets.get_mut(key) {
+            bucket.tokens = (bucket.tokens + 1.0).min(burst);
+        }
+    }
+
+    /// Whether `key`'s bucket holds a token, without taking it.
+    #[cfg(test)]
+    pub(crate) fn peek(&self, key: &str) -> Result<(), Duration> {
         self.take_at(key, Instant::now(), false)
     }
 

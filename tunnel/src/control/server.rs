@@ -89,18 +89,14 @@ async fn authenticate(
         .map(str::trim)
         .unwrap_or_default();
     // Failed authentications are budgeted per client (an IPv4 address, an
-    // IPv6 /64); once the budget is spent the client is refused before its
-    // key is looked at.
+    // IPv6 /64), and only they: a key this replica's copy holds is judged
+    // whatever its client's budget, so a client sharing an address with an
+    // attacker (an egress NAT, a load balancer) is not locked out with it.
     let client = request
         .extensions()
         .get::<ClientAddr>()
         .map(|a| crate::edge::limits::source_key(a.0.ip()).to_string());
-    if let Some(client) = &client
-        && let Err(retry_after) = plane.shared.auth_failures.peek(client)
-    {
-        tracing::debug!(%client, "REST API authentication rate limited");
-        return Error::RateLimited { retry_after }.into_response();
-    }
+    let known = plane.authenticate_key(presented).is_ok();
     // Another replica may have committed a moment ago (a key, the object
     // this request names): catch up first, so that the request sees every
     // write acknowledged before it, on any replica. If the store is down,
@@ -109,19 +105,37 @@ async fn authenticate(
     // revoked, or a domain released, through another replica since then is
     // not in it, so nothing (the key presented included) is judged from it.
     // A missing or malformed key is refused without that round trip: an
-    // unauthenticated client costs the store nothing.
-    if secrets::id_of(API_KEY_PREFIX, presented).is_some()
-        && let Err(e) = plane.store().sync_async().await
-    {
-        tracing::debug!(error = %e, "catching up with the store failed; answering from this replica's copy");
-        if let Err(stale) = plane.store_outage() {
-            return stale.into_response();
+    // unauthenticated client costs the store nothing. A key-shaped one the
+    // copy lacks is charged to the client's failure budget *before* the
+    // round trip (refunded if it turns out valid), and refused once the
+    // budget is spent: a client that resets its request right after
+    // sending it has paid all the same.
+    let mut charged = false;
+    if secrets::id_of(API_KEY_PREFIX, presented).is_some() {
+        if let (Some(client), false) = (&client, known) {
+            if let Err(retry_after) = plane.shared.auth_failures.check(client) {
+                tracing::debug!(%client, "REST API authentication rate limited");
+                return Error::RateLimited { retry_after }.into_response();
+            }
+            charged = true;
+        }
+        if let Err(e) = plane.store().sync_async().await {
+            tracing::debug!(error = %e, "catching up with the store failed; answering from this replica's copy");
+            if let Err(stale) = plane.store_outage() {
+                return stale.into_response();
+            }
         }
     }
     let caller = match plane.authenticate_key(presented) {
-        Ok(caller) => caller,
+        Ok(caller) => {
+            if let (Some(client), true) = (&client, charged) {
+                plane.shared.auth_failures.refund(client);
+            }
+            caller
+        }
         Err(e) => {
-            if let Some(client) = &client {
+            if let (Some(client), false) = (&client, charged) {
+                // Cost nothing, but counted: the budget is the client's.
                 let _ = plane.shared.auth_failures.check(client);
             }
             return e.into_response();

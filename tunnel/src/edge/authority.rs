@@ -120,6 +120,24 @@ pub trait SessionAuthority: Send + Sync + 'static {
     /// Revocations and releases, as they happen.
     fn revocations(&self) -> broadcast::Receiver<Revocation>;
 
+    /// Whether `token`, refused by [`SessionAuthority::authenticate`], has
+    /// the shape of a credential this authority mints, so that catching up
+    /// ([`SessionAuthority::catch_up`]) might find it. The edge pays for a
+    /// catch-up only then, and charges it to the source's failure budget
+    /// before it: a malformed token never costs a round trip.
+    fn may_catch_up(&self, token: &TunnelToken) -> bool {
+        let _ = token;
+        false
+    }
+
+    /// Brings the authority's view up to date (a token minted a moment ago
+    /// elsewhere); `false` when it could not. Called after a refusal of a
+    /// token [`SessionAuthority::may_catch_up`] accepted, then
+    /// `authenticate` runs again.
+    fn catch_up(&self) -> BoxFuture<'_, bool> {
+        Box::pin(std::future::ready(false))
+    }
+
     /// Whether new agent sessions may be judged now: `Err` (code
     /// `unavailable`) from an authority whose view of revocations is older
     /// than the bound it promises, e.g. a fleet replica cut off from its

@@ -162,6 +162,22 @@ pub struct EdgeArgs {
     /// The same from one client (an IPv4 address or an IPv6 /64).
     #[arg(long, default_value_t = EdgeLimits::default().max_pending_peer_connections_per_ip)]
     pub max_pending_peer_connections_per_ip: usize,
+    /// Public TCP endpoint connections open at once, over every endpoint;
+    /// more are closed at accept. Counted in the open-file budget with the
+    /// `--max-pending-*` totals.
+    #[arg(long, default_value_t = EdgeLimits::default().max_tcp_connections)]
+    pub max_tcp_connections: usize,
+    /// The same from one client (an IPv4 address or an IPv6 /64).
+    #[arg(long, default_value_t = EdgeLimits::default().max_tcp_connections_per_ip)]
+    pub max_tcp_connections_per_ip: usize,
+    /// A TCP endpoint connection on which no byte has moved either way this
+    /// many seconds after accept is closed.
+    #[arg(long, default_value_t = EdgeLimits::default().tcp_first_byte_timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub tcp_first_byte_timeout_secs: u64,
+    /// A TCP endpoint connection on which no byte has moved either way for
+    /// this many seconds is closed.
+    #[arg(long, default_value_t = EdgeLimits::default().tcp_idle_timeout.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub tcp_idle_timeout_secs: u64,
     /// Domains one account may hold (subdomains and verified custom domains).
     #[arg(long, default_value_t = Quotas::default().domains)]
     pub quota_domains: usize,
@@ -195,9 +211,12 @@ pub struct EdgeArgs {
     /// atomically: scripts and tests that bind port 0 read the real ports from it.
     #[arg(long, value_name = "FILE")]
     pub addresses_file: Option<PathBuf>,
-    /// A proxy in front of the public listeners whose `X-Forwarded-For`,
-    /// `Forwarded`, `X-Real-IP` and `X-Request-Id` are kept (an address or
-    /// CIDR, repeatable). Everyone else's are removed.
+    /// A proxy or load balancer in front of the edge (an address or CIDR,
+    /// repeatable). On every listener, a connection of its that starts with
+    /// a PROXY protocol v2 header counts as the client the header names
+    /// (budgets, caps, logs). On the public listeners its `X-Forwarded-For`,
+    /// `Forwarded`, `X-Real-IP` and `X-Request-Id` are kept; everyone
+    /// else's are removed.
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     pub trusted_proxies: Vec<super::IpCidr>,
     /// A replica that has not reached its `--store` for longer than this
@@ -361,6 +380,9 @@ fn pre_auth_totals(args: &EdgeArgs) -> Vec<PreAuthTotal> {
             args.max_pending_peer_connections,
         ));
     }
+    // Not pre-auth, but as open to anyone: a TCP endpoint has no
+    // authentication, its connections count for their whole life.
+    totals.push(total("--max-tcp-connections", args.max_tcp_connections));
     totals
 }
 
@@ -450,6 +472,10 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
         max_pending_public_connections_per_ip: args.max_pending_public_connections_per_ip,
         max_pending_peer_connections: args.max_pending_peer_connections,
         max_pending_peer_connections_per_ip: args.max_pending_peer_connections_per_ip,
+        max_tcp_connections: args.max_tcp_connections,
+        max_tcp_connections_per_ip: args.max_tcp_connections_per_ip,
+        tcp_first_byte_timeout: Duration::from_secs(args.tcp_first_byte_timeout_secs),
+        tcp_idle_timeout: Duration::from_secs(args.tcp_idle_timeout_secs),
         ..EdgeLimits::default()
     };
     config.trusted_proxies = args.trusted_proxies.clone();

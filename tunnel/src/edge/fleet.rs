@@ -906,6 +906,7 @@ mod tests {
             "127.0.0.1".parse().unwrap(),
             1024..=65535,
             &[],
+            crate::edge::registry::TcpAdmission::new(&crate::edge::EdgeLimits::default(), &[]),
             guard.clone(),
         )
         .unwrap();

@@ -43,6 +43,19 @@ pub struct EdgeLimits {
     /// The same, per client (IPv4 address, IPv6 /64) and listener; trusted
     /// proxies are not exempt.
     pub max_pending_public_connections_per_ip: usize,
+    /// Public TCP endpoint connections open at once, over every endpoint
+    /// of the edge; more are closed at accept. A TCP endpoint has no
+    /// authentication of its own, so this holds for the whole connection.
+    pub max_tcp_connections: usize,
+    /// The same, per client (IPv4 address, IPv6 /64).
+    pub max_tcp_connections_per_ip: usize,
+    /// A TCP endpoint connection on which no byte has moved, in either
+    /// direction, this long after accept is closed (a server-first protocol
+    /// counts: the backend's greeting is a byte).
+    pub tcp_first_byte_timeout: Duration,
+    /// A TCP endpoint connection on which no byte has moved, in either
+    /// direction, for this long is closed.
+    pub tcp_idle_timeout: Duration,
     /// Time an unauthenticated connection gets from TCP accept to a judged hello.
     pub pre_auth_timeout: Duration,
     /// Failed tunnel authentications (bad, expired or revoked tokens in a
@@ -89,6 +102,10 @@ impl Default for EdgeLimits {
             // one client is refused nothing it was allowed before the budget.
             max_pending_public_connections: 4096,
             max_pending_public_connections_per_ip: 256,
+            max_tcp_connections: 4096,
+            max_tcp_connections_per_ip: 256,
+            tcp_first_byte_timeout: Duration::from_secs(30),
+            tcp_idle_timeout: Duration::from_secs(600),
             pre_auth_timeout: PRE_AUTH_TIMEOUT,
             auth_failures: RateLimit {
                 burst: 30,
@@ -227,7 +244,8 @@ pub struct PreAuthTotal {
     pub total: usize,
 }
 
-/// Checks that every listener's pre-auth total at once, plus
+/// Checks that every listener's pre-auth total (and the TCP endpoints'
+/// total) at once, plus
 /// [`FD_HEADROOM`], fits in `fd_limit` (the soft `RLIMIT_NOFILE` after
 /// [`raise_fd_limit`]): otherwise unauthenticated clients could take the
 /// last descriptor before any budget refuses them, which is what the
@@ -243,7 +261,7 @@ pub fn check_fd_budget(totals: &[PreAuthTotal], fd_limit: u64) -> crate::Result<
         .collect::<Vec<_>>()
         .join(", ");
     Err(crate::Error::Config(format!(
-        "the pre-authentication connection caps ({flags}; {sum} in all) plus {FD_HEADROOM} descriptors of headroom exceed the open-file limit {fd_limit} (RLIMIT_NOFILE, raised to the hard limit): lower the caps or raise the hard limit (systemd LimitNOFILE=65536)"
+        "the connection caps open to unauthenticated clients ({flags}; {sum} in all) plus {FD_HEADROOM} descriptors of headroom exceed the open-file limit {fd_limit} (RLIMIT_NOFILE, raised to the hard limit): lower the caps or raise the hard limit (systemd LimitNOFILE=65536)"
     )))
 }
 

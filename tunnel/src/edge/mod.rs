@@ -9,6 +9,7 @@ pub mod fleet;
 mod hyper_path;
 pub mod limits;
 mod page;
+mod proxy_header;
 mod public;
 mod registry;
 mod relay;

@@ -180,6 +180,8 @@ pub(crate) struct Registry {
     /// Ports whose listeners the caller opened: always accepting, routed
     /// while a tunnel binds them.
     prebound: HashSet<u16>,
+    /// Who may connect to the TCP endpoints, and for how long.
+    tcp_admission: TcpAdmission,
     tasks: TaskGuard,
     me: Weak<Registry>,
     /// Number of open agent sessions (for health and for tests).
@@ -203,6 +205,7 @@ impl Registry {
         tcp_ip: IpAddr,
         tcp_ports: RangeInclusive<u16>,
         prebound: &[Arc<std::net::TcpListener>],
+        tcp_admission: TcpAdmission,
         tasks: TaskGuard,
     ) -> Result<Arc<Self>> {
         let mut listeners = Vec::with_capacity(prebound.len());
@@ -219,6 +222,7 @@ impl Registry {
             tcp_ip,
             tcp_ports,
             prebound: listeners.iter().map(|(port, _)| *port).collect(),
+            tcp_admission,
             tasks,
             me: me.clone(),
             sessions: tokio::sync::watch::Sender::new(0),
@@ -503,23 +507,165 @@ impl Registry {
                 let Some(registry) = registry.upgrade() else {
                     return;
                 };
+                let admission = &registry.tcp_admission;
+                if super::proxy_header::is_trusted(&admission.trusted_proxies, client_addr) {
+                    let registry = Arc::clone(&registry);
+                    tokio::spawn(async move {
+                        let mut tcp = tcp;
+                        let client = match super::proxy_header::client_of(&mut tcp, client_addr)
+                            .await
+                        {
+                            Ok(client) => client,
+                            Err(e) => {
+                                tracing::debug!(peer = %client_addr, error = %e, "closing a trusted proxy's connection");
+                                return;
+                            }
+                        };
+                        let admission = &registry.tcp_admission;
+                        let Some(slot) = admission.budget.try_acquire(client.ip()) else {
+                            tracing::debug!(port, %client, "TCP endpoint connection cap reached; closing");
+                            return;
+                        };
+                        if let Some((route, endpoint)) = registry.route_for_port(port) {
+                            let timeouts = admission.timeouts;
+                            forward_tcp(tcp, client, port, endpoint, route, timeouts, slot).await;
+                        }
+                    });
+                    continue;
+                }
+                // Refused at accept, before anything else is spent on it.
+                let Some(slot) = admission.budget.try_acquire(client_addr.ip()) else {
+                    tracing::debug!(port, client = %client_addr, "TCP endpoint connection cap reached; closing");
+                    continue;
+                };
                 let Some((route, endpoint)) = registry.route_for_port(port) else {
                     continue;
                 };
-                tokio::spawn(forward_tcp(tcp, client_addr, port, endpoint, route));
+                let timeouts = admission.timeouts;
+                tokio::spawn(forward_tcp(
+                    tcp,
+                    client_addr,
+                    port,
+                    endpoint,
+                    route,
+                    timeouts,
+                    slot,
+                ));
             }
         });
     }
 }
 
+/// Who may connect to the public TCP endpoints, and for how long: one
+/// budget over every endpoint (its total and per-client caps), the
+/// timeouts, and the trusted proxies whose PROXY v2 header names the client.
+#[derive(Clone)]
+pub(crate) struct TcpAdmission {
+    pub(crate) budget: super::limits::PreAuthBudget,
+    pub(crate) timeouts: TcpTimeouts,
+    pub(crate) trusted_proxies: Arc<[super::IpCidr]>,
+}
+
+impl TcpAdmission {
+    pub(crate) fn new(limits: &super::EdgeLimits, trusted_proxies: &[super::IpCidr]) -> Self {
+        Self {
+            budget: super::limits::PreAuthBudget::new(
+                limits.max_tcp_connections,
+                limits.max_tcp_connections_per_ip,
+            ),
+            timeouts: TcpTimeouts {
+                first_byte: limits.tcp_first_byte_timeout,
+                idle: limits.tcp_idle_timeout,
+            },
+            trusted_proxies: Arc::from(trusted_proxies.to_vec()),
+        }
+    }
+}
+
+/// See [`super::EdgeLimits::tcp_first_byte_timeout`] and `tcp_idle_timeout`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TcpTimeouts {
+    pub(crate) first_byte: std::time::Duration,
+    pub(crate) idle: std::time::Duration,
+}
+
+/// A stream that notes that a byte moved through it (either way).
+struct Watched<S> {
+    inner: S,
+    moved: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.moved.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        poll
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let poll = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(poll, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.moved.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        poll
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Resolves once `moved` stayed unset for the first-byte timeout (the
+/// first period) or for the idle timeout (every later one).
+async fn idle(moved: Arc<std::sync::atomic::AtomicBool>, timeouts: TcpTimeouts) {
+    let mut period = timeouts.first_byte;
+    loop {
+        tokio::time::sleep(period).await;
+        if !moved.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        period = timeouts.idle;
+    }
+}
+
 async fn forward_tcp(
-    mut tcp: tokio::net::TcpStream,
+    tcp: tokio::net::TcpStream,
     client_addr: SocketAddr,
     port: u16,
     endpoint: String,
     route: Arc<TunnelRoute>,
+    timeouts: TcpTimeouts,
+    _slot: super::limits::PreAuthSlot,
 ) {
     let _ = tcp.set_nodelay(true);
+    let moved = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tcp = Watched {
+        inner: tcp,
+        moved: Arc::clone(&moved),
+    };
     let meta = StreamMeta {
         client_addr,
         kind: StreamKind::Tcp { endpoint, port },
@@ -535,6 +681,9 @@ async fn forward_tcp(
     let closed = route.closed.clone();
     tokio::select! {
         _ = closed.cancelled() => {}
+        () = idle(moved, timeouts) => {
+            tracing::debug!(port, client = %client_addr, "TCP endpoint connection idle; closing");
+        }
         r = tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut stream, TCP_COPY_BUFFER, TCP_COPY_BUFFER) => {
             if let Err(e) = r {
                 tracing::debug!(port, error = %e, "TCP endpoint connection ended with an error");
@@ -549,7 +698,14 @@ mod tests {
 
     fn registry() -> Arc<Registry> {
         let (guard, _set) = super::super::tasks::task_set();
-        Registry::new("127.0.0.1".parse().unwrap(), 1..=1, &[], guard).unwrap()
+        Registry::new(
+            "127.0.0.1".parse().unwrap(),
+            1..=1,
+            &[],
+            TcpAdmission::new(&crate::edge::EdgeLimits::default(), &[]),
+            guard,
+        )
+        .unwrap()
     }
 
     #[tokio::test]
@@ -602,8 +758,14 @@ mod tests {
             let listener = Arc::new(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
             let port = listener.local_addr().unwrap().port();
             let (guard, _set) = super::super::tasks::task_set();
-            let registry =
-                Registry::new("127.0.0.1".parse().unwrap(), 1..=1, &[listener], guard).unwrap();
+            let registry = Registry::new(
+                "127.0.0.1".parse().unwrap(),
+                1..=1,
+                &[listener],
+                TcpAdmission::new(&crate::edge::EdgeLimits::default(), &[]),
+                guard,
+            )
+            .unwrap();
             let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
             // Use up every descriptor left.
             let mut hoard = Vec::new();

@@ -55,11 +55,14 @@ pub struct EdgeConfig {
     pub heartbeat: Duration,
     /// Bounds on agent connections, sessions, tunnels and API connections.
     pub limits: EdgeLimits,
-    /// Peers of the public listeners that speak for earlier hops (a load
-    /// balancer in front of the edge): their `X-Forwarded-For`,
-    /// `Forwarded`, `X-Real-IP` and request id are kept, and they are
-    /// exempt from the per-client connection limit. Empty by default:
-    /// every public client's claims are removed.
+    /// Peers that speak for earlier hops (a load balancer in front of the
+    /// edge). On every listener (agent, API, public, TCP endpoints) a
+    /// connection of theirs that starts with a PROXY protocol v2 header is
+    /// counted, budgeted and logged as the client the header names. On the
+    /// public listeners, their `X-Forwarded-For`, `Forwarded`, `X-Real-IP`
+    /// and request id are kept, and they are exempt from the per-client
+    /// connection limit. Empty by default: every public client's claims are
+    /// removed, and no header is read.
     pub trusted_proxies: Vec<IpCidr>,
     /// Connection caps and timeouts of the public listeners.
     pub public_limits: PublicLimits,
@@ -160,6 +163,7 @@ impl EdgeServer {
             config.tcp_bind_ip,
             config.tcp_ports.clone(),
             &config.tcp_listeners,
+            super::registry::TcpAdmission::new(&config.limits, &config.trusted_proxies),
             guard.clone(),
         )?;
 
@@ -197,9 +201,14 @@ impl EdgeServer {
             admission: Admission::new(config.limits.clone()),
             tasks: guard.clone(),
         });
-        spawn_accept_loop(agent_listener, guard.clone(), move |tcp, peer| {
-            tokio::spawn(serve_agent(tcp, peer, Arc::clone(&ctx)));
-        });
+        spawn_accept_loop(
+            agent_listener,
+            guard.clone(),
+            &config.trusted_proxies,
+            move |tcp, peer| {
+                tokio::spawn(serve_agent(tcp, peer, Arc::clone(&ctx)));
+            },
+        );
 
         let policy = Arc::new(PublicPolicy {
             limits: config.public_limits,
@@ -214,35 +223,40 @@ impl EdgeServer {
                 let policy = Arc::clone(&policy);
                 let limiter = ConnectionLimiter::new(Arc::clone(&policy));
                 let budget = public_budget();
-                spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
-                    let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
-                        tracing::debug!(%peer, "public HTTP: too many connections without a request; closing");
-                        return;
-                    };
-                    let Some(admitted) = limiter.admit(peer.ip()) else {
-                        tracing::debug!(%peer, "public HTTP connection limit reached");
-                        return;
-                    };
-                    let _ = tcp.set_nodelay(true);
-                    let registry = Arc::clone(&registry);
-                    let policy = Arc::clone(&policy);
-                    let g = g.clone();
-                    tokio::spawn(async move {
-                        let _g = g.clone();
-                        let _admitted = admitted;
-                        serve_public(
-                            tcp,
-                            peer,
-                            Scheme::Http,
-                            false,
-                            registry,
-                            policy,
-                            g.cancel.clone(),
-                            pre_auth,
-                        )
-                        .await;
-                    });
-                });
+                spawn_accept_loop(
+                    listener,
+                    guard.clone(),
+                    &config.trusted_proxies,
+                    move |tcp, peer| {
+                        let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
+                            tracing::debug!(%peer, "public HTTP: too many connections without a request; closing");
+                            return;
+                        };
+                        let Some(admitted) = limiter.admit(peer.ip()) else {
+                            tracing::debug!(%peer, "public HTTP connection limit reached");
+                            return;
+                        };
+                        let _ = tcp.set_nodelay(true);
+                        let registry = Arc::clone(&registry);
+                        let policy = Arc::clone(&policy);
+                        let g = g.clone();
+                        tokio::spawn(async move {
+                            let _g = g.clone();
+                            let _admitted = admitted;
+                            serve_public(
+                                tcp,
+                                peer,
+                                Scheme::Http,
+                                false,
+                                registry,
+                                policy,
+                                g.cancel.clone(),
+                                pre_auth,
+                            )
+                            .await;
+                        });
+                    },
+                );
                 Some(local)
             }
             None => None,
@@ -260,48 +274,53 @@ impl EdgeServer {
                 let policy = Arc::clone(&policy);
                 let limiter = ConnectionLimiter::new(Arc::clone(&policy));
                 let budget = public_budget();
-                spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
-                    let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
-                        tracing::debug!(%peer, "public HTTPS: too many connections without a request; closing");
-                        return;
-                    };
-                    let Some(admitted) = limiter.admit(peer.ip()) else {
-                        tracing::debug!(%peer, "public HTTPS connection limit reached");
-                        return;
-                    };
-                    let _ = tcp.set_nodelay(true);
-                    let registry = Arc::clone(&registry);
-                    let policy = Arc::clone(&policy);
-                    let acceptor = acceptor.clone();
-                    let g = g.clone();
-                    tokio::spawn(async move {
-                        let _g = g.clone();
-                        let _admitted = admitted;
-                        let handshake = tokio::time::timeout(
-                            crate::wire::HANDSHAKE_TIMEOUT,
-                            acceptor.accept(tcp),
-                        );
-                        let tls = tokio::select! {
-                            _ = g.cancel.cancelled() => return,
-                            r = handshake => match r {
-                                Ok(Ok(tls)) => tls,
-                                _ => return,
-                            },
+                spawn_accept_loop(
+                    listener,
+                    guard.clone(),
+                    &config.trusted_proxies,
+                    move |tcp, peer| {
+                        let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
+                            tracing::debug!(%peer, "public HTTPS: too many connections without a request; closing");
+                            return;
                         };
-                        let alpn_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                        serve_public(
-                            tls,
-                            peer,
-                            Scheme::Https,
-                            alpn_h2,
-                            registry,
-                            policy,
-                            g.cancel.clone(),
-                            pre_auth,
-                        )
-                        .await;
-                    });
-                });
+                        let Some(admitted) = limiter.admit(peer.ip()) else {
+                            tracing::debug!(%peer, "public HTTPS connection limit reached");
+                            return;
+                        };
+                        let _ = tcp.set_nodelay(true);
+                        let registry = Arc::clone(&registry);
+                        let policy = Arc::clone(&policy);
+                        let acceptor = acceptor.clone();
+                        let g = g.clone();
+                        tokio::spawn(async move {
+                            let _g = g.clone();
+                            let _admitted = admitted;
+                            let handshake = tokio::time::timeout(
+                                crate::wire::HANDSHAKE_TIMEOUT,
+                                acceptor.accept(tcp),
+                            );
+                            let tls = tokio::select! {
+                                _ = g.cancel.cancelled() => return,
+                                r = handshake => match r {
+                                    Ok(Ok(tls)) => tls,
+                                    _ => return,
+                                },
+                            };
+                            let alpn_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                            serve_public(
+                                tls,
+                                peer,
+                                Scheme::Https,
+                                alpn_h2,
+                                registry,
+                                policy,
+                                g.cancel.clone(),
+                                pre_auth,
+                            )
+                            .await;
+                        });
+                    },
+                );
                 Some(local)
             }
             _ => None,
@@ -322,19 +341,24 @@ impl EdgeServer {
                     config.limits.max_pending_api_connections,
                     config.limits.max_pending_api_connections_per_ip,
                 );
-                spawn_accept_loop(listener, guard.clone(), move |tcp, peer| {
-                    let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
-                        tracing::debug!(%peer, "REST API: too many unauthenticated connections; closing");
-                        return;
-                    };
-                    let router = router.clone();
-                    let tls = tls.clone();
-                    let g = g.clone();
-                    tokio::spawn(async move {
-                        let _g = g.clone();
-                        serve_api(tcp, peer, router, tls, g, header_timeout, pre_auth).await;
-                    });
-                });
+                spawn_accept_loop(
+                    listener,
+                    guard.clone(),
+                    &config.trusted_proxies,
+                    move |tcp, peer| {
+                        let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
+                            tracing::debug!(%peer, "REST API: too many unauthenticated connections; closing");
+                            return;
+                        };
+                        let router = router.clone();
+                        let tls = tls.clone();
+                        let g = g.clone();
+                        tokio::spawn(async move {
+                            let _g = g.clone();
+                            serve_api(tcp, peer, router, tls, g, header_timeout, pre_auth).await;
+                        });
+                    },
+                );
                 Some(local)
             }
             _ => None,
@@ -362,10 +386,19 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
     })
 }
 
-fn spawn_accept_loop<F>(listener: TcpListener, guard: TaskGuard, on_accept: F)
-where
-    F: Fn(tokio::net::TcpStream, SocketAddr) + Send + 'static,
+/// Accepts on `listener` until cancelled, handing each connection to
+/// `on_accept` with its client's address: the peer's, or for a peer of
+/// `trusted` the one its PROXY v2 header names ([`super::proxy_header`]).
+fn spawn_accept_loop<F>(
+    listener: TcpListener,
+    guard: TaskGuard,
+    trusted: &[super::IpCidr],
+    on_accept: F,
+) where
+    F: Fn(tokio::net::TcpStream, SocketAddr) + Send + Sync + 'static,
 {
+    let trusted: Arc<[super::IpCidr]> = Arc::from(trusted.to_vec());
+    let on_accept = Arc::new(on_accept);
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {
@@ -373,6 +406,17 @@ where
                 a = listener.accept() => a,
             };
             match accepted {
+                Ok((mut tcp, peer)) if super::proxy_header::is_trusted(&trusted, peer) => {
+                    let on_accept = Arc::clone(&on_accept);
+                    tokio::spawn(async move {
+                        match super::proxy_header::client_of(&mut tcp, peer).await {
+                            Ok(client) => on_accept(tcp, client),
+                            Err(e) => {
+                                tracing::debug!(%peer, error = %e, "closing a trusted proxy's connection")
+                            }
+                        }
+                    });
+                }
                 Ok((tcp, peer)) => on_accept(tcp, peer),
                 Err(e) => {
                     // EMFILE and friends: back off a little instead of spinning.

@@ -123,6 +123,7 @@ impl Admission {
     }
 
     /// `Err(rate_limited)` when `ip` spent its budget of failed authentications.
+    #[cfg(test)]
     fn auth_allowed(&self, ip: IpAddr) -> Result<(), Rejection> {
         self.auth_failures
             .peek(&source_key(ip).to_string())
@@ -137,7 +138,29 @@ impl Admission {
             })
     }
 
+    /// Charges one failed authentication to `ip` in advance, before a
+    /// catch-up with the store (refunded with [`Admission::refund`] if the
+    /// token turns out valid); `Err(rate_limited)` when the budget is spent.
+    fn charge(&self, ip: IpAddr) -> Result<(), Rejection> {
+        self.auth_failures
+            .check(&source_key(ip).to_string())
+            .map_err(|wait| {
+                Rejection::new(
+                    ErrorCode::RateLimited,
+                    format!(
+                        "too many failed tunnel authentications from {ip}; retry in {} s",
+                        wait.as_secs().max(1)
+                    ),
+                )
+            })
+    }
+
+    fn refund(&self, ip: IpAddr) {
+        self.auth_failures.refund(&source_key(ip).to_string());
+    }
+
     /// Counts a refusal against `ip` if it was a failed authentication.
+    #[cfg(test)]
     fn note_refusal(&self, ip: IpAddr, reason: &Rejection) {
         if matches!(
             reason.code,
@@ -283,19 +306,13 @@ async fn pre_auth(
         let r = Rejection::new(ErrorCode::BadRequest, "the hello attaches no tunnel");
         return reject(tls, r).await;
     }
-    if let Err(r) = ctx.admission.auth_allowed(peer.ip()) {
-        return reject(tls, r).await;
-    }
     // A replica that cannot know of recent revocations judges no one.
     if let Err(r) = ctx.authority.accepting() {
         return reject(tls, r).await;
     }
     let mut judged = Vec::with_capacity(tunnels.len());
     for attach in tunnels {
-        let verdict = judge(ctx, &attach).await;
-        if let Err(reason) = &verdict {
-            ctx.admission.note_refusal(peer.ip(), reason);
-        }
+        let verdict = judge(ctx, peer.ip(), &attach).await;
         judged.push((attach, verdict));
     }
     if judged.iter().all(|(_, v)| v.is_err()) {
@@ -584,13 +601,7 @@ impl SessionState {
                                 tracing::info!(session = %self.session.id, tunnel = %attach.tunnel, "an attach this edge cannot judge now; ending the session");
                                 return Some(r);
                             }
-                            let verdict = match self.ctx.admission.auth_allowed(self.peer.ip()) {
-                                Ok(()) => judge(&self.ctx, &attach).await,
-                                Err(r) => Err(r),
-                            };
-                            if let Err(reason) = &verdict {
-                                self.ctx.admission.note_refusal(self.peer.ip(), reason);
-                            }
+                            let verdict = judge(&self.ctx, self.peer.ip(), &attach).await;
                             Some(self.install(attach, verdict))
                         }
                         Some(Ok(Frame::Detach { tunnel })) => {
@@ -928,7 +939,9 @@ fn describe(target: &BoundTarget) -> String {
 
 /// Authenticates an attach's token and checks each of its bindings. Refused
 /// when the token is not valid, or when it names bindings and none is allowed.
-async fn judge(ctx: &AgentContext, attach: &Attach) -> Result<Judged, Rejection> {
+/// Judges one attach from `ip`; a failed authentication is charged to
+/// `ip`'s budget (before the store round trip when there is one).
+async fn judge(ctx: &AgentContext, ip: IpAddr, attach: &Attach) -> Result<Judged, Rejection> {
     validate_tunnel_id(&attach.tunnel)?;
     if attach.bindings.len() > MAX_BINDINGS {
         return Err(Rejection::new(
@@ -936,7 +949,29 @@ async fn judge(ctx: &AgentContext, attach: &Attach) -> Result<Judged, Rejection>
             format!("a tunnel may have at most {MAX_BINDINGS} bindings"),
         ));
     }
-    let grant = authenticate(ctx, &attach.token).await?;
+    let grant = match authenticate(ctx, &attach.token).await {
+        Ok(grant) => grant,
+        // A token minted elsewhere a moment ago may not be in this copy
+        // yet: catch up once, charged before the round trip, and only for a
+        // token of the right shape.
+        Err(refused) if ctx.authority.may_catch_up(&attach.token) => {
+            ctx.admission.charge(ip)?;
+            if !ctx.authority.catch_up().await {
+                return Err(refused);
+            }
+            let grant = authenticate(ctx, &attach.token).await?;
+            ctx.admission.refund(ip);
+            grant
+        }
+        // No round trip to pay for, but counted: once the source's budget
+        // is spent its refusals say so (a guesser is told to slow down).
+        Err(refused) => {
+            return Err(match ctx.admission.charge(ip) {
+                Ok(()) => refused,
+                Err(limited) => limited,
+            });
+        }
+    };
     let mut checked = Vec::with_capacity(attach.bindings.len());
     for binding in &attach.bindings {
         if checked.iter().any(|(b, _)| b == binding) {

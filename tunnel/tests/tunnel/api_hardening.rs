@@ -148,10 +148,9 @@ async fn failed_api_key_authentication_is_rate_limited_per_address() {
             StatusCode::TOO_MANY_REQUESTS
         ]
     );
-    // The address is held back whatever it presents, until the bucket refills.
     let resp = raw
         .get(&url)
-        .bearer_auth(good.expose())
+        .bearer_auth(format!("tunak_{:016x}_{}", 9, "0".repeat(64)))
         .send()
         .await
         .unwrap();
@@ -159,6 +158,15 @@ async fn failed_api_key_authentication_is_rate_limited_per_address() {
     assert!(resp.headers().contains_key("retry-after"));
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["code"], "rate_limited");
+    // A valid key from the same address is judged and served all the same
+    // (issue 40, item 2: the budget is for failures, not for the address).
+    let resp = raw
+        .get(&url)
+        .bearer_auth(good.expose())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
     edge.stop().await;
 }
 

@@ -187,6 +187,7 @@ async fn idle_pre_auth_sockets_on_every_listener_leave_the_edge_serving() {
         ("--max-pending-public-connections-per-ip", "8".into()),
         ("--max-pending-peer-connections", "16".into()),
         ("--max-pending-peer-connections-per-ip", "4".into()),
+        ("--max-tcp-connections", "32".into()),
     ];
     let mut flags: Vec<String> = flags
         .into_iter()
@@ -327,4 +328,288 @@ async fn idle_pre_auth_sockets_on_every_listener_leave_the_edge_serving() {
     }
     drop(held);
     agent.shutdown().await;
+}
+
+/// This test's name, for the child's `--exact`.
+const TCP_NAME: &str =
+    "edge_fd_budget::idle_tcp_endpoint_connections_leave_the_edge_serving_and_are_capped";
+/// Idle connections to one tenant's TCP endpoint, from each of three sources.
+const TCP_IDLE_PER_SOURCE: usize = 700;
+const TCP_SOURCES: [[u8; 4]; 3] = [[127, 0, 0, 3], [127, 0, 0, 4], [127, 0, 0, 5]];
+/// The edge's TCP endpoint caps in this test (its open-file limit is 2 048).
+const TCP_TOTAL: usize = 512;
+const TCP_PER_SOURCE: usize = 256;
+
+fn create_account_key(data_dir: &Path, account: &str) -> String {
+    let args = KeysArgs {
+        command: KeysCommand::Create(CreateKeyArgs {
+            data_dir: DataDirArgs {
+                data_dir: Some(data_dir.to_owned()),
+                store: None,
+            },
+            scopes: Vec::new(),
+            full_access: true,
+            name: Some(account.into()),
+            account: account.into(),
+        }),
+    };
+    let (mut out, mut note) = (Vec::new(), Vec::new());
+    tuna_tunnel::control::cli::run(&args, &mut out, &mut note).unwrap();
+    String::from_utf8(out).unwrap().trim().to_owned()
+}
+
+/// Issue 40, item 3: the real `edge` command under `prlimit
+/// --nofile=2048:2048`; 2 100 idle TCP connections (700 from each of
+/// 127.0.0.3–5, no byte sent) to one tenant's TCP endpoint, whose backend
+/// says nothing either. A public request for another tenant's host, an
+/// authenticated API call and a new agent hello from 127.0.0.2 are each
+/// answered within 1 s; the TCP endpoint's total (512 here) and per-source
+/// (256) caps close the rest at accept. Before: every connection was
+/// accepted and kept, the edge ran out of descriptors (`accept failed: Too
+/// many open files`) and none of the three came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tcp_endpoint_connections_leave_the_edge_serving_and_are_capped() {
+    use tokio::io::AsyncReadExt;
+    use tuna_tunnel::api::CreateTcpEndpoint;
+    init();
+    if let Ok(flags) = std::env::var(CHILD) {
+        return child_edge(&flags).await;
+    }
+    tuna_tunnel::edge::limits::raise_fd_limit().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).unwrap();
+    let (key_web, key_db) = {
+        let data_dir = data_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            (
+                create_account_key(&data_dir, "web"),
+                create_account_key(&data_dir, "db"),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    let tcp_start = {
+        use rand::Rng;
+        rand::rng().random_range(20_000u16..31_000)
+    };
+    let addresses_file = dir.path().join("addresses.json");
+    let path = |p: &Path| p.display().to_string();
+    let flags = [
+        ("--data-dir", path(&data_dir)),
+        ("--base-domain", "tuna.test".into()),
+        ("--http-listen", "127.0.0.1:0".into()),
+        ("--agent-listen", "127.0.0.1:0".into()),
+        ("--api-listen", "127.0.0.1:0".into()),
+        ("--tcp-bind", "127.0.0.1".into()),
+        (
+            "--tcp-port-range",
+            format!("{tcp_start}-{}", tcp_start + 19),
+        ),
+        ("--addresses-file", path(&addresses_file)),
+        // Their sum and the headroom fit in 2 048 descriptors.
+        ("--max-pending-handshakes", "64".into()),
+        ("--max-pending-api-connections", "64".into()),
+        ("--max-pending-public-connections", "256".into()),
+        ("--max-tcp-connections", TCP_TOTAL.to_string()),
+        ("--max-tcp-connections-per-ip", TCP_PER_SOURCE.to_string()),
+    ];
+    let mut flags: Vec<String> = flags
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .collect();
+    flags.push("--insecure-plaintext-api".into());
+    let log = dir.path().join("edge.log");
+    let mut edge = EdgeProcess(
+        Command::new("prlimit")
+            .arg("--nofile=2048:2048")
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", TCP_NAME, "--nocapture"])
+            .env(CHILD, flags.join("\n"))
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new().append(true).open(&log).unwrap(),
+            ))
+            .spawn()
+            .expect("prlimit (util-linux)"),
+    );
+    let addresses = addresses(&mut edge, &addresses_file, &log).await;
+    let api_addr = addr(&addresses, "api");
+    let http_addr = addr(&addresses, "http");
+    let agent_addr = addr(&addresses, "agent");
+    let ca_pem = std::fs::read(addresses["caFile"].as_str().unwrap()).unwrap();
+    let api = |key: &str| {
+        TunaClient::new(ClientOptions::new(
+            format!("http://{api_addr}"),
+            Secret::new(key.to_owned()),
+        ))
+        .unwrap()
+    };
+    let (web, db) = (api(&key_web), api(&key_db));
+    for sub in ["app", "late"] {
+        web.create_domain(&CreateDomain {
+            subdomain: Some(sub.into()),
+            domain: None,
+        })
+        .await
+        .unwrap();
+    }
+    let token = |client: &TunaClient, hosts: Vec<String>, tcp: Vec<String>| {
+        let client = client.clone();
+        async move {
+            client
+                .create_token(&CreateToken {
+                    bindings: Bindings {
+                        hosts,
+                        tcp_endpoints: tcp,
+                    },
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .token
+        }
+    };
+    let web_token = token(&web, vec!["app.tuna.test".into()], vec![]).await;
+    let late_token = token(&web, vec!["late.tuna.test".into()], vec![]).await;
+    let endpoint = db
+        .create_tcp_endpoint(&CreateTcpEndpoint {
+            alias: "db".into(),
+            port: None,
+        })
+        .await
+        .unwrap();
+    let db_token = token(&db, vec![], vec!["db".into()]).await;
+    let agent_with = |token: Secret, binding: Binding| {
+        let mut config = AgentConfig::new(agent_addr.to_string(), Trust::CaPem(ca_pem.clone()));
+        config.server_name = Some("tuna.test".into());
+        let agent = Agent::start(config, backend_handler).unwrap();
+        async move {
+            agent
+                .attach(
+                    tunnel_id(token.expose()),
+                    TunnelToken::new(token.expose()),
+                    vec![binding],
+                )
+                .await
+                .unwrap();
+            agent
+        }
+    };
+    let web_agent = agent_with(web_token.clone(), Binding::http("app.tuna.test")).await;
+    let db_agent = agent_with(db_token.clone(), Binding::tcp("db")).await;
+    for (agent, token) in [(&web_agent, &web_token), (&db_agent, &db_token)] {
+        tokio::time::timeout(HANG_GUARD, agent.serving(&tunnel_id(token.expose())))
+            .await
+            .expect("the tunnel serves")
+            .unwrap();
+    }
+    let tcp_addr = SocketAddr::from(([127, 0, 0, 1], endpoint.port));
+
+    // The attack: idle connections to the TCP endpoint from three sources,
+    // 32 connecting at a time so that the edge's accept queue (128) never
+    // overflows: every connection made is one the edge has accepted (or
+    // closed), none waits in the kernel for a retried handshake.
+    let mut attack = tokio::task::JoinSet::new();
+    let mut held = Vec::new();
+    for n in 0..TCP_IDLE_PER_SOURCE * TCP_SOURCES.len() {
+        attack.spawn(idle_connection(
+            TCP_SOURCES[n % TCP_SOURCES.len()],
+            tcp_addr,
+        ));
+        if attack.len() >= 32
+            && let Some(conn) = attack.join_next().await
+        {
+            held.extend(conn.unwrap());
+        }
+    }
+    while let Some(conn) = attack.join_next().await {
+        held.extend(conn.unwrap());
+    }
+
+    let client = || {
+        reqwest::Client::builder()
+            .no_proxy()
+            .local_address(IpAddr::from(CLIENT))
+            .resolve("app.tuna.test", http_addr)
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap()
+    };
+    let public = tokio::time::timeout(ANSWER_WITHIN, async {
+        let resp = client()
+            .get(format!("http://app.tuna.test:{}/hello", http_addr.port()))
+            .send()
+            .await?;
+        Ok::<_, reqwest::Error>((resp.status(), resp.text().await?))
+    })
+    .await;
+    let account = tokio::time::timeout(ANSWER_WITHIN, async {
+        let resp = client()
+            .get(format!("http://{api_addr}/v1/account"))
+            .bearer_auth(&key_web)
+            .send()
+            .await?;
+        Ok::<_, reqwest::Error>(resp.status())
+    })
+    .await;
+    let late_agent = agent_with(late_token.clone(), Binding::http("late.tuna.test")).await;
+    let hello = tokio::time::timeout(
+        ANSWER_WITHIN,
+        late_agent.serving(&tunnel_id(late_token.expose())),
+    )
+    .await;
+    let log_text = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let start = text.len().saturating_sub(4_000);
+        text.get(start..).unwrap_or(&text).to_owned()
+    };
+    match public {
+        Ok(Ok((status, body))) => assert!(
+            status == 200 && body.starts_with("host=app.tuna.test"),
+            "public request under attack: {status} {body}"
+        ),
+        other => panic!(
+            "public request under attack ({} TCP connections made): {other:?}\n{}",
+            held.len(),
+            log_text()
+        ),
+    }
+    match account {
+        Ok(Ok(status)) => assert_eq!(status, 200, "authenticated API call under attack"),
+        other => panic!(
+            "authenticated API call under attack: {other:?}\n{}",
+            log_text()
+        ),
+    }
+    assert!(
+        matches!(hello, Ok(Ok(_))),
+        "a new agent hello under attack: {hello:?}\n{}",
+        log_text()
+    );
+
+    // The caps: a new connection from a source at its cap, and one from a
+    // new source while the total is full (3 × 256 > 512), are closed at
+    // accept (EOF), while the held ones stay open.
+    for (what, from) in [
+        ("a source at its cap", [127, 0, 0, 3]),
+        ("a new source, the total full", [127, 0, 0, 6]),
+    ] {
+        let mut probe = idle_connection(from, tcp_addr).await.expect("connected");
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(HANG_GUARD, probe.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "a connection from {what} was kept: {read:?}"
+        );
+    }
+    eprintln!(
+        "{} idle TCP connections made from 3 sources; the edge keeps at most {TCP_TOTAL} ({TCP_PER_SOURCE} per source)",
+        held.len()
+    );
+    drop(held);
+    for agent in [web_agent, db_agent, late_agent] {
+        agent.shutdown().await;
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use data_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tuna_tunnel::agent::{AgentStatus, TunnelStatus};
+use tuna_tunnel::agent::TunnelStatus;
 use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeLimits, EdgeServer, MemoryAuthority};
 use tuna_tunnel::wire::{ALPN, Attach, Binding, ErrorCode, Frame, Preamble, TunnelToken};
 
@@ -395,19 +395,13 @@ async fn failed_tunnel_authentication_is_rate_limited_per_address() {
             ErrorCode::RateLimited
         ]
     );
-    // A valid token from the same address is held back too until the bucket
-    // refills: the connection is refused, and the agent retries with backoff.
+    // A valid token from the same address is judged and served all the
+    // same (issue 40, item 2: the budget is for failures, not the address).
     let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
-    let status = wait_status(&agent, |s| matches!(s, AgentStatus::Rejected(_))).await;
-    assert!(
-        matches!(&status, AgentStatus::Rejected(r) if r.code == ErrorCode::RateLimited),
-        "{status:?}"
-    );
-    assert_eq!(
-        *agent.tunnel_status("t1").unwrap().borrow(),
-        TunnelStatus::Pending,
-        "the tunnel waits for the address's budget, it is not refused"
-    );
+    tokio::time::timeout(HANG_GUARD, agent.serving("t1"))
+        .await
+        .expect("the valid token was not served")
+        .unwrap();
 }
 
 #[tokio::test]
@@ -478,4 +472,67 @@ async fn tunnel_and_session_quotas_refuse_with_quota_exceeded() {
     agent.detach("x1").await.unwrap();
     agent.set_token("x3", TunnelToken::new("a1")).await.unwrap();
     agent.serving("x3").await.unwrap();
+}
+
+/// Issue 40, item 3: a TCP endpoint connection on which nothing moves is
+/// closed after the first-byte timeout; one that carried bytes, after the
+/// idle timeout once they stop; and a client over the per-source cap is
+/// closed at accept while its held connections stay.
+#[tokio::test]
+async fn tcp_endpoint_connections_are_capped_and_idle_ones_closed() {
+    init();
+    let cert = TestCert::new();
+    let (listener, port) = endpoint_listener();
+    let authority = MemoryAuthority::new();
+    authority.add_token(
+        "tok-1",
+        &TunnelToken::new("t1"),
+        "acct",
+        far_future(),
+        vec![Binding::tcp("db")],
+    );
+    authority.add_tcp_alias("db", port);
+    let mut config: EdgeConfig = edge_config(&cert, "127.0.0.1:0".parse().unwrap());
+    config.tcp_listeners = vec![listener];
+    config.limits = EdgeLimits {
+        max_tcp_connections_per_ip: 2,
+        tcp_first_byte_timeout: Duration::from_secs(2),
+        tcp_idle_timeout: Duration::from_secs(3),
+        ..EdgeLimits::default()
+    };
+    let edge = EdgeServer::start(config, Arc::new(authority.clone()), None)
+        .await
+        .unwrap();
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::tcp("db")]).await;
+    agent.connected().await.unwrap();
+
+    // Silent from the start: closed by the first-byte timeout.
+    let mut silent = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // Echoed once, then silent: closed by the idle timeout.
+    let mut chatty = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    chatty.write_all(b"ping").await.unwrap();
+    let mut back = [0u8; 4];
+    chatty.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+    // A third from the same address while two are held: closed at accept.
+    let mut third = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(HANG_GUARD, third.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "over the per-source cap: {read:?}"
+    );
+    for (what, conn) in [("silent", &mut silent), ("idle", &mut chatty)] {
+        let read = tokio::time::timeout(HANG_GUARD, conn.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the {what} connection: {read:?}"
+        );
+    }
+    // Their slots are free again.
+    let mut again = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    again.write_all(b"pong").await.unwrap();
+    again.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"pong");
+    edge.shutdown().await;
 }

@@ -36,4 +36,6 @@ mod data_tcp_owner;
 mod data_tunnel;
 mod edge_fd_budget;
 mod edge_hardening;
+mod edge_shared_source;
+mod edge_store_flood;
 mod store_contract;

@@ -357,9 +357,16 @@ struct Shared {
     writer: Mutex<Writer>,
     /// Woken by a notification, and after the listener (re)connects.
     changed: Notify,
-    /// When the last read that found the mirror caught up began: the
-    /// mirror holds every commit made before then.
+    /// When the last read that found the mirror caught up was sent (after
+    /// any wait for the writer): the mirror holds every commit made before
+    /// then. Waiting in a queue does not age it; only the store not
+    /// answering does.
     fresh_at: parking_lot::Mutex<std::time::Instant>,
+    /// Catch-ups ([`Shared::sync`]) one at a time: a caller that finds a read
+    /// sent after its call already completed needs no round trip of its
+    /// own, so however many callers wait, at most one catch-up is in flight
+    /// and one more follows it.
+    sync_gate: Mutex<()>,
 }
 
 struct Writer {
@@ -419,6 +426,7 @@ impl Postgres {
             }),
             changed: Notify::new(),
             fresh_at: parking_lot::Mutex::new(std::time::Instant::now()),
+            sync_gate: Mutex::new(()),
         });
         runtime.spawn(listen(Arc::clone(&shared)));
         runtime.spawn(poll(Arc::clone(&shared)));
@@ -453,7 +461,8 @@ impl Backend for Postgres {
             .runtime
             .as_ref()
             .ok_or_else(|| Error::Internal("the store is closing".into()))?;
-        runtime.block_on(Arc::clone(&self.shared).sync())
+        let called = std::time::Instant::now();
+        runtime.block_on(Arc::clone(&self.shared).sync(called))
     }
 
     fn sync_async(&self) -> futures::future::BoxFuture<'static, Result<()>> {
@@ -462,8 +471,12 @@ impl Backend for Postgres {
                 "the store is closing".into(),
             ))));
         };
-        // Spawned on the store's runtime, awaited from the caller's.
-        let task = runtime.spawn(Arc::clone(&self.shared).sync());
+        // Spawned on the store's runtime (its connections live there),
+        // awaited from the caller's, and aborted when the caller goes away
+        // (an HTTP/2 stream reset drops the request's future): no catch-up
+        // outlives the request that asked for it.
+        let called = std::time::Instant::now();
+        let task = AbortOnDrop(runtime.spawn(Arc::clone(&self.shared).sync(called)));
         Box::pin(async move {
             task.await
                 .map_err(|e| Error::Internal(format!("catching up did not finish: {e}")))?
@@ -491,11 +504,11 @@ impl Backend for Postgres {
 
 impl Shared {
     async fn commit(&self, decide: &mut dyn FnMut(&State) -> Result<Vec<Write>>) -> Result<()> {
-        let began = std::time::Instant::now();
         let mut writer = self.writer.lock().await;
         let Writer { client, seq, .. } = &mut *writer;
         let client = self.client(client).await?;
         let name = self.name.as_str();
+        let began = std::time::Instant::now();
         let tx = client
             .transaction()
             .await
@@ -524,12 +537,13 @@ impl Shared {
     /// Brings the mirror up to the store's head (the poller's and the
     /// listener's job), in one snapshot.
     async fn refresh(&self) -> Result<()> {
-        let began = std::time::Instant::now();
         let mut writer = self.writer.lock().await;
+        let mut began = std::time::Instant::now();
         let result = async {
             let Writer { client, seq, .. } = &mut *writer;
             let client = self.client(client).await?;
             let name = self.name.as_str();
+            began = std::time::Instant::now();
             let tx = client
                 .build_transaction()
                 .isolation_level(IsolationLevel::RepeatableRead)
@@ -571,27 +585,30 @@ impl Shared {
         }
     }
 
-    /// Catches up if the store's head moved: one round trip when it did not.
-    async fn sync(self: Arc<Self>) -> Result<()> {
-        let began = std::time::Instant::now();
+    /// Brings the mirror up to every commit made before `called`: nothing
+    /// when a read sent since then has completed (the poller's, another
+    /// caller's), else one round trip when the head did not move. Callers
+    /// queue on [`Shared::sync_gate`], so concurrent ones share reads.
+    async fn sync(self: Arc<Self>, called: std::time::Instant) -> Result<()> {
+        let _gate = self.sync_gate.lock().await;
+        if *self.fresh_at.lock() >= called {
+            return Ok(());
+        }
         let check = async {
             let mut writer = self.writer.lock().await;
             let Writer { client, seq, .. } = &mut *writer;
             let known = *seq;
             let client = self.client(client).await?;
+            let began = std::time::Instant::now();
             let head: i64 = client
                 .query_one("SELECT seq FROM store_head WHERE id = 1", &[])
                 .await
                 .map_err(classify(&self.name, "reading the head"))?
                 .get(0);
-            Ok::<_, Error>(head != known)
-        };
-        let check = async {
-            let moved = check.await?;
-            if !moved {
+            if head == known {
                 self.fresh(began);
             }
-            Ok::<_, Error>(moved)
+            Ok::<_, Error>(head != known)
         };
         match tokio::time::timeout(OPERATION_TIMEOUT, async {
             if check.await? {
@@ -627,6 +644,26 @@ impl Shared {
             *client = Some(fresh);
         }
         Ok(client.as_mut().expect("connected just above"))
+    }
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = std::result::Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }
 
