@@ -142,11 +142,12 @@ field() { # the string field $1 of the edge's addresses file, or fail
   [ -n "$v" ] || { echo "conformance: no $1 in $work/edge-addresses.json" >&2; exit 1; }
   echo "$v"
 }
+api=$(field api); agent=$(field agent); ca_file=$(field caFile)
 helm_home="$work/helm"
 mkdir -p "$helm_home"
 HOME="$helm_home" "${HELM:-$root/.tools/bin/helm}" install tuna-operator charts/tuna-k8s-operator -n tuna-system --create-namespace \
-  --set "credentials.apiKey=$key" --set "edge.apiUrl=https://$(field api)" \
-  --set "edge.agentAddress=$(field agent)" --set-file "edge.ca.pem=$(field caFile)" \
+  --set "credentials.apiKey=$key" --set "edge.apiUrl=https://$api" \
+  --set "edge.agentAddress=$agent" --set-file "edge.ca.pem=$ca_file" \
   --wait --timeout 180s >"$work/helm.log" 2>&1 || { cat "$work/helm.log" >&2; exit 1; }
 kubectl wait --for=condition=Accepted gatewayclass/tuna --timeout=120s >/dev/null
 log "product installed; GatewayClass tuna supports: $(kubectl get gatewayclass tuna -o jsonpath='{.status.supportedFeatures[*].name}')"
