@@ -791,6 +791,7 @@ pub fn explain_snapshot(snapshot: &Snapshot, args: &ExplainArgs) -> crate::Resul
             tcp_routes: &[],
             grants: &snapshot.grants,
             namespaces: &snapshot.namespaces,
+            certificates: None,
         },
         claims: snapshot.claims.as_ref(),
     };

@@ -62,6 +62,7 @@ use super::publish::{self, publish_hosts, routes_summary};
 use super::state::AgentState;
 use crate::Error;
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
+use crate::plan::gateway_status::{CertificateSecret, certificate_secrets};
 use crate::plan::httproute::{Cond, GatewayStatus, RouteStatus};
 use crate::plan::ingress::{rule_hosts, service_names};
 use crate::plan::tunnel::PortOrAlias;
@@ -117,6 +118,80 @@ pub async fn discover(client: &Client) -> Option<Discovered> {
         grants_version,
         tcp_routes: v1.contains("tcproutes"),
     })
+}
+
+/// Reads (with `get`, as every Secret the agent reads) the Secrets our
+/// Gateways' listeners name as `certificateRefs` and may use (their own
+/// namespace's, or another's that a ReferenceGrant opens): whether each
+/// holds a PEM certificate chain in `tls.crt` and a private key in
+/// `tls.key`. Nothing of their data is kept or logged. Secrets are not
+/// watched: a Secret created or fixed later is seen at the next sync (any
+/// Gateway API change, or the resync interval).
+async fn read_certificates(
+    state: &AgentState,
+    snapshot: &GatewaySnapshot,
+) -> Vec<CertificateSecret> {
+    let ours = snapshot.our_gateways();
+    let grants: Vec<&ReferenceGrant> = snapshot.grants.iter().map(|g| &**g).collect();
+    let wanted: BTreeSet<(String, String)> = snapshot
+        .gateways
+        .iter()
+        .filter(|g| {
+            ours.contains(&(
+                g.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+                g.metadata.name.clone().unwrap_or_default(),
+            ))
+        })
+        .flat_map(|g| certificate_secrets(g, &grants))
+        .collect();
+    let mut found = Vec::new();
+    for (namespace, name) in wanted {
+        let api: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(state.ctx.client.clone(), &namespace);
+        let problem = match api.get_opt(&name).await {
+            Ok(Some(secret)) => certificate_problem(&secret),
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(%namespace, %name, error = %e, "cannot read a listener's certificate Secret");
+                Some(format!("cannot be read: {e}"))
+            }
+        };
+        found.push(CertificateSecret {
+            namespace,
+            name,
+            problem,
+        });
+    }
+    found
+}
+
+/// Why a Secret cannot serve TLS (`None`: `tls.crt` holds at least one PEM
+/// certificate and `tls.key` a PEM private key) (pure).
+pub fn certificate_problem(secret: &k8s_openapi::api::core::v1::Secret) -> Option<String> {
+    let data = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| &v.0[..])
+    };
+    let Some(crt) = data("tls.crt") else {
+        return Some("it has no tls.crt".into());
+    };
+    let Some(key) = data("tls.key") else {
+        return Some("it has no tls.key".into());
+    };
+    let certs: Vec<_> = rustls_pemfile::certs(&mut &crt[..]).collect();
+    if certs.is_empty() || certs.iter().any(Result::is_err) {
+        return Some("tls.crt holds no PEM certificate".into());
+    }
+    match rustls_pemfile::private_key(&mut &key[..]) {
+        Ok(Some(_)) => None,
+        _ => Some("tls.key holds no PEM private key".into()),
+    }
 }
 
 /// The tunnel key of a TCPRoute's endpoint (`TCPRoute/namespace/name`: a
@@ -348,7 +423,8 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         &who.base_domain,
         state.account_hosts().await,
     );
-    let gateway = GatewaySnapshot::of(state.gateway.get());
+    let mut gateway = GatewaySnapshot::of(state.gateway.get());
+    gateway.certificates = read_certificates(state, &gateway).await;
     // tcp Tunnels on the aliases TCP listeners name: they keep them (their
     // Services are read so that the plan sees them as it does in their
     // reconciler).
@@ -1118,6 +1194,72 @@ async fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a listener's certificateRef may find (GatewayInvalidTLSConfiguration's
+    /// malformed Secret is base64 of "Hello world" in both keys).
+    #[test]
+    fn certificate_secrets_hold_a_pem_certificate_and_key_or_say_what_is_missing() {
+        use k8s_openapi::ByteString;
+        let cert = rcgen::generate_simple_self_signed(vec!["example.org".into()]).unwrap();
+        let pem_crt = cert.cert.pem();
+        let pem_key = cert.signing_key.serialize_pem();
+        let secret = |entries: &[(&str, &str)]| k8s_openapi::api::core::v1::Secret {
+            data: Some(
+                entries
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], Option<&'a str>);
+        let cases: &[Case] = &[
+            (
+                "a certificate and its key",
+                &[("tls.crt", &pem_crt), ("tls.key", &pem_key)],
+                None,
+            ),
+            (
+                "Hello world",
+                &[("tls.crt", "Hello world\n"), ("tls.key", "Hello world\n")],
+                Some("tls.crt holds no PEM certificate"),
+            ),
+            (
+                "a key as the certificate",
+                &[("tls.crt", &pem_key), ("tls.key", &pem_key)],
+                Some("tls.crt holds no PEM certificate"),
+            ),
+            (
+                "a certificate as the key",
+                &[("tls.crt", &pem_crt), ("tls.key", &pem_crt)],
+                Some("tls.key holds no PEM private key"),
+            ),
+            (
+                "no tls.crt",
+                &[("tls.key", &pem_key)],
+                Some("it has no tls.crt"),
+            ),
+            (
+                "no tls.key",
+                &[("tls.crt", &pem_crt)],
+                Some("it has no tls.key"),
+            ),
+        ];
+        for (case, entries, problem) in cases {
+            assert_eq!(
+                certificate_problem(&secret(entries)).as_deref(),
+                *problem,
+                "{case}"
+            );
+        }
+        // Nothing of the data in a problem.
+        let p = certificate_problem(&secret(&[(
+            "tls.crt",
+            "-----BEGIN CERTIFICATE-----\nc2VjcmV0\n-----END CERTIFICATE-----\n",
+        )]))
+        .unwrap();
+        assert!(!p.contains("c2VjcmV0"), "{p}");
+    }
 
     fn route(yaml: &str) -> HttpRoute {
         serde_saphyr::from_str(yaml).expect("test HTTPRoute")

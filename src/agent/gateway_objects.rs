@@ -15,6 +15,7 @@ use tuna_crds::gateway::{
 };
 
 use crate::plan::gateway::{GROUP, hostname_matches};
+use crate::plan::gateway_status::CertificateSecret;
 use crate::plan::httproute::GatewayInputs;
 use crate::reconcile::store_ready;
 
@@ -70,8 +71,12 @@ pub struct GatewaySnapshot {
     pub routes: Vec<Arc<HttpRoute>>,
     /// Every TCPRoute.
     pub tcp_routes: Vec<Arc<TcpRoute>>,
-    grants: Vec<Arc<ReferenceGrant>>,
+    /// Every ReferenceGrant.
+    pub grants: Vec<Arc<ReferenceGrant>>,
     namespaces: Vec<Arc<Namespace>>,
+    /// The Secrets our Gateways' listeners name as `certificateRefs`, as
+    /// the agent's sync found them (empty until it ran).
+    pub certificates: Vec<CertificateSecret>,
 }
 
 impl GatewaySnapshot {
@@ -88,6 +93,7 @@ impl GatewaySnapshot {
             tcp_routes: s.tcp_routes.as_ref().map(Store::state).unwrap_or_default(),
             grants: s.grants.as_ref().map(Store::state).unwrap_or_default(),
             namespaces: s.namespaces.state(),
+            certificates: Vec::new(),
         }
     }
 
@@ -140,6 +146,7 @@ impl GatewaySnapshot {
             tcp_routes: &self.tcp_routes,
             grants: &self.grants,
             namespaces: &self.namespaces,
+            certificates: Some(&self.certificates),
         }
     }
 }

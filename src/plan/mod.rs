@@ -44,6 +44,7 @@
 pub mod claims;
 pub mod domain;
 pub mod gateway;
+pub mod gateway_status;
 pub mod httproute;
 pub mod ingress;
 pub mod service;

@@ -490,6 +490,7 @@ spec: {alias: redis}
                 tcp_routes: &routes,
                 grants: &grants,
                 namespaces: &[],
+                certificates: None,
             },
             ..Inputs::default()
         };

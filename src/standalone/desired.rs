@@ -334,6 +334,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
             tcp_routes: &tcp_routes,
             grants: &grants,
             namespaces: &namespaces,
+            certificates: None,
         },
         // Files have one author: nothing is recorded, so `route explain -f`
         // on the same files decides as standalone does.

@@ -1255,3 +1255,127 @@ async fn many_bulky_routes_of_one_namespace_do_not_delay_another() {
     )
     .await;
 }
+
+/// Issue 41: the statuses the conformance suite reads. An HTTPS listener
+/// whose certificateRef names no Secret is `ResolvedRefs=False`,
+/// `InvalidCertificateRef` (still accepted, not programmed) and its Gateway
+/// `Accepted=True`, `ListenersNotValid`; once the Secret holds a PEM
+/// certificate and key (seen at the next sync) both resolve. A Gateway with
+/// a `parametersRef` is `Accepted=False`, `InvalidParameters`. Every
+/// condition is at the Gateway's generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_and_listener_conditions_name_bad_certificates_and_parameters() {
+    let env = Env::start().await;
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: secure, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {name: https, protocol: HTTPS, port: 443, tls: {certificateRefs: [{name: site-cert}]}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: params, namespace: default}\nspec:\n  gatewayClassName: tuna\n  infrastructure: {parametersRef: {group: invalid.io, kind: InvalidParameters, name: invalid}}\n  listeners:\n  - {name: http, protocol: HTTP, port: 80}\n",
+    );
+    let listener_reason = |g: &Gateway| -> Option<String> {
+        let l = g.status.as_ref()?.listeners.as_ref()?.first()?;
+        condition(&l.conditions, "ResolvedRefs").map(|c| format!("{} {}", c.status, c.reason))
+    };
+    let at_generation = |g: &Gateway| {
+        let generation = g.metadata.generation;
+        let s = g.status.as_ref().unwrap();
+        s.conditions
+            .iter()
+            .flatten()
+            .chain(s.listeners.iter().flatten().flat_map(|l| &l.conditions))
+            .all(|c| c.observed_generation == generation)
+    };
+    let secure = wait_for(
+        &env.client,
+        "default",
+        "secure",
+        "ResolvedRefs False",
+        &env.procs(),
+        |g: &Gateway| listener_reason(g).as_deref() == Some("False InvalidCertificateRef"),
+    )
+    .await;
+    let status = secure.status.as_ref().unwrap();
+    let accepted = condition(status.conditions.as_deref().unwrap(), "Accepted").unwrap();
+    assert_eq!(
+        (accepted.status.as_str(), accepted.reason.as_str()),
+        ("True", "ListenersNotValid")
+    );
+    let listener = &status.listeners.as_ref().unwrap()[0];
+    assert!(is_true(&listener.conditions, "Accepted"), "{listener:?}");
+    assert!(!is_true(&listener.conditions, "Programmed"), "{listener:?}");
+    assert!(
+        condition(&listener.conditions, "ResolvedRefs")
+            .unwrap()
+            .message
+            .contains("default/site-cert: no such Secret"),
+        "{listener:?}"
+    );
+    assert!(at_generation(&secure), "{status:?}");
+
+    let params = wait_for(
+        &env.client,
+        "default",
+        "params",
+        "Accepted False",
+        &env.procs(),
+        |g: &Gateway| {
+            g.status
+                .as_ref()
+                .and_then(|s| condition(s.conditions.as_deref()?, "Accepted"))
+                .is_some_and(|c| c.status == "False")
+        },
+    )
+    .await;
+    let accepted = condition(
+        params
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .as_deref()
+            .unwrap(),
+        "Accepted",
+    )
+    .unwrap();
+    assert_eq!(accepted.reason, "InvalidParameters", "{accepted:?}");
+    assert!(at_generation(&params));
+
+    // A usable Secret; Secrets are not watched, so a change of the Gateway
+    // (a new generation) brings the next sync.
+    let cert = rcgen::generate_simple_self_signed(vec!["secure.tuna.test".into()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+    env.cluster.kubectl_ok(&[
+        "create",
+        "secret",
+        "tls",
+        "site-cert",
+        "--cert",
+        crt.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: secure, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {name: https, protocol: HTTPS, port: 8443, tls: {certificateRefs: [{name: site-cert}]}}\n",
+    );
+    let secure = wait_for(
+        &env.client,
+        "default",
+        "secure",
+        "ResolvedRefs True",
+        &env.procs(),
+        |g: &Gateway| {
+            listener_reason(g).as_deref() == Some("True ResolvedRefs") && at_generation(g)
+        },
+    )
+    .await;
+    let status = secure.status.as_ref().unwrap();
+    let accepted = condition(status.conditions.as_deref().unwrap(), "Accepted").unwrap();
+    assert_eq!(
+        (accepted.status.as_str(), accepted.reason.as_str()),
+        ("True", "Accepted")
+    );
+    assert!(is_true(
+        &status.listeners.as_ref().unwrap()[0].conditions,
+        "Programmed"
+    ));
+}
