@@ -34,7 +34,7 @@
 # endpoint. One node per machine (the kubelet has host-wide paths). Images are
 # never pulled: pause and CoreDNS come from scripts/node-images.sh; a test
 # imports its own with `ctr --address $CONTAINERD_ADDRESS -n k8s.io images
-# import` (or scripts/image.sh --load DIR). cluster.env gets NODE_NAME,
+# import` (or scripts/image.sh --load DIR). cluster.env gets NODE_NAME, KUBELET_DIR,
 # POD_CIDR, HOST_ADDRESS, CLUSTER_DNS, CONTAINERD_ADDRESS. Every host change
 # (the bridge, iptables chains, mounts, cgroups, files the kubelet writes
 # outside DIR, the kernel settings it changes) is listed in DIR/host-changes
@@ -422,6 +422,7 @@ POD_CIDR=$pod_cidr
 HOST_ADDRESS=$host_address
 CLUSTER_DNS=$cluster_dns
 CONTAINERD_ADDRESS=$cdir/containerd.sock
+KUBELET_DIR=$nd/kubelet
 EOF
 }
 
