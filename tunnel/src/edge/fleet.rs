@@ -391,8 +391,10 @@ pub(crate) async fn start(
                         let g = guard.clone();
                         tokio::spawn(async move {
                             let cancel = g.cancel.clone();
+                            let evicted = slot.evicted();
                             tokio::select! {
                                 _ = cancel.cancelled() => {}
+                                _ = evicted.cancelled() => {}
                                 r = serve_peer(tcp, acceptor, registry, g, slot) => if let Err(e) = r {
                                     tracing::debug!(%peer, error = %e, "peer connection ended");
                                 }
