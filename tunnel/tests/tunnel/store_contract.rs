@@ -600,6 +600,7 @@ fn keys_created_by_the_command_line_are_accepted_by_a_running_replica() {
             data_dir: DataDirArgs {
                 data_dir: None,
                 store: Some(url.parse().unwrap()),
+                store_insecure_tls: false,
             },
             scopes: vec![Scope::TunnelsWrite],
             full_access: false,
