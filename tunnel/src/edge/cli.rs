@@ -497,6 +497,7 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
     ) {
         let advertise = args.peer_advertise.unwrap_or(peer_bind);
         config.fleet = Some(super::FleetConfig {
+            round_interval: super::fleet::LEASE_ROUND_INTERVAL,
             store: store.clone(),
             replica_id: args
                 .replica_id
