@@ -220,6 +220,7 @@ async fn main() -> anyhow::Result<()> {
             peer_advertise: None,
             tls: PeerTls::from_files(&cert, &key, &ca)?,
             share: Default::default(),
+            round_interval: tuna_tunnel::edge::fleet::LEASE_ROUND_INTERVAL,
         });
         edges.push(EdgeServer::start(config, Arc::new(plane.clone()), None).await?);
     }

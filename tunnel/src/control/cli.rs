@@ -52,6 +52,11 @@ pub struct DataDirArgs {
         value_name = "URL"
     )]
     pub store: Option<StoreUrl>,
+    /// Allow `sslmode=prefer` or `disable` in `--store` to a database on
+    /// another machine (refused otherwise: the connection could be read or
+    /// changed on its way, and every replica trusts what the store says).
+    #[arg(long, env = "TUNA_EDGE_STORE_INSECURE_TLS")]
+    pub store_insecure_tls: bool,
 }
 
 impl DataDirArgs {
@@ -59,7 +64,10 @@ impl DataDirArgs {
     /// migrates); not on an async runtime's thread.
     pub fn open(&self) -> Result<Store> {
         match (&self.store, &self.data_dir) {
-            (Some(store), _) => Store::open_at(Some(store), Path::new("")),
+            (Some(store), _) => Store::open_at(
+                Some(&store.clone().allowing_insecure_tls(self.store_insecure_tls)),
+                Path::new(""),
+            ),
             (None, Some(data_dir)) => Store::open(data_dir),
             (None, None) => Err(Error::ControlConfig(
                 "give --data-dir (the edge's redb store) or --store postgres://…".into(),

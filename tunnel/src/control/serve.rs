@@ -159,6 +159,7 @@ pub(crate) async fn serve_connection_pre_auth<I>(
 {
     let inner = TowerToHyperService::new(router);
     let pre_auth = Arc::new(parking_lot::Mutex::new(pre_auth));
+    let held = Arc::clone(&pre_auth);
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         request.extensions_mut().insert(ClientAddr(peer));
         let pre_auth = Arc::clone(&pre_auth);
@@ -171,21 +172,44 @@ pub(crate) async fn serve_connection_pre_auth<I>(
             Ok::<_, std::convert::Infallible>(response)
         }
     });
+    // A connection that holds a pre-auth slot and has not authenticated
+    // within the header timeout is closed: an HTTP/2 client answers pings
+    // without ever sending a request, and an HTTP/1.1 one may send a
+    // refused request every few seconds; either would hold its slot
+    // forever.
+    let unauthenticated = async move {
+        if held.lock().is_none() {
+            return std::future::pending().await;
+        }
+        tokio::time::sleep(header_timeout).await;
+        if held.lock().is_none() {
+            std::future::pending::<()>().await;
+        }
+    };
     let io = TokioIo::new(io);
-    let result = if h2 {
-        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Some(header_timeout))
-            .keep_alive_timeout(header_timeout)
-            .max_concurrent_streams(MAX_H2_STREAMS)
-            .serve_connection(io, service)
-            .await
-    } else {
-        hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .serve_connection(io, service)
-            .await
+    let serving = async {
+        if h2 {
+            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(header_timeout))
+                .keep_alive_timeout(header_timeout)
+                .max_concurrent_streams(MAX_H2_STREAMS)
+                .serve_connection(io, service)
+                .await
+        } else {
+            hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(io, service)
+                .await
+        }
+    };
+    let result = tokio::select! {
+        r = serving => r,
+        () = unauthenticated => {
+            tracing::debug!(%peer, "REST API connection without an authenticated request in the header timeout; closing");
+            return;
+        }
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "REST API connection ended with an error");

@@ -60,6 +60,11 @@ pub struct EdgeArgs {
         value_name = "URL"
     )]
     pub store: Option<crate::control::StoreUrl>,
+    /// Allow `sslmode=prefer` or `disable` in `--store` to a database on
+    /// another machine (refused otherwise: the connection could be read or
+    /// changed on its way, and every replica trusts what the store says).
+    #[arg(long, env = "TUNA_EDGE_STORE_INSECURE_TLS")]
+    pub store_insecure_tls: bool,
     /// Subdomains are reserved under this domain (`app.<base-domain>`).
     #[arg(long, env = "TUNA_EDGE_BASE_DOMAIN", required = true)]
     pub base_domain: Option<String>,
@@ -431,7 +436,11 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
     };
     control_config.max_token_lifetime = Duration::from_secs(args.max_token_lifetime_days * 86_400);
     control_config.pending_domain_ttl = Duration::from_secs(args.pending_domain_ttl_hours * 3600);
-    control_config.store = args.store.clone();
+    let store = args
+        .store
+        .clone()
+        .map(|s| s.allowing_insecure_tls(args.store_insecure_tls));
+    control_config.store = store.clone();
     control_config.max_store_staleness = Duration::from_secs(args.max_store_staleness_secs);
     // One handle: the lease task counts the replicas, the limiters divide.
     let fleet_share = control_config.fleet_share.clone();
@@ -481,13 +490,14 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
     config.trusted_proxies = args.trusted_proxies.clone();
     if let (Some(peer_bind), Some(store), Some(cert), Some(key), Some(ca)) = (
         args.peer_bind,
-        &args.store,
+        &store,
         &args.peer_tls_cert,
         &args.peer_tls_key,
         &args.peer_ca,
     ) {
         let advertise = args.peer_advertise.unwrap_or(peer_bind);
         config.fleet = Some(super::FleetConfig {
+            round_interval: super::fleet::LEASE_ROUND_INTERVAL,
             store: store.clone(),
             replica_id: args
                 .replica_id

@@ -269,7 +269,18 @@ pub struct FleetConfig {
     /// leases are read: the API's rate limits are the fleet's, shared out
     /// (`ControlConfig::fleet_share` is the same handle).
     pub share: FleetShare,
+    /// The least time between two rounds of the lease loop (upsert of this
+    /// replica's row, `NOTIFY`, read of every live row) that a change woke
+    /// (a tunnel attached or detached here, another replica's `NOTIFY`):
+    /// changes arriving meanwhile are published together by the next
+    /// round. [`LEASE_ROUND_INTERVAL`] by default; zero publishes every
+    /// change on its own (the behaviour before coalescing, for the bench).
+    pub round_interval: Duration,
 }
+
+/// See [`FleetConfig::round_interval`]: at most 4 rounds a second from
+/// changes (3 statements each), plus the renewal every [`RENEW`].
+pub const LEASE_ROUND_INTERVAL: Duration = Duration::from_millis(250);
 
 /// One other replica as the index knows it.
 struct Peer {
@@ -391,8 +402,10 @@ pub(crate) async fn start(
                         let g = guard.clone();
                         tokio::spawn(async move {
                             let cancel = g.cancel.clone();
+                            let evicted = slot.evicted();
                             tokio::select! {
                                 _ = cancel.cancelled() => {}
+                                _ = evicted.cancelled() => {}
                                 r = serve_peer(tcp, acceptor, registry, g, slot) => if let Err(e) = r {
                                     tracing::debug!(%peer, error = %e, "peer connection ended");
                                 }
@@ -417,6 +430,7 @@ pub(crate) async fn start(
         tls: TlsConnector::from(Arc::clone(&config.tls.client)),
         guard,
         share: config.share,
+        round_interval: config.round_interval,
     };
     tokio::spawn(lease.run());
     Ok(bound)
@@ -514,6 +528,7 @@ struct Lease {
     tls: TlsConnector,
     guard: TaskGuard,
     share: FleetShare,
+    round_interval: Duration,
 }
 
 impl Lease {
@@ -617,11 +632,22 @@ impl Lease {
                 })
                 .collect();
             self.apply(rows);
-            let deleted = tokio::select! {
-                _ = self.guard.cancel.cancelled() => true,
-                _ = self.registry.changed.notified() => false,
-                _ = wake.notified() => false,
-                _ = tokio::time::sleep(RENEW) => false,
+            let round_done = tokio::time::Instant::now();
+            let (deleted, woken) = tokio::select! {
+                _ = self.guard.cancel.cancelled() => (true, false),
+                _ = self.registry.changed.notified() => (false, true),
+                _ = wake.notified() => (false, true),
+                _ = tokio::time::sleep(RENEW) => (false, false),
+            };
+            // Coalesce: a burst of changes (1 000 tunnels attaching at
+            // once) is published by one round per interval, not one each.
+            let deleted = if woken && !deleted {
+                tokio::select! {
+                    _ = self.guard.cancel.cancelled() => true,
+                    _ = tokio::time::sleep_until(round_done + self.round_interval) => false,
+                }
+            } else {
+                deleted
             };
             if deleted {
                 // Shutting down: the others stop choosing this replica now
@@ -900,6 +926,7 @@ mod tests {
             peer_advertise: None,
             tls: PeerTls::from_files(&ca, &key, &ca).unwrap(),
             share: FleetShare::default(),
+            round_interval: LEASE_ROUND_INTERVAL,
         };
         let (guard, _tasks) = super::super::tasks::task_set();
         let registry = Registry::new(

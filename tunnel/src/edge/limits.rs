@@ -85,7 +85,9 @@ pub struct EdgeLimits {
     /// REST API connections: an HTTP/1.1 client must send each request's
     /// headers within this (an idle keep-alive connection closes after it);
     /// HTTP/2 connections are pinged at this interval and closed when a
-    /// ping goes unanswered as long.
+    /// ping goes unanswered as long. A connection that has not carried an
+    /// authenticated request this long after accept is closed, whatever
+    /// it does meanwhile.
     pub api_header_timeout: Duration,
 }
 
@@ -138,15 +140,35 @@ pub fn source_key(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The /48 an IPv6 address belongs to (what one site is usually given); an
+/// IPv4 address (or an IPv4-mapped one) has none.
+fn site_key(ip: IpAddr) -> Option<Ipv6Addr> {
+    match source_key(ip) {
+        IpAddr::V6(v6) => Some(Ipv6Addr::from(u128::from(v6) & !(u128::MAX >> 48))),
+        IpAddr::V4(_) => None,
+    }
+}
+
+/// How many sources (IPv6 /64s) of one /48 may hold as many slots as one
+/// source: the second-tier cap is `per_source` times this.
+pub const SOURCES_PER_SITE: usize = 4;
+
 /// A listener's budget of connections that have not authenticated yet: at
-/// most `total` at once, and `per_source` from one [`source_key`]. A
-/// connection holds a [`PreAuthSlot`] from accept until it has proved who
-/// it is (what that means is the listener's: a verified client
-/// certificate, an authenticated request); over budget it is closed at
-/// once, before any TLS or HTTP work. The budget bounds what
-/// unauthenticated clients cost in descriptors and memory; an
-/// authenticated client does not count, so idle junk from one address
-/// cannot starve it.
+/// most `total` at once, `per_source` from one [`source_key`] and
+/// `per_source × SOURCES_PER_SITE` from one IPv6 /48. A connection holds a
+/// [`PreAuthSlot`] from accept until it has proved who it is (what that
+/// means is the listener's: a verified client certificate, an
+/// authenticated request); over budget it is closed at once, before any
+/// TLS or HTTP work. The budget bounds what unauthenticated clients cost in
+/// descriptors and memory; an authenticated client does not count, so idle
+/// junk from one address cannot starve it.
+///
+/// When the total is full, a newcomer is not simply refused (a handful of
+/// sources would then hold the listener shut): the source holding the
+/// most slots, if it holds more than the newcomer's source would, gives up
+/// its oldest one — that connection's [`PreAuthSlot::evicted`] fires and
+/// its listener closes it. A budget made with [`PreAuthBudget::new_fixed`]
+/// never evicts (TCP endpoints: their connections are a tenant's traffic).
 #[derive(Clone)]
 pub struct PreAuthBudget {
     inner: Arc<BudgetState>,
@@ -155,8 +177,45 @@ pub struct PreAuthBudget {
 struct BudgetState {
     total: usize,
     per_source: usize,
-    /// Slots held in all, and per source (sources with none are removed).
-    held: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    evicts: bool,
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    total: usize,
+    /// Per source, its slots oldest first (sources with none are removed).
+    sources:
+        HashMap<IpAddr, std::collections::VecDeque<(u64, tokio_util::sync::CancellationToken)>>,
+    /// Slots per IPv6 /48 (sites with none are removed).
+    sites: HashMap<Ipv6Addr, usize>,
+    next: u64,
+}
+
+impl Held {
+    /// Forgets slot `id` of `source`; whether it was held (not evicted).
+    fn release(&mut self, source: IpAddr, id: u64) -> bool {
+        let Some(slots) = self.sources.get_mut(&source) else {
+            return false;
+        };
+        let Some(at) = slots.iter().position(|(i, _)| *i == id) else {
+            return false;
+        };
+        slots.remove(at);
+        if slots.is_empty() {
+            self.sources.remove(&source);
+        }
+        self.total -= 1;
+        if let Some(site) = site_key(source)
+            && let Some(n) = self.sites.get_mut(&site)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.sites.remove(&site);
+            }
+        }
+        true
+    }
 }
 
 /// One unauthenticated connection's place in a [`PreAuthBudget`]; dropping
@@ -164,43 +223,97 @@ struct BudgetState {
 pub struct PreAuthSlot {
     state: Arc<BudgetState>,
     source: IpAddr,
+    id: u64,
+    evicted: tokio_util::sync::CancellationToken,
+}
+
+impl PreAuthSlot {
+    /// Cancelled when the budget took this slot back for a newcomer (the
+    /// listener then closes the connection). Clone it before handing the
+    /// slot to whatever drops it on authentication: a slot given up that
+    /// way is never evicted.
+    pub fn evicted(&self) -> tokio_util::sync::CancellationToken {
+        self.evicted.clone()
+    }
 }
 
 impl PreAuthBudget {
-    /// A budget of `total` slots, `per_source` of them for one source.
+    /// A budget of `total` slots, `per_source` of them for one source,
+    /// evicting the largest source's oldest slot when full.
     pub fn new(total: usize, per_source: usize) -> Self {
+        Self::build(total, per_source, true)
+    }
+
+    /// Like [`PreAuthBudget::new`], but a full budget refuses newcomers.
+    pub fn new_fixed(total: usize, per_source: usize) -> Self {
+        Self::build(total, per_source, false)
+    }
+
+    fn build(total: usize, per_source: usize, evicts: bool) -> Self {
         Self {
             inner: Arc::new(BudgetState {
                 total,
                 per_source,
-                held: Mutex::new((0, HashMap::new())),
+                evicts,
+                held: Mutex::new(Held::default()),
             }),
         }
     }
 
-    /// A slot for a connection from `ip`, or `None` when the listener or
-    /// `ip`'s source already holds as many as allowed.
+    /// A slot for a connection from `ip`, or `None` when `ip`'s source (or
+    /// IPv6 /48) holds as many as allowed, or the listener does and no
+    /// source holds more than `ip`'s would.
     pub fn try_acquire(&self, ip: IpAddr) -> Option<PreAuthSlot> {
         let source = source_key(ip);
+        let site = site_key(ip);
         let mut held = self.inner.held.lock();
-        if held.0 >= self.inner.total {
-            return None;
-        }
-        let n = held.1.get(&source).copied().unwrap_or(0);
+        let n = held.sources.get(&source).map_or(0, |s| s.len());
         if n >= self.inner.per_source {
             return None;
         }
-        held.1.insert(source, n + 1);
-        held.0 += 1;
+        if let Some(site) = site
+            && held.sites.get(&site).copied().unwrap_or(0)
+                >= self.inner.per_source.saturating_mul(SOURCES_PER_SITE)
+        {
+            return None;
+        }
+        if held.total >= self.inner.total {
+            if !self.inner.evicts {
+                return None;
+            }
+            // The source holding the most, if it holds more than this one
+            // would (n + 1): it gives up its oldest slot.
+            let (&top, slots) = held.sources.iter().max_by_key(|(_, s)| s.len())?;
+            if slots.len() <= n + 1 {
+                return None;
+            }
+            let (id, token) = slots.front().cloned()?;
+            held.release(top, id);
+            token.cancel();
+            tracing::debug!(evicted = %top, newcomer = %source, "pre-auth budget full: the largest source's oldest connection gives way");
+        }
+        let id = held.next;
+        held.next += 1;
+        let evicted = tokio_util::sync::CancellationToken::new();
+        held.sources
+            .entry(source)
+            .or_default()
+            .push_back((id, evicted.clone()));
+        if let Some(site) = site {
+            *held.sites.entry(site).or_default() += 1;
+        }
+        held.total += 1;
         Some(PreAuthSlot {
             state: Arc::clone(&self.inner),
             source,
+            id,
+            evicted,
         })
     }
 
     /// Slots held now (all sources).
     pub fn held(&self) -> usize {
-        self.inner.held.lock().0
+        self.inner.held.lock().total
     }
 }
 
@@ -216,14 +329,7 @@ impl std::fmt::Debug for PreAuthBudget {
 
 impl Drop for PreAuthSlot {
     fn drop(&mut self) {
-        let mut held = self.state.held.lock();
-        held.0 -= 1;
-        if let Some(n) = held.1.get_mut(&self.source) {
-            *n -= 1;
-            if *n == 0 {
-                held.1.remove(&self.source);
-            }
-        }
+        self.state.held.lock().release(self.source, self.id);
     }
 }
 
@@ -307,7 +413,7 @@ mod tests {
 
     #[test]
     fn budget_caps_in_total_and_per_source_and_frees_on_drop() {
-        let budget = PreAuthBudget::new(4, 2);
+        let budget = PreAuthBudget::new_fixed(4, 2);
         let a1 = budget.try_acquire(ip("198.51.100.1")).unwrap();
         let a2 = budget.try_acquire(ip("::ffff:198.51.100.1")).unwrap();
         assert!(
@@ -327,14 +433,73 @@ mod tests {
         assert!(budget.try_acquire(ip("203.0.113.1")).is_none());
         drop((a2, v6a, v6b, other));
         assert_eq!(budget.held(), 0);
-        assert!(
-            budget.inner.held.lock().1.is_empty(),
-            "no source left behind"
-        );
+        {
+            let held = budget.inner.held.lock();
+            assert!(held.sources.is_empty(), "no source left behind");
+            assert!(held.sites.is_empty(), "no /48 left behind");
+        }
         let again: Vec<_> = (0..2)
             .map(|_| budget.try_acquire(ip("198.51.100.1")).unwrap())
             .collect();
         assert_eq!(again.len(), 2, "places are freed");
+    }
+
+    /// Issue 40, item 4: a full budget takes the oldest slot of the source
+    /// holding the most for a newcomer, as long as that source holds more
+    /// than the newcomer's would.
+    #[test]
+    fn a_full_budget_evicts_the_largest_source_s_oldest_slot() {
+        let budget = PreAuthBudget::new(6, 4);
+        let big: Vec<_> = (0..4)
+            .map(|_| budget.try_acquire(ip("198.51.100.1")).unwrap())
+            .collect();
+        let small: Vec<_> = (0..2)
+            .map(|_| budget.try_acquire(ip("198.51.100.2")).unwrap())
+            .collect();
+        assert_eq!(budget.held(), 6);
+        let newcomer = budget
+            .try_acquire(ip("203.0.113.9"))
+            .expect("the newcomer gets a slot");
+        assert!(
+            big[0].evicted().is_cancelled(),
+            "the largest source's oldest"
+        );
+        assert!(big[1..].iter().all(|s| !s.evicted().is_cancelled()));
+        assert!(small.iter().all(|s| !s.evicted().is_cancelled()));
+        assert_eq!(budget.held(), 6);
+        // The evicted slot's drop frees nothing twice.
+        let mut big = big.into_iter();
+        drop(big.next());
+        assert_eq!(budget.held(), 6);
+        // `small` would hold 3, as many as `big` now: no one gives way.
+        assert!(budget.try_acquire(ip("198.51.100.2")).is_none());
+        drop(newcomer);
+        // A fixed budget never evicts.
+        let fixed = PreAuthBudget::new_fixed(1, 1);
+        let held = fixed.try_acquire(ip("198.51.100.1")).unwrap();
+        assert!(fixed.try_acquire(ip("203.0.113.9")).is_none());
+        assert!(!held.evicted().is_cancelled());
+    }
+
+    /// Issue 40, item 4: one IPv6 /48 holds at most `SOURCES_PER_SITE`
+    /// sources' worth of slots, however many /64s it spreads over.
+    #[test]
+    fn one_ipv6_slash_48_is_capped_as_a_second_tier() {
+        let budget = PreAuthBudget::new(1000, 2);
+        let mut held = Vec::new();
+        for sub in 0..16u16 {
+            for host in 1..=2u16 {
+                if let Some(s) = budget.try_acquire(ip(&format!("2001:db8:7:{sub:x}::{host}"))) {
+                    held.push(s);
+                }
+            }
+        }
+        assert_eq!(held.len(), 2 * SOURCES_PER_SITE, "the /48's cap");
+        assert!(
+            budget.try_acquire(ip("2001:db8:8::1")).is_some(),
+            "another /48 is not affected"
+        );
+        assert!(budget.try_acquire(ip("198.51.100.1")).is_some());
     }
 
     #[test]

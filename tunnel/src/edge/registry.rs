@@ -569,7 +569,7 @@ pub(crate) struct TcpAdmission {
 impl TcpAdmission {
     pub(crate) fn new(limits: &super::EdgeLimits, trusted_proxies: &[super::IpCidr]) -> Self {
         Self {
-            budget: super::limits::PreAuthBudget::new(
+            budget: super::limits::PreAuthBudget::new_fixed(
                 limits.max_tcp_connections,
                 limits.max_tcp_connections_per_ip,
             ),

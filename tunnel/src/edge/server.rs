@@ -438,6 +438,7 @@ async fn serve_api(
     pre_auth: PreAuthSlot,
 ) {
     use crate::control::serve::{serve_connection_pre_auth, serve_tls_connection_pre_auth};
+    let evicted = pre_auth.evicted();
     let pre_auth = Some(pre_auth);
     let serving = async move {
         match tls {
@@ -452,6 +453,9 @@ async fn serve_api(
     };
     tokio::select! {
         _ = guard.cancel.cancelled() => {}
+        _ = evicted.cancelled() => {
+            tracing::debug!(%peer, "unauthenticated REST API connection gave way to a newcomer");
+        }
         _ = serving => {}
     }
 }
@@ -481,9 +485,20 @@ async fn serve_public<IO>(
         trusted: policy.is_trusted(client_addr.ip()),
         limits: policy.limits,
     };
-    if alpn_h2 {
-        hyper_path::serve(io, peer, registry, cancel, Some(pre_auth)).await;
-    } else {
-        relay::serve(io, peer, registry, cancel, Some(pre_auth)).await;
+    // Until the first request head, a full budget may take the slot back
+    // for a newcomer; after it the slot is released and never evicted.
+    let evicted = pre_auth.evicted();
+    let serving = async move {
+        if alpn_h2 {
+            hyper_path::serve(io, peer, registry, cancel, Some(pre_auth)).await;
+        } else {
+            relay::serve(io, peer, registry, cancel, Some(pre_auth)).await;
+        }
+    };
+    tokio::select! {
+        () = serving => {}
+        _ = evicted.cancelled() => {
+            tracing::debug!(%client_addr, "public connection without a request gave way to a newcomer");
+        }
     }
 }

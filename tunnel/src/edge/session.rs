@@ -249,8 +249,15 @@ pub(crate) async fn serve_agent(tcp: TcpStream, peer: SocketAddr, ctx: Arc<Agent
     let cancel = ctx.tasks.cancel.clone();
     // Subscribe before authenticating so a revocation racing the handshake is seen.
     let revocations = ctx.authority.revocations();
+    // A full budget may take the slot back for a newcomer before the hello
+    // is judged (the slot is released once it is, and never evicted then).
+    let evicted = slot.evicted();
     let result = tokio::select! {
         _ = cancel.cancelled() => return,
+        _ = evicted.cancelled() => {
+            tracing::debug!(%peer, "unauthenticated agent connection gave way to a newcomer");
+            return;
+        }
         r = run(tcp, peer, &ctx, revocations, slot) => r,
     };
     if let Err(e) = result {

@@ -24,6 +24,7 @@ pub(crate) fn full_access_key(dir: &std::path::Path) -> String {
             data_dir: DataDirArgs {
                 data_dir: Some(dir.to_owned()),
                 store: None,
+                store_insecure_tls: false,
             },
             scopes: Vec::new(),
             full_access: true,

@@ -79,6 +79,7 @@ fn create_key(data_dir: &Path, store: &str) -> String {
             data_dir: DataDirArgs {
                 data_dir: Some(data_dir.to_owned()),
                 store: Some(store.parse().unwrap()),
+                store_insecure_tls: false,
             },
             scopes: Vec::new(),
             full_access: true,
@@ -346,6 +347,7 @@ fn create_account_key(data_dir: &Path, account: &str) -> String {
             data_dir: DataDirArgs {
                 data_dir: Some(data_dir.to_owned()),
                 store: None,
+                store_insecure_tls: false,
             },
             scopes: Vec::new(),
             full_access: true,

@@ -373,3 +373,113 @@ async fn a_trusted_load_balancer_s_proxy_header_names_the_client_to_every_budget
     drop(idle);
     edge.shutdown().await;
 }
+
+/// Issue 40, item 4, scaled to the test machine: 16 sources (127.0.0.10–25)
+/// each hold 16 TLS h2 connections to the REST API that answer pings and
+/// send nothing (the API's whole pre-auth total, 256), reconnecting
+/// whenever one is closed, for 8 s. A 17th source's client with a valid key
+/// is served every time it comes (a source holding the most gives up its
+/// oldest slot); and an unauthenticated h2 connection is closed after the
+/// header timeout (3 s here) instead of being kept while it answers pings.
+/// Before: the 17th source's connections were closed at accept for as long
+/// as the holders stayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_holding_the_api_s_pre_auth_total_do_not_keep_a_newcomer_out() {
+    use crate::edge_store_flood::h2_connect;
+    use std::time::Instant;
+    init();
+    let cert = TestCert::new();
+    let plane = plane().await;
+    let edge = edge(&cert, &plane.plane, |c| {
+        c.api_tls = Some(cert.server_config());
+        c.limits.api_header_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let api = edge.api_addr.unwrap();
+    let connector = client_tls(&cert, b"h2");
+
+    // One unauthenticated h2 connection alone: closed after the timeout.
+    {
+        let tcp = connect_from("127.0.0.40".parse().unwrap(), api)
+            .await
+            .unwrap();
+        let tls = connector
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap();
+        let (_send, connection) = h2::client::handshake(tls).await.unwrap();
+        let ended = tokio::time::timeout(HANG_GUARD, connection).await;
+        assert!(ended.is_ok(), "an h2 connection without a request was kept");
+    }
+
+    let until = Instant::now() + Duration::from_secs(8);
+    let mut holders = Vec::new();
+    for source in 10..26u8 {
+        for _ in 0..16 {
+            let connector = connector.clone();
+            let from = IpAddr::from([127, 0, 0, source]);
+            holders.push(tokio::spawn(async move {
+                let mut connections = 0u32;
+                while Instant::now() < until {
+                    let Some(send) = h2_connect(&connector, from, api).await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    connections += 1;
+                    // Held until the edge closes it (eviction, timeout).
+                    let mut send = send;
+                    loop {
+                        match tokio::time::timeout_at(
+                            until.into(),
+                            futures::future::poll_fn(|cx| send.poll_ready(cx)),
+                        )
+                        .await
+                        {
+                            Ok(Ok(())) => tokio::time::sleep(Duration::from_millis(100)).await,
+                            _ => break,
+                        }
+                        if Instant::now() >= until {
+                            break;
+                        }
+                    }
+                }
+                connections
+            }));
+        }
+    }
+    // Let the holders fill the total first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let newcomer: IpAddr = "127.0.0.30".parse().unwrap();
+    let mut served = 0;
+    while Instant::now() + Duration::from_secs(1) < until {
+        let status = tokio::time::timeout(HANG_GUARD, async {
+            let mut send = h2_connect(&connector, newcomer, api).await?;
+            send = send.ready().await.ok()?;
+            let request = http::Request::get("https://localhost/v1/account")
+                .header("authorization", format!("Bearer {}", plane.key))
+                .body(())
+                .unwrap();
+            let (response, _) = send.send_request(request, true).ok()?;
+            Some(response.await.ok()?.status().as_u16())
+        })
+        .await
+        .ok()
+        .flatten();
+        assert_eq!(
+            status,
+            Some(200),
+            "the newcomer's key holder while 16 sources hold the total"
+        );
+        served += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut reconnects = 0;
+    for holder in holders {
+        reconnects += holder.await.unwrap();
+    }
+    eprintln!(
+        "the newcomer was served {served} times; the 256 holders made {reconnects} connections in 8 s"
+    );
+    assert!(served > 0);
+    edge.shutdown().await;
+}

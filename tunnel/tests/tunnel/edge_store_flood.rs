@@ -364,7 +364,7 @@ async fn reset_streams(
     sent.load(Ordering::Relaxed)
 }
 
-async fn h2_connect(
+pub(crate) async fn h2_connect(
     connector: &tokio_rustls::TlsConnector,
     from: IpAddr,
     api: SocketAddr,

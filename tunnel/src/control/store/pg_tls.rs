@@ -59,7 +59,7 @@ impl SslMode {
         })
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Disable => "disable",
             Self::Prefer => "prefer",

@@ -248,21 +248,36 @@ impl StoreTarget {
 /// when the store opens (not while parsing flags, whose errors would echo
 /// it).
 #[derive(Clone)]
-pub struct StoreUrl(String);
+pub struct StoreUrl {
+    text: String,
+    /// `--store-insecure-tls`: `sslmode=prefer`/`disable` to a database on
+    /// another machine is allowed (and warned about) instead of refused.
+    insecure_tls: bool,
+}
 
 impl FromStr for StoreUrl {
     type Err = std::convert::Infallible;
 
     fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        Ok(Self(s.to_owned()))
+        Ok(Self {
+            text: s.to_owned(),
+            insecure_tls: false,
+        })
     }
 }
 
 impl StoreUrl {
     /// The connection settings, or a [`Error::ControlConfig`] that does not
     /// quote the text.
+    /// The same URL, allowed to use `sslmode=prefer` or `disable` to a
+    /// database on another machine (`--store-insecure-tls`).
+    pub fn allowing_insecure_tls(mut self, allow: bool) -> Self {
+        self.insecure_tls = allow;
+        self
+    }
+
     pub(crate) fn config(&self) -> Result<StoreTarget> {
-        let text = self.0.trim();
+        let text = self.text.trim();
         if !(text.starts_with("postgres://") || text.starts_with("postgresql://")) {
             return Err(Error::ControlConfig(
                 "--store takes a postgres://USER[:PASSWORD]@HOST:PORT/DB URL".into(),
@@ -279,6 +294,15 @@ impl StoreUrl {
                 "the --store URL must name a user and a database: postgres://USER[:PASSWORD]@HOST:PORT/DB".into(),
             ));
         }
+        if matches!(tls.mode, pg_tls::SslMode::Prefer | pg_tls::SslMode::Disable)
+            && !self.insecure_tls
+            && let Some(why) = pg_tls::exposure(tls.mode, config.get_hosts())
+        {
+            return Err(Error::ControlConfig(format!(
+                "refusing the --store URL's sslmode={} to a database on another machine: {why},                  and an attacker on the path could read or change what every replica trusts;                  use sslmode=verify-full&sslrootcert=CA.pem (docs/edge-fleet.md), or pass                  --store-insecure-tls to accept that",
+                tls.mode.name()
+            )));
+        }
         config
             .connect_timeout(CONNECT_TIMEOUT)
             .application_name("tuna-edge")
@@ -292,7 +316,7 @@ impl StoreUrl {
 
     /// `postgres://user@host:port/db`, without the password.
     pub fn redacted(&self) -> String {
-        let Ok(config) = pg_tls::split_url(self.0.trim())
+        let Ok(config) = pg_tls::split_url(self.text.trim())
             .map_err(|_| ())
             .and_then(|tls| Config::from_str(&tls.rest).map_err(|_| ()))
         else {
@@ -1166,6 +1190,41 @@ fn classify<'n>(
                 context,
                 source,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 40, item 5: `sslmode=prefer` (the default) and `disable` to a
+    /// database on another machine are refused unless
+    /// `--store-insecure-tls` says so; loopback, Unix sockets and verified
+    /// modes are not affected.
+    #[test]
+    fn unverified_sslmodes_to_another_machine_are_refused_unless_allowed() {
+        let url = |s: &str| s.parse::<StoreUrl>().unwrap();
+        for refused in [
+            "postgres://edge:pw@db.internal/tuna",
+            "postgres://edge:pw@db.internal/tuna?sslmode=prefer",
+            "postgres://edge:pw@10.0.0.5/tuna?sslmode=disable",
+        ] {
+            let err = url(refused).config().err().expect(refused).to_string();
+            assert!(err.contains("--store-insecure-tls"), "{err}");
+            assert!(!err.contains("pw"), "the password stays out: {err}");
+            assert!(
+                url(refused).allowing_insecure_tls(true).config().is_ok(),
+                "{refused} with the flag"
+            );
+        }
+        for allowed in [
+            "postgres://edge@127.0.0.1/tuna",
+            "postgres://edge@localhost/tuna?sslmode=disable",
+            "postgres://edge@db.internal/tuna?sslmode=require",
+            "postgres://edge@db.internal/tuna?sslmode=verify-full&sslrootcert=system",
+        ] {
+            assert!(url(allowed).config().is_ok(), "{allowed}");
         }
     }
 }
