@@ -38,6 +38,8 @@ mod tests {
     fn pinned_crds() -> PathBuf {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
         let go_mod = std::fs::read_to_string(root.join("conformance/gateway-api/go.mod")).unwrap();
+        // `sigs.k8s.io/gateway-api v1.6.1`, maybe `// indirect` after it (the
+        // suite's module requires it through its `conformance` module).
         let version = go_mod
             .lines()
             .find_map(|l| {
@@ -45,8 +47,8 @@ mod tests {
                 l.strip_prefix("require sigs.k8s.io/gateway-api ")
                     .or_else(|| l.strip_prefix("sigs.k8s.io/gateway-api "))
             })
+            .and_then(|rest| rest.split_whitespace().next())
             .expect("the pin in conformance/gateway-api/go.mod")
-            .trim()
             .to_owned();
         let dir = root.join(format!(".tools/gateway-api-{version}"));
         assert!(
