@@ -71,7 +71,9 @@
 //!   later ones within the keep-alive idle time for their first byte and
 //!   the header timeout from there → 408 ([`DownstreamLimits`]).
 //! - **TCP.** Listeners and tunnel-fed services splice bytes both ways with
-//!   half-close, under a per-endpoint connection limit.
+//!   half-close, under a per-endpoint connection limit; an upstream that
+//!   refuses at once is tried again for a moment ([`TcpLimits`]'s
+//!   `connect_retry`, 3 s) before the client's connection is closed.
 //! - **CONNECT listeners** ([`ProxyCore::add_connect_listener`], module
 //!   [`connect`]): a forward proxy for `CONNECT host:port` whose callers a
 //!   [`ConnectAuthorizer`] (implemented outside the core) admits; the TLS

@@ -29,6 +29,13 @@ pub struct TcpLimits {
     pub max_connections: usize,
     /// Time allowed to connect to one upstream address.
     pub connect_timeout: std::time::Duration,
+    /// How long connecting is tried again, with growing pauses, while every
+    /// address refuses at once (nothing listens yet, no route yet), before
+    /// the client's connection is closed: an upstream about to listen — a
+    /// new Service whose rules kube-proxy is still programming, a pod being
+    /// replaced — costs the client a delay, not its connection. Zero: one
+    /// round over the addresses.
+    pub connect_retry: std::time::Duration,
 }
 
 impl Default for TcpLimits {
@@ -36,9 +43,14 @@ impl Default for TcpLimits {
         Self {
             max_connections: 1024,
             connect_timeout: std::time::Duration::from_secs(5),
+            connect_retry: std::time::Duration::from_secs(3),
         }
     }
 }
+
+/// First and longest pause between rounds of refused connects.
+const RETRY_PAUSE_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+const RETRY_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A registered TCP endpoint (listener or tunnel service): upstream, limit
 /// and round-robin position.
@@ -71,7 +83,32 @@ impl TcpEndpoint {
         })
     }
 
+    /// Connects to the next address round-robin, trying each once per
+    /// round; while every address refuses at once, rounds are repeated
+    /// within [`TcpLimits::connect_retry`]. A connect that timed out ends
+    /// the attempt (it already cost `connect_timeout`).
     async fn connect(&self) -> Result<TcpStream> {
+        let started = tokio::time::Instant::now();
+        let mut pause = RETRY_PAUSE_MIN;
+        loop {
+            match self.connect_round().await {
+                Ok(s) => return Ok(s),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    return Err(Error::UpstreamUnreachable(e));
+                }
+                Err(e) => {
+                    if started.elapsed() + pause > self.limits.connect_retry {
+                        return Err(Error::UpstreamUnreachable(e));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
+                }
+            }
+        }
+    }
+
+    /// One round over the addresses, from the next one round-robin.
+    async fn connect_round(&self) -> std::io::Result<TcpStream> {
         let n = self.upstream.addrs.len();
         let start = self.next.fetch_add(1, Relaxed);
         let mut last = None;
@@ -92,9 +129,7 @@ impl TcpEndpoint {
                 }
             }
         }
-        Err(Error::UpstreamUnreachable(last.unwrap_or_else(|| {
-            std::io::Error::other("no upstream address")
-        })))
+        Err(last.unwrap_or_else(|| std::io::Error::other("no upstream address")))
     }
 
     /// Connects upstream and splices until both directions are closed.

@@ -614,9 +614,11 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         .trim()
         .parse()
         .unwrap_or_else(|_| panic!("{url}"));
-    // A connection the agent cannot yet hand to the Service (kube-proxy
-    // programs a new Service's rules a moment after its endpoints exist) is
-    // closed: retried until the echo comes back, within WAIT.
+    // The agent tries a refused upstream again for up to 3 s (kube-proxy
+    // programs a new Service's rules a moment after its endpoints exist), so
+    // the first connection is normally answered; a connection made before
+    // the tunnel is bound is closed: retried until the echo comes back,
+    // within WAIT (the attempts are printed).
     let echo = || async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;

@@ -229,3 +229,67 @@ async fn serve_stream_takes_a_duplex_http_connection() {
         serving.await.unwrap();
     }
 }
+
+/// An upstream that starts listening a moment after the client connected (a
+/// new Service whose rules kube-proxy is still programming, a pod being
+/// replaced) costs the client a delay, not its connection: refused connects
+/// are tried again within `connect_retry`. With no retry the client's
+/// connection is closed, as before.
+#[tokio::test]
+async fn an_upstream_that_listens_a_moment_later_is_waited_for() {
+    // A port nothing listens on yet.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let backend: SocketAddr = ([127, 0, 0, 1], port).into();
+    let core = ProxyCore::new(ProxyConfig::default());
+    let listen = |limits: TcpLimits| {
+        let core = &core;
+        async move {
+            core.add_tcp_listener(
+                "127.0.0.1:0".parse().unwrap(),
+                TcpUpstream {
+                    addrs: vec![backend],
+                },
+                limits,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let no_retry = listen(TcpLimits {
+        connect_retry: std::time::Duration::ZERO,
+        ..TcpLimits::default()
+    })
+    .await;
+    let mut closed = TcpStream::connect(no_retry).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = closed.read(&mut buf).await.unwrap_or(0);
+    assert_eq!(n, 0, "without a retry the connection is closed at once");
+
+    let bound = listen(TcpLimits::default()).await;
+    let client = tokio::spawn(async move {
+        let tcp = TcpStream::connect(bound).await.unwrap();
+        half_close_exchange(tcp, b"early bytes").await
+    });
+    // The proxy has been refused at least once before the backend listens.
+    while !core
+        .render_metrics()
+        .contains("tuna_proxy_tcp_connections_total 2")
+    {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let listener = TcpListener::bind(backend).await.unwrap();
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        tcp.read_to_end(&mut got).await.unwrap();
+        tcp.write_all(format!("got {} bytes", got.len()).as_bytes())
+            .await
+            .unwrap();
+        tcp.shutdown().await.unwrap();
+    });
+    assert_eq!(client.await.unwrap(), "got 11 bytes");
+}
