@@ -139,8 +139,10 @@ async fn a_source_spent_by_bad_credentials_still_serves_valid_ones() {
     let api = format!("http://{}", edge.api_addr.unwrap());
     let client = api_client(shared);
 
+    // 31 spend the budget of 30; a few more while it refills (one a
+    // second) on a loaded machine.
     let mut statuses = Vec::new();
-    for i in 0..31 {
+    for i in 0..60 {
         let resp = client
             .get(format!("{api}/v1/domains"))
             .bearer_auth(fake_key(i))
@@ -148,22 +150,50 @@ async fn a_source_spent_by_bad_credentials_still_serves_valid_ones() {
             .await
             .unwrap();
         statuses.push(resp.status().as_u16());
-    }
-    assert_eq!(statuses[0], 401);
-    assert_eq!(
-        statuses[30], 429,
-        "the bad key's budget is spent: {statuses:?}"
-    );
-    let mut codes = Vec::new();
-    for i in 0..31 {
-        let token = format!("tunat_{i:016x}_{:064x}", i + 7);
-        match hello_from(&cert, edge.agent_addr, shared, &token).await {
-            Frame::Reject(r) => codes.push(r.code),
-            other => panic!("a bad token was welcomed: {other:?}"),
+        if statuses.len() >= 31 && statuses.contains(&429) {
+            break;
         }
     }
-    assert_eq!(codes[0], ErrorCode::BadToken);
-    assert_eq!(codes[30], ErrorCode::RateLimited, "{codes:?}");
+    assert_eq!(statuses[0], 401);
+    assert!(
+        statuses.contains(&429),
+        "the bad key's budget is spent: {statuses:?}"
+    );
+    // The bad hellos at once: one at a time, on a loaded machine each can
+    // take as long as the budget's refill (one a second), and the budget is
+    // then never spent.
+    let first = format!("tunat_{:016x}_{:064x}", 0, 7);
+    let first = match hello_from(&cert, edge.agent_addr, shared, &first).await {
+        Frame::Reject(r) => r.code,
+        other => panic!("a bad token was welcomed: {other:?}"),
+    };
+    assert_eq!(first, ErrorCode::BadToken);
+    // In rounds of 15 at once (the listener takes 16 unauthenticated
+    // connections per source), until the budget answers.
+    let mut codes: Vec<ErrorCode> = Vec::new();
+    for round in 0..8u64 {
+        codes.extend(
+            futures::future::join_all((1..16).map(|i| {
+                let (cert, agent) = (&cert, edge.agent_addr);
+                async move {
+                    let i = round * 16 + i;
+                    let token = format!("tunat_{i:016x}_{:064x}", i + 7);
+                    match hello_from(cert, agent, shared, &token).await {
+                        Frame::Reject(r) => r.code,
+                        other => panic!("a bad token was welcomed: {other:?}"),
+                    }
+                }
+            }))
+            .await,
+        );
+        if codes.contains(&ErrorCode::RateLimited) {
+            break;
+        }
+    }
+    assert!(
+        codes.contains(&ErrorCode::RateLimited),
+        "the bad tokens' budget is spent: {codes:?}"
+    );
 
     // Then one bad request a second, throughout.
     let background = {
