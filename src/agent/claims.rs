@@ -94,7 +94,7 @@ impl ClaimStore {
 
     /// Takes the holders `plan` settled for `hosts` and `tcp` keys (planned
     /// with every claimant in view) into the book, and writes it when it
-    /// changed.
+    /// changed. A failed write leaves the book as it was.
     pub async fn absorb(
         &self,
         plan: &Plan,
@@ -112,6 +112,14 @@ impl ClaimStore {
             }
             (before, book.clone())
         };
+        if let Err(e) = self.persist(&next).await {
+            // Not stored, so not decided: the book in memory goes back, and
+            // the next plan (the caller's retry) writes it again before it
+            // publishes anything. Kept, a retry would find "no change" and
+            // publish a holder the API server never recorded.
+            *self.book.lock().expect("claim book") = Some(before);
+            return Err(e);
+        }
         for (what, old, new) in [
             ("host", &before.hosts, &next.hosts),
             ("TCP endpoint", &before.tcp, &next.tcp),
@@ -129,7 +137,7 @@ impl ClaimStore {
                 }
             }
         }
-        self.persist(&next).await
+        Ok(())
     }
 
     async fn persist(&self, book: &ClaimBook) -> Result<(), kube::Error> {

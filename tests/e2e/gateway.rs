@@ -842,6 +842,46 @@ async fn no_other_namespace_takes_a_held_host_by_any_kind_even_after_a_restart()
     )
     .await;
     still_web().await;
+    // `route explain`, reading the cluster (the claim book included), decides
+    // as the agent did: team-b's route serves, team-a's claims are refused.
+    let out = std::process::Command::new(support::operator_bin())
+        .args([
+            "route",
+            "explain",
+            "--base-domain",
+            "tuna.test",
+            "--account-domain",
+            H,
+            "--output",
+            "json",
+            &format!("https://{H}/"),
+        ])
+        .env("KUBECONFIG", &env.cluster.kubeconfig)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let explained: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(explained["matched"], true, "{explained}");
+    assert_eq!(explained["route"]["kind"], "HTTPRoute", "{explained}");
+    assert_eq!(explained["route"]["namespace"], "team-b", "{explained}");
+    assert_eq!(explained["route"]["name"], "shop", "{explained}");
+    for name in ["forged", "old"] {
+        assert!(
+            explained["refusedRoutes"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|r| {
+                    r["namespace"] == "team-a"
+                        && r["name"] == name
+                        && r["reason"] == "HostOwnedByOtherNamespace"
+                })),
+            "{name}: {explained}"
+        );
+    }
 
     // team-b lets go: its route deleted, the host is free, and team-a's
     // Tunnel (a Tunnel ranks first within its namespace) takes it.
@@ -997,6 +1037,136 @@ fn backend_of(body: &str) -> String {
         .ok()
         .and_then(|v| v["backend"].as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// Issue 37 item 4: a deleted Ingress whose cleanup fails is cleaned up
+/// again with backoff, without waiting for a resync; and no host changes
+/// hands before its holder is recorded. The agent's claim book is frozen by
+/// a ValidatingAdmissionPolicy (the API server refuses its writes) while one
+/// Ingress (holding an account host, so recorded) is deleted and another
+/// arrives for a new account host: both fail and are retried, the deleted
+/// one keeps serving and the new one is not served until the book takes
+/// them (a retry that found the book "unchanged" in memory and published
+/// was the bug). Once the policy is gone both settle within 30 s, with the
+/// agent's resync (and so its sweep) 10 minutes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_ingress_cleanup_is_retried_and_nothing_moves_unrecorded() {
+    let mut env = Env::start().await;
+    env.agent.terminate().await;
+    env.agent = agent(
+        &env.cluster,
+        &env.edge,
+        "agent-slow-resync",
+        &["--resync-interval", "600s"],
+    );
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("default", "web", web));
+    // Account hosts (no Domain object): their holders are recorded.
+    for subdomain in ["leaving", "arriving"] {
+        env.edge
+            .client()
+            .create_domain(&tuna_tunnel::api::CreateDomain {
+                subdomain: Some(subdomain.into()),
+                domain: None,
+            })
+            .await
+            .unwrap();
+    }
+    let ingress = |name: &str| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  ingressClassName: tuna\n  rules:\n  - host: {name}.tuna.test\n    http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: {}}}}}}}}}]}}\n",
+            web.port()
+        )
+    };
+    env.cluster.apply(&ingress("leaving"));
+    env.serves("leaving.tuna.test", "/", "", 200, "web").await;
+
+    // Freeze the claim book, and wait until the API server enforces it.
+    env.cluster.apply(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata: {name: freeze-claim-book}\nspec:\n  failurePolicy: Fail\n  matchConstraints:\n    resourceRules:\n    - apiGroups: ['']\n      apiVersions: [v1]\n      operations: [CREATE, UPDATE, DELETE]\n      resources: [configmaps]\n      resourceNames: [tuna-operator-claims]\n  validations:\n  - {expression: 'false', message: the claim book is frozen by the test}\n---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicyBinding\nmetadata: {name: freeze-claim-book}\nspec:\n  policyName: freeze-claim-book\n  validationActions: [Deny]\n",
+    );
+    let enforced = tokio::time::timeout(support::WAIT, async {
+        loop {
+            let out = env.cluster.kubectl(&[
+                "-n",
+                "default",
+                "annotate",
+                "--dry-run=server",
+                "--overwrite",
+                "configmap",
+                "tuna-operator-claims",
+                "probe=1",
+            ]);
+            if String::from_utf8_lossy(&out.stderr).contains("frozen by the test") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(enforced.is_ok(), "the policy was never enforced");
+
+    env.cluster
+        .kubectl_ok(&["-n", "default", "delete", "ingress", "leaving"]);
+    env.cluster.apply(&ingress("arriving"));
+    // Each has failed at least twice: the first attempt and a retry.
+    let failed_twice = tokio::time::timeout(support::WAIT, async {
+        loop {
+            let log = env.agent.log();
+            let arriving = log
+                .lines()
+                .filter(|l| l.contains("reconcile failed") && l.contains("arriving"))
+                .count();
+            if arriving >= 2 && log.contains("cleaning up a deleted Ingress failed again") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        failed_twice.is_ok(),
+        "the frozen book did not make both fail twice:\n{}",
+        env.agent.log()
+    );
+    // Nothing moved while the book could not record it.
+    let (status, body) = http_get(env.http(), "leaving.tuna.test", "/").await;
+    assert_eq!((status, backend_of(&body).as_str()), (200, "web"), "{body}");
+    let (status, body) = http_get(env.http(), "arriving.tuna.test", "/").await;
+    assert_ne!(status, 200, "served before its holder was recorded: {body}");
+
+    env.cluster.kubectl_ok(&[
+        "delete",
+        "validatingadmissionpolicybinding,validatingadmissionpolicy",
+        "freeze-claim-book",
+    ]);
+    // The edge answers 503 (tunnel offline) for a reserved host nothing serves.
+    answers_within_30s(&env, "leaving.tuna.test", "unpublished", |status, _| {
+        status != 200
+    })
+    .await;
+    answers_within_30s(&env, "arriving.tuna.test", "served", |status, body| {
+        status == 200 && backend_of(body) == "web"
+    })
+    .await;
+    assert!(
+        env.agent
+            .log()
+            .contains("deleted Ingress cleaned up after a retry"),
+        "{}",
+        env.agent.log()
+    );
+    let book = env.cluster.kubectl_ok(&[
+        "-n",
+        "default",
+        "get",
+        "configmap",
+        "tuna-operator-claims",
+        "-o",
+        "jsonpath={.data.hosts\\.json}",
+    ]);
+    assert!(book.contains("arriving.tuna.test"), "{book}");
+    assert!(!book.contains("leaving.tuna.test"), "{book}");
 }
 
 /// Issue 37 item 4: HTTPRoutes of team-a whose backendRef names `x y` (no

@@ -1266,10 +1266,14 @@ pub async fn http_get(addr: SocketAddr, host: &str, path: &str) -> (u16, String)
     http_request(&mut conn, host, path, "").await
 }
 
-/// `tuna-operator agent` against the cluster and the edge.
+/// `tuna-operator agent` against the cluster and the edge (resync every 2 s
+/// unless `extra` gives `--resync-interval`).
 pub fn agent(cluster: &Cluster, edge: &Edge, name: &str, extra: &[&str]) -> Process {
     let agent_addr = edge.addrs.agent.to_string();
-    let mut args = vec!["--edge-agent", &agent_addr, "--resync-interval", "2s"];
+    let mut args = vec!["--edge-agent", &agent_addr];
+    if !extra.contains(&"--resync-interval") {
+        args.extend(["--resync-interval", "2s"]);
+    }
     args.extend_from_slice(extra);
     operator(
         cluster,
