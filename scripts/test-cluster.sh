@@ -405,6 +405,14 @@ EOF
       -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
   }
   wait_for "the node" 60 "$dir/kubelet.log" node_ready
+  # CoreDNS only once kube-proxy has written the API server's Service rules:
+  # a pod that dials the cluster IP before them has its SYN dropped, and its
+  # retransmissions keep the untranslated conntrack entry until the client's
+  # dial gives up (client-go: 30 s; seen as a 40 s start on 1.34).
+  kube_proxy_synced() {
+    iptables -w -t nat -S KUBE-SERVICES 2>/dev/null | grep -q 'default/kubernetes:https'
+  }
+  wait_for "kube-proxy's rules" 30 "$dir/kube-proxy.log" kube_proxy_synced
 
   local coredns_image
   coredns_image=$(ctr --address "$cdir/containerd.sock" -n k8s.io images ls -q | grep '^localhost/coredns:')
