@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod budget;
 pub mod control;
 pub mod edge;
 mod error;

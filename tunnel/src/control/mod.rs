@@ -19,7 +19,6 @@ mod dns;
 mod domains;
 mod keys;
 mod names;
-mod ratelimit;
 mod secrets;
 pub(crate) mod serve;
 mod server;
@@ -39,12 +38,12 @@ use tokio::sync::broadcast;
 use crate::edge::authority::{Revocation, TokenId};
 use crate::{Error, Result};
 
+pub(crate) use crate::budget::RateLimiter;
+pub use crate::budget::{FleetShare, RateLimit};
 pub use authority::KEY_GRANT_PREFIX;
 pub use dns::{DnsVerifier, challenge_record_name};
 pub use keys::Caller;
 pub use names::RESERVED_SUBDOMAINS;
-pub(crate) use ratelimit::RateLimiter;
-pub use ratelimit::{FleetShare, RateLimit};
 pub use secrets::{API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
 pub use serve::{
     ClientAddr, HEADER_READ_TIMEOUT, serve_connection, serve_https, serve_tls_connection,

@@ -95,7 +95,7 @@ async fn authenticate(
     let client = request
         .extensions()
         .get::<ClientAddr>()
-        .map(|a| crate::edge::limits::source_key(a.0.ip()).to_string());
+        .map(|a| crate::budget::source_key(a.0.ip()).to_string());
     let known = plane.authenticate_key(presented).is_ok();
     // Another replica may have committed a moment ago (a key, the object
     // this request names): catch up first, so that the request sees every

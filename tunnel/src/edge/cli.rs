@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::limits::{EdgeLimits, PreAuthTotal, check_fd_budget};
 use super::server::{EdgeConfig, EdgeServer};
+use crate::budget::{EdgeLimits, PreAuthTotal, check_fd_budget};
 use crate::control::cli::KeysArgs;
 use crate::control::{ControlConfig, ControlPlane, Quotas};
 use crate::{Error, Result, tls};
@@ -393,7 +393,7 @@ fn pre_auth_totals(args: &EdgeArgs) -> Vec<PreAuthTotal> {
 
 /// Starts the edge with `args` and serves until a shutdown signal.
 pub async fn serve(args: EdgeArgs) -> Result<()> {
-    match super::limits::raise_fd_limit() {
+    match crate::budget::raise_fd_limit() {
         Ok(soft) => {
             tracing::info!(open_files = soft, "open-file limit (RLIMIT_NOFILE)");
             check_fd_budget(&pre_auth_totals(&args), soft)?;
@@ -732,7 +732,7 @@ mod tests {
             "100000000",
         ])
         .unwrap();
-        let limit = super::super::limits::raise_fd_limit().unwrap();
+        let limit = crate::budget::raise_fd_limit().unwrap();
         let err = serve(top.edge.serve).await.unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err}");
         let msg = err.to_string();

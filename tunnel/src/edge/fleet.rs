@@ -70,9 +70,9 @@ use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::task::AbortOnDropHandle;
 
-use super::limits::{PreAuthBudget, PreAuthSlot};
-use super::registry::{AgentSession, Registry, TCP_COPY_BUFFER, TunnelRoute};
+use super::registry::{AgentSession, Peers, Registry, TCP_COPY_BUFFER, TunnelRoute};
 use super::tasks::TaskGuard;
+use crate::budget::{PreAuthBudget, PreAuthSlot};
 use crate::control::{FleetShare, StoreUrl};
 use crate::mux;
 use crate::wire::{HANDSHAKE_TIMEOUT, StreamKind, StreamMeta};
@@ -322,16 +322,6 @@ impl FleetIndex {
         live.first().map(|(_, l)| Arc::clone(l))
     }
 
-    /// A route to a live replica that serves `host`.
-    pub(crate) fn route_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>> {
-        self.pick(|p| p.hosts.contains(host))
-    }
-
-    /// A route to a live replica that serves TCP `port`.
-    pub(crate) fn route_for_port(&self, port: u16) -> Option<Arc<TunnelRoute>> {
-        self.pick(|p| p.ports.contains(&port))
-    }
-
     /// Ports some live replica serves.
     fn ports(&self) -> HashSet<u16> {
         let now = Instant::now();
@@ -341,6 +331,16 @@ impl FleetIndex {
             .filter(|p| p.deadline > now)
             .flat_map(|p| p.ports.iter().copied())
             .collect()
+    }
+}
+
+impl Peers for FleetIndex {
+    fn route_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>> {
+        self.pick(|p| p.hosts.contains(host))
+    }
+
+    fn route_for_port(&self, port: u16) -> Option<Arc<TunnelRoute>> {
+        self.pick(|p| p.ports.contains(&port))
     }
 }
 
@@ -378,7 +378,7 @@ pub(crate) async fn start(
         )));
     }
     let index = FleetIndex::new();
-    registry.set_fleet(Arc::clone(&index));
+    registry.set_fleet(index.clone());
 
     let acceptor = TlsAcceptor::from(Arc::clone(&config.tls.server));
     {

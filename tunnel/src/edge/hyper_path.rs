@@ -21,10 +21,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::limits::PreAuthSlot;
 use super::page::{Body, Page};
 use super::public::{MAX_IDLE_PER_CONNECTION, Peer};
 use super::registry::{Registry, Session};
+use crate::budget::PreAuthSlot;
 use crate::wire::{StreamKind, StreamMeta};
 
 /// One accepted public connection.

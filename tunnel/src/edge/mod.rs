@@ -7,7 +7,6 @@ pub mod authority;
 pub mod cli;
 pub mod fleet;
 mod hyper_path;
-pub mod limits;
 mod page;
 mod proxy_header;
 mod public;
@@ -17,8 +16,8 @@ pub mod server;
 mod session;
 mod tasks;
 
+pub use crate::budget::EdgeLimits;
 pub use authority::{Grant, MemoryAuthority, Revocation, SessionAuthority, TokenId};
 pub use fleet::{FleetConfig, PeerTls};
-pub use limits::EdgeLimits;
 pub use public::{IpCidr, PublicLimits};
 pub use server::{EdgeConfig, EdgeHandle, EdgeServer};

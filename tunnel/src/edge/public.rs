@@ -195,7 +195,7 @@ impl ConnectionLimiter {
         let limits = &self.policy.limits;
         // One client is one IPv4 address or one IPv6 /64 (what a single
         // host is usually given); a trusted proxy speaks for many.
-        let key = (!self.policy.is_trusted(peer)).then(|| super::limits::source_key(peer));
+        let key = (!self.policy.is_trusted(peer)).then(|| crate::budget::source_key(peer));
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         if open.0 >= limits.max_connections {
             return None;

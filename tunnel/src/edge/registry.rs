@@ -27,7 +27,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::authority::Grant;
-use super::fleet::FleetIndex;
 use super::tasks::TaskGuard;
 use crate::mux::{self, Gate, MuxStream};
 use crate::wire::{Binding, BoundTarget, ErrorCode, Rejection, StreamKind, StreamMeta};
@@ -170,6 +169,16 @@ struct PortEntry {
     listener: CancellationToken,
 }
 
+/// The other replicas of a fleet, as this registry needs them: a route to
+/// one that serves a host or a TCP port. Implemented by the fleet's index
+/// (`fleet.rs`), which the registry knows only through this.
+pub(crate) trait Peers: Send + Sync {
+    /// A route to a live replica that serves `host`.
+    fn route_for_host(&self, host: &str) -> Option<Arc<TunnelRoute>>;
+    /// A route to a live replica that serves TCP `port`.
+    fn route_for_port(&self, port: u16) -> Option<Arc<TunnelRoute>>;
+}
+
 /// The routing table of the data plane.
 pub(crate) struct Registry {
     hosts: RwLock<HashMap<String, Arc<TunnelRoute>>>,
@@ -189,7 +198,7 @@ pub(crate) struct Registry {
     /// Failed accepts on TCP endpoint listeners (out of descriptors…).
     pub(crate) accept_errors: std::sync::atomic::AtomicU64,
     /// The other replicas' attachments, when this edge is one of a fleet.
-    fleet: std::sync::OnceLock<Arc<FleetIndex>>,
+    fleet: std::sync::OnceLock<Arc<dyn Peers>>,
     /// Listeners of ports only other replicas serve (a fleet's TCP
     /// endpoints are served by every replica).
     fleet_listeners: Mutex<HashMap<u16, CancellationToken>>,
@@ -250,7 +259,7 @@ impl Registry {
     }
 
     /// Makes this registry route to the fleet's other replicas.
-    pub(crate) fn set_fleet(&self, index: Arc<FleetIndex>) {
+    pub(crate) fn set_fleet(&self, index: Arc<dyn Peers>) {
         let _ = self.fleet.set(index);
     }
 
@@ -561,7 +570,7 @@ impl Registry {
 /// timeouts, and the trusted proxies whose PROXY v2 header names the client.
 #[derive(Clone)]
 pub(crate) struct TcpAdmission {
-    pub(crate) budget: super::limits::PreAuthBudget,
+    pub(crate) budget: crate::budget::PreAuthBudget,
     pub(crate) timeouts: TcpTimeouts,
     pub(crate) trusted_proxies: Arc<[super::IpCidr]>,
 }
@@ -569,7 +578,7 @@ pub(crate) struct TcpAdmission {
 impl TcpAdmission {
     pub(crate) fn new(limits: &super::EdgeLimits, trusted_proxies: &[super::IpCidr]) -> Self {
         Self {
-            budget: super::limits::PreAuthBudget::new_fixed(
+            budget: crate::budget::PreAuthBudget::new_fixed(
                 limits.max_tcp_connections,
                 limits.max_tcp_connections_per_ip,
             ),
@@ -658,7 +667,7 @@ async fn forward_tcp(
     endpoint: String,
     route: Arc<TunnelRoute>,
     timeouts: TcpTimeouts,
-    _slot: super::limits::PreAuthSlot,
+    _slot: crate::budget::PreAuthSlot,
 ) {
     let _ = tcp.set_nodelay(true);
     let moved = Arc::new(std::sync::atomic::AtomicBool::new(false));

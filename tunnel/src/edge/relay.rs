@@ -35,10 +35,10 @@ use tokio_util::sync::CancellationToken;
 use tuna_http1::{BodyTracker, Framing};
 
 use super::hyper_path;
-use super::limits::PreAuthSlot;
 use super::page::Page;
 use super::public::{MAX_IDLE_PER_CONNECTION, Peer, PublicLimits};
 use super::registry::{Registry, Session};
+use crate::budget::PreAuthSlot;
 use crate::mux::MuxStream;
 use crate::wire::{StreamKind, StreamMeta};
 

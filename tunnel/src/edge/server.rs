@@ -14,12 +14,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::authority::SessionAuthority;
 use super::fleet::FleetConfig;
-use super::limits::{EdgeLimits, PreAuthBudget, PreAuthSlot};
 use super::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use super::registry::Registry;
 use super::session::{Admission, AgentContext, serve_agent};
 use super::tasks::{TaskGuard, TaskSet, task_set};
 use super::{hyper_path, relay};
+use crate::budget::{EdgeLimits, PreAuthBudget, PreAuthSlot};
 use crate::wire::{ALPN, DEFAULT_HEARTBEAT, Scheme};
 use crate::{Error, Result};
 

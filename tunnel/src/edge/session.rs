@@ -41,9 +41,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::authority::{Grant, Revocation, SessionAuthority, TokenId};
-use super::limits::{EdgeLimits, PreAuthBudget, PreAuthSlot, source_key};
 use super::registry::{AgentSession, Registry, RouteOwner, SessionEvent, TunnelRoute};
 use super::tasks::TaskGuard;
+use crate::budget::{EdgeLimits, PreAuthBudget, PreAuthSlot, source_key};
 use crate::control::RateLimiter;
 use crate::mux::{self, MuxStream};
 use crate::wire::{

@@ -147,7 +147,7 @@ async fn idle_pre_auth_sockets_on_every_listener_leave_the_edge_serving() {
         return child_edge(&flags).await;
     }
     // 5 × 1 100 attacker sockets live in this process.
-    tuna_tunnel::edge::limits::raise_fd_limit().unwrap();
+    tuna_tunnel::budget::raise_fd_limit().unwrap();
 
     let server = tokio::task::spawn_blocking(pg_support::PgServer::start)
         .await
@@ -377,7 +377,7 @@ async fn idle_tcp_endpoint_connections_leave_the_edge_serving_and_are_capped() {
     if let Ok(flags) = std::env::var(CHILD) {
         return child_edge(&flags).await;
     }
-    tuna_tunnel::edge::limits::raise_fd_limit().unwrap();
+    tuna_tunnel::budget::raise_fd_limit().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     std::fs::create_dir(&data_dir).unwrap();

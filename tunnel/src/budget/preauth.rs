@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::control::RateLimit;
+use super::rate::RateLimit;
 use crate::wire::PRE_AUTH_TIMEOUT;
 
 /// Bounds the edge enforces on agents. The defaults suit one edge serving
@@ -544,7 +544,7 @@ mod tests {
             .arg(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "edge::limits::tests::raise_fd_limit_reaches_the_hard_limit",
+                "budget::preauth::tests::raise_fd_limit_reaches_the_hard_limit",
             ])
             .env(CHILD, "1")
             .output()
