@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute};
-use tuna_operator::plan::httproute::GatewayInputs;
+use tuna_operator::plan::gateway_model::GatewayInputs;
 use tuna_operator::plan::service::{ServiceIndex, ServiceInfo, ServicePortInfo};
 use tuna_operator::plan::{Inputs, PlanOptions, plan};
 

@@ -21,7 +21,7 @@ use tuna_crds::{Domain, Tunnel};
 use tuna_routing::{HostSelection, Outcome, RouteTable};
 
 use crate::plan::gateway::GROUP as GATEWAY_GROUP;
-use crate::plan::httproute::GatewayInputs;
+use crate::plan::gateway_model::GatewayInputs;
 use crate::plan::ingress::{DEFAULT_INGRESS_CLASS, ServicePort, SkipKind, TranslateOptions};
 use crate::plan::service::{ServiceIndex, ServiceInfo};
 use crate::plan::{Backend, Backends, HostRoute, Inputs, Kind, PlanOptions, Reason, Refusal, plan};

@@ -62,8 +62,8 @@ use super::publish::{self, publish_hosts, routes_summary};
 use super::state::AgentState;
 use crate::Error;
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
-use crate::plan::gateway_status::{CertificateSecret, certificate_secrets};
-use crate::plan::httproute::{Cond, GatewayStatus, RouteStatus};
+use crate::plan::gateway_model::{CertificateSecret, Cond, GatewayStatus, RouteStatus};
+use crate::plan::gateway_status::certificate_secrets;
 use crate::plan::ingress::{rule_hosts, service_names};
 use crate::plan::tunnel::PortOrAlias;
 use crate::plan::{HostSource, Inputs, Kind, ObjectRef, Plan, plan};
@@ -741,7 +741,7 @@ where
 async fn write_class_status(
     state: &AgentState,
     class: &GatewayClass,
-    desired: &crate::plan::httproute::ClassStatus,
+    desired: &crate::plan::gateway_model::ClassStatus,
 ) -> Result<(), Error> {
     let previous = class
         .status
@@ -1331,7 +1331,7 @@ status:
         let desired = RouteStatus {
             object: ObjectRef::new(Kind::HttpRoute, "d", "a"),
             generation: Some(4),
-            parents: vec![crate::plan::httproute::ParentStatus {
+            parents: vec![crate::plan::gateway_model::ParentStatus {
                 parent_ref: r.spec.parent_refs.as_ref().unwrap()[1].clone(),
                 conditions: vec![Cond {
                     type_: "Accepted",

@@ -15,8 +15,8 @@ use tuna_crds::gateway::{
 };
 
 use crate::plan::gateway::{GROUP, hostname_matches};
-use crate::plan::gateway_status::CertificateSecret;
-use crate::plan::httproute::GatewayInputs;
+use crate::plan::gateway_model::CertificateSecret;
+use crate::plan::gateway_model::GatewayInputs;
 use crate::reconcile::store_ready;
 
 /// The reflector stores of the Gateway API objects.

@@ -31,7 +31,7 @@ use crate::Error;
 use crate::edge::api::{EdgeApi, ErrorClass, gone_is_ok};
 use crate::edge::publisher::{Serving, TunnelKey, TunnelSpec, TunnelState};
 use crate::plan::claims::ClaimBook;
-use crate::plan::httproute::GatewayInputs;
+use crate::plan::gateway_model::GatewayInputs;
 use crate::plan::ingress::rule_hosts;
 use crate::plan::service::ServiceIndex;
 use crate::plan::tunnel::{DesiredTunnel, PortOrAlias, PublicEndpoint, upstream_service};

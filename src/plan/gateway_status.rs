@@ -22,20 +22,7 @@ use tuna_crds::gateway::ReferenceGrant;
 use tuna_crds::gateway::gateways::{Gateway, GatewayListeners};
 
 use super::gateway::GROUP;
-use super::httproute::{Cond, ListenerStatus};
-
-/// What the agent found of a Secret a listener's `certificateRefs` names
-/// (never its data: only whether it holds a usable certificate and key).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CertificateSecret {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// Why it cannot serve TLS (`None`: a PEM certificate chain and private
-    /// key are in `tls.crt` and `tls.key`).
-    pub problem: Option<String>,
-}
+use super::gateway_model::{CertificateSecret, Cond, ListenerStatus};
 
 /// The route kinds a listener of `protocol` carries here.
 pub fn protocol_kinds(protocol: &str) -> &'static [&'static str] {
@@ -285,7 +272,7 @@ mod tests {
     use tuna_crds::gateway::{Gateway, GatewayClass, ReferenceGrant};
 
     use super::CertificateSecret;
-    use crate::plan::httproute::{Cond, GatewayInputs, GatewayStatus};
+    use crate::plan::gateway_model::{Cond, GatewayInputs, GatewayStatus};
     use crate::plan::service::ServiceIndex;
     use crate::plan::{Inputs, PlanOptions, plan};
 

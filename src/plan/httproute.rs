@@ -32,93 +32,24 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
 use tuna_crds::gateway::httproutes::{
     HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesFiltersType,
     HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
     HttpRouteRulesMatchesQueryParamsType,
 };
-use tuna_crds::gateway::{
-    CONTROLLER_NAME, Gateway, GatewayClass, HttpRoute, ReferenceGrant, TcpRoute,
-};
-use tuna_routing::action::{Filter, HeaderModifier, PathModifier, Redirect, Rewrite, Timeouts};
+use tuna_crds::gateway::{CONTROLLER_NAME, Gateway, HttpRoute, ReferenceGrant};
 use tuna_routing::{GatewayMatch, Matcher, Origin, PathType, RouteSpec, TieBreak};
 
-use super::claims::{Claim, Owner, Strength, tcp_key};
-use super::gateway::{
-    GatewayAction, InvalidBackend, RefRefusal, WeightedBackend, attach, hostname_matches,
-    refers_to, resolve_backend,
+use super::claims::{Claim, Strength, tcp_key};
+use super::gateway::{GatewayAction, attach, hostname_matches, refers_to};
+use super::gateway_model::{
+    ClassStatus, Cond, GatewayInputs, GatewayOutcome, GatewayStatus, HostContext, ListenerStatus,
+    ParentStatus, RouteStatus, created, labels_of, resolved_refs,
 };
-use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme, resolve_service};
+use super::rule_action::{action_of, parse_duration};
+use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme};
 use super::{Backend, Backends, HostRoute, Kind, ObjectRef};
-use crate::plan::ingress::{ServicePort, ServiceRef};
-
-/// The Gateway API objects a plan reads.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GatewayInputs<'a> {
-    /// GatewayClasses (of any controller: the plan picks its own).
-    pub classes: &'a [Arc<GatewayClass>],
-    /// Gateways.
-    pub gateways: &'a [Arc<Gateway>],
-    /// HTTPRoutes.
-    pub http_routes: &'a [Arc<HttpRoute>],
-    /// TCPRoutes.
-    pub tcp_routes: &'a [Arc<TcpRoute>],
-    /// ReferenceGrants.
-    pub grants: &'a [Arc<ReferenceGrant>],
-    /// Namespaces, for `allowedRoutes.namespaces.selector` (labels).
-    pub namespaces: &'a [Arc<Namespace>],
-    /// The Secrets listeners' `certificateRefs` name, as the agent found
-    /// them; `None` where Secrets are not read (`route explain`, the file
-    /// provider): then only their kinds and ReferenceGrants are checked.
-    pub certificates: Option<&'a [super::gateway_status::CertificateSecret]>,
-}
-
-impl GatewayInputs<'_> {
-    /// Whether there is any Gateway API object at all.
-    pub fn is_empty(&self) -> bool {
-        self.classes.is_empty()
-            && self.gateways.is_empty()
-            && self.http_routes.is_empty()
-            && self.tcp_routes.is_empty()
-    }
-}
-
-/// One condition a status shows (`lastTransitionTime` is the writer's).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Cond {
-    /// `Accepted`, `Programmed`, `ResolvedRefs`, …
-    #[serde(rename = "type")]
-    pub type_: &'static str,
-    /// `True` or `False`.
-    pub status: bool,
-    /// The reason, as the specification spells it.
-    pub reason: String,
-    /// For a human.
-    pub message: String,
-}
-
-impl Cond {
-    pub(crate) fn yes(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
-        Self {
-            type_,
-            status: true,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn no(type_: &'static str, reason: &str, message: impl Into<String>) -> Self {
-        Self {
-            type_,
-            status: false,
-            reason: reason.into(),
-            message: message.into(),
-        }
-    }
-}
 
 /// The Gateway API v1.6.1 `SupportedFeatures` this implementation serves
 /// (`pkg/features` names), sorted as `GatewayClass.status.supportedFeatures`
@@ -161,70 +92,6 @@ pub const NEEDS_LISTENER_PORTS: &[&str] = &["GatewayPort8080", "HTTPRouteParentR
 /// [`NEEDS_LISTENER_PORTS`]).
 pub const LISTENER_PORTS_OPENED: bool = false;
 
-/// The status of one of our GatewayClasses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClassStatus {
-    /// Its name.
-    pub name: String,
-    /// `metadata.generation`.
-    pub generation: Option<i64>,
-    /// Its conditions.
-    pub conditions: Vec<Cond>,
-}
-
-/// The status of one listener.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenerStatus {
-    /// The listener's name.
-    pub name: String,
-    /// Routes attached to it (accepted through it).
-    pub attached_routes: i32,
-    /// `HTTPRoute` for HTTP(S), `TCPRoute` for TCP, none otherwise.
-    pub supported_kinds: Vec<&'static str>,
-    /// Its conditions.
-    pub conditions: Vec<Cond>,
-}
-
-/// The status of one Gateway of our classes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatewayStatus {
-    /// The Gateway.
-    pub object: ObjectRef,
-    /// `metadata.generation`.
-    pub generation: Option<i64>,
-    /// Its conditions.
-    pub conditions: Vec<Cond>,
-    /// The public hosts its routes are served on (`status.addresses`,
-    /// type `Hostname`).
-    pub addresses: Vec<String>,
-    /// The TCPRoutes published through its TCP listeners (their public
-    /// `host:port` is known once their tunnel is bound).
-    pub tcp_routes: Vec<ObjectRef>,
-    /// Per listener, in spec order.
-    pub listeners: Vec<ListenerStatus>,
-}
-
-/// The status of a route for one parentRef that names one of our Gateways.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ParentStatus {
-    /// The parentRef as the route gives it (a TCPRoute's, which has the
-    /// same fields, converted: see [`super::tcproute::parent_ref`]).
-    pub parent_ref: HttpRouteParentRefs,
-    /// `Accepted` and `ResolvedRefs`.
-    pub conditions: Vec<Cond>,
-}
-
-/// The status of one route.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RouteStatus {
-    /// The route (`Kind::HttpRoute` or `Kind::TcpRoute`).
-    pub object: ObjectRef,
-    /// `metadata.generation`.
-    pub generation: Option<i64>,
-    /// One entry per parentRef naming one of our Gateways.
-    pub parents: Vec<ParentStatus>,
-}
-
 /// A route's claim on a host not yet settled against the other kinds.
 #[derive(Debug, Clone)]
 pub(crate) struct HostClaim {
@@ -233,87 +100,6 @@ pub(crate) struct HostClaim {
     strength: Strength,
     /// The route's `creationTimestamp` (Unix seconds).
     created: i64,
-}
-
-/// What the Gateway API objects make of the hosts, before they meet the
-/// Tunnels and Ingresses (see [`super::plan`]).
-#[derive(Debug, Clone, Default)]
-pub struct GatewayOutcome {
-    /// Concrete host → route specs, owned by one namespace.
-    pub hosts: BTreeMap<String, Vec<HostRoute>>,
-    /// Specs of listeners and routes without any hostname: they serve any
-    /// request host that reaches the proxy and no route names (an IP
-    /// address), `host` is `*`.
-    pub catch_all: Vec<HostRoute>,
-    /// Host refusals of routes: (route, host, reason, message).
-    pub refused_hosts: Vec<(ObjectRef, String, super::Reason, String)>,
-    /// GatewayClass statuses (ours only).
-    pub classes: Vec<ClassStatus>,
-    /// Gateway statuses (of our classes only).
-    pub gateways: Vec<GatewayStatus>,
-    /// Route statuses (routes with a parentRef to one of our Gateways).
-    pub routes: Vec<RouteStatus>,
-    /// TCPRoute → the TCP endpoint it is published on.
-    pub tcp: BTreeMap<ObjectRef, super::TcpPlan>,
-    /// Refusals of TCPRoutes: (route, reason, message).
-    pub tcp_refusals: Vec<(ObjectRef, super::Reason, String)>,
-}
-
-/// Parses a Gateway API duration (GEP-2257: `1h`, `30s`, `500ms`, `1m30s`);
-/// `0s` means no timeout.
-pub fn parse_duration(text: &str) -> Result<Option<Duration>, String> {
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return Err("empty duration".into());
-    }
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 || digits > 5 {
-            return Err(format!(
-                "{text:?} is not a duration like 10s, 1m30s or 500ms"
-            ));
-        }
-        let n: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| "bad number".to_string())?;
-        rest = &rest[digits..];
-        let (unit, len) = if rest.starts_with("ms") {
-            (Duration::from_millis(n), 2)
-        } else if rest.starts_with('h') {
-            (Duration::from_secs(n * 3600), 1)
-        } else if rest.starts_with('m') {
-            (Duration::from_secs(n * 60), 1)
-        } else if rest.starts_with('s') {
-            (Duration::from_secs(n), 1)
-        } else {
-            return Err(format!(
-                "{text:?} is not a duration like 10s, 1m30s or 500ms"
-            ));
-        };
-        total += unit;
-        rest = &rest[len..];
-    }
-    Ok((!total.is_zero()).then_some(total))
-}
-
-pub(super) fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, String> {
-    let mut labels = namespaces
-        .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(name))
-        .and_then(|n| n.metadata.labels.clone())
-        .unwrap_or_default();
-    // Every namespace carries this label (set by the API server since 1.22).
-    labels
-        .entry("kubernetes.io/metadata.name".into())
-        .or_insert_with(|| name.to_owned());
-    labels
-}
-
-pub(super) fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> i64 {
-    meta.creation_timestamp
-        .as_ref()
-        .map_or(i64::MAX, |t| t.0.as_second())
 }
 
 /// Most route specs (one match of one rule, on one hostname) the HTTPRoutes
@@ -520,257 +306,6 @@ fn protected_header_edit(f: &HttpRouteRulesFilters) -> Option<String> {
     ))
 }
 
-fn modifier(
-    set: impl Iterator<Item = (String, String)>,
-    add: impl Iterator<Item = (String, String)>,
-    remove: Option<&Vec<String>>,
-) -> HeaderModifier {
-    HeaderModifier {
-        set: set.map(|(n, v)| (n.to_ascii_lowercase(), v)).collect(),
-        add: add.map(|(n, v)| (n.to_ascii_lowercase(), v)).collect(),
-        remove: remove
-            .into_iter()
-            .flatten()
-            .map(|n| n.to_ascii_lowercase())
-            .collect(),
-    }
-}
-
-fn filter_of(f: &HttpRouteRulesFilters) -> Option<Filter> {
-    use tuna_crds::gateway::httproutes::{
-        HttpRouteRulesFiltersRequestRedirectPathType as RedirectPath,
-        HttpRouteRulesFiltersRequestRedirectScheme as Scheme,
-        HttpRouteRulesFiltersUrlRewritePathType as RewritePath,
-    };
-    match f.r#type {
-        HttpRouteRulesFiltersType::RequestHeaderModifier => {
-            let m = f.request_header_modifier.as_ref()?;
-            Some(Filter::RequestHeaderModifier(modifier(
-                m.set
-                    .iter()
-                    .flatten()
-                    .map(|h| (h.name.clone(), h.value.clone())),
-                m.add
-                    .iter()
-                    .flatten()
-                    .map(|h| (h.name.clone(), h.value.clone())),
-                m.remove.as_ref(),
-            )))
-        }
-        HttpRouteRulesFiltersType::ResponseHeaderModifier => {
-            let m = f.response_header_modifier.as_ref()?;
-            Some(Filter::ResponseHeaderModifier(modifier(
-                m.set
-                    .iter()
-                    .flatten()
-                    .map(|h| (h.name.clone(), h.value.clone())),
-                m.add
-                    .iter()
-                    .flatten()
-                    .map(|h| (h.name.clone(), h.value.clone())),
-                m.remove.as_ref(),
-            )))
-        }
-        HttpRouteRulesFiltersType::RequestRedirect => {
-            let r = f.request_redirect.as_ref()?;
-            let path = r.path.as_ref().and_then(|p| match p.r#type {
-                RedirectPath::ReplaceFullPath => p
-                    .replace_full_path
-                    .clone()
-                    .map(PathModifier::ReplaceFullPath),
-                RedirectPath::ReplacePrefixMatch => p
-                    .replace_prefix_match
-                    .clone()
-                    .map(PathModifier::ReplacePrefixMatch),
-            });
-            Some(Filter::RequestRedirect(Redirect {
-                scheme: r.scheme.as_ref().map(|s| match s {
-                    Scheme::Http => "http".to_owned(),
-                    Scheme::Https => "https".to_owned(),
-                }),
-                hostname: r.hostname.clone(),
-                path,
-                port: r.port.and_then(|p| u16::try_from(p).ok()),
-                status_code: r
-                    .status_code
-                    .and_then(|c| u16::try_from(c).ok())
-                    .unwrap_or(302),
-            }))
-        }
-        HttpRouteRulesFiltersType::UrlRewrite => {
-            let r = f.url_rewrite.as_ref()?;
-            let path = r.path.as_ref().and_then(|p| match p.r#type {
-                RewritePath::ReplaceFullPath => p
-                    .replace_full_path
-                    .clone()
-                    .map(PathModifier::ReplaceFullPath),
-                RewritePath::ReplacePrefixMatch => p
-                    .replace_prefix_match
-                    .clone()
-                    .map(PathModifier::ReplacePrefixMatch),
-            });
-            Some(Filter::UrlRewrite(Rewrite {
-                hostname: r.hostname.clone(),
-                path,
-            }))
-        }
-        _ => None,
-    }
-}
-
-/// The action of one rule of a route of `route_kind` (`HTTPRoute`, or a
-/// `TCPRoute` whose rule is converted, `tcp://` upstreams): its backends
-/// resolved, its filters and timeouts.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn action_of(
-    rule: &HttpRouteRules,
-    route_kind: &str,
-    scheme: UpstreamScheme,
-    route_namespace: &str,
-    grants: &[&ReferenceGrant],
-    services: &dyn ServiceLookup,
-    backends_mode: Backends,
-    policy: UpstreamPolicy,
-) -> GatewayAction {
-    let mut action = GatewayAction {
-        filters: rule
-            .filters
-            .iter()
-            .flatten()
-            .filter_map(filter_of)
-            .collect(),
-        ..GatewayAction::default()
-    };
-    if let Some(t) = &rule.timeouts {
-        action.timeouts = Timeouts {
-            request: t
-                .request
-                .as_deref()
-                .and_then(|d| parse_duration(d).ok().flatten()),
-            backend_request: t
-                .backend_request
-                .as_deref()
-                .and_then(|d| parse_duration(d).ok().flatten()),
-        };
-    }
-    for b in rule.backend_refs.iter().flatten() {
-        let namespace = b
-            .namespace
-            .clone()
-            .unwrap_or_else(|| route_namespace.into());
-        let kind = match b.group.as_deref().unwrap_or("") {
-            "" => b.kind.clone().unwrap_or_else(|| "Service".into()),
-            g => format!("{g}/{}", b.kind.as_deref().unwrap_or("Service")),
-        };
-        let weight = b.weight.unwrap_or(1).max(0) as u32;
-        let invalid = |reason: &str, message: String| InvalidBackend {
-            namespace: namespace.clone(),
-            name: b.name.clone(),
-            kind: kind.clone(),
-            port: b.port,
-            weight,
-            reason: reason.into(),
-            message,
-        };
-        let exists = |ns: &str, name: &str| {
-            backends_mode == Backends::Unchecked || services.service(ns, name).is_some()
-        };
-        match resolve_backend(b, route_kind, route_namespace, grants, exists) {
-            Err(r) => {
-                let message = match r {
-                    RefRefusal::InvalidKind => {
-                        format!("{kind} {namespace}/{} is not a core Service", b.name)
-                    }
-                    RefRefusal::RefNotPermitted => format!(
-                        "Service {namespace}/{} is in another namespace and no ReferenceGrant in {namespace:?} allows {route_kind}s of {route_namespace:?} to use it",
-                        b.name
-                    ),
-                    RefRefusal::BackendNotFound => {
-                        format!("Service {namespace}/{} does not exist", b.name)
-                    }
-                };
-                action.invalid.push(invalid(r.reason(), message));
-            }
-            Ok((ns, name)) => {
-                let Some(port) = b.port else {
-                    action.invalid.push(invalid(
-                        "UnsupportedValue",
-                        format!("backendRef to Service {ns}/{name} has no port; a Service backendRef needs one"),
-                    ));
-                    continue;
-                };
-                let upstream = match backends_mode {
-                    Backends::Unchecked => None,
-                    Backends::Declared => {
-                        let ports = services.service(ns, name).map(|i| &i.ports);
-                        if let Some(ports) = ports
-                            && !ports.is_empty()
-                            && !ports.iter().any(|p| i32::from(p.port) == port)
-                        {
-                            action.invalid.push(invalid(
-                                "ServicePortNotFound",
-                                format!("Service {ns}/{name} has no port {port}"),
-                            ));
-                            continue;
-                        }
-                        None
-                    }
-                    Backends::Resolve => {
-                        let service = ServiceRef {
-                            namespace: ns.to_owned(),
-                            name: name.to_owned(),
-                            port: ServicePort::Number(port),
-                        };
-                        // The ReferenceGrant (checked above) is what allows
-                        // another namespace's Service.
-                        match resolve_service(&service, ns, scheme, services, &policy) {
-                            Ok(u) => Some(u),
-                            Err(e) => {
-                                action
-                                    .invalid
-                                    .push(invalid(e.reason.as_str(), e.message.clone()));
-                                continue;
-                            }
-                        }
-                    }
-                };
-                if weight > 0 {
-                    action.backends.push(WeightedBackend {
-                        namespace: ns.to_owned(),
-                        service: name.to_owned(),
-                        port: Some(port),
-                        weight,
-                        upstream,
-                    });
-                }
-            }
-        }
-    }
-    action
-}
-
-/// The `ResolvedRefs` condition of a route with these rule actions: the
-/// first backendRef that does not resolve says why.
-pub(super) fn resolved_refs<'a>(actions: impl IntoIterator<Item = &'a GatewayAction>) -> Cond {
-    actions
-        .into_iter()
-        .flat_map(|a| a.invalid.iter())
-        .next()
-        .map_or_else(
-            || Cond::yes("ResolvedRefs", "ResolvedRefs", "every backendRef resolves"),
-            |bad| Cond::no("ResolvedRefs", ref_reason(&bad.reason), bad.message.clone()),
-        )
-}
-
-/// The specification's `ResolvedRefs` reason of an invalid backend.
-pub(super) fn ref_reason(reason: &str) -> &'static str {
-    match reason {
-        "InvalidKind" => "InvalidKind",
-        "RefNotPermitted" => "RefNotPermitted",
-        _ => "BackendNotFound",
-    }
-}
-
 /// The specs of one match, before a host is chosen.
 fn match_spec(
     m: &HttpRouteRulesMatches,
@@ -828,26 +363,6 @@ pub(crate) struct PrepareContext<'a> {
     pub backends: Backends,
     /// Upstream policy.
     pub policy: UpstreamPolicy,
-}
-
-/// What the plan knows of hosts once ownership is settled.
-pub(crate) struct HostContext<'a> {
-    /// The holder of each claimed host ([`super::claims::settle`]).
-    pub owners: &'a BTreeMap<String, Owner>,
-    /// Hosts already published by Tunnels (→ the Tunnel) and Ingresses.
-    pub taken: &'a BTreeMap<String, (ObjectRef, super::Reason)>,
-    /// How backends resolve.
-    pub backends: Backends,
-    /// Upstream policy.
-    pub policy: UpstreamPolicy,
-    /// TCPEndpoint aliases.
-    pub aliases: &'a super::tcpendpoint::AliasOwners,
-    /// A TCP listener's alias must be declared by a TCPEndpoint (standalone).
-    pub require_tcp_endpoint_objects: bool,
-    /// TCP endpoints tcp Tunnels publish, by [`tcp_key`] (→ the Tunnel): they keep them.
-    pub tcp_taken: &'a BTreeMap<String, ObjectRef>,
-    /// The holder of each claimed TCP endpoint, by [`tcp_key`].
-    pub tcp_owners: &'a BTreeMap<String, Owner>,
 }
 
 /// A match of a route on a hostname pattern, before hosts are settled.
@@ -1476,6 +991,9 @@ mod tests {
     use crate::plan::service::{ServiceIndex, ServiceInfo};
     use crate::plan::{Inputs, Plan, PlanOptions, Reason, plan};
     use k8s_openapi::api::networking::v1::Ingress;
+    use std::time::Duration;
+    use tuna_crds::gateway::GatewayClass;
+    use tuna_routing::action::{Filter, HeaderModifier, PathModifier, Rewrite};
 
     fn objects<K: serde::de::DeserializeOwned>(yaml: &str) -> Vec<Arc<K>> {
         yaml.split("\n---\n")

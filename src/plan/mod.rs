@@ -44,9 +44,11 @@
 pub mod claims;
 pub mod domain;
 pub mod gateway;
+pub mod gateway_model;
 pub mod gateway_status;
 pub mod httproute;
 pub mod ingress;
+pub mod rule_action;
 pub mod service;
 pub mod tcpendpoint;
 pub mod tcproute;
@@ -294,7 +296,7 @@ pub struct Inputs<'a> {
     /// TCPEndpoints.
     pub tcp_endpoints: &'a [Arc<TcpEndpoint>],
     /// Gateway API objects.
-    pub gateway: httproute::GatewayInputs<'a>,
+    pub gateway: gateway_model::GatewayInputs<'a>,
     /// Who the agent recorded as holding which host and TCP endpoint
     /// ([`claims::ClaimBook`]); `None`: nothing recorded (files).
     pub claims: Option<&'a claims::ClaimBook>,
@@ -489,11 +491,11 @@ impl Plan {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GatewayPlan {
     /// Our GatewayClasses.
-    pub classes: Vec<httproute::ClassStatus>,
+    pub classes: Vec<gateway_model::ClassStatus>,
     /// Gateways of our classes.
-    pub gateways: Vec<httproute::GatewayStatus>,
+    pub gateways: Vec<gateway_model::GatewayStatus>,
     /// Routes with a parentRef to one of those.
-    pub routes: Vec<httproute::RouteStatus>,
+    pub routes: Vec<gateway_model::RouteStatus>,
     /// Specs that serve any host no route names (host `*`): what a request
     /// by IP address that reaches the proxy gets.
     pub catch_all: Vec<HostRoute>,
@@ -876,7 +878,7 @@ fn plan_http_routes(
             (host.clone(), (by, reason))
         })
         .collect();
-    let ctx = httproute::HostContext {
+    let ctx = gateway_model::HostContext {
         owners: &out.owners,
         taken: &taken,
         backends: options.backends,
@@ -1641,7 +1643,7 @@ spec:
         for (case, tunnels, with_gateway, book, key, refused) in cases {
             let tunnels = objects::<Tunnel>(&tunnels);
             let gateway = if with_gateway {
-                httproute::GatewayInputs {
+                gateway_model::GatewayInputs {
                     classes: &classes,
                     gateways: &gateways,
                     ..Default::default()

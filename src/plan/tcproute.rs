@@ -30,10 +30,11 @@ use tuna_crds::gateway::{Gateway, ReferenceGrant};
 
 use super::claims::tcp_key;
 use super::gateway::{attach, refers_to};
-use super::httproute::{
-    Cond, GatewayInputs, GatewayOutcome, HostContext, ParentStatus, RouteStatus, action_of,
-    created, labels_of, ref_reason, resolved_refs,
+use super::gateway_model::{
+    Cond, GatewayInputs, GatewayOutcome, HostContext, ParentStatus, RouteStatus, created,
+    labels_of, ref_reason, resolved_refs,
 };
+use super::rule_action::action_of;
 use super::service::{ServiceLookup, UpstreamScheme};
 use super::tunnel::{PortOrAlias, TunnelReason};
 use super::{Kind, ObjectRef, Reason, TcpPlan};
@@ -386,7 +387,7 @@ fn refusal_message(r: super::gateway::RouteRefusal, parent: &HttpRouteParentRefs
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::httproute::GatewayInputs;
+    use crate::plan::gateway_model::GatewayInputs;
     use crate::plan::service::{ServiceIndex, ServiceInfo};
     use crate::plan::{Inputs, Plan, PlanOptions, plan};
     use tuna_crds::gateway::{GatewayClass, HttpRoute, TcpRoute};
@@ -502,7 +503,7 @@ spec: {alias: redis}
     }
 
     /// (listener) → (Accepted, reason, attachedRoutes, supportedKinds).
-    fn listener<'a>(p: &'a Plan, name: &str) -> &'a super::super::httproute::ListenerStatus {
+    fn listener<'a>(p: &'a Plan, name: &str) -> &'a super::super::gateway_model::ListenerStatus {
         p.gateway.gateways[0]
             .listeners
             .iter()

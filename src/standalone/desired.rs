@@ -327,7 +327,7 @@ pub fn desired_state(loaded: &Loaded, options: &DesiredOptions) -> DesiredState 
         tunnels: &tunnels,
         domains: &domains,
         tcp_endpoints: &endpoints,
-        gateway: crate::plan::httproute::GatewayInputs {
+        gateway: crate::plan::gateway_model::GatewayInputs {
             classes: &gateway_classes,
             gateways: &gateways,
             http_routes: &http_routes,
