@@ -38,11 +38,15 @@
 //! (`requiresRepublish: true`), and the new token replaces the old one.
 //! `NodeUnpublishVolume` removes the directory.
 //!
+//! With `--registration-socket` the plugin also registers itself with the
+//! kubelet ([`registration`]): no `csi-node-driver-registrar` sidecar.
+//!
 //! Nothing is mounted: an inline volume of this driver is the directory the
 //! plugin fills, which kubelet hands to the pod's containers.
 
 pub mod attributes;
 pub mod node;
+pub mod registration;
 pub mod volume;
 
 /// The code `tonic-prost-build` generated from `csi.proto` (package `csi.v1`).
@@ -127,6 +131,18 @@ pub struct CsiArgs {
     /// `tokenRequests`.
     #[arg(long, value_name = "AUDIENCE", default_value = crate::connectors::role::DEFAULT_AUDIENCE)]
     pub token_audience: String,
+    /// Registers the plugin with the kubelet itself (no registrar sidecar):
+    /// the socket to serve the kubelet's plugin-registration API on, in the
+    /// kubelet's registration directory (`<kubeletDir>/plugins_registry`;
+    /// in the chart, mounted at `/registration`). Without it, something
+    /// else must register the plugin.
+    #[arg(long, value_name = "PATH")]
+    pub registration_socket: Option<PathBuf>,
+    /// The CSI socket as the kubelet reaches it (a path on the node), which
+    /// the registration hands to the kubelet. Default: the `--endpoint`
+    /// path (right when the plugin sees the node's paths).
+    #[arg(long, value_name = "PATH")]
+    pub kubelet_endpoint: Option<String>,
 }
 
 /// The socket path of `endpoint` (`unix:///path`, `unix:/path` or `/path`).

@@ -17,6 +17,7 @@ use super::attributes::{self, VolumeRequest};
 use super::proto::identity_server::{Identity, IdentityServer};
 use super::proto::node_server::{Node, NodeServer};
 use super::proto::{self, node_service_capability, volume_capability};
+use super::registration::Registration;
 use super::volume::{self, Ownership, VolumeFile, VolumeState};
 use super::{CsiArgs, DRIVER_NAME};
 use crate::Error;
@@ -512,13 +513,10 @@ impl Node for NodeService {
     }
 }
 
-/// Serves Identity and Node on the Unix socket `socket` until `shutdown`.
-/// A stale socket file is replaced; the socket is removed at the end.
-pub async fn serve(
-    socket: &Path,
-    ctx: NodeContext,
-    shutdown: CancellationToken,
-) -> crate::Result<()> {
+/// Listens on the Unix socket `socket`, readable and writable by root only
+/// (the kubelet runs as root): a stale socket file is replaced, its
+/// directory made.
+pub fn bind_socket(socket: &Path) -> crate::Result<tokio::net::UnixListener> {
     if let Some(parent) = socket.parent() {
         std::fs::create_dir_all(parent)
             .map_err(|e| io_error("creating the socket's directory", parent, e))?;
@@ -533,19 +531,47 @@ pub async fn serve(
         tokio::net::UnixListener::bind(socket).map_err(|e| io_error("listening on", socket, e))?;
     {
         use std::os::unix::fs::PermissionsExt as _;
-        // kubelet and the registrar run as root: no one else may call.
+        // The kubelet runs as root: no one else may call.
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| io_error("restricting", socket, e))?;
     }
+    Ok(listener)
+}
+
+/// Serves Identity and Node on the Unix socket `socket` until `shutdown`,
+/// and once it listens, the kubelet's registration API when `registration`
+/// says where ([`super::registration`]). A stale socket file is replaced;
+/// the sockets are removed at the end.
+pub async fn serve(
+    socket: &Path,
+    ctx: NodeContext,
+    registration: Option<Registration>,
+    shutdown: CancellationToken,
+) -> crate::Result<()> {
+    let listener = bind_socket(socket)?;
     tracing::info!(socket = %socket.display(), "CSI plugin listening");
+    let registered = registration.map(|r| {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { super::registration::serve(&r, shutdown).await })
+    });
     let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
     let result = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(60))
         .add_service(IdentityServer::new(IdentityService))
         .add_service(NodeServer::new(NodeService::new(ctx)))
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
         .await;
     let _ = std::fs::remove_file(socket);
+    // The registration socket goes with the plugin (the kubelet then
+    // unregisters the driver).
+    shutdown.cancel();
+    if let Some(registered) = registered {
+        match registered.await {
+            Ok(Err(e)) => tracing::error!(error = %e, "registration with the kubelet"),
+            Err(e) => tracing::error!(error = %e, "registration task"),
+            Ok(Ok(())) => {}
+        }
+    }
     result.map_err(|e| Error::CsiInternal(format!("the gRPC server failed: {e}")))
 }
 
@@ -554,6 +580,19 @@ pub async fn run(args: CsiArgs) -> crate::Result<()> {
     let socket = super::socket_path(&args.endpoint)?;
     let client = crate::role::cluster_client().await?;
     let shutdown = crate::role::shutdown_on_signal();
-    serve(&socket, NodeContext::new(client, &args), shutdown).await?;
+    let registration = args.registration_socket.clone().map(|at| Registration {
+        socket: at,
+        endpoint: args
+            .kubelet_endpoint
+            .clone()
+            .unwrap_or_else(|| socket.display().to_string()),
+    });
+    serve(
+        &socket,
+        NodeContext::new(client, &args),
+        registration,
+        shutdown,
+    )
+    .await?;
     Ok(())
 }

@@ -1270,9 +1270,19 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
         .to_owned();
     let mut args = csi_pod.args.clone();
     args.push(format!("--proxy-url=http://{proxy}"));
-    // `$(NODE_NAME)` is kubelet's expansion of the env var.
+    // `$(NODE_NAME)` is kubelet's expansion of the env var. The
+    // registration socket goes where this test keeps its files, not into
+    // the host's root (kubelet's registration directory is mounted there in
+    // the pod; tests/node has a real kubelet read it).
+    let registration = cluster
+        .dir
+        .path()
+        .join("plugins_registry/connectors-csi-reg.sock");
     for a in &mut args {
         *a = a.replace("$(NODE_NAME)", "node-1");
+        if a.starts_with("--registration-socket=") {
+            *a = format!("--registration-socket={}", registration.display());
+        }
     }
     let mut env: Vec<(&str, String)> = csi_pod
         .env

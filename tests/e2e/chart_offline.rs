@@ -332,7 +332,8 @@ fn the_rendered_objects_have_the_documented_shape() {
 }
 
 /// `connectors.enabled`: the role with its proxy Service, the CSIDriver and
-/// the node DaemonSet with the registrar, privileges kept to what writing
+/// the node DaemonSet (one container: the plugin registers itself with
+/// kubelet), privileges kept to what writing
 /// into kubelet's volume directories needs; nothing of it by default.
 #[test]
 fn connectors_render_when_enabled_with_the_least_privileges() {
@@ -384,7 +385,26 @@ fn connectors_render_when_enabled_with_the_least_privileges() {
     let pod = &ds["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "tuna-operator-csi");
     let containers = pod["containers"].as_array().unwrap();
-    assert_eq!(containers.len(), 2, "the plugin and the registrar");
+    assert_eq!(
+        containers.len(),
+        1,
+        "the plugin alone: no registrar sidecar"
+    );
+    let plugin_args = containers[0]["args"].to_string();
+    for flag in [
+        "--registration-socket=/registration/connectors-csi-reg.sock",
+        "--kubelet-endpoint=/var/lib/kubelet/plugins/connectors-csi/csi.sock",
+    ] {
+        assert!(plugin_args.contains(flag), "{flag} in {plugin_args}");
+    }
+    assert!(
+        containers[0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "registration-dir" && m["mountPath"] == "/registration"),
+        "kubelet's registration directory is mounted"
+    );
     for c in containers {
         let sc = &c["securityContext"];
         assert_eq!(sc["privileged"], false, "{}", c["name"]);
@@ -403,11 +423,6 @@ fn connectors_render_when_enabled_with_the_least_privileges() {
         containers[0]["args"]
             .to_string()
             .contains("--endpoint=unix:///csi/csi.sock")
-    );
-    assert!(
-        containers[1]["args"].to_string().contains(
-            "--kubelet-registration-path=/var/lib/kubelet/plugins/connectors-csi/csi.sock"
-        )
     );
     let rules = docs[&("ClusterRole".into(), "tuna-operator-csi".into())]["rules"].clone();
     assert_eq!(

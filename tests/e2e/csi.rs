@@ -917,3 +917,119 @@ async fn kubelet_publishes_a_kubeconfig_that_kubectl_uses_through_the_proxy() {
         rbac_rules(&std::fs::read_to_string(repo("examples/connectors/csi-rbac.yaml")).unwrap());
     assert_eq!(used, granted, "used (left) and granted (right) differ");
 }
+
+/// Self-registration (no registrar sidecar): the plugin serves kubelet's
+/// plugin-registration API on its registration socket once its CSI socket
+/// listens; the test calls it as kubelet's plugin watcher does (a real
+/// kubelet does so in the node journey, tests/node). Nothing here needs the
+/// API server: the kubeconfig names an address nobody listens on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_registers_itself_over_kubelets_registration_api_as_kubelet_calls_it() {
+    use tuna_operator::csi::registration::proto::registration_client::RegistrationClient;
+    use tuna_operator::csi::registration::proto::{InfoRequest, RegistrationStatus};
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:9\"}}]\nusers: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .unwrap();
+    let socket = dir.path().join("plugins/connectors-csi/csi.sock");
+    let registration = dir.path().join("plugins_registry/connectors-csi-reg.sock");
+    // What the chart passes: the CSI socket by its node path.
+    let node_endpoint = "/var/lib/kubelet/plugins/connectors-csi/csi.sock";
+    let args: Vec<String> = [
+        "--log-format",
+        "json",
+        "csi",
+        "--endpoint",
+        &format!("unix://{}", socket.display()),
+        "--node-id",
+        "node-1",
+        "--namespace",
+        "tuna-system",
+        "--proxy-url",
+        "http://127.0.0.1:9",
+        "--registration-socket",
+        registration.to_str().unwrap(),
+        "--kubelet-endpoint",
+        node_endpoint,
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut plugin = Process::spawn(
+        dir.path(),
+        "csi",
+        &operator_bin(),
+        &args,
+        &[("KUBECONFIG", kubeconfig.display().to_string())],
+    );
+    let logged = |message: &str| {
+        plugin.log().lines().any(|l| {
+            serde_json::from_str::<Value>(l).is_ok_and(|v| v["fields"]["message"] == message)
+        })
+    };
+    let ready = tokio::time::timeout(WAIT, async {
+        while !logged("registration socket for the kubelet listening") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(ready.is_ok(), "never registered:\n{}", plugin.log());
+    // kubelet dials the CSI socket right after GetInfo: it listens first.
+    assert!(
+        socket.exists(),
+        "the CSI socket listens before registration"
+    );
+    let mode = std::fs::metadata(&registration)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "root (kubelet) alone may call");
+
+    let mut kubelet = RegistrationClient::new(channel(&registration).await);
+    let info = kubelet.get_info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.r#type, "CSIPlugin");
+    assert_eq!(info.name, "connectors-csi");
+    assert_eq!(info.endpoint, node_endpoint);
+    assert_eq!(info.supported_versions, vec!["1.0.0".to_owned()]);
+    // The CSI socket answers as the driver kubelet was told about.
+    let mut identity = IdentityClient::new(channel(&socket).await);
+    let plugin_info = identity
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plugin_info.name, info.name);
+
+    kubelet
+        .notify_registration_status(RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+    kubelet
+        .notify_registration_status(RegistrationStatus {
+            plugin_registered: false,
+            error: "driver name conflicts".into(),
+        })
+        .await
+        .unwrap();
+    let reported = tokio::time::timeout(WAIT, async {
+        while !(logged("registered with the kubelet")
+            && logged("the kubelet refused the registration"))
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(reported.is_ok(), "{}", plugin.log());
+
+    // Stopped as a pod is: both sockets go (kubelet unregisters the driver
+    // when the registration socket disappears).
+    plugin.terminate().await;
+    assert!(!registration.exists(), "{}", plugin.log());
+    assert!(!socket.exists(), "{}", plugin.log());
+}

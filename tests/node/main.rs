@@ -643,6 +643,81 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
     };
     eprintln!("TCP echo through {url} after {attempts} attempt(s)");
 
+    // The connector family: its node plugin registers itself with the real
+    // kubelet (no registrar sidecar, whose image cannot be had here): the
+    // kubelet's CSINode lists the driver once the DaemonSet's one container
+    // runs.
+    let started = Instant::now();
+    let enabled = node.helm(&[
+        "upgrade",
+        chart_support::RELEASE,
+        chart.to_str().unwrap(),
+        "-n",
+        ns,
+        "--reuse-values",
+        "--set",
+        "connectors.enabled=true",
+        // The node's kubelet keeps its root under the cluster's directory.
+        "--set",
+        &format!("connectors.csi.kubeletDir={}", node.env["KUBELET_DIR"]),
+        "--wait",
+        "--timeout",
+        "120s",
+    ]);
+    assert!(enabled.contains("STATUS: deployed"), "{enabled}");
+    node.kubectl_ok(&[
+        "-n",
+        ns,
+        "rollout",
+        "status",
+        "daemonset/tuna-operator-csi",
+        "--timeout=60s",
+    ]);
+    let ds = node.json(&["-n", ns, "get", "daemonset", "tuna-operator-csi"]);
+    let containers = ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    assert_eq!(containers.len(), 1, "one container: {containers:?}");
+    let csi_logs = || {
+        node.kubectl(&["-n", ns, "logs", "daemonset/tuna-operator-csi"], None)
+            .stdout
+            .iter()
+            .map(|&b| b as char)
+            .collect::<String>()
+    };
+    let node_name = node.env["NODE_NAME"].clone();
+    let drivers = |node: &Node| {
+        node.kubectl_ok(&[
+            "get",
+            "csinode",
+            &node_name,
+            "-o",
+            "jsonpath={.spec.drivers[*].name}",
+        ])
+    };
+    let deadline = Instant::now() + WAIT;
+    while !drivers(&node)
+        .split_whitespace()
+        .any(|d| d == "connectors-csi")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the kubelet never registered connectors-csi (CSINode: {:?}):\n{}",
+            drivers(&node),
+            csi_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        csi_logs().contains("registered with the kubelet"),
+        "{}",
+        csi_logs()
+    );
+    eprintln!(
+        "connectors enabled, CSI driver registered by the kubelet in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
     // `helm upgrade --reuse-values` to a new image tag while requests flow:
     // the agent (one replica, Recreate) is replaced; count what fails.
     let next = "0.1.0-next";
@@ -751,6 +826,20 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         ns,
         "--timeout=60s",
     ]);
+    // The plugin removed its registration socket as it stopped: the kubelet
+    // unregistered the driver.
+    let deadline = Instant::now() + WAIT;
+    while drivers(&node)
+        .split_whitespace()
+        .any(|d| d == "connectors-csi")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "connectors-csi is still registered: {:?}",
+            drivers(&node)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // The controller's leader-election Lease is its own object, not the
     // chart's: it stays in the namespace (as any controller's does).
     let lease = node.kubectl_ok(&["get", "leases", "-n", ns, "-o", "name"]);
@@ -764,9 +853,12 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         "name",
     ]);
     // What kube-controller-manager puts in every namespace is not the chart's.
+    // The connectors role's proxy CA stays, as the chart's README says
+    // (delete it to get a new CA).
     let left: Vec<&str> = left
         .lines()
         .filter(|l| *l != "serviceaccount/default" && *l != "configmap/kube-root-ca.crt")
+        .filter(|l| *l != "secret/tuna-operator-connectors-ca")
         .collect();
     assert!(left.is_empty(), "left in {ns}: {left:?}");
     let cluster_wide = node.kubectl_ok(&[
