@@ -45,6 +45,7 @@
 //! plugin fills, which kubelet hands to the pod's containers.
 
 pub mod attributes;
+pub mod authority;
 pub mod node;
 pub mod registration;
 pub mod volume;

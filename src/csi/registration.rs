@@ -97,7 +97,9 @@ pub async fn serve(registration: &Registration, shutdown: CancellationToken) -> 
         endpoint = %registration.endpoint,
         "registration socket for the kubelet listening"
     );
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    // The kubelet's registration client sends the socket path as the
+    // authority, which tonic's HTTP/2 refuses: see [`super::authority`].
+    let incoming = super::authority::incoming(listener, shutdown.clone());
     let result = tonic::transport::Server::builder()
         .timeout(Duration::from_secs(60))
         .add_service(proto::registration_server::RegistrationServer::new(

@@ -988,6 +988,13 @@ async fn the_plugin_registers_itself_over_kubelets_registration_api_as_kubelet_c
         .mode();
     assert_eq!(mode & 0o777, 0o600, "root (kubelet) alone may call");
 
+    // As the kubelet's registration client calls it: grpc-go dialling the
+    // bare socket path sends that path as `:authority` (tonic's client
+    // refuses to, so the frames are written here). Without the plugin's
+    // HTTP/2 front, tonic's server reset this stream (PROTOCOL_ERROR).
+    let raw = get_info_with_path_authority(&registration).await;
+    assert_eq!(raw.r#type, "CSIPlugin", "{raw:?}");
+    assert_eq!(raw.endpoint, node_endpoint);
     let mut kubelet = RegistrationClient::new(channel(&registration).await);
     let info = kubelet.get_info(InfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.r#type, "CSIPlugin");
@@ -1032,4 +1039,73 @@ async fn the_plugin_registers_itself_over_kubelets_registration_api_as_kubelet_c
     plugin.terminate().await;
     assert!(!registration.exists(), "{}", plugin.log());
     assert!(!socket.exists(), "{}", plugin.log());
+}
+
+/// `GetInfo` over the registration socket, written frame by frame as grpc-go
+/// sends it when the kubelet dials the socket's path: `:authority` is that
+/// path. Answers the server's SETTINGS, and returns the decoded reply; panics
+/// on a reset stream or a gRPC error.
+async fn get_info_with_path_authority(
+    socket: &Path,
+) -> tuna_operator::csi::registration::proto::PluginInfo {
+    use prost::Message as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut out = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+    let authority = socket.to_str().unwrap().as_bytes();
+    let block = loona_hpack::Encoder::new().encode([
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", b"/pluginregistration.Registration/GetInfo"),
+        (b":authority", authority),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ]);
+    let mut conn = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+    out.extend(frame(0x1, 0x4, 1, &block)); // HEADERS, END_HEADERS
+    out.extend(frame(0x0, 0x1, 1, &[0, 0, 0, 0, 0])); // DATA: an empty InfoRequest
+    conn.write_all(&out).await.unwrap();
+    let mut decoder = loona_hpack::Decoder::new();
+    let mut message = Vec::new();
+    let read = tokio::time::timeout(WAIT, async {
+        loop {
+            let mut head = [0u8; 9];
+            conn.read_exact(&mut head)
+                .await
+                .expect("the server closed the connection");
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0u8; len];
+            conn.read_exact(&mut payload).await.unwrap();
+            match head[3] {
+                0x4 if head[4] & 0x1 == 0 => {
+                    conn.write_all(&frame(0x4, 0x1, 0, &[])).await.unwrap();
+                }
+                0x3 => panic!("the stream was reset: error code {payload:?}"),
+                0x7 => panic!("GOAWAY: {payload:?}"),
+                0x0 => message.extend_from_slice(&payload),
+                0x1 => {
+                    let fields = decoder.decode(&payload).unwrap();
+                    for (name, value) in &fields {
+                        if name == b"grpc-status" {
+                            assert_eq!(value, b"0", "{fields:?}");
+                        }
+                    }
+                    if head[4] & 0x1 != 0 {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no answer to GetInfo");
+    tuna_operator::csi::registration::proto::PluginInfo::decode(&message[5..]).unwrap()
 }

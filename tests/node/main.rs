@@ -854,11 +854,14 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
     ]);
     // What kube-controller-manager puts in every namespace is not the chart's.
     // The connectors role's proxy CA stays, as the chart's README says
-    // (delete it to get a new CA).
+    // (delete it to get a new CA), with the ConfigMap of its certificate.
     let left: Vec<&str> = left
         .lines()
         .filter(|l| *l != "serviceaccount/default" && *l != "configmap/kube-root-ca.crt")
-        .filter(|l| *l != "secret/tuna-operator-connectors-ca")
+        .filter(|l| {
+            *l != "secret/tuna-operator-connectors-ca"
+                && *l != "configmap/tuna-operator-connectors-ca"
+        })
         .collect();
     assert!(left.is_empty(), "left in {ns}: {left:?}");
     let cluster_wide = node.kubectl_ok(&[
