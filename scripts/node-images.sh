@@ -10,6 +10,8 @@
 #   localhost/pause:3.10             the pod sandbox (conformance/node/pause.c)
 #   localhost/coredns:<version>      the cluster DNS (conformance/k8s/coredns)
 #   localhost/tuna-test-echo:1       the tests' backend (conformance/node/echo)
+#   localhost/kubectl:1.37           kubectl of the test cluster's pins, static
+#                                    (the connector journey's workload)
 #
 # Used by scripts/test-cluster.sh --node (pause, CoreDNS) and scripts/image.sh
 # --load (the echo backend). Needs buildah, gcc, go and the CoreDNS binary of
@@ -78,3 +80,9 @@ image "localhost/coredns:${version#v}" "$coredns" 65532:65532 "$(sha256sum "$cor
 (cd "$root/conformance/node" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
   go build -trimpath -ldflags "-s -w" -o "$bin/echo" ./echo)
 image localhost/tuna-test-echo:1 "$bin/echo" 65532:65532 "$(sha256sum "$bin/echo" | cut -d' ' -f1)"
+
+# kubectl, from the 1.37 control plane's pins (conformance/k8s/1.37), static:
+# the connector journey's workload runs it in a pod.
+(cd "$root/conformance/k8s/1.37" && GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
+  go build -trimpath -ldflags "-s -w" -o "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl)
+image localhost/kubectl:1.37 "$bin/kubectl" 65532:65532 "$(sha256sum "$bin/kubectl" | cut -d' ' -f1)"

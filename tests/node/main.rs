@@ -718,6 +718,136 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         started.elapsed().as_secs_f64()
     );
 
+    // The documentation's connector journey, in pods: the Connector `k8s`
+    // to this node's own API server (its address as pods reach it, its CA in
+    // `caCertSecretRef`), and the documentation's Job with the kubectl image
+    // built here: the kubelet mounts the kubeconfig through the CSI driver
+    // (the pod's own token as the proxy password), kubectl lists pods
+    // through the connector proxy, and deleting the pod unmounts.
+    let started = Instant::now();
+    let server = node.kubectl_ok(&[
+        "config",
+        "view",
+        "--minify",
+        "-o",
+        "jsonpath={.clusters[0].cluster.server}",
+    ]);
+    let ca = std::fs::read_to_string(node.cluster_dir.join("pki/ca.crt")).unwrap();
+    node.apply(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: connector-target}\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {name: reader, namespace: connector-target}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: connector-target-pod-reader}\nrules: [{apiGroups: [''], resources: [pods], verbs: [get, list, watch]}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {name: connector-target-pod-reader}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: connector-target-pod-reader}\nsubjects: [{kind: ServiceAccount, name: reader, namespace: connector-target}]\n",
+    );
+    let target_token = node.kubectl_ok(&[
+        "-n",
+        "connector-target",
+        "create",
+        "token",
+        "reader",
+        "--duration=1h",
+    ]);
+    let demo = "k8s-connector-demo";
+    node.kubectl_ok(&["create", "namespace", demo]);
+    let indented_ca: String = ca.lines().map(|l| format!("    {l}\n")).collect();
+    node.apply(&format!(
+        "kind: Secret\napiVersion: v1\nmetadata: {{name: k8s-secret, namespace: {demo}}}\ntype: connectors.cpaas.io/bearer-token\nstringData:\n  token: {}\n---\nkind: Secret\napiVersion: v1\nmetadata: {{name: k8s-ca, namespace: {demo}}}\nstringData:\n  ca.crt: |\n{indented_ca}---\napiVersion: connectors.alauda.io/v1alpha1\nkind: Connector\nmetadata: {{name: k8s-connector, namespace: {demo}}}\nspec:\n  connectorClassName: k8s\n  address: {server}\n  auth:\n    name: bearerTokenAuth\n    secretRef: {{name: k8s-secret}}\n  caCertSecretRef: {{name: k8s-ca}}\n",
+        target_token.trim()
+    ));
+    node.kubectl_ok(&[
+        "-n",
+        demo,
+        "wait",
+        "--for=condition=Ready",
+        "connector/k8s-connector",
+        "--timeout=60s",
+    ]);
+    // The documentation's Job (examples/connectors/job.yaml), with the image
+    // built here and a writable HOME for kubectl's discovery cache.
+    let job = std::fs::read_to_string(root().join("examples/connectors/job.yaml"))
+        .unwrap()
+        .replace(
+            "image: bitnami/kubectl:1.30.1 # Замените на ваш образ с kubectl\n        imagePullPolicy: IfNotPresent",
+            "image: localhost/kubectl:1.37\n        imagePullPolicy: Never",
+        )
+        .replace("        - \"kubectl\"\n", "        - /kubectl\n")
+        .replace(
+            "        - name: KUBECONFIG\n",
+            "        - {name: HOME, value: /tmp}\n        - name: KUBECONFIG\n",
+        )
+        .replace(
+            "        - name: kubeconfig\n          mountPath: /opt/kube\n",
+            "        - name: kubeconfig\n          mountPath: /opt/kube\n        - {name: tmp, mountPath: /tmp}\n",
+        )
+        .replace("      volumes:\n", "      volumes:\n      - {name: tmp, emptyDir: {}}\n");
+    assert!(
+        job.contains("localhost/kubectl:1.37") && job.contains("emptyDir"),
+        "the documentation's Job changed shape:\n{job}"
+    );
+    let out = node.kubectl(&["-n", demo, "apply", "-f", "-"], Some(&job));
+    assert!(out.status.success(), "the Job: {}", text(&out));
+    let waited = node.kubectl(
+        &[
+            "-n",
+            demo,
+            "wait",
+            "--for=condition=complete",
+            "job/k8s-access",
+            "--timeout=120s",
+        ],
+        None,
+    );
+    let job_logs = node.kubectl(&["-n", demo, "logs", "job/k8s-access"], None);
+    assert!(
+        waited.status.success(),
+        "the Job did not complete: {}\nits log:\n{}\nits pod:\n{}\nCSI plugin:\n{}",
+        text(&waited),
+        text(&job_logs),
+        text(&node.kubectl(&["-n", demo, "describe", "pods"], None)),
+        csi_logs()
+    );
+    let listed = text(&job_logs);
+    assert!(
+        listed.contains("kube-system") && listed.contains("coredns"),
+        "kubectl through the connector listed:\n{listed}"
+    );
+    let pod_uid = node.kubectl_ok(&[
+        "-n",
+        demo,
+        "get",
+        "pods",
+        "-l",
+        "job-name=k8s-access",
+        "-o",
+        "jsonpath={.items[0].metadata.uid}",
+    ]);
+    let volumes = Path::new(&node.env["KUBELET_DIR"])
+        .join("pods")
+        .join(pod_uid.trim())
+        .join("volumes/kubernetes.io~csi");
+    assert!(volumes.exists(), "{} is not there", volumes.display());
+    eprintln!(
+        "connector journey: kubectl in a pod listed the target's pods through the proxy in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // Deleting the pod unmounts its volume.
+    node.kubectl_ok(&[
+        "-n",
+        demo,
+        "delete",
+        "job",
+        "k8s-access",
+        "--cascade=foreground",
+        "--wait=true",
+    ]);
+    let deadline = Instant::now() + WAIT;
+    while volumes.exists() || !csi_logs().contains("unpublished") {
+        assert!(
+            Instant::now() < deadline,
+            "the volume was not unpublished: {}\n{}",
+            volumes.display(),
+            csi_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // `helm upgrade --reuse-values` to a new image tag while requests flow:
     // the agent (one replica, Recreate) is replaced; count what fails.
     let next = "0.1.0-next";
