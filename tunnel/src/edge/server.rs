@@ -228,12 +228,9 @@ impl EdgeServer {
                     guard.clone(),
                     &config.trusted_proxies,
                     move |tcp, peer| {
-                        let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
-                            tracing::debug!(%peer, "public HTTP: too many connections without a request; closing");
-                            return;
-                        };
-                        let Some(admitted) = limiter.admit(peer.ip()) else {
-                            tracing::debug!(%peer, "public HTTP connection limit reached");
+                        let Some((pre_auth, admitted)) =
+                            admit_public(&budget, &limiter, peer, "public HTTP")
+                        else {
                             return;
                         };
                         let _ = tcp.set_nodelay(true);
@@ -279,12 +276,9 @@ impl EdgeServer {
                     guard.clone(),
                     &config.trusted_proxies,
                     move |tcp, peer| {
-                        let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
-                            tracing::debug!(%peer, "public HTTPS: too many connections without a request; closing");
-                            return;
-                        };
-                        let Some(admitted) = limiter.admit(peer.ip()) else {
-                            tracing::debug!(%peer, "public HTTPS connection limit reached");
+                        let Some((pre_auth, admitted)) =
+                            admit_public(&budget, &limiter, peer, "public HTTPS")
+                        else {
                             return;
                         };
                         let _ = tcp.set_nodelay(true);
@@ -384,6 +378,26 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
             "cannot listen on {addr} for the {what} listener: {e}"
         ))
     })
+}
+
+/// A public listener's admission of a connection from `peer`: a slot of its
+/// pre-authentication budget and a place under its connection caps, or
+/// `None` (logged at debug) when either is full.
+fn admit_public(
+    budget: &PreAuthBudget,
+    limiter: &Arc<ConnectionLimiter>,
+    peer: SocketAddr,
+    listener: &'static str,
+) -> Option<(PreAuthSlot, public::Admitted)> {
+    let Some(pre_auth) = budget.try_acquire(peer.ip()) else {
+        tracing::debug!(%peer, listener, "too many connections without a request; closing");
+        return None;
+    };
+    let Some(admitted) = limiter.admit(peer.ip()) else {
+        tracing::debug!(%peer, listener, "connection limit reached");
+        return None;
+    };
+    Some((pre_auth, admitted))
 }
 
 /// Accepts on `listener` until cancelled, handing each connection to
