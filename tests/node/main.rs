@@ -657,6 +657,10 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         "--reuse-values",
         "--set",
         "connectors.enabled=true",
+        // The shortest token the API server issues (10 min), so that the
+        // kubelet's renewal at 80 % can be watched (TUNA_NODE_TOKEN_ROTATION).
+        "--set",
+        "connectors.csi.tokenExpirationSeconds=600",
         // The node's kubelet keeps its root under the cluster's directory.
         "--set",
         &format!("connectors.csi.kubeletDir={}", node.env["KUBELET_DIR"]),
@@ -827,6 +831,59 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         "connector journey: kubectl in a pod listed the target's pods through the proxy in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    // The kubelet's republish with a renewed token, observed: it renews a
+    // token after 80 % of its 10 min, so this waits up to 12 min and runs
+    // only when asked (TUNA_NODE_TOKEN_ROTATION=1), not in `.ci/run`.
+    // Open finding (2026-12-05, 1.37): the kubelet published the volume once
+    // and sent no renewed token in 12 min; not explained yet.
+    if std::env::var_os("TUNA_NODE_TOKEN_ROTATION").is_some() {
+        node.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: holder, namespace: {demo}}}\nspec:\n  containers:\n  - {{name: pause, image: 'localhost/pause:3.10', imagePullPolicy: Never, volumeMounts: [{{name: kubeconfig, mountPath: /opt/kube}}]}}\n  volumes:\n  - name: kubeconfig\n    csi: {{readOnly: true, driver: connectors-csi, volumeAttributes: {{connector.name: k8s-connector, configuration.names: kubeconfig}}}}\n"
+        ));
+        node.kubectl_ok(&[
+            "-n",
+            demo,
+            "wait",
+            "--for=condition=Ready",
+            "pod/holder",
+            "--timeout=60s",
+        ]);
+        let uid = node.kubectl_ok(&[
+            "-n",
+            demo,
+            "get",
+            "pod",
+            "holder",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ]);
+        let token_file = Path::new(&node.env["KUBELET_DIR"])
+            .join("pods")
+            .join(uid.trim())
+            .join("volumes/kubernetes.io~csi/kubeconfig/mount/context.token");
+        let first = std::fs::read_to_string(&token_file).unwrap();
+        let watched = Instant::now();
+        let rotated = loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let now = std::fs::read_to_string(&token_file).unwrap_or_default();
+            if !now.is_empty() && now != first {
+                break true;
+            }
+            if watched.elapsed() > Duration::from_secs(12 * 60) {
+                break false;
+            }
+        };
+        assert!(
+            rotated,
+            "the token was not renewed in 12 min:\n{}",
+            csi_logs()
+        );
+        eprintln!(
+            "the kubelet's republish renewed the mounted token after {:.0} s",
+            watched.elapsed().as_secs_f64()
+        );
+        node.kubectl_ok(&["-n", demo, "delete", "pod", "holder", "--wait=true"]);
+    }
     // Deleting the pod unmounts its volume.
     node.kubectl_ok(&[
         "-n",
