@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tuna_tunnel::Error as TunnelError;
+use tuna_agent::Error as TunnelError;
 
 /// The environment variable that holds the edge API key when no
 /// `--api-key-file` is given.

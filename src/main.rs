@@ -66,7 +66,7 @@ enum Command {
     /// Serve Tunnel/Domain/TCPEndpoint/Ingress/Service manifests from files, with an embedded edge.
     Standalone(Box<tuna_operator::standalone::cli::StandaloneArgs>),
     /// Run the self-hosted edge (the Tuna API and tunnel endpoint), or manage its API keys.
-    Edge(Box<tuna_tunnel::edge::cli::EdgeCli>),
+    Edge(Box<tuna_edge::cli::EdgeCli>),
     /// Reconcile Connectors and serve the connector proxy (kubectl to other clusters without their credentials).
     Connectors(Box<tuna_operator::connectors::role::ConnectorsArgs>),
     /// Work with one Connector (print a kubeconfig for it).
@@ -123,7 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Csi(args) => runtime()?.block_on(tuna_operator::csi::node::run(*args))?,
         Command::Edge(cli) => {
             let _ = rustls::crypto::ring::default_provider().install_default();
-            runtime()?.block_on(tuna_tunnel::edge::cli::run(*cli))?
+            runtime()?.block_on(tuna_edge::cli::run(*cli))?
         }
     }
     Ok(())

@@ -20,10 +20,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tuna_tunnel::api::{
-    CreateDomain, CreateTcpEndpoint, Domain, Reserved, TcpEndpoint, Token, WhoAmI,
-};
-use tuna_tunnel::wire::Binding;
+use tuna_agent::client::Reserved;
+use tuna_protocol::api::{CreateDomain, CreateTcpEndpoint, Domain, TcpEndpoint, Token, WhoAmI};
+use tuna_protocol::wire::Binding;
 
 use crate::edge::api::{EdgeApi, ErrorClass, MintedToken};
 

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tuna_tunnel::api::{ClientOptions, Secret, TunaClient};
+use tuna_agent::client::{ClientOptions, TunaClient};
+use tuna_protocol::api::Secret;
 
 use crate::Error;
 use crate::edge::api::{EdgeApi, RemoteEdge};

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tuna_tunnel::api::{CreateToken, Scope};
-use tuna_tunnel::control::{Caller, ControlConfig, ControlPlane};
+use tuna_protocol::api::{CreateToken, Scope};
+use tuna_edge::control::{Caller, ControlConfig, ControlPlane};
 
 struct Fixture {
     plane: ControlPlane,

@@ -22,9 +22,9 @@ use kube::runtime::reflector::{self, ObjectRef as KubeRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+use tuna_agent::{AgentConfig, Trust};
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
 use tuna_proxy::{ProxyConfig, ProxyCore};
-use tuna_tunnel::agent::{AgentConfig, Trust};
 
 use super::{ingress, tunnel};
 use crate::agent::index::TunnelIndex;

@@ -19,7 +19,7 @@ use kube::api::Api;
 use kube::runtime::reflector::Store;
 use tokio::sync::mpsc;
 use tuna_crds::{Domain, TcpEndpoint, Tunnel};
-use tuna_tunnel::api::{Scope, Secret as ApiKey};
+use tuna_protocol::api::{Scope, Secret as ApiKey};
 
 use crate::edge::api::{EdgeApi, RemoteEdge};
 use crate::edge::publisher::{Publisher, TunnelKey};
@@ -462,7 +462,7 @@ impl AgentState {
             Ok(domains) => {
                 let hosts: BTreeSet<String> = domains
                     .into_iter()
-                    .filter(|d| d.status == tuna_tunnel::api::DomainStatus::Verified)
+                    .filter(|d| d.status == tuna_protocol::api::DomainStatus::Verified)
                     .map(|d| d.name)
                     .collect();
                 *self.account_hosts.lock().expect("account hosts") =
@@ -615,7 +615,7 @@ impl AgentState {
     /// Learns, from the tokens of this cluster that an earlier agent minted,
     /// which subdomains it reserved for which Tunnel (label
     /// `k8s.tuna.am/reserved-host`).
-    pub fn inherit_reservations(&self, tokens: &[tuna_tunnel::api::Token]) {
+    pub fn inherit_reservations(&self, tokens: &[tuna_protocol::api::Token]) {
         let mut inherited = self.inherited_reservations.lock().expect("inherited");
         for t in tokens {
             let l = &t.info.labels;

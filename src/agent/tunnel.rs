@@ -23,7 +23,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use tuna_crds::{ConditionStatus, Domain, TcpEndpoint, Tunnel, TunnelStatus};
-use tuna_tunnel::api::CreateDomain;
+use tuna_protocol::api::CreateDomain;
 
 use super::gateway_objects::{GatewaySnapshot, backend_services};
 use super::state::{AgentState, SETTLE_WAIT, labels};

@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tuna_tunnel::api::{
-    CreateDomain, CreateTcpEndpoint, CreateToken, Domain, RenewToken, Reserved, TcpEndpoint, Token,
-    TunaClient, WhoAmI,
+use tuna_agent::client::{Reserved, TunaClient};
+use tuna_protocol::api::{
+    CreateDomain, CreateTcpEndpoint, CreateToken, Domain, RenewToken, TcpEndpoint, Token, WhoAmI,
 };
-use tuna_tunnel::wire::{Binding, TunnelToken};
+use tuna_protocol::wire::{Binding, TunnelToken};
 
 use crate::Error;
 
@@ -94,8 +94,8 @@ impl RemoteEdge {
 }
 
 /// The API's view of a token's bindings (the wire's, grouped by kind).
-pub fn bindings_of(bindings: &[Binding]) -> tuna_tunnel::api::Bindings {
-    let mut out = tuna_tunnel::api::Bindings::default();
+pub fn bindings_of(bindings: &[Binding]) -> tuna_protocol::api::Bindings {
+    let mut out = tuna_protocol::api::Bindings::default();
     for b in bindings {
         match b {
             Binding::Http { host } => out.hosts.push(host.clone()),
@@ -248,7 +248,7 @@ pub fn gone_is_ok(result: crate::Result<()>) -> crate::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tuna_tunnel::Error as TunnelError;
+    use tuna_agent::Error as TunnelError;
 
     #[test]
     fn classification_follows_the_client() {

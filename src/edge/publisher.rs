@@ -23,13 +23,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tuna_agent::{Agent, AgentConfig, AgentHandle};
+use tuna_protocol::wire::{Binding, BoundTarget, TunnelToken};
 use tuna_proxy::{
     GatewayRule, HttpBackend, HttpRoute, ProxyCore, TcpLimits, TcpUpstream, TlsUpstream,
     UpstreamProtocol, WeightedTarget,
 };
 use tuna_routing::RouteSpec;
-use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle};
-use tuna_tunnel::wire::{Binding, BoundTarget, TunnelToken};
 
 use crate::edge::api::{EdgeApi, ErrorClass, MintedToken, gone_is_ok};
 use crate::plan::gateway::GatewayAction;
@@ -273,7 +273,7 @@ impl TunnelState {
 }
 
 /// The state of one tunnel on the agent's connection (the agent's own type).
-pub use tuna_tunnel::agent::TunnelStatus as TransportState;
+pub use tuna_agent::TunnelStatus as TransportState;
 
 struct Entry {
     desired: watch::Sender<(u64, TunnelSpec)>,
@@ -357,7 +357,7 @@ impl RetryPolicy {
 impl Publisher {
     /// Starts the agent's connection to the edge (`config`: address, trust,
     /// name) with its streams going into `proxy`, and a publisher over both.
-    pub fn start(proxy: ProxyCore, config: AgentConfig) -> Result<Self, tuna_tunnel::Error> {
+    pub fn start(proxy: ProxyCore, config: AgentConfig) -> Result<Self, tuna_agent::Error> {
         Self::start_with(proxy, config, PublisherOptions::default())
     }
 
@@ -366,7 +366,7 @@ impl Publisher {
         proxy: ProxyCore,
         config: AgentConfig,
         options: PublisherOptions,
-    ) -> Result<Self, tuna_tunnel::Error> {
+    ) -> Result<Self, tuna_agent::Error> {
         let streams = proxy.clone();
         let agent = Agent::start(config, move |stream, meta| {
             crate::edge::transport::serve_stream(&streams, stream, meta)
@@ -1110,8 +1110,8 @@ async fn remint_in_place(
 mod tests {
     use super::*;
     use futures::future::BoxFuture;
+    use tuna_agent::Trust;
     use tuna_proxy::ProxyConfig;
-    use tuna_tunnel::agent::Trust;
 
     fn service_upstream(ip: &str, port: u16, endpoints: &[&str]) -> ResolvedUpstream {
         ResolvedUpstream {
@@ -1267,7 +1267,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let edge: Arc<dyn EdgeApi> = Arc::new(
             crate::standalone::edge::Embedded::open(
-                tuna_tunnel::edge::MemoryAuthority::new(),
+                tuna_edge::MemoryAuthority::new(),
                 "localhost",
                 20000..=20001,
                 dir.path(),
@@ -1313,23 +1313,23 @@ mod tests {
     }
 
     impl EdgeApi for GatedMint {
-        fn whoami(&self) -> BoxFuture<'_, crate::Result<tuna_tunnel::api::WhoAmI>> {
+        fn whoami(&self) -> BoxFuture<'_, crate::Result<tuna_protocol::api::WhoAmI>> {
             self.inner.whoami()
         }
         fn ensure_domain<'a>(
             &'a self,
-            request: &'a tuna_tunnel::api::CreateDomain,
-        ) -> BoxFuture<'a, crate::Result<tuna_tunnel::api::Reserved<tuna_tunnel::api::Domain>>>
+            request: &'a tuna_protocol::api::CreateDomain,
+        ) -> BoxFuture<'a, crate::Result<tuna_agent::client::Reserved<tuna_protocol::api::Domain>>>
         {
             self.inner.ensure_domain(request)
         }
         fn verify_domain<'a>(
             &'a self,
             name: &'a str,
-        ) -> BoxFuture<'a, crate::Result<tuna_tunnel::api::Domain>> {
+        ) -> BoxFuture<'a, crate::Result<tuna_protocol::api::Domain>> {
             self.inner.verify_domain(name)
         }
-        fn list_domains(&self) -> BoxFuture<'_, crate::Result<Vec<tuna_tunnel::api::Domain>>> {
+        fn list_domains(&self) -> BoxFuture<'_, crate::Result<Vec<tuna_protocol::api::Domain>>> {
             self.inner.list_domains()
         }
         fn delete_domain<'a>(&'a self, name: &'a str) -> BoxFuture<'a, crate::Result<()>> {
@@ -1337,9 +1337,11 @@ mod tests {
         }
         fn ensure_tcp_endpoint<'a>(
             &'a self,
-            request: &'a tuna_tunnel::api::CreateTcpEndpoint,
-        ) -> BoxFuture<'a, crate::Result<tuna_tunnel::api::Reserved<tuna_tunnel::api::TcpEndpoint>>>
-        {
+            request: &'a tuna_protocol::api::CreateTcpEndpoint,
+        ) -> BoxFuture<
+            'a,
+            crate::Result<tuna_agent::client::Reserved<tuna_protocol::api::TcpEndpoint>>,
+        > {
             self.inner.ensure_tcp_endpoint(request)
         }
         fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>> {
@@ -1376,7 +1378,7 @@ mod tests {
         fn list_tokens<'a>(
             &'a self,
             selector: &'a str,
-        ) -> BoxFuture<'a, crate::Result<Vec<tuna_tunnel::api::Token>>> {
+        ) -> BoxFuture<'a, crate::Result<Vec<tuna_protocol::api::Token>>> {
             self.inner.list_tokens(selector)
         }
     }
@@ -1390,7 +1392,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let embedded: Arc<dyn EdgeApi> = Arc::new(
             crate::standalone::edge::Embedded::open(
-                tuna_tunnel::edge::MemoryAuthority::new(),
+                tuna_edge::MemoryAuthority::new(),
                 "localhost",
                 20000..=20001,
                 dir.path(),

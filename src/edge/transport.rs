@@ -1,14 +1,14 @@
 //! The glue between the tunnel agent and the proxy core: public connections
 //! arriving as tunnel streams go straight into the proxy (no loopback hop).
 
+use tuna_protocol::mux::MuxStream;
+use tuna_protocol::wire::{StreamKind, StreamMeta};
 use tuna_proxy::{ConnInfo, ProxyCore, Scheme};
-use tuna_tunnel::mux::MuxStream;
-use tuna_tunnel::wire::{StreamKind, StreamMeta};
 
-fn to_proxy_scheme(s: tuna_tunnel::wire::Scheme) -> Scheme {
+fn to_proxy_scheme(s: tuna_protocol::wire::Scheme) -> Scheme {
     match s {
-        tuna_tunnel::wire::Scheme::Http => Scheme::Http,
-        tuna_tunnel::wire::Scheme::Https => Scheme::Https,
+        tuna_protocol::wire::Scheme::Http => Scheme::Http,
+        tuna_protocol::wire::Scheme::Https => Scheme::Https,
     }
 }
 

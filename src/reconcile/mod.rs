@@ -49,7 +49,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tuna_crds::{ConditionStatus, READY, set_condition};
 
-use tuna_tunnel::api::WhoAmI;
+use tuna_protocol::api::WhoAmI;
 
 use crate::Error;
 use crate::edge::api::{EdgeApi, ErrorClass};
@@ -581,7 +581,7 @@ mod tests {
     fn reasons_from_edge_codes() {
         let e = Error::edge(
             "x",
-            tuna_tunnel::Error::ApiForbidden {
+            tuna_agent::Error::ApiForbidden {
                 code: "held_by_other_account".into(),
                 message: "m".into(),
             },
@@ -589,7 +589,7 @@ mod tests {
         assert_eq!(reason_of(&e, "EdgeError"), "HeldByOtherAccount");
         let t = Error::edge(
             "x",
-            tuna_tunnel::Error::ApiTransient {
+            tuna_agent::Error::ApiTransient {
                 message: "down".into(),
                 status: None,
             },

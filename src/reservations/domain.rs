@@ -23,8 +23,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, watcher};
+use tuna_agent::client::Reserved;
 use tuna_crds::{ConditionStatus, DnsRecord, Domain, DomainStatus};
-use tuna_tunnel::api::{self, CreateDomain, Reserved};
+use tuna_protocol::api::{self, CreateDomain};
 
 use crate::Error;
 use crate::edge::api::ErrorClass;
@@ -358,7 +359,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tuna_tunnel::api::{DomainKind, DomainStatus as EdgeStatus, Timestamp};
+    use tuna_protocol::api::{DomainKind, DomainStatus as EdgeStatus, Timestamp};
 
     fn domain(yaml: &str) -> Domain {
         serde_saphyr::from_str(yaml).expect("test Domain")

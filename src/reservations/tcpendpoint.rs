@@ -18,8 +18,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, watcher};
+use tuna_agent::client::Reserved;
 use tuna_crds::{ConditionStatus, TcpEndpoint, TcpEndpointStatus};
-use tuna_tunnel::api::{self, CreateTcpEndpoint, Reserved};
+use tuna_protocol::api::{self, CreateTcpEndpoint};
 
 use crate::Error;
 use crate::edge::api::ErrorClass;
@@ -278,7 +279,7 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tuna_tunnel::api::Timestamp;
+    use tuna_protocol::api::Timestamp;
 
     fn endpoint(yaml: &str) -> TcpEndpoint {
         serde_saphyr::from_str(yaml).expect("test TCPEndpoint")

@@ -31,7 +31,7 @@ pub struct StandaloneArgs {
     #[arg(long, default_value = "localhost")]
     pub base_domain: String,
     /// Ports TCP endpoints are given from (on 127.0.0.1), `FIRST-LAST`.
-    #[arg(long, default_value = "30000-30999", value_parser = tuna_tunnel::edge::cli::parse_port_range)]
+    #[arg(long, default_value = "30000-30999", value_parser = tuna_edge::cli::parse_port_range)]
     pub tcp_port_range: RangeInclusive<u16>,
     /// State of the embedded edge (its CA, TCP port allocations). Default:
     /// `$XDG_STATE_HOME/tuna-operator/standalone` (or `~/.local/state/…`).
@@ -125,7 +125,7 @@ pub async fn run(args: StandaloneArgs) -> crate::Result<()> {
                     flag: "--edge-agent",
                     with: "--edge-api",
                 })?,
-            api_key: tuna_tunnel::api::Secret::new(key.trim()),
+            api_key: tuna_protocol::api::Secret::new(key.trim()),
             ca_file: args.edge_ca_file.clone(),
         });
     }

@@ -26,12 +26,13 @@ use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
 use rand::Rng;
-use tuna_tunnel::api::{
-    CreateDomain, CreateTcpEndpoint, Domain, DomainKind, DomainStatus, Reserved, Scope,
-    TcpEndpoint, Timestamp, Token, TokenInfo, WhoAmI,
+use tuna_agent::client::Reserved;
+use tuna_edge::MemoryAuthority;
+use tuna_protocol::api::{
+    CreateDomain, CreateTcpEndpoint, Domain, DomainKind, DomainStatus, Scope, TcpEndpoint,
+    Timestamp, Token, TokenInfo, WhoAmI,
 };
-use tuna_tunnel::edge::MemoryAuthority;
-use tuna_tunnel::wire::{Binding, TunnelToken};
+use tuna_protocol::wire::{Binding, TunnelToken};
 
 use crate::Error;
 use crate::edge::api::{EdgeApi, MintedToken, bindings_of, gone_is_ok};
@@ -135,7 +136,7 @@ impl Embedded {
     fn save(&self, allocated: &BTreeMap<String, u16>) -> crate::Result<()> {
         let text =
             serde_json::to_string_pretty(allocated).expect("a map of strings to ports serializes");
-        tuna_tunnel::fsutil::write_atomically(&self.file, text.as_bytes()).map_err(|e| {
+        tuna_edge::fsutil::write_atomically(&self.file, text.as_bytes()).map_err(|e| {
             embedded_error(
                 format!("writing {}", self.file.display()),
                 e.to_string(),
@@ -402,7 +403,7 @@ pub fn instance_id(data_dir: &Path) -> Result<String, Error> {
         Err(source) => return Err(Error::file("read", file)(source)),
     }
     let id = format!("standalone-{}", random_hex(8));
-    tuna_tunnel::fsutil::write_atomically(&file, id.as_bytes())
+    tuna_edge::fsutil::write_atomically(&file, id.as_bytes())
         .map_err(Error::file("write", file))?;
     Ok(id)
 }

@@ -30,12 +30,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tuna_agent::{AgentConfig, Trust};
 use tuna_crds::ReclaimPolicy;
+use tuna_edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
+use tuna_protocol::api::{CreateDomain, CreateTcpEndpoint};
+use tuna_protocol::wire::TunnelToken;
 use tuna_proxy::{ProxyConfig, ProxyCore};
-use tuna_tunnel::agent::{AgentConfig, Trust};
-use tuna_tunnel::api::{CreateDomain, CreateTcpEndpoint};
-use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
-use tuna_tunnel::wire::TunnelToken;
 
 use super::desired::{DesiredOptions, DesiredState, HttpRouteSpec, PublishedTcp, SkippedItem};
 use super::diff::{Change, diff};
@@ -62,7 +62,7 @@ pub struct RemoteEdge {
     /// `host:port` agents dial.
     pub agent_addr: String,
     /// The API key (tunnels:write and tunnels:connect).
-    pub api_key: tuna_tunnel::api::Secret,
+    pub api_key: tuna_protocol::api::Secret,
     /// PEM CA file to trust for the API and the agent listener (a self-hosted
     /// edge's `tls/ca.pem`); `None`: the system roots.
     pub ca_file: Option<PathBuf>,
@@ -499,13 +499,13 @@ async fn embedded_edge(config: &StandaloneConfig) -> Result<EdgeParts, Error> {
         config.base_domain.clone(),
         format!("*.{}", config.base_domain),
     ];
-    let identity = tuna_tunnel::tls::self_signed_identity(&config.data_dir, &names)
+    let identity = tuna_edge::tls::self_signed_identity(&config.data_dir, &names)
         .map_err(|e| Error::StandaloneEdge(format!("edge TLS: {e}")))?;
     let ca_file = identity
         .ca_file
         .clone()
         .ok_or_else(|| Error::StandaloneEdge("the edge generated no CA file".into()))?;
-    let agent_tls = tuna_tunnel::tls::server_config(&identity, &[])
+    let agent_tls = tuna_edge::tls::server_config(&identity, &[])
         .map_err(|e| Error::StandaloneEdge(format!("edge TLS: {e}")))?;
     let mut edge_config = EdgeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), agent_tls);
     edge_config.http_addr = Some(config.http_listen);
@@ -541,7 +541,7 @@ async fn embedded_edge(config: &StandaloneConfig) -> Result<EdgeParts, Error> {
 /// would only restart the process into the same answer. The wait is the
 /// edge's `Retry-After`, else a doubling backoff from 1 s, at most 30 s;
 /// any other error ends the start as before.
-async fn first_call(api: &RemoteEdgeApi, url: &str) -> Result<tuna_tunnel::api::WhoAmI, Error> {
+async fn first_call(api: &RemoteEdgeApi, url: &str) -> Result<tuna_protocol::api::WhoAmI, Error> {
     let mut backoff = Duration::from_secs(1);
     loop {
         match api.whoami().await {
@@ -561,11 +561,11 @@ async fn first_call(api: &RemoteEdgeApi, url: &str) -> Result<tuna_tunnel::api::
 
 async fn remote_edge(config: &StandaloneConfig, remote: &RemoteEdge) -> Result<EdgeParts, Error> {
     let mut options =
-        tuna_tunnel::api::ClientOptions::new(remote.api_url.clone(), remote.api_key.clone());
+        tuna_agent::client::ClientOptions::new(remote.api_url.clone(), remote.api_key.clone());
     if let Some(ca) = &remote.ca_file {
         options = options.with_ca_file(ca.clone());
     }
-    let client = tuna_tunnel::api::TunaClient::new(options)
+    let client = tuna_agent::client::TunaClient::new(options)
         .map_err(|e| Error::StandaloneEdge(format!("edge API client: {e}")))?;
     let api = RemoteEdgeApi::new(client);
     let who = first_call(&api, &remote.api_url).await?;

@@ -98,7 +98,7 @@ impl Env {
         ));
         self.edge
             .client()
-            .create_domain(&tuna_tunnel::api::CreateDomain {
+            .create_domain(&tuna_protocol::api::CreateDomain {
                 subdomain: Some(subdomain.into()),
                 domain: None,
             })
@@ -131,7 +131,7 @@ impl Env {
         assert!(found.is_ok(), "{sample:?} not in /metrics:\n{last}");
     }
 
-    async fn tokens(&self) -> Vec<tuna_tunnel::api::Token> {
+    async fn tokens(&self) -> Vec<tuna_protocol::api::Token> {
         self.edge
             .client()
             .list_tokens("")
@@ -913,14 +913,14 @@ async fn tunnel_tokens_are_renewed_in_place_before_they_expire() {
     env.cluster.apply(&service("web", web, None));
     env.cluster.apply("apiVersion: k8s.tuna.am/v1alpha1\nkind: Tunnel\nmetadata: {name: web}\nspec: {subdomain: web, upstream: {url: 'http://web:8080'}}\n");
     env.tunnel("web", "Ready", ready_true).await;
-    let token_of_web = |tokens: Vec<tuna_tunnel::api::Token>| {
+    let token_of_web = |tokens: Vec<tuna_protocol::api::Token>| {
         tokens
             .into_iter()
             .find(|t| t.info.labels.get("k8s.tuna.am/name").map(String::as_str) == Some("web"))
             .expect("the tunnel's token")
     };
     let first = token_of_web(env.tokens().await);
-    let now = tuna_tunnel::api::Timestamp::now().unix_seconds();
+    let now = tuna_protocol::api::Timestamp::now().unix_seconds();
     assert!(
         first.expires_at.unix_seconds() <= now + TTL as i64,
         "the token lives --tunnel-token-ttl: {first:?}"
@@ -986,7 +986,7 @@ async fn classes_account_domains_merging_ownership_and_headless_services() {
     ]);
     env.edge
         .client()
-        .create_domain(&tuna_tunnel::api::CreateDomain {
+        .create_domain(&tuna_protocol::api::CreateDomain {
             subdomain: Some("account".into()),
             domain: None,
         })

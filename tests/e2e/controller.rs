@@ -270,14 +270,14 @@ async fn adoption_retain_delete_and_recreation() {
     let cluster = Cluster::start().await;
     let edge = Edge::start(cluster.dir.path(), EdgeOptions::default()).await;
     let api = edge.client();
-    api.create_domain(&tuna_tunnel::api::CreateDomain {
+    api.create_domain(&tuna_protocol::api::CreateDomain {
         subdomain: Some("existing".into()),
         domain: None,
     })
     .await
     .unwrap();
     let db = api
-        .create_tcp_endpoint(&tuna_tunnel::api::CreateTcpEndpoint {
+        .create_tcp_endpoint(&tuna_protocol::api::CreateTcpEndpoint {
             alias: "db".into(),
             port: None,
         })
@@ -535,7 +535,7 @@ async fn edge_refusals_and_outages_are_reported_and_recovered() {
     let other = Edge::create_key(&edge.data_dir, "other", &["tunnels:write"]);
     edge.run().await;
     edge.client_with(&other)
-        .create_domain(&tuna_tunnel::api::CreateDomain {
+        .create_domain(&tuna_protocol::api::CreateDomain {
             subdomain: Some("theirs".into()),
             domain: None,
         })

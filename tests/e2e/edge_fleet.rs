@@ -445,12 +445,12 @@ async fn wait_echo(addr: SocketAddr, what: &str, logs: &[&dyn Fn() -> String]) {
 
 /// The port of the `echo` TCP endpoint, from the edge's REST API.
 async fn echo_port(api: SocketAddr, key: &str, certs: &FleetCerts) -> u16 {
-    let options = tuna_tunnel::api::ClientOptions::new(
+    let options = tuna_agent::client::ClientOptions::new(
         format!("https://{api}"),
-        tuna_tunnel::api::Secret::new(key),
+        tuna_protocol::api::Secret::new(key),
     )
     .with_ca_file(certs.ca.clone());
-    let client = tuna_tunnel::api::TunaClient::new(options).unwrap();
+    let client = tuna_agent::client::TunaClient::new(options).unwrap();
     let start = Instant::now();
     loop {
         let endpoints = client.list_tcp_endpoints().await.unwrap();
@@ -600,7 +600,7 @@ async fn standalone_agent(
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(","),
-        api_key: tuna_tunnel::api::Secret::new(&fleet.key),
+        api_key: tuna_protocol::api::Secret::new(&fleet.key),
         ca_file: Some(fleet.certs.ca.clone()),
     });
     tokio::time::timeout(WAIT, Standalone::start(config))
@@ -1065,7 +1065,7 @@ async fn standalone_retries_a_429_on_its_first_api_call() {
         config.remote = Some(RemoteEdge {
             api_url: format!("https://{}", a.addrs().api),
             agent_addr: a.addrs().agent.to_string(),
-            api_key: tuna_tunnel::api::Secret::new(&fleet.key),
+            api_key: tuna_protocol::api::Secret::new(&fleet.key),
             ca_file: Some(fleet.certs.ca.clone()),
         });
         tokio::time::timeout(WAIT, Standalone::start(config))

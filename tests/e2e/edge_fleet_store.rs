@@ -12,8 +12,8 @@ use crate::support;
 use std::time::{Duration, Instant};
 
 use support::{Edge, EdgeOptions, operator_bin};
-use tuna_tunnel::Error;
-use tuna_tunnel::api::CreateDomain;
+use tuna_agent::Error;
+use tuna_protocol::api::CreateDomain;
 
 /// `tuna-operator edge keys …` against the store; its standard output.
 fn keys(store: &str, args: &[&str]) -> String {
@@ -81,7 +81,7 @@ async fn two_edge_replicas_share_one_postgresql_store() {
     );
     match b.client().create_domain(&shop).await {
         Err(e @ Error::ApiAlreadyExists { .. }) => {
-            let existing: tuna_tunnel::api::Domain = e.existing().unwrap();
+            let existing: tuna_protocol::api::Domain = e.existing().unwrap();
             assert_eq!(existing.name, created.name);
         }
         other => panic!("replica B should answer 409 with A's domain: {other:?}"),

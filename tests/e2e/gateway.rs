@@ -643,7 +643,7 @@ async fn no_other_namespace_takes_a_held_host_by_any_kind_even_after_a_restart()
     env.cluster.apply(&service("team-a", "thief", thief));
     env.edge
         .client()
-        .create_domain(&tuna_tunnel::api::CreateDomain {
+        .create_domain(&tuna_protocol::api::CreateDomain {
             subdomain: Some("shop".into()),
             domain: None,
         })
@@ -1065,7 +1065,7 @@ async fn a_failed_ingress_cleanup_is_retried_and_nothing_moves_unrecorded() {
     for subdomain in ["leaving", "arriving"] {
         env.edge
             .client()
-            .create_domain(&tuna_tunnel::api::CreateDomain {
+            .create_domain(&tuna_protocol::api::CreateDomain {
                 subdomain: Some(subdomain.into()),
                 domain: None,
             })

@@ -18,8 +18,8 @@
 //! `crate::chart_support` and `crate::pg_support`.
 
 mod chart_support;
-// The PostgreSQL server the edge's store tests start (shared with tunnel/tests).
-#[path = "../../tunnel/tests/pg_support/mod.rs"]
+// The PostgreSQL server the edge's store tests start (shared with edge/tests).
+#[path = "../../edge/tests/pg_support/mod.rs"]
 mod pg_support;
 mod support;
 

@@ -361,17 +361,17 @@ async fn a_removed_tunnel_stops_serving_and_its_token_is_revoked() {
     assert!(env.standalone.token(&key).await.is_none());
 
     // The old token no longer opens a session at the edge.
-    let mut config = tuna_tunnel::agent::AgentConfig::new(
+    let mut config = tuna_agent::AgentConfig::new(
         env.standalone.agent_addr(),
-        tuna_tunnel::agent::Trust::CaFile(env.standalone.ca_file().unwrap().clone()),
+        tuna_agent::Trust::CaFile(env.standalone.ca_file().unwrap().clone()),
     );
     config.server_name = Some("localhost".into());
-    let agent = tuna_tunnel::agent::Agent::start(config, |_s, _m| {}).unwrap();
+    let agent = tuna_agent::Agent::start(config, |_s, _m| {}).unwrap();
     agent
         .attach(
             "app",
             token,
-            vec![tuna_tunnel::wire::Binding::http("app.localhost")],
+            vec![tuna_protocol::wire::Binding::http("app.localhost")],
         )
         .await
         .unwrap();
@@ -379,7 +379,7 @@ async fn a_removed_tunnel_stops_serving_and_its_token_is_revoked() {
         .await
         .expect("the edge answers in time");
     assert!(
-        matches!(outcome, Err(tuna_tunnel::Error::Rejected(_))),
+        matches!(outcome, Err(tuna_agent::Error::Rejected(_))),
         "revoked token was accepted: {outcome:?}"
     );
     agent.shutdown().await;
@@ -462,7 +462,7 @@ fn data_dir_keeps_tcp_ports() {
     let file = Path::new(dir.path()).join(tuna_operator::standalone::edge::TCP_ENDPOINTS_FILE);
     std::fs::write(&file, r#"{"echo": 30005}"#).unwrap();
     let embedded = tuna_operator::standalone::edge::Embedded::open(
-        tuna_tunnel::edge::MemoryAuthority::new(),
+        tuna_edge::MemoryAuthority::new(),
         "localhost",
         30000..=30010,
         dir.path(),
@@ -474,7 +474,7 @@ fn data_dir_keeps_tcp_ports() {
         .unwrap();
     let reserve = |alias: &str, port: Option<u16>| {
         rt.block_on(
-            edge.ensure_tcp_endpoint(&tuna_tunnel::api::CreateTcpEndpoint {
+            edge.ensure_tcp_endpoint(&tuna_protocol::api::CreateTcpEndpoint {
                 alias: alias.into(),
                 port,
             }),

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tuna_agent::client::{ClientOptions, TunaClient};
+use tuna_edge::control::{ControlConfig, ControlPlane, DEFAULT_ACCOUNT};
+use tuna_edge::{EdgeConfig, EdgeServer};
 use tuna_operator::standalone::{RemoteEdge, Standalone, StandaloneConfig};
-use tuna_tunnel::api::{ClientOptions, Scope, TunaClient};
-use tuna_tunnel::control::{ControlConfig, ControlPlane, DEFAULT_ACCOUNT};
-use tuna_tunnel::edge::{EdgeConfig, EdgeServer};
+use tuna_protocol::api::Scope;
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -84,11 +85,11 @@ async fn serves_through_a_remote_edge_and_cleans_up_tokens() {
         )
         .unwrap();
     let identity =
-        tuna_tunnel::tls::self_signed_identity(edge_dir.path(), &["tuna.test".into()]).unwrap();
+        tuna_edge::tls::self_signed_identity(edge_dir.path(), &["tuna.test".into()]).unwrap();
     let ca_file = identity.ca_file.clone().unwrap();
     let mut edge_config = EdgeConfig::new(
         "127.0.0.1:0".parse().unwrap(),
-        tuna_tunnel::tls::server_config(&identity, &[]).unwrap(),
+        tuna_edge::tls::server_config(&identity, &[]).unwrap(),
     );
     edge_config.http_addr = Some("127.0.0.1:0".parse().unwrap());
     edge_config.api_addr = Some("127.0.0.1:0".parse().unwrap());

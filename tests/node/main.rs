@@ -561,10 +561,10 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
     // The Ingress wants the same host: the Tunnel goes first, and its
     // subdomain is released at the edge.
     node.kubectl_ok(&["delete", "tunnel", "web", "--timeout=60s"]);
-    let edge_api = tuna_tunnel::api::TunaClient::new(
-        tuna_tunnel::api::ClientOptions::new(
+    let edge_api = tuna_agent::client::TunaClient::new(
+        tuna_agent::client::ClientOptions::new(
             format!("https://{}", edge.api),
-            tuna_tunnel::api::Secret::new(&edge.key),
+            tuna_protocol::api::Secret::new(&edge.key),
         )
         .with_ca_file(&edge.ca_file),
     )

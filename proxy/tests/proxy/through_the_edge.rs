@@ -26,11 +26,11 @@ use proptest::prelude::*;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tuna_agent::{Agent, AgentConfig, AgentHandle, Trust};
+use tuna_edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
+use tuna_protocol::mux::MuxStream;
+use tuna_protocol::wire::{Binding, StreamKind, StreamMeta, TunnelToken};
 use tuna_proxy::{ConnInfo, PathType, ProxyConfig, ProxyCore, Scheme};
-use tuna_tunnel::agent::{Agent, AgentConfig, AgentHandle, Trust};
-use tuna_tunnel::edge::{EdgeConfig, EdgeHandle, EdgeServer, MemoryAuthority};
-use tuna_tunnel::mux::MuxStream;
-use tuna_tunnel::wire::{Binding, StreamKind, StreamMeta, TunnelToken};
 
 const PUBLIC: &str = "pub.tuna.test";
 const HIDDEN: &str = "hidden.tuna.test";

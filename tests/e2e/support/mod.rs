@@ -807,18 +807,18 @@ impl Edge {
     }
 
     /// A REST client with the test's key.
-    pub fn client(&self) -> tuna_tunnel::api::TunaClient {
+    pub fn client(&self) -> tuna_agent::client::TunaClient {
         self.client_with(&self.key)
     }
 
     /// A REST client with another key.
-    pub fn client_with(&self, key: &str) -> tuna_tunnel::api::TunaClient {
-        let options = tuna_tunnel::api::ClientOptions::new(
+    pub fn client_with(&self, key: &str) -> tuna_agent::client::TunaClient {
+        let options = tuna_agent::client::ClientOptions::new(
             self.api_url(),
-            tuna_tunnel::api::Secret::new(key),
+            tuna_protocol::api::Secret::new(key),
         )
         .with_ca_file(self.ca_file());
-        tuna_tunnel::api::TunaClient::new(options).expect("edge client")
+        tuna_agent::client::TunaClient::new(options).expect("edge client")
     }
 
     /// The flags a role takes to use this edge.
