@@ -3,7 +3,7 @@
 # throw-away PostgreSQL, in one run: keep-alive req/s spread over 1, 2 and 3
 # replicas (agent attached to all), and through one replica for a tunnel
 # attached there vs one attached to another replica (the internal hop), with
-# the ratios. See tunnel/examples/fleet_bench.rs for what runs.
+# the ratios. See edge/examples/fleet_bench.rs for what runs.
 #
 #   benches/fleet.sh                 # CONNS=32 SECONDS_EACH=5
 #   PROFILE=dev benches/fleet.sh     # without the release build (figures of a debug build)
@@ -27,10 +27,10 @@ fi
 if [ "$PROFILE" = release ]; then
   # As benches/store.sh: release without fat LTO.
   cargo build --release --config 'profile.release.lto="off"' --config 'profile.release.codegen-units=16' \
-    -p tuna-tunnel --example fleet_bench >&2
+    -p tuna-edge --example fleet_bench >&2
   BENCH="$TARGET/release/examples/fleet_bench"
 else
-  cargo build -p tuna-tunnel --example fleet_bench >&2
+  cargo build -p tuna-edge --example fleet_bench >&2
   BENCH="$TARGET/debug/examples/fleet_bench"
 fi
 

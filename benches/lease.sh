@@ -4,7 +4,7 @@
 # 1 000 tunnels attached at once, the lease loop's statements counted from
 # the server's log; once with every change published on its own (the loop
 # before coalescing) and once coalesced, in one run, with the ratio. See
-# tunnel/examples/lease_bench.rs for what runs.
+# edge/examples/lease_bench.rs for what runs.
 #
 #   benches/lease.sh                     # TUNNELS=1000, a debug build
 #   PROFILE=release benches/lease.sh     # the same from a release build
@@ -27,10 +27,10 @@ fi
 
 if [ "$PROFILE" = release ]; then
   cargo build --release --config 'profile.release.lto="off"' --config 'profile.release.codegen-units=16' \
-    -p tuna-tunnel --example lease_bench >&2
+    -p tuna-edge --example lease_bench >&2
   BENCH="$TARGET/release/examples/lease_bench"
 else
-  cargo build -p tuna-tunnel --example lease_bench >&2
+  cargo build -p tuna-edge --example lease_bench >&2
   BENCH="$TARGET/debug/examples/lease_bench"
 fi
 

@@ -33,7 +33,7 @@ fi
 
 # Release without fat LTO: the figures are I/O- and round-trip-bound.
 cargo build --release --config 'profile.release.lto="off"' --config 'profile.release.codegen-units=16' \
-  -p tuna-tunnel --example store_bench >&2
+  -p tuna-edge --example store_bench >&2
 BENCH="$TARGET/release/examples/store_bench"
 
 WORK=$(mktemp -d)

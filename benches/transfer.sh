@@ -3,7 +3,7 @@
 # default) up through the real `tuna-operator standalone` (edge -> agent session
 # over TLS + h2 -> proxy core -> an echo backend) and echoed back down, checked
 # byte for byte with SHA-256 on both sides, timed. It replaces the test that did
-# the same inside `cargo test` (tunnel/tests/tunnel/data_tunnel.rs,
+# the same inside `cargo test` (edge/tests/edge/data_tunnel.rs,
 # tcp_endpoint_echoes_and_carries_large_transfers): a timed bulk transfer is a
 # benchmark. Everything listens on 127.0.0.1.
 #

@@ -42,7 +42,7 @@ for tool in wrk iperf3 nginx openssl python3; do
 done
 
 echo "== building (release)"
-cargo build --release -p tuna-tunnel --example tunnel_bench
+cargo build --release -p tuna-edge --example tunnel_bench
 BENCH_BIN=$TARGET/release/examples/tunnel_bench
 if [ ! -x "$CACHE/rathole/bin/rathole" ]; then
   # Not --locked: rathole 0.5.0's lock pins a `time` that no longer builds on current Rust.

@@ -41,8 +41,8 @@
 //!
 //! `tuna-protocol`, `tuna-http1`, tokio, rustls, hyper, axum, redb, the
 //! PostgreSQL client, hickory (DNS checks); clap only behind the `cli`
-//! feature. Never the agent (`tuna-agent`, a test-only dependency),
-//! Kubernetes, Pingora or anyhow: `.ci/run` checks it.
+//! feature. Never the agent (`tuna-agent`, a test-only dependency), an
+//! HTTP client, Kubernetes or Pingora: `.ci/run` checks it.
 
 pub mod authority;
 pub mod budget;

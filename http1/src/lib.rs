@@ -1,5 +1,5 @@
 //! The HTTP/1.1 codec that every hop of a request shares: the edge's byte
-//! relay (`tuna-tunnel`) and the proxy core's fast path (`tuna-proxy`).
+//! relay (`tuna-edge`) and the proxy core's fast path (`tuna-proxy`).
 //!
 //! A request crosses two relays before it reaches a backend. Where two HTTP
 //! parsers disagree about a message — where it ends, which host it names,

@@ -2,7 +2,7 @@
 //!
 //! - **Embedded** ([`Embedded`]): this process is its own edge. The files are
 //!   the only source of reservations, so the edge's session authority is the
-//!   in-memory one of `tuna-tunnel`: every tunnel gets its own random token,
+//!   in-memory one of `tuna-edge`: every tunnel gets its own random token,
 //!   renewed while the process runs, revoked (sessions closed at once) when its
 //!   resource leaves the files. TCP endpoint ports are allocated from
 //!   `--tcp-port-range` and remembered in `<data-dir>/tcp-endpoints.json`

@@ -1,5 +1,5 @@
 //! Standalone mode against a remote edge (`--edge-api/--edge-agent/--api-key-file`):
-//! the self-hosted edge of `tuna-tunnel` (control plane + data plane) runs in
+//! the self-hosted edge of `tuna-edge` (control plane + data plane) runs in
 //! this test; the standalone process reserves the Domain and TCP endpoint through
 //! the REST API, mints one token per tunnel, and serves through the edge.
 

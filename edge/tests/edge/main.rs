@@ -1,16 +1,16 @@
-//! The tunnel crate's suites over real sockets (the control API, the data
+//! The edge crate's suites over real sockets (the control API, the data
 //! path, the edge's hardening, the store contract on redb and a real
 //! PostgreSQL), one module each, in one test binary: one link instead of
 //! twelve.
 //!
-//! One suite alone: `cargo test -p tuna-tunnel --test tunnel api_rest::`;
-//! `cargo test -p tuna-tunnel --test tunnel -- --list` names every test.
+//! One suite alone: `cargo test -p tuna-edge --test edge api_rest::`;
+//! `cargo test -p tuna-edge --test edge -- --list` names every test.
 //!
 //! The suites run side by side on the harness's threads, so none may depend
 //! on being alone in its process. `wire_alloc` does (it counts allocations
 //! with its own global allocator) and stays a binary of its own.
 //!
-//! A new suite joins with a file `tests/tunnel/<suite>.rs`, a `mod <suite>;`
+//! A new suite joins with a file `tests/edge/<suite>.rs`, a `mod <suite>;`
 //! line below, and `use crate::api_support;` (or `data_support`,
 //! `pg_support`) where it had `mod api_support;`. The support modules stay in
 //! `tests/*_support/`, so a suite can also still be a file `tests/<suite>.rs`

@@ -1,4 +1,4 @@
-//! The whole public path: raw client → the real edge (`tuna-tunnel`) →
+//! The whole public path: raw client → the real edge (`tuna-edge`) →
 //! agent session (TLS, h2 mux) → this proxy core → hyper backends, glued
 //! the way the operator glues them (one proxy core for every tunnel, each
 //! stream's `ConnInfo::host` taken from its metadata).
