@@ -16,7 +16,7 @@ pub enum Trust {
 }
 
 /// How to reach the edge. Tunnels (and their tokens) are attached on the
-/// handle ([`AgentHandle::attach`]).
+/// handle ([`AgentHandle::attach`](crate::AgentHandle::attach)).
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// `host:port` of the edge's agent listener; several, separated by

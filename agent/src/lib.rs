@@ -29,7 +29,8 @@
 //!
 //! One outbound connection to the edge carrying many tunnels,
 //! each attached with its own tunnel token and bindings. Public connections
-//! arrive as [`MuxStream`]s with their [`StreamMeta`], which names the tunnel.
+//! arrive as [`MuxStream`](tuna_protocol::mux::MuxStream)s with their
+//! [`StreamMeta`](tuna_protocol::wire::StreamMeta), which names the tunnel.
 //!
 //! ```no_run
 //! # async fn demo() -> tuna_agent::Result<()> {

@@ -9,7 +9,8 @@ use tokio::sync::{Notify, watch};
 use tuna_protocol::mux::MuxStream;
 use tuna_protocol::wire::{Binding, BindingOutcome, Rejection, StreamMeta, TunnelToken};
 
-/// Where the connection to the edge stands; watch it with [`AgentHandle::status`].
+/// Where the connection to the edge stands; watch it with
+/// [`AgentHandle::status`](crate::AgentHandle::status).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentStatus {
     /// No tunnel to serve (none attached, or all refused/closed): not connected.
@@ -36,7 +37,8 @@ pub enum AgentStatus {
     Stopped,
 }
 
-/// Where one tunnel stands; watch it with [`AgentHandle::tunnel_status`].
+/// Where one tunnel stands; watch it with
+/// [`AgentHandle::tunnel_status`](crate::AgentHandle::tunnel_status).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TunnelStatus {
     /// Attached by the caller; waiting for a connection or the edge's answer.

@@ -488,6 +488,11 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
         ..EdgeLimits::default()
     };
     config.trusted_proxies = args.trusted_proxies.clone();
+    // Without the `postgres` feature there is no fleet: `--store`, which the
+    // peer flags require, was refused when the store opened.
+    #[cfg(not(feature = "postgres"))]
+    let _ = fleet_share;
+    #[cfg(feature = "postgres")]
     if let (Some(peer_bind), Some(store), Some(cert), Some(key), Some(ca)) = (
         args.peer_bind,
         &store,

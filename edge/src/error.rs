@@ -33,6 +33,13 @@ use axum::response::{IntoResponse, Response};
 use tuna_protocol::api::{ErrorBody, error_code};
 use tuna_protocol::wire::{MAX_FRAME_LEN, MAX_HELLO_LEN, Rejection};
 
+/// The PostgreSQL client's error; without the `postgres` feature there is
+/// no client, and the variants that carry one cannot arise.
+#[cfg(feature = "postgres")]
+type PostgresError = tokio_postgres::Error;
+#[cfg(not(feature = "postgres"))]
+type PostgresError = std::convert::Infallible;
+
 /// Everything the edge crate can report.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -112,7 +119,7 @@ pub enum Error {
         store: String,
         /// The client's error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PostgresError,
     },
     /// 503: the PostgreSQL store is unreachable or failed transiently (a lost
     /// connection, a server shutting down, a serialisation failure); nothing
@@ -125,7 +132,7 @@ pub enum Error {
         context: &'static str,
         /// The client's error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PostgresError,
     },
     /// 503: a PostgreSQL store operation did not finish in time (a network
     /// that swallows packets); the connection is dropped and retried.
@@ -163,7 +170,7 @@ pub enum Error {
         context: &'static str,
         /// The client's error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PostgresError,
     },
     /// A row of the PostgreSQL store does not decode.
     #[error("PostgreSQL store: row {key:?} of {table} does not decode: {message}")]

@@ -8,13 +8,13 @@
 //!
 //! # Layout, one way down
 //!
-//! - **The composition** ([`server::EdgeServer`], and [`cli`] for the
+//! - **The composition** ([`server::EdgeServer`], and `cli` for the
 //!   `edge` command): binds every listener and wires the planes together.
 //! - **The data plane**: the agent acceptor and sessions (`session`), the
 //!   registry of live tunnels and their routes (`registry`), the public
 //!   listeners and their rules (`public`, `proxy_header`), the HTTP/1.1
 //!   byte relay and the hyper path (`relay`, `hyper_path`, `page`), and the
-//!   fleet of replicas that hand streams to each other ([`fleet`]). The
+//!   fleet of replicas that hand streams to each other (`fleet`). The
 //!   data plane asks a [`SessionAuthority`] whether a token may attach.
 //! - **The control plane** ([`control`]): API keys, reservations, tunnel
 //!   tokens, DNS checks, the REST API, and the store behind one `Backend`
@@ -39,10 +39,12 @@
 //!
 //! # May depend on
 //!
-//! `tuna-protocol`, `tuna-http1`, tokio, rustls, hyper, axum, redb, the
-//! PostgreSQL client, hickory (DNS checks); clap only behind the `cli`
-//! feature. Never the agent (`tuna-agent`, a test-only dependency), an
-//! HTTP client, Kubernetes or Pingora: `.ci/run` checks it.
+//! `tuna-protocol`, `tuna-http1`, tokio, rustls, hyper, axum, redb,
+//! hickory (DNS checks); the PostgreSQL client only behind the `postgres`
+//! feature (on by default: the PostgreSQL store and the `fleet`, which
+//! shares it), clap only behind the `cli` feature. Never the agent
+//! (`tuna-agent`, a test-only dependency), an HTTP client, Kubernetes or
+//! Pingora: `.ci/run` checks it.
 
 pub mod authority;
 pub mod budget;
@@ -50,6 +52,7 @@ pub mod budget;
 pub mod cli;
 pub mod control;
 mod error;
+#[cfg(feature = "postgres")]
 pub mod fleet;
 pub mod fsutil;
 mod hyper_path;
@@ -66,6 +69,7 @@ pub mod tls;
 pub use authority::{Grant, MemoryAuthority, Revocation, SessionAuthority, TokenId};
 pub use budget::EdgeLimits;
 pub use error::{Error, Result};
+#[cfg(feature = "postgres")]
 pub use fleet::{FleetConfig, PeerTls};
 pub use public::{IpCidr, PublicLimits};
 pub use server::{EdgeConfig, EdgeHandle, EdgeServer};

@@ -260,11 +260,13 @@ impl Registry {
     }
 
     /// Makes this registry route to the fleet's other replicas.
+    #[cfg(feature = "postgres")]
     pub(crate) fn set_fleet(&self, index: Arc<dyn Peers>) {
         let _ = self.fleet.set(index);
     }
 
     /// The hosts and ports local tunnels serve now.
+    #[cfg(feature = "postgres")]
     pub(crate) fn local_targets(&self) -> (Vec<String>, Vec<u16>) {
         let hosts = self.hosts.read().keys().cloned().collect();
         let ports = self.ports.read().keys().copied().collect();
@@ -274,6 +276,7 @@ impl Registry {
     /// Listens on the ports in `remote` (served by other replicas) that no
     /// local tunnel binds, and stops listening on the ones no longer there.
     /// Ports outside this edge's range are left alone.
+    #[cfg(feature = "postgres")]
     pub(crate) fn set_fleet_ports(&self, remote: HashSet<u16>) {
         let ports = self.ports.read();
         let mut fleet = self.fleet_listeners.lock();

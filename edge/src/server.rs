@@ -15,6 +15,7 @@ use tuna_protocol::wire::{ALPN, DEFAULT_HEARTBEAT, Scheme};
 
 use crate::authority::SessionAuthority;
 use crate::budget::{EdgeLimits, PreAuthBudget, PreAuthSlot};
+#[cfg(feature = "postgres")]
 use crate::fleet::FleetConfig;
 use crate::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use crate::registry::Registry;
@@ -67,7 +68,9 @@ pub struct EdgeConfig {
     /// Connection caps and timeouts of the public listeners.
     pub public_limits: PublicLimits,
     /// Makes the edge a replica of a fleet that serves any tunnel attached
-    /// to any replica ([`crate::fleet`]); `None`: a single edge.
+    /// to any replica ([`crate::fleet`]); `None`: a single edge. Only with
+    /// the `postgres` feature: a fleet shares its state in PostgreSQL.
+    #[cfg(feature = "postgres")]
     pub fleet: Option<FleetConfig>,
 }
 
@@ -89,6 +92,7 @@ impl EdgeConfig {
             limits: EdgeLimits::default(),
             trusted_proxies: Vec::new(),
             public_limits: PublicLimits::default(),
+            #[cfg(feature = "postgres")]
             fleet: None,
         }
     }
@@ -168,6 +172,9 @@ impl EdgeServer {
         )?;
 
         let limits = &config.limits;
+        #[cfg(not(feature = "postgres"))]
+        let peer_addr = None;
+        #[cfg(feature = "postgres")]
         let peer_addr = match config.fleet.clone() {
             Some(fleet) => {
                 let budget = PreAuthBudget::new(

@@ -49,6 +49,7 @@ pub use serve::{
     ClientAddr, HEADER_READ_TIMEOUT, serve_connection, serve_https, serve_tls_connection,
 };
 pub use server::ROUTES;
+#[cfg(feature = "postgres")]
 pub(crate) use store::StoreTarget;
 pub use store::{STORE_FILE, StoreUrl};
 pub use tokens::{DEFAULT_TTL_SECONDS, MAX_LIFETIME, MAX_TTL_SECONDS};

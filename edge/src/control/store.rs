@@ -21,9 +21,13 @@
 //! [`postgres`](self::postgres)); [`Store::on_remote_changes`] hears them, so
 //! that the control plane closes the tunnels of a token revoked elsewhere.
 
+#[cfg(feature = "postgres")]
 mod pg_tls;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod redb;
+#[cfg(not(feature = "postgres"))]
+mod without_postgres;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -34,8 +38,12 @@ use tuna_protocol::api::{Bindings, DomainKind, Scope};
 
 use crate::{Error, Result};
 
+#[cfg(feature = "postgres")]
 pub(crate) use self::postgres::StoreTarget;
+#[cfg(feature = "postgres")]
 pub use self::postgres::StoreUrl;
+#[cfg(not(feature = "postgres"))]
+pub use self::without_postgres::StoreUrl;
 
 /// File name of the store inside the data dir.
 pub const STORE_FILE: &str = "control.redb";
@@ -392,6 +400,7 @@ impl Mirror {
     }
 
     /// Applies writes another replica committed, then tells the listener.
+    #[cfg(feature = "postgres")]
     pub(crate) fn apply_remote(&self, writes: Vec<Write>) {
         let released = {
             let mut state = self.write();
@@ -479,15 +488,21 @@ impl Store {
     /// Opens the store at `url` (PostgreSQL), or the redb store in
     /// `data_dir` without one. Opening PostgreSQL connects, applies the
     /// schema migrations and loads the state; it must not be called on an
-    /// async runtime's thread (it blocks).
+    /// async runtime's thread (it blocks). Without the `postgres` feature a
+    /// URL is refused ([`Error::ControlConfig`], saying why).
     pub fn open_at(url: Option<&StoreUrl>, data_dir: &Path) -> Result<Self> {
         match url {
             None => Self::open(data_dir),
+            #[cfg(feature = "postgres")]
             Some(url) => {
                 let mirror = Arc::new(Mirror::default());
                 let backend = postgres::Postgres::open(url, Arc::clone(&mirror))?;
                 Self::with_backend(mirror, Box::new(backend))
             }
+            #[cfg(not(feature = "postgres"))]
+            Some(_) => Err(Error::ControlConfig(
+                without_postgres::NO_POSTGRES.to_owned(),
+            )),
         }
     }
 
@@ -846,5 +861,29 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let keys: Vec<String> = store.read().keys.keys().cloned().collect();
         assert_eq!(keys, ["b"]);
+    }
+
+    /// Without the `postgres` feature, `--store` parses (the command line
+    /// stays the documented one) and opening it says why it cannot, without
+    /// quoting the URL, and opens nothing.
+    #[cfg(not(feature = "postgres"))]
+    #[test]
+    fn a_store_url_is_refused_with_the_reason_without_postgres() {
+        let dir = tempfile::tempdir().unwrap();
+        let url: StoreUrl = "postgres://edge:hunter2@db:5432/tuna".parse().unwrap();
+        let url = url.allowing_insecure_tls(true);
+        let error = Store::open_at(Some(&url), dir.path()).unwrap_err();
+        let Error::ControlConfig(message) = &error else {
+            panic!("{error:?}");
+        };
+        assert!(
+            message.contains("without the PostgreSQL store"),
+            "{message}"
+        );
+        assert!(message.contains("`postgres` feature"), "{message}");
+        for shown in [format!("{error}"), format!("{url:?}"), format!("{url}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
+        assert!(!dir.path().join(STORE_FILE).exists());
     }
 }
