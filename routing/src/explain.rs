@@ -8,9 +8,10 @@ use std::fmt;
 
 use crate::normalize::{self, InvalidPath};
 use crate::request::{Mismatch, PlainGet, RequestView, query_of};
+use crate::spec::{Match, Origin, PathType, RouteSpec};
 use crate::table::HostTable;
+use crate::table::RouteTable;
 use crate::trie::SpecState;
-use crate::{Match, Origin, PathType, RouteSpec, RouteTable};
 
 /// Which host routes a request host selected.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use std::collections::hash_map::Entry;
 
 use crate::normalize;
 use crate::request::{self, Conditions, ConditionsKey, RequestView, query_of};
+use crate::spec::{Matcher, RouteSpec};
 use crate::trie::{BuildHost, HostRoutes, NONE, SpecState, rule_key, with_canonical_path};
-use crate::{Matcher, RouteSpec};
 
 /// The compiled routes of a Gateway host.
 ///

@@ -106,7 +106,7 @@ pub(crate) enum Mismatch<'a> {
 }
 
 impl Conditions {
-    pub(crate) fn from_match(m: &crate::GatewayMatch) -> Self {
+    pub(crate) fn from_match(m: &crate::spec::GatewayMatch) -> Self {
         Self {
             method: m.method.as_deref().map(Into::into),
             headers: m

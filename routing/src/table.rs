@@ -4,11 +4,12 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::error::{Error, Result};
 use crate::gateway::GatewayRoutes;
 use crate::normalize::{self, MAX_HOST_LEN, RouteHost};
 use crate::request::{Conditions, PlainGet, RequestView};
+use crate::spec::{BuildIssue, Match, Matcher, PathType, RouteSpec};
 use crate::trie::{BuildHost, HostRoutes, NONE, Slot, SpecState, find_path, rule_key};
-use crate::{BuildIssue, Error, Match, Matcher, PathType, Result, RouteSpec};
 
 /// The hosts of a table: a persistent hash map (a HAMT), so that a table
 /// with one host changed shares every other host's slot with the table it

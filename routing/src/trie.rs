@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::PathType;
 use crate::normalize::{self, MAX_PATH_LEN};
+use crate::spec::PathType;
 
 /// The hash map of the lookup path (see the `foldhash` note in Cargo.toml).
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;

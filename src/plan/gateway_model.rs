@@ -15,8 +15,8 @@ use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant, TcpRo
 
 use super::claims::Owner;
 use super::gateway::GatewayAction;
+use super::model::{Backends, HostRoute, ObjectRef, Reason, TcpPlan};
 use super::service::UpstreamPolicy;
-use super::{Backends, HostRoute, ObjectRef};
 
 /// The Gateway API objects a plan reads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -171,7 +171,7 @@ pub struct GatewayOutcome {
     /// address), `host` is `*`.
     pub catch_all: Vec<HostRoute>,
     /// Host refusals of routes: (route, host, reason, message).
-    pub refused_hosts: Vec<(ObjectRef, String, super::Reason, String)>,
+    pub refused_hosts: Vec<(ObjectRef, String, Reason, String)>,
     /// GatewayClass statuses (ours only).
     pub classes: Vec<ClassStatus>,
     /// Gateway statuses (of our classes only).
@@ -179,9 +179,9 @@ pub struct GatewayOutcome {
     /// Route statuses (routes with a parentRef to one of our Gateways).
     pub routes: Vec<RouteStatus>,
     /// TCPRoute → the TCP endpoint it is published on.
-    pub tcp: BTreeMap<ObjectRef, super::TcpPlan>,
+    pub tcp: BTreeMap<ObjectRef, TcpPlan>,
     /// Refusals of TCPRoutes: (route, reason, message).
-    pub tcp_refusals: Vec<(ObjectRef, super::Reason, String)>,
+    pub tcp_refusals: Vec<(ObjectRef, Reason, String)>,
 }
 
 pub(super) fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, String> {
@@ -230,7 +230,7 @@ pub(crate) struct HostContext<'a> {
     /// The holder of each claimed host ([`super::claims::settle`]).
     pub owners: &'a BTreeMap<String, Owner>,
     /// Hosts already published by Tunnels (→ the Tunnel) and Ingresses.
-    pub taken: &'a BTreeMap<String, (ObjectRef, super::Reason)>,
+    pub taken: &'a BTreeMap<String, (ObjectRef, Reason)>,
     /// How backends resolve.
     pub backends: Backends,
     /// Upstream policy.

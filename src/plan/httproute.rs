@@ -47,9 +47,9 @@ use super::gateway_model::{
     ClassStatus, Cond, GatewayInputs, GatewayOutcome, GatewayStatus, HostContext, ListenerStatus,
     ParentStatus, RouteStatus, created, labels_of, resolved_refs,
 };
+use super::model::{Backend, Backends, HostRoute, Kind, ObjectRef, Reason};
 use super::rule_action::{action_of, parse_duration};
 use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme};
-use super::{Backend, Backends, HostRoute, Kind, ObjectRef};
 
 /// The Gateway API v1.6.1 `SupportedFeatures` this implementation serves
 /// (`pkg/features` names), sorted as `GatewayClass.status.supportedFeatures`
@@ -645,7 +645,7 @@ pub(crate) fn prepare<'a>(
                 out.refused_hosts.push((
                     c.route.clone(),
                     c.pattern.clone(),
-                    super::Reason::HostNotReserved,
+                    Reason::HostNotReserved,
                     format!(
                         "wildcard {} covers no host reserved for namespace {ns:?} (a Domain there, or an account domain): nothing published for it",
                         c.pattern
@@ -664,7 +664,7 @@ pub(crate) fn prepare<'a>(
                 out.refused_hosts.push((
                     c.route.clone(),
                     c.pattern.clone(),
-                    super::Reason::HostOwnedByOtherNamespace,
+                    Reason::HostOwnedByOtherNamespace,
                     format!(
                         "host {} is reserved by a Domain of namespace {owner:?}",
                         c.pattern
@@ -677,7 +677,7 @@ pub(crate) fn prepare<'a>(
             out.refused_hosts.push((
                 c.route.clone(),
                 c.pattern.clone(),
-                super::Reason::HostNotReserved,
+                Reason::HostNotReserved,
                 format!(
                     "host {} is not reserved: add a Domain for it in namespace {ns:?} (or reserve it on the account)",
                     c.pattern
@@ -752,7 +752,7 @@ pub(crate) fn finish(
             out.refused_hosts.push((
                 route.clone(),
                 host.clone(),
-                super::Reason::HostOwnedByOtherNamespace,
+                Reason::HostOwnedByOtherNamespace,
                 format!(
                     "host {host} belongs to namespace {:?}, {}",
                     holder.namespace,

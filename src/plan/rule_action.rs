@@ -11,9 +11,9 @@ use tuna_crds::gateway::httproutes::{
 };
 use tuna_routing::action::{Filter, HeaderModifier, PathModifier, Redirect, Rewrite, Timeouts};
 
-use super::Backends;
 use super::gateway::{GatewayAction, InvalidBackend, RefRefusal, WeightedBackend, resolve_backend};
 use super::ingress::{ServicePort, ServiceRef};
+use super::model::Backends;
 use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme, resolve_service};
 
 /// Parses a Gateway API duration (GEP-2257: `1h`, `30s`, `500ms`, `1m30s`);

@@ -1,5 +1,5 @@
 //! TCPRoutes (Gateway API v1, standard channel) → TCP endpoints, and the
-//! statuses that say so. Pure; part of [`super::httproute::plan_gateway_api`].
+//! statuses that say so. Pure; part of [`super::httproute::finish`].
 //!
 //! - A Gateway listener of protocol `TCP` names its reservation by its
 //!   **name**: the alias of a TCPEndpoint of the Gateway's namespace. The
@@ -34,10 +34,10 @@ use super::gateway_model::{
     Cond, GatewayInputs, GatewayOutcome, HostContext, ParentStatus, RouteStatus, created,
     labels_of, ref_reason, resolved_refs,
 };
+use super::model::{Backends, Kind, ObjectRef, Reason, TcpPlan};
 use super::rule_action::action_of;
 use super::service::{ServiceLookup, UpstreamScheme};
 use super::tunnel::{PortOrAlias, TunnelReason};
-use super::{Kind, ObjectRef, Reason, TcpPlan};
 
 /// A TCPRoute's parentRef as the HTTPRoute type (the same fields), so that
 /// attachment and status share one shape.
@@ -316,7 +316,7 @@ pub(crate) fn plan_tcp_routes(
             ));
         }
         // Without resolved upstreams (route explain) there is nothing to publish.
-        if ctx.backends != super::Backends::Resolve {
+        if ctx.backends != Backends::Resolve {
             continue;
         }
         match action.backends.iter().find_map(|b| b.upstream.clone()) {

@@ -34,7 +34,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Backoff, controller_config, error_policy_with, key_of};
+use super::{Backoff, Context, controller_config, error_policy_with, key_of};
 use crate::Error;
 use crate::metrics::{Metrics, ReconcileTimer};
 
@@ -107,6 +107,20 @@ pub struct KitContext<'a> {
     pub backoff: &'a Backoff,
     /// A needs-change error waits for a change, with this as a safety net.
     pub resync_interval: Duration,
+}
+
+// Here rather than beside `Context`: the kit stands above the conventions it
+// runs on, and only it knows what of the context it needs.
+impl Context {
+    /// The parts of this context the reconciler kit uses.
+    pub fn kit(&self) -> KitContext<'_> {
+        KitContext {
+            client: &self.client,
+            metrics: &self.metrics,
+            backoff: &self.backoff,
+            resync_interval: self.resync_interval,
+        }
+    }
 }
 
 /// Runs `controller` (built by the kind, with its own watches and triggers)

@@ -200,16 +200,6 @@ impl Context {
         }
     }
 
-    /// The parts of this context the reconciler kit uses.
-    pub fn kit(&self) -> kit::KitContext<'_> {
-        kit::KitContext {
-            client: &self.client,
-            metrics: &self.metrics,
-            backoff: &self.backoff,
-            resync_interval: self.resync_interval,
-        }
-    }
-
     /// The edge's account, base domain and public host (asked until it answers).
     pub async fn edge_info(&self) -> crate::Result<&WhoAmI> {
         self.edge_info
