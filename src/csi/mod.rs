@@ -48,6 +48,7 @@ pub mod attributes;
 pub mod authority;
 pub mod node;
 pub mod registration;
+pub mod socket;
 pub mod volume;
 
 /// The code `tonic-prost-build` generated from `csi.proto` (package `csi.v1`).

@@ -18,6 +18,7 @@ use super::proto::identity_server::{Identity, IdentityServer};
 use super::proto::node_server::{Node, NodeServer};
 use super::proto::{self, node_service_capability, volume_capability};
 use super::registration::Registration;
+use super::socket::bind_socket;
 use super::volume::{self, Ownership, VolumeFile, VolumeState};
 use super::{CsiArgs, DRIVER_NAME};
 use crate::Error;
@@ -511,31 +512,6 @@ impl Node for NodeService {
             accessible_topology: None,
         }))
     }
-}
-
-/// Listens on the Unix socket `socket`, readable and writable by root only
-/// (the kubelet runs as root): a stale socket file is replaced, its
-/// directory made.
-pub fn bind_socket(socket: &Path) -> crate::Result<tokio::net::UnixListener> {
-    if let Some(parent) = socket.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| io_error("creating the socket's directory", parent, e))?;
-    }
-    match std::fs::remove_file(socket) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            return Err(io_error("removing the old socket", socket, e));
-        }
-        _ => {}
-    }
-    let listener =
-        tokio::net::UnixListener::bind(socket).map_err(|e| io_error("listening on", socket, e))?;
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        // The kubelet runs as root: no one else may call.
-        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| io_error("restricting", socket, e))?;
-    }
-    Ok(listener)
 }
 
 /// Serves Identity and Node on the Unix socket `socket` until `shutdown`,

@@ -91,7 +91,7 @@ impl proto::registration_server::Registration for RegistrationService {
 /// then removes the socket.
 pub async fn serve(registration: &Registration, shutdown: CancellationToken) -> crate::Result<()> {
     let socket = &registration.socket;
-    let listener = super::node::bind_socket(socket)?;
+    let listener = super::socket::bind_socket(socket)?;
     tracing::info!(
         socket = %socket.display(),
         endpoint = %registration.endpoint,
