@@ -7,7 +7,7 @@
 //! [`crate::wire::ErrorCode`] are values the protocol carries (a refused
 //! tunnel, a `Reject` frame), not failures of this process.
 
-use crate::wire::{MAX_FRAME_LEN, MAX_HELLO_LEN};
+use crate::limits::{MAX_FRAME_LEN, MAX_HELLO_LEN};
 
 /// Everything the protocol crate can report.
 #[derive(Debug, thiserror::Error)]

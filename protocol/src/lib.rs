@@ -36,6 +36,7 @@
 
 pub mod api;
 mod error;
+mod limits;
 pub mod mux;
 pub mod wire;
 

@@ -28,8 +28,8 @@ use h2::{RecvStream, SendStream};
 use http::{Method, Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::error::{Error, Result};
 use crate::wire::{HEADER_KIND, StreamMeta};
-use crate::{Error, Result};
 
 /// Per-stream receive window: one stream can have this much in flight
 /// (≈ 335 Mbit/s at 100 ms RTT, as Go's HTTP/2 transport).

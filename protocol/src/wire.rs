@@ -48,7 +48,7 @@ use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The protocol version this build speaks (the edge accepts only this one).
 pub const PROTOCOL_VERSION: u16 = 2;
@@ -58,12 +58,7 @@ pub const MAGIC: [u8; 4] = *b"TUNA";
 /// not the version (the preamble carries that): an agent of another version
 /// still completes TLS and gets a legible `version_mismatch`.
 pub const ALPN: &[u8] = b"tuna-tunnel/1";
-/// Largest frame payload accepted (bytes of JSON after the length prefix).
-pub const MAX_FRAME_LEN: usize = 256 * 1024;
-/// Largest `Hello` payload: what an unauthenticated peer may make the edge
-/// read. The buffer grows with the bytes that arrive, never to the claimed
-/// length at once.
-pub const MAX_HELLO_LEN: usize = 64 * 1024;
+pub use crate::limits::{MAX_FRAME_LEN, MAX_HELLO_LEN};
 /// Most tunnels one `Hello` may attach; the rest follow as `Attach` frames.
 pub const MAX_HELLO_TUNNELS: usize = 16;
 /// Largest encoded `Attach` frame of one tunnel (token and bindings), so that
