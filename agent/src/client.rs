@@ -18,7 +18,7 @@ use tuna_protocol::api::{
     CreatedToken, Domain, ErrorBody, List, RenewToken, Secret, TcpEndpoint, Token, WhoAmI,
 };
 
-use crate::Error;
+use crate::error::Error;
 
 /// How to reach an edge's REST API.
 #[derive(Clone, Debug)]

@@ -14,8 +14,9 @@ use tuna_protocol::wire::{
 };
 
 use crate::config::AgentConfig;
+use crate::error::{Error, Result};
 use crate::state::{AgentStatus, Desired, DesiredTunnel, Shared, StreamHandler, TunnelStatus};
-use crate::{Error, Result, session, tls};
+use crate::{session, tls};
 
 fn check_tunnel(id: &str, token: &TunnelToken, bindings: &BTreeSet<Binding>) -> Result<()> {
     validate_tunnel_id(id).map_err(|r| Error::Config(r.message))?;

@@ -23,8 +23,8 @@ use tuna_protocol::wire::{
 };
 
 use crate::config::AgentConfig;
+use crate::error::{Error, Result};
 use crate::state::{AgentStatus, Shared, StreamHandler, TunnelStatus};
-use crate::{Error, Result};
 
 /// Tunnels reconciled per turn of the session loop.
 const RECONCILE_BATCH: usize = 256;

@@ -13,7 +13,7 @@ use tokio_rustls::TlsConnector;
 use tuna_protocol::wire::ALPN;
 
 use crate::config::{AgentConfig, Trust};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Builds the connector with the ring provider explicitly, so the agent does
 /// not depend on a process-wide default provider being installed.

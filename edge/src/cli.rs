@@ -17,8 +17,9 @@ use std::time::Duration;
 use crate::budget::{EdgeLimits, PreAuthTotal, check_fd_budget};
 use crate::control::cli::KeysArgs;
 use crate::control::{ControlConfig, ControlPlane, Quotas};
+use crate::error::{Error, Result};
 use crate::server::{EdgeConfig, EdgeServer};
-use crate::{Error, Result, tls};
+use crate::tls;
 
 /// `edge`: serve (the default) or manage keys.
 #[derive(Debug, clap::Args)]

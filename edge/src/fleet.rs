@@ -74,9 +74,9 @@ use tuna_protocol::wire::{HANDSHAKE_TIMEOUT, StreamKind, StreamMeta};
 
 use crate::budget::{PreAuthBudget, PreAuthSlot};
 use crate::control::{FleetShare, StoreUrl};
+use crate::error::{Error, Result};
 use crate::registry::{AgentSession, Peers, Registry, TCP_COPY_BUFFER, TunnelRoute};
 use crate::tasks::TaskGuard;
-use crate::{Error, Result};
 
 /// ALPN of the peer listener.
 pub const PEER_ALPN: &[u8] = b"tuna-peer/1";
@@ -933,7 +933,7 @@ mod tests {
             "127.0.0.1".parse().unwrap(),
             1024..=65535,
             &[],
-            crate::registry::TcpAdmission::new(&crate::EdgeLimits::default(), &[]),
+            crate::registry::TcpAdmission::new(&crate::budget::EdgeLimits::default(), &[]),
             guard.clone(),
         )
         .unwrap();

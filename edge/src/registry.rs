@@ -29,8 +29,8 @@ use tuna_protocol::mux::{self, Gate, MuxStream};
 use tuna_protocol::wire::{Binding, BoundTarget, ErrorCode, Rejection, StreamKind, StreamMeta};
 
 use crate::authority::Grant;
+use crate::error::{Error, Result};
 use crate::tasks::TaskGuard;
-use crate::{Error, Result};
 
 /// Most host names remembered as "served before" (for 503 instead of 404).
 const MAX_OFFLINE_HOSTS: usize = 65_536;
@@ -718,7 +718,7 @@ mod tests {
             "127.0.0.1".parse().unwrap(),
             1..=1,
             &[],
-            TcpAdmission::new(&crate::EdgeLimits::default(), &[]),
+            TcpAdmission::new(&crate::budget::EdgeLimits::default(), &[]),
             guard,
         )
         .unwrap()
@@ -778,7 +778,7 @@ mod tests {
                 "127.0.0.1".parse().unwrap(),
                 1..=1,
                 &[listener],
-                TcpAdmission::new(&crate::EdgeLimits::default(), &[]),
+                TcpAdmission::new(&crate::budget::EdgeLimits::default(), &[]),
                 guard,
             )
             .unwrap();

@@ -15,13 +15,13 @@ use tuna_protocol::wire::{ALPN, DEFAULT_HEARTBEAT, Scheme};
 
 use crate::authority::SessionAuthority;
 use crate::budget::{EdgeLimits, PreAuthBudget, PreAuthSlot};
+use crate::error::{Error, Result};
 #[cfg(feature = "postgres")]
 use crate::fleet::FleetConfig;
 use crate::public::{self, ConnectionLimiter, IpCidr, PublicLimits, PublicPolicy};
 use crate::registry::Registry;
 use crate::session::{Admission, AgentContext, serve_agent};
 use crate::tasks::{TaskGuard, TaskSet, task_set};
-use crate::{Error, Result};
 use crate::{hyper_path, relay};
 
 /// Where the edge listens and with which TLS material.

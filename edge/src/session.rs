@@ -49,9 +49,9 @@ use tuna_protocol::wire::{
 use crate::authority::{Grant, Revocation, SessionAuthority, TokenId};
 use crate::budget::{EdgeLimits, PreAuthBudget, PreAuthSlot, source_key};
 use crate::control::RateLimiter;
+use crate::error::{Error, Result};
 use crate::registry::{AgentSession, Registry, RouteOwner, SessionEvent, TunnelRoute};
 use crate::tasks::TaskGuard;
-use crate::{Error, Result};
 
 /// How long a goodbye frame gets to leave before the connection is cut.
 const GOODBYE_GRACE: Duration = Duration::from_millis(100);

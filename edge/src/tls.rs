@@ -19,7 +19,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Folder of the generated CA inside the data dir.
 pub const TLS_DIR: &str = "tls";

@@ -356,7 +356,7 @@ pub struct PreAuthTotal {
 /// [`raise_fd_limit`]): otherwise unauthenticated clients could take the
 /// last descriptor before any budget refuses them, which is what the
 /// budgets exist to prevent.
-pub fn check_fd_budget(totals: &[PreAuthTotal], fd_limit: u64) -> crate::Result<()> {
+pub fn check_fd_budget(totals: &[PreAuthTotal], fd_limit: u64) -> crate::error::Result<()> {
     let sum: u64 = totals.iter().map(|t| t.total as u64).sum();
     if sum.saturating_add(FD_HEADROOM) <= fd_limit {
         return Ok(());
@@ -366,7 +366,7 @@ pub fn check_fd_budget(totals: &[PreAuthTotal], fd_limit: u64) -> crate::Result<
         .map(|t| format!("{} {}", t.flag, t.total))
         .collect::<Vec<_>>()
         .join(", ");
-    Err(crate::Error::Config(format!(
+    Err(crate::error::Error::Config(format!(
         "the connection caps open to unauthenticated clients ({flags}; {sum} in all) plus {FD_HEADROOM} descriptors of headroom exceed the open-file limit {fd_limit} (RLIMIT_NOFILE, raised to the hard limit): lower the caps or raise the hard limit (systemd LimitNOFILE=65536)"
     )))
 }
@@ -516,7 +516,7 @@ mod tests {
         ];
         check_fd_budget(&totals, 1024).unwrap();
         let err = check_fd_budget(&totals, 1000).unwrap_err();
-        assert!(matches!(err, crate::Error::Config(_)));
+        assert!(matches!(err, crate::error::Error::Config(_)));
         let msg = err.to_string();
         for needle in [
             "--max-pending-handshakes 256",

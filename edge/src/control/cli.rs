@@ -14,7 +14,7 @@ use super::keys;
 use super::store::{Store, StoreUrl};
 use tuna_protocol::api::Scope;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// `edge keys …`.
 #[derive(Debug, clap::Args)]

@@ -10,7 +10,7 @@ use tuna_protocol::api::{
 use tuna_protocol::wire::BoundTarget;
 
 use crate::authority::Revocation;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 impl ControlPlane {
     pub(crate) fn domain_view(&self, record: &DomainRecord) -> Domain {

@@ -7,7 +7,7 @@ use super::{ControlPlane, names};
 use tuna_protocol::api::{ApiKey, CreateApiKey, CreatedApiKey, Scope, Secret, Timestamp};
 
 use crate::authority::{Revocation, TokenId};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Who is calling: the authenticated key's identity, never its secret.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -36,7 +36,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 
 use crate::authority::{Revocation, TokenId};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 pub(crate) use crate::budget::RateLimiter;
 pub use crate::budget::{FleetShare, RateLimit};

@@ -1,7 +1,7 @@
 //! Validation of the names callers reserve: subdomain labels, custom host
 //! names, TCP aliases, token labels. Pure functions; every refusal says why.
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Subdomains nobody may reserve: they name the edge itself or are names
 /// users would be misled by (`www`, `api`, mail hosts…).

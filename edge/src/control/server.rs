@@ -20,7 +20,7 @@ use tuna_protocol::api::{
     CreatedToken, Domain, List, RenewToken, TcpEndpoint, Token, WhoAmI,
 };
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Every route of the REST API as `(method, path)`, as written in
 /// `docs/tuna-api.md` (a test checks the document lists each one).

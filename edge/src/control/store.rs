@@ -36,7 +36,7 @@ use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 use serde::{Deserialize, Serialize};
 use tuna_protocol::api::{Bindings, DomainKind, Scope};
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 #[cfg(feature = "postgres")]
 pub(crate) use self::postgres::StoreTarget;

@@ -6,7 +6,7 @@ use tuna_protocol::api::{CreateTcpEndpoint, Scope, TcpEndpoint, Timestamp};
 use tuna_protocol::wire::BoundTarget;
 
 use crate::authority::Revocation;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 impl ControlPlane {
     pub(crate) fn tcp_view(&self, record: &TcpRecord) -> TcpEndpoint {

@@ -11,7 +11,7 @@ use tuna_protocol::api::{
 };
 
 use crate::authority::{Revocation, TokenId};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Lifetime of a token when the request names none: one day.
 pub const DEFAULT_TTL_SECONDS: u64 = 24 * 3600;

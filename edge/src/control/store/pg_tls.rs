@@ -30,7 +30,7 @@ use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use tokio_postgres::config::{Host, SslMode as PgSslMode};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// libpq's `sslmode` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -107,7 +107,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::pg_tls::{self, SslMode};
 
 use super::{Backend, DomainRecord, KeyRecord, Mirror, State, TcpRecord, TokenRecord, Write};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// How often every replica looks for changes when no notification came.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use super::{
     Backend, DomainRecord, KeyRecord, Mirror, STORE_FILE, State, TcpRecord, TokenRecord, Write,
 };
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 const KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_keys");
 const DOMAINS: TableDefinition<&str, &[u8]> = TableDefinition::new("domains");
