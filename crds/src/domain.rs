@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::ReclaimPolicy;
+use crate::reclaim::ReclaimPolicy;
 
 /// Desired state of a Domain: exactly one of `subdomain` or `domain`. Ingresses
 /// (class tuna) of this namespace may publish the reserved host; Ingresses of

@@ -22,6 +22,7 @@ mod connector;
 mod connectorclass;
 mod domain;
 pub mod gateway;
+mod reclaim;
 mod tcpendpoint;
 mod tunnel;
 
@@ -39,17 +40,18 @@ pub use connectorclass::{
 };
 pub use domain::{DnsRecord, Domain, DomainSpec, DomainStatus};
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+pub use reclaim::ReclaimPolicy;
 pub use tcpendpoint::{TcpEndpoint, TcpEndpointSpec, TcpEndpointStatus};
-pub use tunnel::{ApiKeySecretRef, Tunnel, TunnelProtocol, TunnelSpec, TunnelStatus, Upstream};
+pub use tunnel::{
+    ApiKeySecretRef, DEFAULT_API_KEY_SECRET_KEY, Tunnel, TunnelProtocol, TunnelSpec, TunnelStatus,
+    Upstream,
+};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
-use serde::{Deserialize, Serialize};
 
 /// API group of every tuna-operator custom resource.
 pub const GROUP: &str = "k8s.tuna.am";
-/// Secret key a Tunnel's `apiKeySecretRef` reads when `key` is not given.
-pub const DEFAULT_API_KEY_SECRET_KEY: &str = "api-key";
 
 /// Errors of this crate.
 #[derive(Debug, thiserror::Error)]
@@ -63,20 +65,6 @@ pub enum Error {
         #[source]
         source: serde_saphyr::SerializeError,
     },
-}
-
-/// What happens to the reservation at the edge when its resource is deleted.
-#[derive(
-    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
-)]
-pub enum ReclaimPolicy {
-    /// Release the reservation when the resource is deleted (unless it was adopted:
-    /// adopted reservations were made elsewhere and are never released).
-    #[default]
-    Delete,
-    /// Keep the reservation at the edge after the resource is deleted, so that the
-    /// name can be adopted again later.
-    Retain,
 }
 
 /// API group of the connector family.

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
-use crate::ReclaimPolicy;
+use crate::reclaim::ReclaimPolicy;
 
 /// Desired state of a TCPEndpoint: the alias under which a public TCP port is
 /// reserved; tcp Tunnels refer to it with `portOrAlias: <alias>`.

@@ -9,6 +9,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+/// Secret key a Tunnel's `apiKeySecretRef` reads when `key` is not given.
+pub const DEFAULT_API_KEY_SECRET_KEY: &str = "api-key";
+
 /// Desired state of a Tunnel: what to publish (`upstream`) and where
 /// (`subdomain` for http, `portOrAlias` for tcp). The public address appears in
 /// `status.url` and in `kubectl get tunnels`.
@@ -140,9 +143,7 @@ pub struct ApiKeySecretRef {
 impl ApiKeySecretRef {
     /// The Secret key to read, applying the documented default.
     pub fn key_or_default(&self) -> &str {
-        self.key
-            .as_deref()
-            .unwrap_or(crate::DEFAULT_API_KEY_SECRET_KEY)
+        self.key.as_deref().unwrap_or(DEFAULT_API_KEY_SECRET_KEY)
     }
 }
 

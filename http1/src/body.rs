@@ -1,7 +1,8 @@
 //! Body framing: where a body ends, found as its bytes go by.
 
+use crate::error::Error;
 use crate::head::Framing;
-use crate::{Error, MAX_CHUNK_LINE, MAX_TRAILERS};
+use crate::limits::{MAX_CHUNK_LINE, MAX_TRAILERS};
 
 /// Follows a body as its bytes go by, in pieces of any size, and finds its
 /// exact end without buffering it (only a chunk-size or trailer line is

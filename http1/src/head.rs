@@ -2,8 +2,9 @@
 
 use std::mem::MaybeUninit;
 
+use crate::error::Error;
 use crate::fields::{HOP_BY_HOP, Host, is_not_nameable, parse_content_length, parse_host, tokens};
-use crate::{Error, MAX_HEAD, MAX_HEADERS};
+use crate::limits::{MAX_HEAD, MAX_HEADERS};
 
 /// Storage for the header fields of one head, on the caller's stack.
 pub type HeaderBuf<'b> = [MaybeUninit<httparse::Header<'b>>; MAX_HEADERS];
@@ -69,7 +70,7 @@ impl Request<'_, '_> {
 
     /// Whether sending this request twice is safe (RFC 9110 §9.2.2).
     pub fn is_idempotent(&self) -> bool {
-        crate::is_idempotent(self.method)
+        crate::fields::is_idempotent(self.method)
     }
 
     /// How many header-name tokens `Connection` carries besides `close`,

@@ -43,56 +43,16 @@
 //! Everything here is pure (no I/O, no tokio) and fuzzed (`fuzz/`).
 
 mod body;
+mod error;
 mod fields;
 mod head;
+mod limits;
 
 pub use body::BodyTracker;
+pub use error::Error;
 pub use fields::{
     FORWARDING, HOP_BY_HOP, Host, is_forwarding, is_idempotent, parse_content_length, parse_host,
     tokens,
 };
 pub use head::{Framing, HeaderBuf, Request, Response, header_buf, parse_request, parse_response};
-
-/// Most header fields in a request or response head.
-pub const MAX_HEADERS: usize = 100;
-/// Largest request or response head, blank line included.
-pub const MAX_HEAD: usize = 64 * 1024;
-/// Longest chunk-size line of a chunked body (extensions and CRLF included).
-pub const MAX_CHUNK_LINE: usize = 4 * 1024;
-/// Largest trailer section of a chunked body.
-pub const MAX_TRAILERS: usize = 16 * 1024;
-
-/// Why a message cannot be relayed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
-    /// The head is larger than the limit.
-    #[error("message head too large")]
-    HeadTooLarge,
-    /// More than [`MAX_HEADERS`] header fields.
-    #[error("too many header fields")]
-    TooManyHeaders,
-    /// Not HTTP/1.0 or 1.1 (e.g. the HTTP/2 connection preface).
-    #[error("not an HTTP/1.x message")]
-    Version,
-    /// Not an HTTP message head at all.
-    #[error("malformed message head")]
-    Malformed,
-    /// A well-formed head whose fields break the rules above.
-    #[error("{0}")]
-    Invalid(&'static str),
-    /// A body that does not follow its framing.
-    #[error("{0}")]
-    Body(&'static str),
-}
-
-impl Error {
-    /// The status a server answers a request with this error: 431 for the
-    /// size limits, 505 for another version, 400 for the rest.
-    pub fn status(self) -> u16 {
-        match self {
-            Self::HeadTooLarge | Self::TooManyHeaders => 431,
-            Self::Version => 505,
-            Self::Malformed | Self::Invalid(_) | Self::Body(_) => 400,
-        }
-    }
-}
+pub use limits::{MAX_CHUNK_LINE, MAX_HEAD, MAX_HEADERS, MAX_TRAILERS};
