@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::Inner;
+use crate::inner::Inner;
 
 /// How long a listener waits after a failed accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);

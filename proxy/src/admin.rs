@@ -14,8 +14,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::Inner;
 use crate::accept::accept_until;
+use crate::inner::Inner;
 
 /// Serves the admin endpoints on `listener` until `stop`.
 pub(crate) async fn serve(listener: TcpListener, inner: Arc<Inner>, stop: CancellationToken) {

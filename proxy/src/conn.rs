@@ -233,7 +233,7 @@ where
 pub(crate) async fn serve_connection<S>(
     mut io: S,
     client_ip: std::net::IpAddr,
-    scheme: crate::Scheme,
+    scheme: crate::client::Scheme,
     trusted: bool,
     host: Option<Arc<str>>,
     pinned: bool,

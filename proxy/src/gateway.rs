@@ -7,7 +7,7 @@ use http::{HeaderName, HeaderValue};
 use pingora::http::{RequestHeader, ResponseHeader};
 use tuna_routing::action::{HeaderModifier, PathModifier, Redirect, Rewrite};
 
-use crate::Scheme;
+use crate::client::Scheme;
 
 /// The well-known port of `scheme` (`http` or `https`).
 fn default_port(scheme: &str) -> Option<u16> {

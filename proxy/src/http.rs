@@ -43,7 +43,7 @@ use pingora::{Error, ErrorSource, ErrorType, RetryType};
 use tuna_routing::Match;
 use tuna_routing::action::Filter;
 
-use crate::Scheme;
+use crate::client::Scheme;
 use crate::gateway::{self, RequestLine};
 use crate::metrics::{HostStats, UpstreamErrorCause};
 use crate::pages::error_page;
@@ -87,7 +87,23 @@ pub(crate) struct StreamScope {
     pub(crate) host: Arc<str>,
     /// For an intercepted CONNECT: where every request goes, whatever the
     /// route table says, as long as the grant holds (checked again when due).
-    pub(crate) pinned: Option<Arc<crate::connect::LiveGrant>>,
+    pub(crate) pinned: Option<Arc<dyn PinnedGrant>>,
+}
+
+/// The grant behind a pinned stream, asked again before every request
+/// ([`crate::connect`]'s grant of an open CONNECT implements it).
+#[async_trait]
+pub(crate) trait PinnedGrant: Send + Sync {
+    /// Where this request goes, or why it may not (the grant was revoked
+    /// while the connection was open).
+    async fn for_request(&self) -> Result<Arc<Pinned>, PinnedRefusal>;
+}
+
+/// Why a pinned stream's request is refused: the status and the one-line
+/// message it is answered with.
+pub(crate) struct PinnedRefusal {
+    pub(crate) status: u16,
+    pub(crate) message: String,
 }
 
 /// The upstream of an intercepted CONNECT ([`crate::connect`]) and the
@@ -573,9 +589,9 @@ impl ProxyHttp for Router {
                     // Revoked while the connection was open: this request
                     // is told why, and the connection ends with it.
                     session.set_keepalive(None);
-                    let mut body = refusal.message().to_owned();
+                    let mut body = refusal.message;
                     body.push('\n');
-                    return self.answer(session, ctx, refusal.status(), body).await;
+                    return self.answer(session, ctx, refusal.status, body).await;
                 }
             };
             tracing::debug!(parent: &ctx.span, grant = %pinned.label, "pinned upstream");

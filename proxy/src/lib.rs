@@ -199,6 +199,7 @@
 
 mod accept;
 mod admin;
+mod client;
 mod config;
 mod conn;
 pub mod connect;
@@ -206,6 +207,7 @@ mod error;
 mod gateway;
 mod h1;
 mod http;
+mod inner;
 mod metrics;
 mod pages;
 mod pool;
@@ -220,15 +222,14 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use pingora::apps::{HttpServerOptions, ServerApp};
-use pingora::proxy::HttpProxy;
 use pingora::server::configuration::ServerConf;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use client::{ConnInfo, Scheme};
 pub use config::{DownstreamLimits, ProxyConfig, UpstreamTimeouts};
 pub use connect::{
     Authority, CaPem, ConnectAuthorizer, ConnectConfig, ConnectGrant, ConnectLimits,
@@ -244,97 +245,16 @@ pub use tcp::{TcpLimits, TcpUpstream};
 pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
 
 use crate::http::Router;
+use crate::inner::{Inner, TcpListenerHandle};
 use crate::routes::Registry;
 use crate::shared::Shared;
 use crate::tcp::TcpEndpoint;
-
-/// The scheme the client used on the public side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Scheme {
-    /// Plain HTTP.
-    #[default]
-    Http,
-    /// HTTPS (TLS terminated before the stream reached the proxy core,
-    /// e.g. at the edge).
-    Https,
-}
-
-impl Scheme {
-    /// `http` or `https`, as in `X-Forwarded-Proto`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Http => "http",
-            Self::Https => "https",
-        }
-    }
-}
-
-/// What the proxy must know about a connection it did not accept itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnInfo {
-    /// The public client's address (becomes `X-Forwarded-For`).
-    pub client_addr: SocketAddr,
-    /// The public address the client connected to, if known.
-    pub local_addr: Option<SocketAddr>,
-    /// Scheme the client used (becomes `X-Forwarded-Proto`).
-    pub scheme: Scheme,
-    /// Whether the hop that delivered the stream is trusted: its
-    /// `X-Forwarded-For` is appended to, its `Forwarded` and `X-Real-IP`
-    /// kept and its request id kept. True for streams from our own edge,
-    /// which removes what public clients send (see `docs/tuna-api.md`).
-    pub trusted: bool,
-    /// The one host this stream may serve: a tunnel stream is opened for
-    /// one host (its metadata's `tuna-host`), and a request on it for any
-    /// other host — by `Host`, absolute-form target or h2 `:authority` —
-    /// is answered `421 Misdirected Request` without being routed. `None`
-    /// serves every registered host (a plain listener's connections).
-    pub host: Option<String>,
-}
 
 /// A cheap, cloneable handle to one proxy core. All clones share the same
 /// configuration, pools and counters.
 #[derive(Clone)]
 pub struct ProxyCore {
     inner: Arc<Inner>,
-}
-
-struct TcpListenerHandle {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) shared: Arc<Shared>,
-    /// One Pingora application per (scheme, trusted); see `http::Router`.
-    apps: [Arc<HttpProxy<Router>>; 4],
-    /// The next table, changed one host at a time; a change makes its
-    /// snapshot live before the lock is released, so snapshots go live in
-    /// the order of the changes.
-    registry: Mutex<Registry>,
-    tcp_listeners: Mutex<HashMap<SocketAddr, TcpListenerHandle>>,
-    connect_listeners: Mutex<HashMap<SocketAddr, TcpListenerHandle>>,
-    tcp_services: ArcSwap<HashMap<String, Arc<TcpEndpoint>>>,
-    tcp_services_write: Mutex<()>,
-    shutdown_tx: watch::Sender<bool>,
-    /// Stops the HTTP accept loops.
-    stopping: CancellationToken,
-    /// Cuts every connection when the grace period is over.
-    cut: CancellationToken,
-    /// Stops the admin listener after the drain.
-    admin_stop: CancellationToken,
-    tracker: TaskTracker,
-    ready: AtomicBool,
-}
-
-impl Inner {
-    pub(crate) fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed) && !*self.shutdown_tx.borrow()
-    }
-
-    fn app(&self, scheme: Scheme, trusted: bool) -> Arc<HttpProxy<Router>> {
-        let i = (scheme == Scheme::Https) as usize * 2 + trusted as usize;
-        self.apps[i].clone()
-    }
 }
 
 impl ProxyCore {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use pingora::upstreams::peer::HttpPeer;
+use pingora::utils::tls::WrappedX509;
 use tuna_routing::action::{Filter, Timeouts};
 use tuna_routing::{BuildIssue, HostTable, RouteSpec, RouteTable};
 
@@ -110,6 +111,27 @@ pub struct TlsUpstream {
     pub verify: bool,
     /// Offer HTTP/2 by ALPN (falls back to HTTP/1.1).
     pub h2: bool,
+}
+
+/// Where the requests of a granted CONNECT go: resolved addresses, the name
+/// the upstream's certificate is checked against, and the CAs to check it
+/// with. Built by [`UpstreamTarget::new`] in [`crate::connect`], once per target (it parses the certificates) and share it.
+pub struct UpstreamTarget {
+    pub(crate) addrs: Vec<SocketAddr>,
+    pub(crate) server_name: String,
+    pub(crate) ca: Option<Arc<[WrappedX509]>>,
+    /// Keeps pooled upstream connections of targets with other trust apart.
+    pub(crate) group_key: u64,
+}
+
+impl std::fmt::Debug for UpstreamTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTarget")
+            .field("addrs", &self.addrs)
+            .field("server_name", &self.server_name)
+            .field("ca_certs", &self.ca.as_ref().map(|c| c.len()))
+            .finish()
+    }
 }
 
 /// A backend prepared for the request path: peers pre-built, counters
@@ -271,7 +293,7 @@ impl CompiledBackend {
     /// and its name; `idle` bounds the upstream's silence during a response
     /// (a watch), upgrades excepted.
     pub(crate) fn pinned(
-        target: &crate::connect::UpstreamTarget,
+        target: &UpstreamTarget,
         idle: std::time::Duration,
         stats: Arc<HostStats>,
         config: &ProxyConfig,

@@ -66,8 +66,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use pingora::utils::tls::{WrappedX509, parse_x509};
 
+pub use crate::routes::UpstreamTarget;
 pub use ca::{CaPem, InterceptCa};
-pub(crate) use recheck::LiveGrant;
 pub(crate) use serve::accept_connect;
 
 use crate::error::{Error, Result};
@@ -228,27 +228,6 @@ impl ConnectRefusal {
             }
             _ => None,
         }
-    }
-}
-
-/// Where the requests of a granted CONNECT go: resolved addresses, the name
-/// the upstream's certificate is checked against, and the CAs to check it
-/// with. Build it once per target (it parses the certificates) and share it.
-pub struct UpstreamTarget {
-    pub(crate) addrs: Vec<SocketAddr>,
-    pub(crate) server_name: String,
-    pub(crate) ca: Option<Arc<[WrappedX509]>>,
-    /// Keeps pooled upstream connections of targets with other trust apart.
-    pub(crate) group_key: u64,
-}
-
-impl std::fmt::Debug for UpstreamTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamTarget")
-            .field("addrs", &self.addrs)
-            .field("server_name", &self.server_name)
-            .field("ca_certs", &self.ca.as_ref().map(|c| c.len()))
-            .finish()
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use http::HeaderValue;
 
 use super::{ConnectAuthorizer, ConnectGrant, ConnectRefusal, ConnectRequest, MIN_RECHECK};
-use crate::http::Pinned;
+use crate::http::{Pinned, PinnedGrant, PinnedRefusal};
 use crate::metrics::{ConnectOutcome, HostStats};
 use crate::routes::CompiledBackend;
 use crate::shared::Shared;
@@ -187,5 +187,17 @@ impl LiveGrant {
                 return refusal;
             }
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl PinnedGrant for LiveGrant {
+    async fn for_request(&self) -> Result<Arc<Pinned>, PinnedRefusal> {
+        LiveGrant::for_request(self)
+            .await
+            .map_err(|refusal| PinnedRefusal {
+                status: refusal.status(),
+                message: refusal.message().to_owned(),
+            })
     }
 }

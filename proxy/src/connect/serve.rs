@@ -19,11 +19,12 @@ use tokio_util::sync::CancellationToken;
 use super::recheck::LiveGrant;
 use super::{Authority, ConnectConfig, ConnectRefusal, ConnectRequest, ProxyCredentials};
 use crate::accept::{accept_until, spawn_connection};
+use crate::client::Scheme;
 use crate::conn;
 use crate::http::{Router, StreamScope};
+use crate::inner::Inner;
 use crate::metrics::ConnectOutcome;
 use crate::shared::Shared;
-use crate::{Inner, Scheme};
 
 /// The realm of `Proxy-Authenticate`.
 const REALM: &str = "tuna-connectors";

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use tuna_http1::{BodyTracker, Framing};
 
-use crate::Scheme;
+use crate::client::Scheme;
 use crate::http::{RequestView, route_lookup};
 use crate::metrics::UpstreamErrorCause;
 use crate::pages::{error_page, reason};
