@@ -67,7 +67,7 @@ use crate::plan::gateway_status::certificate_secrets;
 use crate::plan::ingress::{rule_hosts, service_names};
 use crate::plan::tunnel::PortOrAlias;
 use crate::plan::{HostSource, Inputs, Kind, ObjectRef, Plan, plan};
-use crate::reconcile::{FIELD_MANAGER, store_ready};
+use crate::reconcile::{FIELD_MANAGER, PendingEvents, store_ready};
 
 /// The API group.
 pub const GROUP: &str = "gateway.networking.k8s.io";
@@ -1003,16 +1003,13 @@ where
 /// `RuleSkipped` and `BackendSkipped` events of one route (HTTPRoute or
 /// TCPRoute), each note once: its refusals in the plan and the conditions
 /// of its parents that are not True.
-async fn report_refusals<K>(
+fn report_refusals(
     state: &AgentState,
-    route: &K,
     me: &ObjectRef,
     plan: &Plan,
     status: Option<&RouteStatus>,
-) where
-    K: Resource<DynamicType = ()>,
-{
-    let ctx = &state.ctx;
+    events: &mut PendingEvents,
+) {
     let mut notes: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
     for r in plan.refusals_of(me) {
         let mut note = String::new();
@@ -1044,8 +1041,7 @@ async fn report_refusals<K>(
             .and_then(|r| r.get(event).cloned())
             .unwrap_or_default();
         for note in now.difference(&known) {
-            ctx.event(route, EventType::Warning, event, "Route", note.clone())
-                .await;
+            events.push(EventType::Warning, event, "Route", note.clone());
         }
         state
             .reported
@@ -1067,20 +1063,18 @@ async fn report_tcp(
     status: Option<&RouteStatus>,
     public_host: &str,
 ) {
-    report_refusals(state, route, me, plan, status).await;
+    let mut events = PendingEvents::default();
+    report_refusals(state, me, plan, status, &mut events);
     let Some(watch) = state.publisher.state(&tcp_route_key(me)) else {
         if state.clear_and_was(me, "tunnel tcp") {
-            state
-                .ctx
-                .event(
-                    route,
-                    EventType::Warning,
-                    "TunnelStopped",
-                    "Publish",
-                    "the TCP endpoint is no longer published by this TCPRoute".into(),
-                )
-                .await;
+            events.push(
+                EventType::Warning,
+                "TunnelStopped",
+                "Publish",
+                "the TCP endpoint is no longer published by this TCPRoute".into(),
+            );
         }
+        state.ctx.write_events(route, events).await;
         return;
     };
     let tunnel = watch.borrow().clone();
@@ -1108,11 +1102,9 @@ async fn report_tcp(
     if let Some((type_, reason, message, key)) = note
         && state.first_report_exclusive(me, "tunnel tcp", &key)
     {
-        state
-            .ctx
-            .event(route, type_, reason, "Publish", message)
-            .await;
+        events.push(type_, reason, "Publish", message);
     }
+    state.ctx.write_events(route, events).await;
 }
 
 /// Events of one HTTPRoute (each note once, as for Ingresses).
@@ -1123,8 +1115,8 @@ async fn report(
     plan: &Plan,
     status: Option<&RouteStatus>,
 ) {
-    let ctx = &state.ctx;
-    report_refusals(state, route, me, plan, status).await;
+    let mut events = PendingEvents::default();
+    report_refusals(state, me, plan, status, &mut events);
     let hosts: BTreeSet<String> = plan.hosts_of(me).into_iter().collect();
     let before: Vec<String> = state
         .reported
@@ -1140,27 +1132,23 @@ async fn report(
     for host in before.iter().filter(|h| !hosts.contains(*h)) {
         state.clear_and_was(me, &format!("routes {host}"));
         if state.clear_and_was(me, &format!("tunnel {host}")) {
-            ctx.event(
-                route,
+            events.push(
                 EventType::Warning,
                 "TunnelStopped",
                 "Publish",
                 format!("host {host} is no longer published by this HTTPRoute"),
-            )
-            .await;
+            );
         }
     }
     for host in &hosts {
         let summary = routes_summary(&plan.hosts[host]);
         if state.first_report_exclusive(me, &format!("routes {host}"), &summary) {
-            ctx.event(
-                route,
+            events.push(
                 EventType::Normal,
                 "RoutesUpdated",
                 "Route",
                 format!("host {host}: {summary}"),
-            )
-            .await;
+            );
         }
         let Some(watch) = state.publisher.state(&TunnelKey::Host(host.clone())) else {
             continue;
@@ -1186,9 +1174,10 @@ async fn report(
         if let Some((type_, reason, message, key)) = note
             && state.first_report_exclusive(me, &format!("tunnel {host}"), &key)
         {
-            ctx.event(route, type_, reason, "Publish", message).await;
+            events.push(type_, reason, "Publish", message);
         }
     }
+    state.ctx.write_events(route, events).await;
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ use crate::edge::publisher::{TunnelKey, TunnelState};
 use crate::plan::ingress::{SkipReason, rule_hosts, service_names};
 use crate::plan::{Inputs, Kind, ObjectRef, Plan, PlanOptions, Reason, plan};
 use crate::reconcile::kit::{Deletion, KitContext, Reconciler};
-use crate::reconcile::{apply_status, resync};
+use crate::reconcile::{PendingEvents, apply_status, resync};
 
 /// The host a Domain reserves, given the base domain.
 fn domain_host(d: &Domain, base_domain: &str) -> Option<String> {
@@ -311,6 +311,7 @@ async fn report(
     hosts: &BTreeSet<String>,
 ) -> Result<(), Error> {
     let ctx = &state.ctx;
+    let mut events = PendingEvents::default();
     // Skipped rules and backends, each once.
     let mut skipped: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
     for r in plan.refusals_of(me) {
@@ -344,8 +345,7 @@ async fn report(
             .and_then(|r| r.get(event).cloned())
             .unwrap_or_default();
         for note in notes.difference(&known) {
-            ctx.event(ingress, EventType::Warning, event, "Route", note.clone())
-                .await;
+            events.push(EventType::Warning, event, "Route", note.clone());
         }
         let mut reported = state.reported.lock().expect("reported");
         reported
@@ -359,27 +359,23 @@ async fn report(
         let key = TunnelKey::Host(host.clone());
         let Some(h) = plan.hosts.get(host).filter(|h| h.publishers().contains(me)) else {
             if state.clear_and_was(me, &format!("tunnel {host}")) {
-                ctx.event(
-                    ingress,
+                events.push(
                     EventType::Warning,
                     "TunnelStopped",
                     "Publish",
                     format!("host {host} is no longer published by this Ingress"),
-                )
-                .await;
+                );
             }
             continue;
         };
         let summary = routes_summary(h);
         if state.first_report_exclusive(me, &format!("routes {host}"), &summary) {
-            ctx.event(
-                ingress,
+            events.push(
                 EventType::Normal,
                 "RoutesUpdated",
                 "Route",
                 format!("host {host}: {summary}"),
-            )
-            .await;
+            );
         }
         let Some(mut watch) = state.publisher.state(&key) else {
             continue;
@@ -390,45 +386,30 @@ async fn report(
             TunnelState::Serving { .. } => {
                 serving.push(host.clone());
                 if state.first_report_exclusive(me, &format!("tunnel {host}"), "connected") {
-                    ctx.event(
-                        ingress,
+                    events.push(
                         EventType::Normal,
                         "TunnelConnected",
                         "Publish",
                         format!("host {host} is served at https://{host}"),
-                    )
-                    .await;
+                    );
                 }
             }
             TunnelState::Refused { code, message } => {
                 let note = format!("host {host}: the edge refused the tunnel ({code}): {message}");
                 if state.first_report_exclusive(me, &format!("tunnel {host}"), &note) {
-                    ctx.event(
-                        ingress,
-                        EventType::Warning,
-                        "TunnelStopped",
-                        "Publish",
-                        note,
-                    )
-                    .await;
+                    events.push(EventType::Warning, "TunnelStopped", "Publish", note);
                 }
             }
             TunnelState::Failed { message, .. } => {
                 let note = format!("host {host}: {message}");
                 if state.first_report_exclusive(me, &format!("tunnel {host}"), &note) {
-                    ctx.event(
-                        ingress,
-                        EventType::Warning,
-                        "TunnelStopped",
-                        "Publish",
-                        note,
-                    )
-                    .await;
+                    events.push(EventType::Warning, "TunnelStopped", "Publish", note);
                 }
             }
             _ => {}
         }
     }
+    ctx.write_events(ingress, events).await;
     // status.loadBalancer.ingress[].hostname: the public hosts served.
     serving.sort();
     let status = IngressStatus {

@@ -229,6 +229,49 @@ impl Context {
     {
         publish_event(&self.recorder, obj, type_, reason, action, note).await;
     }
+
+    /// Publishes the events a reconcile collected about `obj`, in order; a
+    /// failure is logged, never fatal.
+    pub async fn write_events<K>(&self, obj: &K, events: PendingEvents)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        for e in events.0 {
+            publish_event(&self.recorder, obj, e.type_, e.reason, e.action, e.note).await;
+        }
+    }
+}
+
+/// The events one reconcile decided to publish, in order: collected while
+/// it works out what happened, then written together by
+/// [`Context::write_events`], so that a reconcile decides first and writes
+/// once instead of stepping out to publish each event as it finds it.
+#[derive(Default)]
+pub struct PendingEvents(Vec<PendingEvent>);
+
+struct PendingEvent {
+    type_: EventType,
+    reason: &'static str,
+    action: &'static str,
+    note: String,
+}
+
+impl PendingEvents {
+    /// Adds an event to publish.
+    pub fn push(
+        &mut self,
+        type_: EventType,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) {
+        self.0.push(PendingEvent {
+            type_,
+            reason,
+            action,
+            note,
+        });
+    }
 }
 
 /// kube's event [`Recorder`], sharded by the object the events are about.
