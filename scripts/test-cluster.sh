@@ -378,9 +378,11 @@ serializeImagePulls: false
 maxPods: 30
 oomScoreAdj: 0
 EOF
+  # TUNA_KUBELET_V: the kubelet's log verbosity (1; 4 logs its volume and
+  # token decisions, as the token-rotation finding of issue 38 needed).
   spawn kubelet "$bin/kubelet" --config "$nd/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
     --root-dir "$nd/kubelet" --cert-dir "$nd/certs" --hostname-override "$node_name" \
-    --node-ip "$host_address" --v=1
+    --node-ip "$host_address" --v="${TUNA_KUBELET_V:-1}"
   spawn kube-scheduler "$bin/kube-scheduler" --kubeconfig "$dir/kubeconfig" \
     --authentication-kubeconfig "$dir/kubeconfig" --authorization-kubeconfig "$dir/kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$scheduler_port" --leader-elect=false
