@@ -271,8 +271,11 @@ impl NodeService {
                     group,
                     readonly: request.readonly,
                 };
-                volume::write_volume(&target, &files, ownership, &state)
-                    .map_err(|e| io_error("writing the volume at", &target, e))?;
+                volume::write_volume(&target, &files, ownership, &state).map_err(|e| {
+                    let e = io_error("writing the volume at", &target, e);
+                    tracing::warn!(volume = %request.volume_id, error = %e, "publish failed");
+                    e
+                })?;
                 tracing::info!(
                     volume = %request.volume_id,
                     pod = %format!("{}/{}", asked.pod.namespace, asked.pod.name),

@@ -378,6 +378,12 @@ pub fn write_volume(
         check_name(&file.name)?;
     }
     let dir = open_target(target, true)?.ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+    // A republish finds the target as the last one left it (0550 when
+    // read-only): the plugin owns it but, as the chart runs it (root with
+    // CAP_CHOWN alone, no CAP_DAC_OVERRIDE), may not write into it until
+    // it gives itself the owner's bits back. The pod's bits are unchanged
+    // meanwhile; the end of this function sets the final mode.
+    rustix::fs::fchmod(&dir, Mode::from_raw_mode(ownership.target_mode() | 0o700))?;
     // This generation, in a directory no one else has seen yet.
     let generation = generation_name();
     rustix::fs::mkdirat(&dir, generation.as_str(), Mode::from_raw_mode(0o700))?;
@@ -511,6 +517,55 @@ mod tests {
         remove_volume(&target).unwrap();
         assert!(read_state(&target).is_none());
         assert!(!format!("{:?}", file("t", "secret")).contains("secret"));
+    }
+
+    /// The chart runs the plugin as root with CAP_CHOWN alone: no
+    /// CAP_DAC_OVERRIDE, so the owner's mode bits bind it. The kubelet's
+    /// republish with a renewed token then writes into the read-only
+    /// target the first publish left (found on the real node: the renewed
+    /// token failed with `Permission denied` every time).
+    #[test]
+    fn a_republish_needs_no_capability_beyond_chown() {
+        use rustix::thread::{CapabilitySet, capabilities, set_capabilities};
+        let dir = tempfile::tempdir().unwrap();
+        let gid = fs::metadata(dir.path()).unwrap().gid();
+        for (n, own) in [
+            Ownership {
+                group: None,
+                readonly: true,
+            },
+            Ownership {
+                group: Some(gid),
+                readonly: true,
+            },
+            Ownership {
+                group: Some(gid),
+                readonly: false,
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let target = dir.path().join(format!("mount{n}"));
+            write_volume(&target, &[file("a", "1")], own, &state(1)).unwrap();
+            let before = mode(&target);
+            let republished = std::thread::spawn(move || {
+                // Capabilities are per thread: this one keeps CHOWN only.
+                let mut caps = capabilities(None).unwrap();
+                caps.effective &= CapabilitySet::CHOWN;
+                set_capabilities(None, caps).unwrap();
+                write_volume(&target, &[file("a", "2")], own, &state(2))?;
+                let text = fs::read_to_string(target.join("a"))?;
+                remove_volume(&target)?;
+                Ok::<_, io::Error>((text, target))
+            })
+            .join()
+            .unwrap();
+            let (text, target) = republished.unwrap_or_else(|e| panic!("{own:?}: {e}"));
+            assert_eq!(text, "2", "{own:?}");
+            assert!(!target.exists(), "{own:?}: unpublished");
+            assert!(matches!(before, 0o550 | 0o555 | 0o770), "{before:o}");
+        }
     }
 
     #[test]

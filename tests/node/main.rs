@@ -834,8 +834,10 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
     // The kubelet's republish with a renewed token, observed: it renews a
     // token after 80 % of its 10 min, so this waits up to 12 min and runs
     // only when asked (TUNA_NODE_TOKEN_ROTATION=1), not in `.ci/run`.
-    // Open finding (2026-12-05, 1.37): the kubelet published the volume once
-    // and sent no renewed token in 12 min; not explained yet.
+    // It found (2026-12-05) that every republish with a renewed token failed
+    // with `Permission denied`: the plugin, root without CAP_DAC_OVERRIDE,
+    // could not write into the read-only target it had left (fixed in
+    // csi/volume.rs, unit test a_republish_needs_no_capability_beyond_chown).
     if std::env::var_os("TUNA_NODE_TOKEN_ROTATION").is_some() {
         node.apply(&format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: holder, namespace: {demo}}}\nspec:\n  containers:\n  - {{name: pause, image: 'localhost/pause:3.10', imagePullPolicy: Never, volumeMounts: [{{name: kubeconfig, mountPath: /opt/kube}}]}}\n  volumes:\n  - name: kubeconfig\n    csi: {{readOnly: true, driver: connectors-csi, volumeAttributes: {{connector.name: k8s-connector, configuration.names: kubeconfig}}}}\n"
@@ -875,8 +877,19 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         };
         assert!(
             rotated,
-            "the token was not renewed in 12 min:\n{}",
-            csi_logs()
+            "the token was not renewed in 12 min:\n{}\n{}",
+            csi_logs(),
+            text(&node.kubectl(
+                &[
+                    "-n",
+                    demo,
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "involvedObject.name=holder"
+                ],
+                None
+            ))
         );
         eprintln!(
             "the kubelet's republish renewed the mounted token after {:.0} s",
