@@ -7,7 +7,7 @@
 use std::fmt;
 
 use crate::normalize::{self, InvalidPath};
-use crate::request::{Mismatch, PlainGet, RequestView, query_of};
+use crate::request::{Mismatch, PlainGet, RequestView};
 use crate::spec::{Match, Origin, PathType, RouteSpec};
 use crate::table::HostTable;
 use crate::table::RouteTable;
@@ -252,7 +252,6 @@ impl<B> RouteTable<B> {
             }
         };
         let winner_at = self.lookup_index(host, path, request);
-        let query = query_of(path);
         // Candidates: the exact host's specs and those of the one wildcard
         // that covers the request host, in input order.
         let dot = req_host.find('.').filter(|&d| d > 0);
@@ -290,7 +289,7 @@ impl<B> RouteTable<B> {
                 Outcome::PathDoesNotMatch
             } else if let Some(Err(mismatch)) = table
                 .gateway_conditions(index)
-                .map(|c| c.check(query, request))
+                .map(|c| c.check(path, request))
             {
                 match mismatch {
                     Mismatch::Method => Outcome::MethodDoesNotMatch,

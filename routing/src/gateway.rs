@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
 use crate::normalize;
-use crate::request::{self, Conditions, ConditionsKey, RequestView, query_of};
+use crate::request::{self, ConditionSet, Conditions, ConditionsKey, RequestView, Seen};
 use crate::spec::{Matcher, RouteSpec};
 use crate::trie::{BuildHost, HostRoutes, NONE, SpecState, rule_key, with_canonical_path};
 
@@ -27,9 +27,10 @@ use crate::trie::{BuildHost, HostRoutes, NONE, SpecState, rule_key, with_canonic
 ///
 /// A lookup touches as few cache lines as on an Ingress host plus the
 /// candidate list it reaches: the first group is inline, a trie slot is the
-/// offset of its list in `lists`, and each list is laid out with the
-/// conditions and strings of its candidates right after it, in the same
-/// allocation (see [`Lists`]).
+/// offset of its list in `lists` (or, where the first candidate has no
+/// condition, that spec itself: no list is read, as on an Ingress host),
+/// and each list is laid out with the conditions and strings of its
+/// candidates right after it, in the same allocation (see [`Lists`]).
 #[derive(Debug)]
 pub(crate) struct GatewayRoutes {
     /// The trie of the highest hostname rank, with every candidate list
@@ -42,13 +43,18 @@ pub(crate) struct GatewayRoutes {
     conditions: Box<[Conditions]>,
 }
 
+/// A trie slot with this bit set holds a spec index (the one candidate
+/// that always matches there), without it the offset of a candidate list.
+const INLINE: u32 = 1 << 31;
+
 /// The candidate lists of a host in one array of words.
 ///
 /// A list at offset `l` is `words[l]` = its length `n`, then `n` pairs
 /// `(spec, condition)`, in precedence order. `condition` is [`NONE`] for a
 /// candidate without conditions (it always matches), else the offset of a
-/// condition record: the method's text (offset, length; [`NONE`] for any
-/// method), the number of header and of query pairs, then for each pair
+/// condition record of [`RECORD_WORDS`] words: the method's code
+/// ([`request::method_code`]; [`NONE`] for any method) and text (offset,
+/// length), the number of header and of query pairs; then for each pair
 /// its name's and value's text (offset, length). Texts are bytes of the
 /// same array (byte offsets). A list's records and texts follow the list,
 /// so that one lookup reads one short run of memory.
@@ -73,37 +79,64 @@ impl<'a> Lists<'a> {
 
     /// The first spec of list `list` whose conditions hold.
     #[inline]
-    fn first(self, list: u32, target: &str, request: &impl RequestView) -> Option<u32> {
+    fn first<R: RequestView + ?Sized>(self, list: u32, seen: &Seen<'_, R>) -> Option<u32> {
         let w = self.words;
         let list = list as usize;
         let len = w[list] as usize;
         (0..len).find_map(|k| {
             let (spec, condition) = (w[list + 1 + 2 * k], w[list + 2 + 2 * k]);
-            (condition == NONE || self.holds(condition as usize, target, request)).then_some(spec)
+            (condition == NONE || self.holds(condition as usize, seen)).then_some(spec)
         })
     }
 
     #[inline]
-    fn holds(self, at: usize, target: &str, request: &impl RequestView) -> bool {
-        let w = self.words;
-        let method = (w[at] != NONE).then(|| self.text(w[at], w[at + 1]));
-        let (headers, queries) = (w[at + 2] as usize, w[at + 3] as usize);
-        // The query is found only when a condition reads it.
-        let query = if queries == 0 { "" } else { query_of(target) };
-        let pair = |i: usize| {
-            let p = at + 4 + 4 * i;
-            (self.name(w[p], w[p + 1]), self.text(w[p + 2], w[p + 3]))
-        };
-        request::check(
-            method,
-            (0..headers).map(pair),
-            (headers..headers + queries).map(pair),
-            query,
-            request,
-        )
-        .is_ok()
+    fn holds<R: RequestView + ?Sized>(self, at: usize, seen: &Seen<'_, R>) -> bool {
+        request::check(Record { lists: self, at }, seen).is_ok()
     }
 }
+
+/// The condition record at word `at` of a host's [`Lists`].
+#[derive(Clone, Copy)]
+struct Record<'a> {
+    lists: Lists<'a>,
+    at: usize,
+}
+
+impl Record<'_> {
+    #[inline]
+    fn pair(&self, i: usize) -> usize {
+        self.at + RECORD_WORDS + 4 * i
+    }
+}
+
+impl<'a> ConditionSet<'a> for Record<'a> {
+    #[inline]
+    fn method(&self) -> Option<(u32, &'a [u8])> {
+        let w = self.lists.words;
+        let at = self.at;
+        (w[at] != NONE).then(|| (w[at], self.lists.text(w[at + 1], w[at + 2])))
+    }
+    #[inline]
+    fn counts(&self) -> (usize, usize) {
+        let w = self.lists.words;
+        (w[self.at + 3] as usize, w[self.at + 4] as usize)
+    }
+    #[inline]
+    fn header(&self, i: usize) -> (&'a str, &'a [u8]) {
+        let (w, p) = (self.lists.words, self.pair(i));
+        (
+            self.lists.name(w[p], w[p + 1]),
+            self.lists.text(w[p + 2], w[p + 3]),
+        )
+    }
+    #[inline]
+    fn query(&self, i: usize) -> (&'a str, &'a [u8]) {
+        self.header(self.counts().0 + i)
+    }
+}
+
+/// The words of a condition record before its pairs (see [`Lists`]).
+const RECORD_WORDS: usize = 5;
 
 /// Builds [`Lists`]: words, with texts packed into them.
 #[derive(Default)]
@@ -123,22 +156,24 @@ impl ListsBuilder {
         let mut texts: Vec<(usize, &str)> = Vec::new();
         for (k, (spec, conditions)) in candidates.iter().enumerate() {
             self.words[slots + 2 * k] = *spec;
-            if conditions.method.is_none()
-                && conditions.headers.is_empty()
-                && conditions.query.is_empty()
-            {
+            if conditions.is_empty() {
                 continue;
             }
             let at = self.words.len();
             self.words[slots + 2 * k + 1] = at as u32;
+            let code = conditions
+                .method
+                .as_deref()
+                .map_or(NONE, |m| request::method_code(m.as_bytes()));
             self.words.extend([
+                code,
                 NONE,
                 0,
                 conditions.headers.len() as u32,
                 conditions.query.len() as u32,
             ]);
             if let Some(method) = &conditions.method {
-                texts.push((at, method));
+                texts.push((at + 1, method));
             }
             for (name, value) in conditions.headers.iter().chain(conditions.query.iter()) {
                 let p = self.words.len();
@@ -279,7 +314,19 @@ impl GatewayRoutes {
                     None => kept.push((i as u32, &conditions[i])),
                 }
             }
-            offsets.push(words.push(&kept));
+            // A list whose first candidate has no condition always answers
+            // with it: the slot holds that spec itself, as on an Ingress
+            // host, and the lookup reads no list.
+            offsets.push(match kept[0] {
+                (spec, conditions) if conditions.is_empty() => {
+                    assert!(
+                        INLINE | spec != NONE,
+                        "spec index {spec} above the slot's range"
+                    );
+                    INLINE | spec
+                }
+                _ => words.push(&kept),
+            });
         }
         drop(first);
         let lists = words.finish();
@@ -301,35 +348,34 @@ impl GatewayRoutes {
     /// The first spec in precedence order that matches a raw request target.
     #[inline]
     pub(crate) fn find(&self, raw_target: &str, request: &impl RequestView) -> Option<u32> {
-        with_canonical_path(raw_target, |path| {
+        with_canonical_path(raw_target, |path, after_path| {
+            let seen = Seen::new(request, after_path);
             std::iter::once(&self.first)
                 .chain(self.more.iter())
-                .find_map(|group| self.find_in(group, path, raw_target, request))
+                .find_map(|group| self.find_in(group, path, &seen))
         })
     }
 
     #[inline]
-    fn find_in(
+    fn find_in<R: RequestView + ?Sized>(
         &self,
         group: &HostRoutes,
         path: &str,
-        target: &str,
-        request: &impl RequestView,
+        seen: &Seen<'_, R>,
     ) -> Option<u32> {
         let lists = Lists {
             words: self.first.words(),
         };
         let (node, exact) = group.walk(path);
-        let exact = if exact == NONE {
-            None
-        } else {
-            lists.first(exact, target, request)
+        let slot = |slot: u32| {
+            if slot & INLINE != 0 {
+                Some(slot & !INLINE)
+            } else {
+                lists.first(slot, seen)
+            }
         };
-        exact.or_else(|| {
-            group
-                .prefixes_up(node)
-                .find_map(|list| lists.first(list, target, request))
-        })
+        let exact = if exact == NONE { None } else { slot(exact) };
+        exact.or_else(|| group.prefixes_up(node).find_map(slot))
     }
 
     /// The conditions of spec `index`.

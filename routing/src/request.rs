@@ -3,6 +3,8 @@
 //! functions, so an explanation cannot judge a condition differently from
 //! routing. Nothing here allocates.
 
+use std::cell::Cell;
+
 /// What a lookup needs of a request besides host and path.
 ///
 /// The proxy implements it over its own request type; the routing crate
@@ -105,7 +107,80 @@ pub(crate) enum Mismatch<'a> {
     Query(&'a str),
 }
 
+/// A method as one small number, so that a condition compares numbers, not
+/// text: the methods the Gateway API names (`HTTPMethod`) have codes 1–9;
+/// any other method is [`OTHER_METHOD`] and compared as text.
+#[inline]
+pub(crate) fn method_code(method: &[u8]) -> u32 {
+    match method {
+        b"GET" => 1,
+        b"HEAD" => 2,
+        b"POST" => 3,
+        b"PUT" => 4,
+        b"DELETE" => 5,
+        b"CONNECT" => 6,
+        b"OPTIONS" => 7,
+        b"TRACE" => 8,
+        b"PATCH" => 9,
+        _ => OTHER_METHOD,
+    }
+}
+
+/// [`method_code`] of a method the Gateway API does not name.
+pub(crate) const OTHER_METHOD: u32 = 0;
+
+/// What conditions read of one request, each part found at most once per
+/// lookup however many candidates ask: the method's code, and the query,
+/// which the path's canonical form already located (a lookup never
+/// searches the target for it again).
+pub(crate) struct Seen<'r, R: ?Sized> {
+    request: &'r R,
+    /// The target from the end of its path: empty, or `?…` / `#…`.
+    after_path: &'r str,
+    /// [`method_code`] of the request's method, once read.
+    method: Cell<Option<u32>>,
+}
+
+impl<'r, R: RequestView + ?Sized> Seen<'r, R> {
+    /// `after_path`: what follows the path in the request target (see
+    /// [`split_target`]).
+    #[inline]
+    pub(crate) fn new(request: &'r R, after_path: &'r str) -> Self {
+        Self {
+            request,
+            after_path,
+            method: Cell::new(None),
+        }
+    }
+
+    #[inline]
+    fn method_is(&self, code: u32, text: &[u8]) -> bool {
+        let seen = match self.method.get() {
+            Some(seen) => seen,
+            None => {
+                let seen = method_code(self.request.method().as_bytes());
+                self.method.set(Some(seen));
+                seen
+            }
+        };
+        seen == code && (code != OTHER_METHOD || same(self.request.method().as_bytes(), text))
+    }
+
+    /// The query: after `?`, running on into the fragment if there is one
+    /// ([`query_param`] stops at its `#`).
+    #[inline]
+    fn query(&self) -> &'r str {
+        self.after_path.strip_prefix('?').unwrap_or("")
+    }
+}
+
 impl Conditions {
+    /// No method, header or query condition: every request matches.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.method.is_none() && self.headers.is_empty() && self.query.is_empty()
+    }
+
     pub(crate) fn from_match(m: &crate::spec::GatewayMatch) -> Self {
         Self {
             method: m.method.as_deref().map(Into::into),
@@ -123,19 +198,12 @@ impl Conditions {
     }
 
     /// Checks method, then headers, then query parameters, in that order.
-    #[inline]
     pub(crate) fn check(
         &self,
-        query: &str,
+        target: &str,
         request: &impl RequestView,
     ) -> Result<(), Mismatch<'_>> {
-        check(
-            self.method.as_deref().map(str::as_bytes),
-            self.headers.iter().map(|(n, v)| (&**n, v.as_bytes())),
-            self.query.iter().map(|(n, v)| (&**n, v.as_bytes())),
-            query,
-            request,
-        )
+        check(self, &Seen::new(request, split_target(target).1))
     }
 
     /// The equality that makes two specs the same rule (conflict), as a
@@ -156,64 +224,133 @@ impl Conditions {
     }
 }
 
-/// Checks a match's conditions against a request: the method, then the
-/// headers (names lower case), then the query parameters, in that order.
-/// The one judge of conditions: [`Conditions::check`] and the compiled
-/// candidates of a Gateway host (`gateway.rs`) both call it.
+/// A match's conditions as the judge ([`check`]) reads them: the
+/// readable form of a spec ([`Conditions`]) and a Gateway host's compiled
+/// records (`gateway.rs`) both are one.
+pub(crate) trait ConditionSet<'a> {
+    /// The method's [`method_code`] and text; `None`: any method.
+    fn method(&self) -> Option<(u32, &'a [u8])>;
+    /// How many header pairs, then query pairs.
+    fn counts(&self) -> (usize, usize);
+    /// Header pair `i` (name lower case, value).
+    fn header(&self, i: usize) -> (&'a str, &'a [u8]);
+    /// Query pair `i` (name, value).
+    fn query(&self, i: usize) -> (&'a str, &'a [u8]);
+}
+
+impl<'a> ConditionSet<'a> for &'a Conditions {
+    fn method(&self) -> Option<(u32, &'a [u8])> {
+        self.method
+            .as_deref()
+            .map(|m| (method_code(m.as_bytes()), m.as_bytes()))
+    }
+    fn counts(&self) -> (usize, usize) {
+        (self.headers.len(), self.query.len())
+    }
+    fn header(&self, i: usize) -> (&'a str, &'a [u8]) {
+        let (n, v) = &self.headers[i];
+        (n, v.as_bytes())
+    }
+    fn query(&self, i: usize) -> (&'a str, &'a [u8]) {
+        let (n, v) = &self.query[i];
+        (n, v.as_bytes())
+    }
+}
+
+/// Checks a match's conditions against a request: the method (its
+/// [`method_code`] and text), then the headers (names lower case), then the
+/// query parameters, in that order. The one judge of conditions:
+/// [`Conditions::check`] and the compiled candidates of a Gateway host
+/// (`gateway.rs`) both call it.
 #[inline]
-pub(crate) fn check<'a>(
-    method: Option<&[u8]>,
-    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-    query_pairs: impl IntoIterator<Item = (&'a str, &'a [u8])>,
-    query: &str,
-    request: &impl RequestView,
+pub(crate) fn check<'a, R: RequestView + ?Sized>(
+    conditions: impl ConditionSet<'a>,
+    seen: &Seen<'_, R>,
 ) -> Result<(), Mismatch<'a>> {
-    if let Some(method) = method
-        && request.method().as_bytes() != method
+    if let Some((code, text)) = conditions.method()
+        && !seen.method_is(code, text)
     {
         return Err(Mismatch::Method);
     }
-    for (name, value) in headers {
-        if request.header(name).map(str::as_bytes) != Some(value) {
+    let (headers, queries) = conditions.counts();
+    for i in 0..headers {
+        let (name, value) = conditions.header(i);
+        if !seen
+            .request
+            .header(name)
+            .is_some_and(|found| same(found.as_bytes(), value))
+        {
             return Err(Mismatch::Header(name));
         }
     }
-    for (name, value) in query_pairs {
-        if !query_param(query, name.as_bytes()).is_some_and(|raw| decoded_eq(raw, value)) {
-            return Err(Mismatch::Query(name));
+    if queries > 0 {
+        let query = seen.query();
+        for i in 0..queries {
+            let (name, value) = conditions.query(i);
+            if !query_param(query, name.as_bytes()).is_some_and(|raw| decoded_eq(raw, value)) {
+                return Err(Mismatch::Query(name));
+            }
         }
     }
     Ok(())
 }
 
-/// The query of a request target: after the first `?`, up to a `#`; empty
-/// when there is none.
+/// A raw request target split where its path ends: the path, and what
+/// follows it (empty, or starting with `?` or `#`).
 #[inline]
-pub(crate) fn query_of(path_and_query: &str) -> &str {
-    match path_and_query.find(['?', '#']) {
-        Some(i) if path_and_query.as_bytes()[i] == b'?' => {
-            let rest = &path_and_query[i + 1..];
-            rest.find('#').map_or(rest, |end| &rest[..end])
-        }
-        _ => "",
+pub(crate) fn split_target(target: &str) -> (&str, &str) {
+    match target.bytes().position(|b| b == b'?' || b == b'#') {
+        Some(i) => target.split_at(i),
+        None => (target, ""),
     }
 }
 
+/// The query of a request target: after the first `?`, up to a `#`; empty
+/// when there is none.
+#[cfg(test)]
+fn query_of(path_and_query: &str) -> &str {
+    let query = Seen::new(&PlainGet, split_target(path_and_query).1).query();
+    query.split('#').next().unwrap_or_default()
+}
+
 /// The raw (still encoded) value of the first parameter whose decoded name
-/// is `name`; a parameter without `=` has the empty value.
+/// is `name`; a parameter without `=` has the empty value. `query` may run
+/// on into the fragment: a `#` ends it. One pass over the bytes.
+#[inline]
 fn query_param<'q>(query: &'q str, name: &[u8]) -> Option<&'q str> {
-    query
-        .split('&')
-        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
-        .find(|(n, _)| decoded_eq(n, name))
-        .map(|(_, v)| v)
+    let bytes = query.as_bytes();
+    let (mut start, mut equals) = (0, None);
+    for i in 0..=bytes.len() {
+        match bytes.get(i) {
+            Some(b'=') if equals.is_none() => equals = Some(i),
+            Some(b'&' | b'#') | None => {
+                let (name_end, value_start) = equals.map_or((i, i), |e| (e, e + 1));
+                if decoded_eq(&bytes[start..name_end], name) {
+                    // `=`, `&` and `#` are ASCII: the range lies on
+                    // character boundaries.
+                    return Some(&query[value_start..i]);
+                }
+                if bytes.get(i) != Some(&b'&') {
+                    return None;
+                }
+                (start, equals) = (i + 1, None);
+            }
+            Some(_) => {}
+        }
+    }
+    None
 }
 
 /// Whether `raw`, percent-decoded, is `want`. A `%` that starts no valid
 /// escape stands for itself; `+` is not a space (that is HTML forms, not
 /// URIs).
-fn decoded_eq(raw: &str, want: &[u8]) -> bool {
-    let raw = raw.as_bytes();
+#[inline]
+fn decoded_eq(raw: impl AsRef<[u8]>, want: &[u8]) -> bool {
+    let raw = raw.as_ref();
+    // Decoding shortens a text to no less than a third.
+    if want.len() > raw.len() || want.len() * 3 < raw.len() {
+        return false;
+    }
     let (mut i, mut j) = (0, 0);
     while i < raw.len() {
         let byte = match (raw[i], raw.get(i + 1), raw.get(i + 2)) {
@@ -232,6 +369,13 @@ fn decoded_eq(raw: &str, want: &[u8]) -> bool {
         j += 1;
     }
     j == want.len()
+}
+
+/// Byte equality of the short texts conditions hold, compared in line: a
+/// `memcmp` call costs more than the few bytes it compares.
+#[inline]
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
 fn hex(b: u8) -> u8 {
@@ -270,6 +414,11 @@ mod tests {
             ("animals=x&animal", "animal", Some("")),
             ("ANIMAL=x", "animal", None),
             ("", "animal", None),
+            // A `#` ends the query: the fragment is no parameter.
+            ("animal=x#frag", "animal", Some("x")),
+            ("a=1#animal=x", "animal", None),
+            ("x=1&&animal=2&", "animal", Some("2")),
+            ("x=a=b&animal", "x", Some("a=b")),
         ];
         for (query, name, want) in cases {
             assert_eq!(

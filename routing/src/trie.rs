@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::normalize::{self, MAX_PATH_LEN};
+use crate::request::split_target;
 use crate::spec::PathType;
 
 /// The hash map of the lookup path (see the `foldhash` note in Cargo.toml).
@@ -375,19 +376,27 @@ pub(crate) fn find_path(routes: &HostRoutes, raw: &str) -> Option<u32> {
 }
 
 /// Calls `f` with the canonical form of a raw request target's path,
-/// rewritten on the stack only when needed.
+/// rewritten on the stack only when needed, and what follows the path in
+/// the target (empty, or `?…` / `#…`), found in the same pass.
 #[inline]
-pub(crate) fn with_canonical_path<R>(raw: &str, f: impl FnOnce(&str) -> Option<R>) -> Option<R> {
+pub(crate) fn with_canonical_path<'t, R>(
+    raw: &'t str,
+    f: impl FnOnce(&str, &'t str) -> Option<R>,
+) -> Option<R> {
     match normalize::canonical_path_end(raw.as_bytes()) {
-        Some(end) => f(&raw[..end]),
+        Some(end) => f(&raw[..end], &raw[end..]),
         None => with_rewritten_path(raw, f),
     }
 }
 
 #[cold]
-fn with_rewritten_path<R>(raw: &str, f: impl FnOnce(&str) -> Option<R>) -> Option<R> {
+fn with_rewritten_path<'t, R>(
+    raw: &'t str,
+    f: impl FnOnce(&str, &'t str) -> Option<R>,
+) -> Option<R> {
     let mut buf = [0u8; MAX_PATH_LEN];
-    f(normalize::normalize_path_into(raw, &mut buf)?)
+    let after_path = split_target(raw).1;
+    f(normalize::normalize_path_into(raw, &mut buf)?, after_path)
 }
 
 #[cold]
