@@ -117,6 +117,11 @@ pub struct EdgeArgs {
     /// Heartbeat interval announced to agents, in seconds.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_secs: u64,
+    /// Seconds a public request for a host whose tunnel just went away (an
+    /// agent restarting, as on `helm upgrade`) waits for it to come back
+    /// before `503 Tunnel offline`; 0 answers at once.
+    #[arg(long, default_value_t = 5)]
+    pub reconnect_grace_secs: u64,
     /// REST API requests one key may send back to back (token bucket size).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_rate_burst: u32,
@@ -470,6 +475,7 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
     config.tcp_bind_ip = args.tcp_bind;
     config.tcp_ports = args.tcp_port_range.clone();
     config.heartbeat = Duration::from_secs(args.heartbeat_secs.max(1));
+    config.public_limits.reconnect_grace = Duration::from_secs(args.reconnect_grace_secs);
     config.limits = EdgeLimits {
         max_tunnels_per_account: args.max_tunnels_per_account,
         max_sessions_per_account: args.max_sessions_per_account,

@@ -199,7 +199,8 @@ impl PublicConnection {
             Ok(host) => host,
             Err(page) => return page.response(),
         };
-        let Some(session) = self.registry.session_for_host(&host) else {
+        let grace = self.peer.limits.reconnect_grace;
+        let Some(session) = self.registry.route_for_host_within(&host, grace).await else {
             return Page::not_routed(&self.registry, &host).response();
         };
         if !self.peer.trusted {

@@ -70,6 +70,12 @@ pub struct PublicLimits {
     pub idle: Duration,
     /// Concurrent streams a public h2 client may open.
     pub h2_max_streams: u32,
+    /// How long a request for a host whose tunnel just went away waits for
+    /// it to come back (an agent restarting, as on `helm upgrade`) before it
+    /// is answered `503 Tunnel offline`. Counted from the moment the tunnel
+    /// went away, so a host offline for longer answers at once. Zero: no
+    /// wait.
+    pub reconnect_grace: Duration,
 }
 
 impl Default for PublicLimits {
@@ -83,6 +89,7 @@ impl Default for PublicLimits {
             response: Duration::from_secs(90),
             idle: Duration::from_secs(60),
             h2_max_streams: 128,
+            reconnect_grace: Duration::from_secs(5),
         }
     }
 }

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
@@ -181,10 +182,18 @@ pub(crate) trait Peers: Send + Sync {
 }
 
 /// The routing table of the data plane.
+/// How often a request waiting for its host's tunnel looks again, for a
+/// tunnel that came back on another replica of a fleet.
+const FLEET_LOOK: Duration = Duration::from_millis(250);
+
 pub(crate) struct Registry {
     hosts: RwLock<HashMap<String, Arc<TunnelRoute>>>,
     ports: RwLock<HashMap<u16, PortEntry>>,
-    offline: Mutex<HashSet<String>>,
+    /// Hosts whose tunnel went away, and when.
+    offline: Mutex<HashMap<String, Instant>>,
+    /// Woken whenever a host is bound, for the requests that wait for
+    /// their host's tunnel to come back ([`Self::route_for_host_within`]).
+    host_bound: tokio::sync::Notify,
     tcp_ip: IpAddr,
     tcp_ports: RangeInclusive<u16>,
     /// Ports whose listeners the caller opened: always accepting, routed
@@ -228,7 +237,8 @@ impl Registry {
         let registry = Arc::new_cyclic(|me| Self {
             hosts: RwLock::new(HashMap::new()),
             ports: RwLock::new(HashMap::new()),
-            offline: Mutex::new(HashSet::new()),
+            offline: Mutex::new(HashMap::new()),
+            host_bound: tokio::sync::Notify::new(),
             tcp_ip,
             tcp_ports,
             prebound: listeners.iter().map(|(port, _)| *port).collect(),
@@ -307,7 +317,36 @@ impl Registry {
 
     /// Whether a tunnel served `host` before and is gone now.
     pub(crate) fn host_went_offline(&self, host: &str) -> bool {
-        self.offline.lock().contains(host)
+        self.offline.lock().contains_key(host)
+    }
+
+    /// The tunnel serving `host`, as [`Self::session_for_host`]; when there
+    /// is none but one went away less than `grace` ago, waits for a tunnel
+    /// to bind it again until `grace` after it went away. A host no tunnel
+    /// ever served, or offline for longer, answers at once.
+    pub(crate) async fn route_for_host_within(
+        &self,
+        host: &str,
+        grace: Duration,
+    ) -> Option<Arc<TunnelRoute>> {
+        loop {
+            // Registered before the look, so that a bind in between wakes it.
+            let bound = self.host_bound.notified();
+            tokio::pin!(bound);
+            bound.as_mut().enable();
+            if let Some(route) = self.session_for_host(host) {
+                return Some(route);
+            }
+            let went = *self.offline.lock().get(host)?;
+            let deadline = went + grace;
+            if Instant::now() >= deadline {
+                return None;
+            }
+            // A bind on this replica wakes it at once; one on another
+            // replica of a fleet is seen at the next look.
+            let look = deadline.min(Instant::now() + FLEET_LOOK);
+            let _ = tokio::time::timeout_at(look.into(), bound).await;
+        }
     }
 
     /// The local tunnel serving TCP `port` and the endpoint's name; never a hop.
@@ -338,6 +377,7 @@ impl Registry {
             BoundTarget::Http { host } => {
                 let previous = self.hosts.write().insert(host.clone(), Arc::clone(route));
                 self.offline.lock().remove(host);
+                self.host_bound.notify_waiters();
                 previous.filter(|p| !Arc::ptr_eq(p, route))
             }
             BoundTarget::Tcp { port } => {
@@ -429,7 +469,7 @@ impl Registry {
                     if offline.len() >= MAX_OFFLINE_HOSTS {
                         offline.clear();
                     }
-                    offline.insert(host.clone());
+                    offline.insert(host.clone(), Instant::now());
                 }
             }
             BoundTarget::Tcp { port } => {

@@ -381,7 +381,8 @@ where
         let Some(host) = head.host.as_deref() else {
             return self.refuse(&head, complete, Page::no_host()).await;
         };
-        let Some(session) = self.registry.session_for_host(host) else {
+        let grace = self.peer.limits.reconnect_grace;
+        let Some(session) = self.registry.route_for_host_within(host, grace).await else {
             let page = Page::not_routed(&self.registry, host);
             return self.refuse(&head, complete, page).await;
         };

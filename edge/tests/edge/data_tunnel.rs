@@ -549,6 +549,70 @@ async fn a_gone_agent_turns_its_host_into_503() {
     assert_eq!(status, 503, "a host whose agent left answers 503");
 }
 
+/// An agent restarting (as on `helm upgrade`): a request that arrives while
+/// its host's tunnel is away waits for the tunnel to come back, within
+/// `reconnect_grace`, and is served; when none comes back it is answered
+/// 503 at the end of the grace. Before the grace existed, the first request
+/// was answered 503 at once.
+#[tokio::test]
+async fn a_request_waits_for_a_restarting_agent_within_the_grace() {
+    init();
+    let cert = TestCert::new();
+    let authority = authority_with("t1", vec![Binding::http(HOST)]);
+    let mut config = edge_config(&cert, "127.0.0.1:0".parse().unwrap());
+    config.public_limits.reconnect_grace = std::time::Duration::from_secs(8);
+    let edge = EdgeServer::start(config, Arc::new(authority.clone()), None)
+        .await
+        .unwrap();
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
+    agent.connected().await.unwrap();
+    let client = http_client(&cert, &edge, &[HOST]);
+    let get = || client.get(http_url(&edge, HOST, "/")).send();
+    assert_eq!(get().await.unwrap().status(), 200);
+    let mut sessions = edge.sessions();
+    agent.shutdown().await;
+    tokio::time::timeout(HANG_GUARD, sessions.wait_for(|n| *n == 0))
+        .await
+        .unwrap()
+        .unwrap();
+    // A request while no tunnel serves the host: no answer yet...
+    let mut raw = TcpStream::connect(edge.http_addr.unwrap()).await.unwrap();
+    raw.write_all(
+        format!("GET / HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut first = [0u8; 1];
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), raw.read(&mut first))
+            .await
+            .is_err(),
+        "the request waits for the tunnel instead of being answered at once"
+    );
+    // ... until an agent attaches the host again: then it is served.
+    let agent = start_agent(&cert, &edge, "t1", vec![Binding::http(HOST)]).await;
+    agent.connected().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(HANG_GUARD, raw.read_to_end(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // No agent comes back: answered 503 once the grace is over.
+    agent.shutdown().await;
+    tokio::time::timeout(HANG_GUARD, sessions.wait_for(|n| *n == 0))
+        .await
+        .unwrap()
+        .unwrap();
+    let status = tokio::time::timeout(HANG_GUARD, get())
+        .await
+        .unwrap()
+        .unwrap()
+        .status();
+    assert_eq!(status, 503, "no tunnel came back within the grace");
+}
+
 /// A raw TLS connection to the agent listener, speaking the wire protocol by hand.
 async fn raw_agent_connection(
     cert: &TestCert,
