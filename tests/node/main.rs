@@ -997,6 +997,15 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
         outage.as_secs_f64()
     );
     assert!(ok > 0, "no request was answered during the upgrade");
+    // What the design allows (one agent, Recreate): the edge holds the
+    // requests of the restart's gap (--reconnect-grace-secs), so only a
+    // request in flight on the old agent's tunnel as it goes, or sent before
+    // the edge has seen that session end, can fail; the traffic is one
+    // request at a time. Before the grace: 50-62 of ~190 failed over 1.1-1.4 s.
+    assert!(
+        failed <= 3,
+        "{failed} requests failed during the agent's restart (at most one in flight at its exit)"
+    );
 
     // Uninstall, as documented: the resources, the release, the CRDs.
     node.kubectl_ok(&[
