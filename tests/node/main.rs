@@ -833,7 +833,8 @@ async fn helm_install_on_a_real_node_runs_confined_pods_and_the_documented_tunne
     );
     // The kubelet's republish with a renewed token, observed: it renews a
     // token after 80 % of its 10 min, so this waits up to 12 min and runs
-    // only when asked (TUNA_NODE_TOKEN_ROTATION=1), not in `.ci/run`.
+    // only when asked (TUNA_NODE_TOKEN_ROTATION=1): `.ci/run` asks, and runs
+    // the fuzz targets meanwhile.
     // It found (2026-12-05) that every republish with a renewed token failed
     // with `Permission denied`: the plugin, root without CAP_DAC_OVERRIDE,
     // could not write into the read-only target it had left (fixed in
