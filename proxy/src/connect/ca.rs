@@ -12,7 +12,7 @@ use rcgen::{
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::Credential;
+use super::grant::Credential;
 use crate::error::{Error, Result};
 
 /// How long a leaf certificate is valid; it is re-signed when half of it is

@@ -11,17 +11,17 @@ use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 
-use super::{ConnectAuthorizer, ConnectGrant, ConnectRefusal, ConnectRequest, MIN_RECHECK};
+use super::grant::{ConnectAuthorizer, ConnectGrant, ConnectRefusal, ConnectRequest, MIN_RECHECK};
 use crate::http::{Pinned, PinnedGrant, PinnedRefusal};
 use crate::metrics::{ConnectOutcome, HostStats};
-use crate::routes::CompiledBackend;
+use crate::routes::{CompiledBackend, UpstreamTarget};
 use crate::shared::Shared;
 
 /// What the connection may do now.
 struct Current {
     pinned: Arc<Pinned>,
     /// The grant's upstream, to tell whether a new grant changed it.
-    target: Arc<super::UpstreamTarget>,
+    target: Arc<UpstreamTarget>,
     recheck_at: Instant,
 }
 

@@ -16,8 +16,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::config::ConnectConfig;
+use super::grant::{Authority, ConnectRefusal, ConnectRequest, ProxyCredentials};
 use super::recheck::LiveGrant;
-use super::{Authority, ConnectConfig, ConnectRefusal, ConnectRequest, ProxyCredentials};
 use crate::accept::{accept_until, spawn_connection};
 use crate::client::Scheme;
 use crate::conn;
