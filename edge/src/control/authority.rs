@@ -29,17 +29,14 @@ use std::time::{Duration, SystemTime};
 use futures::future::BoxFuture;
 use tokio::sync::broadcast;
 
-use super::ControlPlane;
 use super::names::normalize_host;
-use super::secrets::{self, API_KEY_PREFIX, TUNNEL_TOKEN_PREFIX};
+use super::plane::ControlPlane;
+use super::secrets::{self, API_KEY_PREFIX, KEY_GRANT_PREFIX, TUNNEL_TOKEN_PREFIX};
 use super::store::State;
 use tuna_protocol::api::{DomainKind, Scope, Timestamp};
 use tuna_protocol::wire::{Binding, BoundTarget, ErrorCode, Rejection, TunnelToken};
 
 use crate::authority::{Grant, Revocation, SessionAuthority, TokenId, owner_labels};
-
-/// Prefix of the token ids of grants opened with an API key.
-pub const KEY_GRANT_PREFIX: &str = "key:";
 
 fn system_time(unix_seconds: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(unix_seconds).unwrap_or(0))

@@ -9,8 +9,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::DEFAULT_ACCOUNT;
 use super::keys;
+use super::plane::DEFAULT_ACCOUNT;
 use super::store::{Store, StoreUrl};
 use tuna_protocol::api::Scope;
 

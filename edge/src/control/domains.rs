@@ -2,8 +2,10 @@
 //! domains (usable once their DNS records are verified).
 
 use super::dns::challenge_record_name;
+use super::keys::Caller;
+use super::plane::{ControlPlane, check_quota};
 use super::store::{DomainRecord, Write};
-use super::{Caller, ControlPlane, names, secrets};
+use super::{names, secrets};
 use tuna_protocol::api::{
     CreateDomain, DnsRecord, Domain, DomainKind, DomainStatus, Scope, Timestamp,
 };
@@ -316,14 +318,4 @@ impl ControlPlane {
             Ok((view, writes))
         })
     }
-}
-
-/// `Err(quota_exceeded)` when `count` objects already use up `quota`.
-pub(crate) fn check_quota(count: usize, quota: usize, what: &str, flag: &str) -> Result<()> {
-    if count >= quota {
-        return Err(Error::QuotaExceeded(format!(
-            "your account holds {count} {what}, its quota (tuna-operator edge {flag}); delete some first"
-        )));
-    }
-    Ok(())
 }

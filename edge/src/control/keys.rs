@@ -1,9 +1,9 @@
 //! API keys: created by the `edge keys` command, checked on every request.
 
-use super::authority::KEY_GRANT_PREFIX;
-use super::secrets::{self, API_KEY_PREFIX};
+use super::names;
+use super::plane::ControlPlane;
+use super::secrets::{self, API_KEY_PREFIX, KEY_GRANT_PREFIX};
 use super::store::{KeyRecord, Store, Write};
-use super::{ControlPlane, names};
 use tuna_protocol::api::{ApiKey, CreateApiKey, CreatedApiKey, Scope, Secret, Timestamp};
 
 use crate::authority::{Revocation, TokenId};
@@ -154,7 +154,7 @@ impl ControlPlane {
             .values()
             .filter(|k| k.account == caller.account)
             .count();
-        super::domains::check_quota(held, self.shared.quotas.keys, "API keys", "--quota-keys")?;
+        super::plane::check_quota(held, self.shared.quotas.keys, "API keys", "--quota-keys")?;
         let (info, key) = self.create_key(
             &caller.account,
             request.name.clone(),

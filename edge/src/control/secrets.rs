@@ -11,6 +11,9 @@ use ring::rand::{SecureRandom, SystemRandom};
 use subtle::ConstantTimeEq;
 use tuna_protocol::api::Secret;
 
+/// Prefix of the token ids of grants opened with an API key.
+pub const KEY_GRANT_PREFIX: &str = "key:";
+
 /// Prefix of API keys (`tunak_…`): recognisable by secret scanners.
 pub const API_KEY_PREFIX: &str = "tunak";
 /// Prefix of tunnel tokens (`tunat_…`).

@@ -12,9 +12,10 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::keys::Caller;
+use super::plane::ControlPlane;
 use super::secrets::{self, API_KEY_PREFIX};
 use super::serve::ClientAddr;
-use super::{Caller, ControlPlane};
 use tuna_protocol::api::{
     ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
     CreatedToken, Domain, List, RenewToken, TcpEndpoint, Token, WhoAmI,
@@ -46,7 +47,14 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/keys/{id}"),
 ];
 
-pub(super) fn router(plane: ControlPlane) -> Router {
+impl ControlPlane {
+    /// The REST API (`docs/tuna-api.md`), ready to serve.
+    pub fn router(&self) -> Router {
+        router(self.clone())
+    }
+}
+
+fn router(plane: ControlPlane) -> Router {
     Router::new()
         .route("/v1/account", get(whoami))
         .route("/v1/domains", post(create_domain).get(list_domains))

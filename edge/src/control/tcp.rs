@@ -1,7 +1,9 @@
 //! TCP endpoints: an alias reserves one public port of the edge's range.
 
+use super::keys::Caller;
+use super::names;
+use super::plane::ControlPlane;
 use super::store::{State, TcpRecord, Write};
-use super::{Caller, ControlPlane, names};
 use tuna_protocol::api::{CreateTcpEndpoint, Scope, TcpEndpoint, Timestamp};
 use tuna_protocol::wire::BoundTarget;
 
@@ -55,7 +57,7 @@ impl ControlPlane {
                     &format!("the TCP endpoint alias {alias:?}"),
                 ));
             }
-            super::domains::check_quota(
+            super::plane::check_quota(
                 state.tcp_held(&caller.account),
                 self.shared.quotas.tcp_endpoints,
                 "TCP endpoints",

@@ -3,9 +3,11 @@
 
 use std::collections::BTreeMap;
 
+use super::keys::Caller;
+use super::names;
+use super::plane::ControlPlane;
 use super::secrets::{self, TUNNEL_TOKEN_PREFIX};
 use super::store::{TokenRecord, Write};
-use super::{Caller, ControlPlane, names};
 use tuna_protocol::api::{
     Bindings, CreateToken, CreatedToken, RenewToken, Scope, Timestamp, Token, TokenInfo,
 };
@@ -17,8 +19,6 @@ use crate::error::{Error, Result};
 pub const DEFAULT_TTL_SECONDS: u64 = 24 * 3600;
 /// Longest lifetime a token may get at once: 30 days.
 pub const MAX_TTL_SECONDS: u64 = 30 * 24 * 3600;
-/// Longest total lifetime of a token, renewals included, by default: 90 days.
-pub const MAX_LIFETIME: std::time::Duration = std::time::Duration::from_secs(90 * 24 * 3600);
 
 /// Scopes that may manage tokens: writers, and connect-only keys (an agent
 /// given a `tunnels:connect` key mints its own per-tunnel tokens).
@@ -143,7 +143,7 @@ impl ControlPlane {
         };
         let live = now.unix_seconds();
         self.store().commit(|state| {
-            super::domains::check_quota(
+            super::plane::check_quota(
                 state.live_tokens(&caller.account, live),
                 self.shared.quotas.tokens,
                 "live tunnel tokens",
