@@ -106,7 +106,9 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::pg_tls::{self, SslMode};
 
-use super::{Backend, DomainRecord, KeyRecord, Mirror, State, TcpRecord, TokenRecord, Write};
+use super::model::{
+    Backend, DomainRecord, KeyRecord, Mirror, State, TcpRecord, TokenRecord, Write,
+};
 use crate::error::{Error, Result};
 
 /// How often every replica looks for changes when no notification came.

@@ -15,7 +15,7 @@ use ::redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{
+use super::model::{
     Backend, DomainRecord, KeyRecord, Mirror, STORE_FILE, State, TcpRecord, TokenRecord, Write,
 };
 use crate::error::{Error, Result};
