@@ -31,9 +31,7 @@
 //!   wrapped as a Pingora `VirtualSocket` whose digest reports the public
 //!   client address.
 //! - **Registration (the plugin seam).** [`ProxyCore::set_host_routes`],
-//!   [`ProxyCore::remove_host`] (and their coalescing async forms
-//!   [`ProxyCore::update_host_routes`], [`ProxyCore::withdraw_host`] for
-//!   callers with thousands of hosts), [`ProxyCore::add_tcp_listener`],
+//!   [`ProxyCore::remove_host`], [`ProxyCore::add_tcp_listener`],
 //!   [`ProxyCore::remove_tcp_listener`], [`ProxyCore::set_tcp_service`],
 //!   [`ProxyCore::remove_tcp_service`], [`ProxyCore::serve_tcp_stream`]. The
 //!   core knows nothing about Kubernetes; callers pass resolved socket

@@ -2,8 +2,8 @@
 //! the edge's data plane (`edge`) and its control plane (`control`), which
 //! draw from the same budgets: the pre-authentication slots every listener
 //! takes per source and in total, the edge's connection and session bounds
-//! ([`preauth`]), and the per-key request rate with its fleet share
-//! ([`rate`]). It imports neither of them.
+//! (`preauth.rs`), and the per-key request rate with its fleet share
+//! (`rate.rs`). It imports neither of them.
 
 mod preauth;
 mod rate;

@@ -246,7 +246,8 @@ impl ControlPlane {
 
     /// How long ago this replica's copy of the store was last known to
     /// hold every commit (other replicas' included); zero with redb. Above
-    /// [`authority::REVOCATION_BOUND`] the edge accepts no new sessions.
+    /// the revocation bound (1 s, `authority.rs`) the edge accepts no new
+    /// sessions.
     pub fn store_staleness(&self) -> std::time::Duration {
         self.store().staleness()
     }

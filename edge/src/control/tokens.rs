@@ -154,7 +154,8 @@ impl ControlPlane {
         Ok(created)
     }
 
-    /// The caller's tokens matching `selector` (see [`parse_selector`]).
+    /// The caller's tokens matching `selector`, an equality-based label
+    /// selector (`k=v,k2==v2,k3!=v3`; empty: all).
     pub fn list_tokens(&self, caller: &Caller, selector: &str) -> Result<Vec<Token>> {
         caller.require_any(TOKEN_SCOPES)?;
         let requirements = parse_selector(selector)?;
