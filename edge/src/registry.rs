@@ -344,7 +344,10 @@ impl Registry {
             }
             // A bind on this replica wakes it at once; one on another
             // replica of a fleet is seen at the next look.
-            let look = deadline.min(Instant::now() + FLEET_LOOK);
+            let look = match self.fleet.get() {
+                Some(_) => deadline.min(Instant::now() + FLEET_LOOK),
+                None => deadline,
+            };
             let _ = tokio::time::timeout_at(look.into(), bound).await;
         }
     }
