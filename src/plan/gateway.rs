@@ -197,6 +197,10 @@ pub enum RouteRefusal {
     NotAllowedByListeners,
     /// No listener of those has a hostname that intersects the route's.
     NoMatchingListenerHostname,
+    /// The Gateway itself is not accepted ([`not_accepted`]): nothing
+    /// attaches to it. The specification lets a controller use a reason of
+    /// its own here; none of its route reasons says this.
+    GatewayNotAccepted,
 }
 
 impl RouteRefusal {
@@ -206,6 +210,7 @@ impl RouteRefusal {
             Self::NoMatchingParent => "NoMatchingParent",
             Self::NotAllowedByListeners => "NotAllowedByListeners",
             Self::NoMatchingListenerHostname => "NoMatchingListenerHostname",
+            Self::GatewayNotAccepted => "GatewayNotAccepted",
         }
     }
 }
@@ -271,6 +276,27 @@ fn selects(
     by_labels && by_expressions
 }
 
+/// Why `gateway` is not accepted whatever its listeners say, if it is not:
+/// a `spec.infrastructure.parametersRef`, which never resolves here (this
+/// implementation defines no parameters kind). Its status says
+/// `Accepted=False, InvalidParameters`, and no route attaches to it.
+pub fn not_accepted(
+    gateway: &tuna_crds::gateway::Gateway,
+) -> Option<&tuna_crds::gateway::gateways::GatewayInfrastructureParametersRef> {
+    gateway
+        .spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref())
+}
+
+/// The message of a route refused by a Gateway that is [`not_accepted`].
+pub fn not_accepted_message(gateway: &str) -> String {
+    format!(
+        "Gateway {gateway} is not accepted (see its Accepted condition): no route attaches to it"
+    )
+}
+
 /// Attaches a route of `kind` (`HTTPRoute`, `TCPRoute`) in namespace
 /// `route_namespace` (with `namespace_labels`) and with `hostnames`, through
 /// `parent` (already known to name `gateway`, see [`refers_to`]), to the
@@ -280,7 +306,8 @@ fn selects(
 /// route's namespace (`Same` by default, `All`, or `Selector`) and kind (the
 /// listener protocol's kinds by default) (none: `NotAllowedByListeners`),
 /// and of those the ones whose hostname intersects the route's (none:
-/// `NoMatchingListenerHostname`). TCP routes have no hostnames.
+/// `NoMatchingListenerHostname`). TCP routes have no hostnames. A Gateway
+/// that is [`not_accepted`] takes no route (`GatewayNotAccepted`).
 pub fn attach(
     gateway: &tuna_crds::gateway::Gateway,
     parent: &tuna_crds::gateway::httproutes::HttpRouteParentRefs,
@@ -290,6 +317,9 @@ pub fn attach(
     hostnames: &[String],
 ) -> Result<Vec<Attached>, RouteRefusal> {
     use tuna_crds::gateway::gateways::GatewayListenersAllowedRoutesNamespacesFrom as From;
+    if not_accepted(gateway).is_some() {
+        return Err(RouteRefusal::GatewayNotAccepted);
+    }
     let gateway_namespace = gateway.metadata.namespace.as_deref().unwrap_or("default");
     let named: Vec<_> = gateway
         .spec

@@ -206,18 +206,25 @@ pub fn unresolved(conditions: &mut [Cond], reason: &str, message: String) {
     }
 }
 
+/// Puts `Programmed=False` into the conditions of a listener of a Gateway
+/// that is [`super::gateway::not_accepted`]: nothing of it is published.
+pub fn gateway_not_accepted(conditions: &mut [Cond]) {
+    for c in conditions.iter_mut().filter(|c| c.type_ == "Programmed") {
+        *c = Cond::no(
+            "Programmed",
+            "Invalid",
+            "the Gateway is not accepted (see its Accepted condition)",
+        );
+    }
+}
+
 fn holds(l: &ListenerStatus, type_: &str) -> bool {
     l.conditions.iter().any(|c| c.type_ == type_ && c.status)
 }
 
 /// The Gateway's `Accepted` and `Programmed`, from its listeners'.
 pub fn gateway_conditions(gateway: &Gateway, listeners: &[ListenerStatus]) -> Vec<Cond> {
-    if let Some(p) = gateway
-        .spec
-        .infrastructure
-        .as_ref()
-        .and_then(|i| i.parameters_ref.as_ref())
-    {
+    if let Some(p) = super::gateway::not_accepted(gateway) {
         return vec![
             Cond::no(
                 "Accepted",
@@ -227,7 +234,11 @@ pub fn gateway_conditions(gateway: &Gateway, listeners: &[ListenerStatus]) -> Ve
                     p.group, p.kind, p.name
                 ),
             ),
-            Cond::no("Programmed", "Invalid", "the Gateway is not accepted"),
+            Cond::no(
+                "Programmed",
+                "Invalid",
+                "the Gateway is not accepted: no route attaches to it and nothing is published",
+            ),
         ];
     }
     let not_valid: Vec<&str> = listeners

@@ -892,6 +892,9 @@ pub(crate) fn finish(
             if let Some((reason, message)) = problem {
                 super::gateway_status::unresolved(&mut conditions, reason, message);
             }
+            if super::gateway::not_accepted(g).is_some() {
+                super::gateway_status::gateway_not_accepted(&mut conditions);
+            }
             listeners.push(ListenerStatus {
                 name: l.name.clone(),
                 attached_routes: attached,
@@ -982,6 +985,7 @@ fn refusal_message(r: super::gateway::RouteRefusal, parent: &HttpRouteParentRefs
             "no listener hostname of Gateway {} intersects this route's hostnames",
             parent.name
         ),
+        R::GatewayNotAccepted => super::gateway::not_accepted_message(&parent.name),
     }
 }
 
@@ -1320,6 +1324,60 @@ spec:
             "{:?}",
             status("team-b").addresses
         );
+    }
+
+    /// A Gateway that is not accepted (a parametersRef, which never resolves
+    /// here) takes no route: the route is refused `GatewayNotAccepted`, its
+    /// host is not served, and the Gateway's listeners are not `Programmed`.
+    /// Before, the route was served as on any Gateway.
+    #[test]
+    fn a_gateway_that_is_not_accepted_serves_no_route() {
+        let gateways = format!(
+            "{GATEWAY}---
+metadata: {{name: params, namespace: shop}}
+spec:
+  gatewayClassName: tuna
+  infrastructure: {{parametersRef: {{group: invalid.io, kind: InvalidParameters, name: invalid}}}}
+  listeners: [{{name: http, protocol: HTTP, port: 80}}]
+"
+        );
+        let p = run_with_gateways(
+            &gateways,
+            &world(
+                "
+metadata: {name: r, namespace: shop}
+spec:
+  parentRefs: [{name: params}]
+  hostnames: [a.example.com]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+",
+            ),
+        );
+        assert!(
+            !p.hosts.contains_key("a.example.com"),
+            "{:?}",
+            p.hosts.keys()
+        );
+        let accepted = cond(&parent(&p, "r")[0].conditions, "Accepted");
+        assert_eq!(
+            (accepted.status, accepted.reason.as_str()),
+            (false, "GatewayNotAccepted")
+        );
+        let gateway = p
+            .gateway
+            .gateways
+            .iter()
+            .find(|g| g.object.name == "params")
+            .expect("gateway status");
+        assert_eq!(
+            cond(&gateway.conditions, "Accepted").reason,
+            "InvalidParameters"
+        );
+        assert!(gateway.addresses.is_empty(), "{:?}", gateway.addresses);
+        for l in &gateway.listeners {
+            assert_eq!(l.attached_routes, 0, "{}", l.name);
+            assert!(!cond(&l.conditions, "Programmed").status, "{}", l.name);
+        }
     }
 
     /// A cross-namespace backendRef needs a ReferenceGrant of the Service's

@@ -353,6 +353,7 @@ fn static_reason(reason: &str) -> &'static str {
         R::NoMatchingParent,
         R::NotAllowedByListeners,
         R::NoMatchingListenerHostname,
+        R::GatewayNotAccepted,
     ]
     .into_iter()
     .map(R::reason)
@@ -368,6 +369,7 @@ fn refusal_message(r: super::gateway::RouteRefusal, parent: &HttpRouteParentRefs
             "no listener of Gateway {} allows TCPRoutes of this namespace (allowedRoutes, or a protocol other than TCP)",
             parent.name
         ),
+        R::GatewayNotAccepted => super::gateway::not_accepted_message(&parent.name),
         _ => format!(
             "Gateway {} has no listener{}{}",
             parent.name,
@@ -439,6 +441,7 @@ spec:
     }
 
     struct World<'a> {
+        gateways: &'a str,
         routes: Vec<String>,
         endpoints: &'a str,
         tunnels: &'a str,
@@ -450,6 +453,7 @@ spec:
     impl Default for World<'_> {
         fn default() -> Self {
             Self {
+                gateways: GATEWAY,
                 routes: Vec::new(),
                 endpoints: "
 metadata: {name: pg, namespace: shop}
@@ -468,7 +472,7 @@ spec: {alias: redis}
 
     fn run(w: &World<'_>) -> Plan {
         let classes = objects::<GatewayClass>(CLASS);
-        let gateways = objects::<Gateway>(GATEWAY);
+        let gateways = objects::<Gateway>(w.gateways);
         let routes = objects::<TcpRoute>(&w.routes.join("\n---\n"));
         let http_routes = objects::<HttpRoute>(w.http_routes);
         let grants = objects::<ReferenceGrant>(w.grants);
@@ -758,5 +762,29 @@ spec:
         assert!(p.tcp.is_empty());
         assert_eq!(listener(&p, "pg").attached_routes, 0);
         assert_eq!(listener(&p, "web").attached_routes, 0);
+    }
+    /// A Gateway that is not accepted (a parametersRef, which never resolves
+    /// here) publishes no TCPRoute: the route is refused
+    /// `GatewayNotAccepted` and the listener is not `Programmed`. Before,
+    /// the route was published on the listener's alias.
+    #[test]
+    fn a_gateway_that_is_not_accepted_publishes_no_tcproute() {
+        let gateways = GATEWAY.replace(
+            "spec:\n",
+            "spec:\n  infrastructure: {parametersRef: {group: invalid.io, kind: InvalidParameters, name: invalid}}\n",
+        );
+        let p = run(&World {
+            gateways: &gateways,
+            routes: vec![route("r", "shop", "2026-01-01T00:00:00Z", "pg", DB)],
+            ..World::default()
+        });
+        assert!(p.tcp.is_empty(), "{:?}", p.tcp.keys());
+        let accepted = cond(parent_conds(&p, "r"), "Accepted");
+        assert_eq!(
+            (accepted.status, accepted.reason.as_str()),
+            (false, "GatewayNotAccepted")
+        );
+        assert_eq!(listener(&p, "pg").attached_routes, 0);
+        assert!(!cond(&listener(&p, "pg").conditions, "Programmed").status);
     }
 }

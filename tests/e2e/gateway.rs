@@ -1506,6 +1506,27 @@ async fn gateway_and_listener_conditions_name_bad_certificates_and_parameters() 
     .unwrap();
     assert_eq!(accepted.reason, "InvalidParameters", "{accepted:?}");
     assert!(at_generation(&params));
+    // A Gateway that is not accepted takes no route: a route naming it is
+    // refused with the reason, and its listener is not programmed.
+    env.cluster.apply(
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: params}\nspec: {subdomain: params}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: on-params, namespace: default}\nspec:\n  parentRefs: [{name: params}]\n  hostnames: [params.tuna.test]\n  rules:\n  - backendRefs: [{name: web, port: 80}]\n",
+    );
+    let r = env
+        .route("on-params", "Accepted False", |r: &HttpRoute| {
+            our_parent(r).is_some_and(|p| {
+                condition(&p.conditions, "Accepted").is_some_and(|c| c.status == "False")
+            })
+        })
+        .await;
+    let refused = condition(&our_parent(&r).unwrap().conditions, "Accepted").unwrap();
+    assert_eq!(refused.reason, "GatewayNotAccepted", "{refused:?}");
+    let params: Gateway = Api::namespaced(env.client.clone(), "default")
+        .get("params")
+        .await
+        .unwrap();
+    let listener = &params.status.as_ref().unwrap().listeners.as_ref().unwrap()[0];
+    assert!(!is_true(&listener.conditions, "Programmed"), "{listener:?}");
+    assert_eq!(listener.attached_routes, 0, "{listener:?}");
 
     // A usable Secret; Secrets are not watched, so a change of the Gateway
     // (a new generation) brings the next sync.
