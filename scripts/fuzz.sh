@@ -26,6 +26,9 @@ unset CARGO_TARGET_DIR
 flags=(--fuzz-dir fuzz -O --codegen-units "${FUZZ_CODEGEN_UNITS:-16}")
 start=$(date +%s)
 echo "== fuzz: building every target"
+# cargo-fuzz has no --locked: check fuzz/Cargo.lock first, so that a lock
+# file that fell behind a manifest fails here instead of being rewritten.
+cargo metadata --locked --format-version 1 --manifest-path fuzz/Cargo.toml >/dev/null
 cargo +nightly fuzz build "${flags[@]}"
 for target in $(cargo +nightly fuzz list --fuzz-dir fuzz); do
   mkdir -p "fuzz/corpus/$target"
