@@ -88,6 +88,11 @@ pub(crate) fn reserve_listeners(
     let mut out = BTreeMap::new();
     for gi in order {
         let g = gateways[gi];
+        // A Gateway that is not accepted takes no route, so it holds no
+        // alias either.
+        if super::gateway::not_accepted(g).is_some() {
+            continue;
+        }
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         for l in g.spec.listeners.iter().filter(|l| l.protocol == "TCP") {
             let alias = l.name.as_str();
@@ -786,5 +791,41 @@ spec:
         );
         assert_eq!(listener(&p, "pg").attached_routes, 0);
         assert!(!cond(&listener(&p, "pg").conditions, "Programmed").status);
+    }
+    /// A Gateway that is not accepted holds no alias either: a younger
+    /// Gateway's listener on the same alias serves its TCPRoute. Before, the
+    /// older Gateway's listener kept the alias (`TcpEndpointInUse`).
+    #[test]
+    fn a_gateway_that_is_not_accepted_holds_no_alias() {
+        let gateways = "
+metadata: {name: edge, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  gatewayClassName: tuna
+  infrastructure: {parametersRef: {group: invalid.io, kind: InvalidParameters, name: invalid}}
+  listeners: [{name: pg, protocol: TCP, port: 5432}]
+---
+metadata: {name: late, namespace: shop, creationTimestamp: '2026-02-01T00:00:00Z'}
+spec:
+  gatewayClassName: tuna
+  listeners: [{name: pg, protocol: TCP, port: 5432}]
+";
+        let p = run(&World {
+            gateways,
+            routes: vec![
+                "
+metadata: {name: r, namespace: shop, creationTimestamp: '2026-03-01T00:00:00Z'}
+spec:
+  parentRefs: [{name: late, sectionName: pg}]
+  rules: [{backendRefs: [{name: db, port: 5432}]}]
+"
+                .into(),
+            ],
+            ..World::default()
+        });
+        assert!(
+            p.tcp.contains_key(&tcp_route("shop", "r")),
+            "{:?}",
+            p.refusals
+        );
     }
 }
