@@ -42,6 +42,12 @@ fn is_true(conditions: &[Condition], type_: &str) -> bool {
     condition(conditions, type_).is_some_and(|c| c.status == "True")
 }
 
+/// Whether our `status.parents` entry of a route has condition `type_` False.
+fn parent_says_false(r: &HttpRoute, type_: &str) -> bool {
+    our_parent(r)
+        .is_some_and(|p| condition(&p.conditions, type_).is_some_and(|c| c.status == "False"))
+}
+
 /// Our `status.parents` entry of a route (the first).
 fn our_parent(r: &HttpRoute) -> Option<&tuna_crds::gateway::httproutes::HttpRouteStatusParents> {
     r.status
@@ -412,9 +418,7 @@ async fn a_cross_namespace_backend_is_refused_until_a_reference_grant_allows_it(
     );
     let r = env
         .route("cross", "ResolvedRefs False", |r: &HttpRoute| {
-            our_parent(r).is_some_and(|p| {
-                condition(&p.conditions, "ResolvedRefs").is_some_and(|c| c.status == "False")
-            })
+            parent_says_false(r, "ResolvedRefs")
         })
         .await;
     let parent = our_parent(&r).unwrap();
@@ -1216,11 +1220,7 @@ async fn a_backend_name_that_cannot_be_a_service_stalls_only_its_own_route() {
         "poison",
         "ResolvedRefs=False",
         &env.procs(),
-        |r: &HttpRoute| {
-            our_parent(r).is_some_and(|p| {
-                condition(&p.conditions, "ResolvedRefs").is_some_and(|c| c.status == "False")
-            })
-        },
+        |r: &HttpRoute| parent_says_false(r, "ResolvedRefs"),
     )
     .await;
     let resolved = condition(&our_parent(&poison).unwrap().conditions, "ResolvedRefs")
@@ -1513,9 +1513,7 @@ async fn gateway_and_listener_conditions_name_bad_certificates_and_parameters() 
     );
     let r = env
         .route("on-params", "Accepted False", |r: &HttpRoute| {
-            our_parent(r).is_some_and(|p| {
-                condition(&p.conditions, "Accepted").is_some_and(|c| c.status == "False")
-            })
+            parent_says_false(r, "Accepted")
         })
         .await;
     let refused = condition(&our_parent(&r).unwrap().conditions, "Accepted").unwrap();
