@@ -1240,6 +1240,26 @@ async fn connectors_enabled_runs_the_role_and_the_csi_plugin_with_least_privileg
         .nth(1)
         .unwrap()
         .replace("name: k8s-connector", "name: elsewhere");
+    // The API server loads policies asynchronously (its policy source
+    // refreshes from an informer, apiserver pkg/admission/plugin/policy/
+    // generic/policy_source.go), so under load a policy may not be in
+    // effect seconds after `helm install`: wait for the editor's
+    // server-side dry run to be refused, as Kubernetes' own e2e waits for a
+    // marker to be denied (test/e2e/apimachinery/validatingadmissionpolicy.go).
+    // A policy that never denies still fails below.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let dry_run = kubectl(
+            &editor_kubeconfig,
+            &home,
+            &["apply", "--dry-run=server", "-n", NS, "-f", "-"],
+            Some(&stolen),
+        );
+        if text(&dry_run).contains("denied request") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let refused = kubectl(
         &editor_kubeconfig,
         &home,
