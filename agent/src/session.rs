@@ -115,12 +115,15 @@ struct StreamScope {
     hosts: HashSet<String>,
     /// Declared TCP endpoints (alias or port text, as declared).
     endpoints: HashSet<String>,
+    /// Declared addresses and ports.
+    addresses: HashSet<std::net::SocketAddr>,
 }
 
 impl StreamScope {
     fn new(gate: Arc<Gate>, bindings: &BTreeSet<Binding>) -> Self {
         let mut hosts = HashSet::new();
         let mut endpoints = HashSet::new();
+        let mut addresses = HashSet::new();
         for b in bindings {
             match b {
                 Binding::Http { host } => {
@@ -129,12 +132,16 @@ impl StreamScope {
                 Binding::Tcp { endpoint } => {
                     endpoints.insert(endpoint.clone());
                 }
+                Binding::Address { address, port } => {
+                    addresses.insert(std::net::SocketAddr::new(*address, *port));
+                }
             }
         }
         Self {
             gate,
             hosts,
             endpoints,
+            addresses,
         }
     }
 
@@ -142,6 +149,7 @@ impl StreamScope {
         match kind {
             StreamKind::Http { host, .. } => self.hosts.contains(host),
             StreamKind::Tcp { endpoint, .. } => self.endpoints.contains(endpoint),
+            StreamKind::Address { address } => self.addresses.contains(address),
         }
     }
 }

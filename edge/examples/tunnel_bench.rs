@@ -175,7 +175,7 @@ async fn main() -> anyhow::Result<()> {
             let agent = Agent::start(config, move |mut stream: MuxStream, meta: StreamMeta| {
                 let upstream = match meta.kind {
                     StreamKind::Http { .. } => http_upstream,
-                    StreamKind::Tcp { .. } => tcp_upstream,
+                    StreamKind::Tcp { .. } | StreamKind::Address { .. } => tcp_upstream,
                 };
                 tokio::spawn(async move {
                     let Ok(mut tcp) = tokio::net::TcpStream::connect(upstream).await else {

@@ -315,11 +315,21 @@ impl SessionAuthority for MemoryAuthority {
                         Err(not_allowed())
                     }
                 }
+                Binding::Address { address, port } => {
+                    if grant.allowed.contains(binding) {
+                        Ok(BoundTarget::Address {
+                            address: *address,
+                            port: *port,
+                        })
+                    } else {
+                        Err(not_allowed())
+                    }
+                }
                 Binding::Tcp { endpoint } => {
                     let port = self.resolve_port(endpoint).ok_or_else(not_allowed)?;
                     let allowed = grant.allowed.iter().any(|b| match b {
                         Binding::Tcp { endpoint: e } => self.resolve_port(e) == Some(port),
-                        Binding::Http { .. } => false,
+                        Binding::Http { .. } | Binding::Address { .. } => false,
                     });
                     if allowed {
                         Ok(BoundTarget::Tcp { port })

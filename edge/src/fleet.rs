@@ -493,6 +493,10 @@ async fn hop_in(
                 },
             ),
         },
+        StreamKind::Address { address } => (
+            registry.local_route_for_address(address),
+            StreamKind::Address { address },
+        ),
     };
     let Some(route) = route else {
         // The sender's index was stale: refuse the stream (it answers as

@@ -1,4 +1,5 @@
-//! Who serves what: public host → tunnel, public TCP port → tunnel.
+//! Who serves what: public host → tunnel, public TCP port → tunnel, held
+//! address and port (a Gateway's listener) → tunnel.
 //!
 //! A binding belongs to one tunnel (of one agent session) at a time. A tunnel
 //! that claims a binding another tunnel holds takes it over — an agent that
@@ -171,6 +172,30 @@ struct PortEntry {
     listener: CancellationToken,
 }
 
+/// A listener on a held address and port (a Gateway's): its connections go
+/// raw to one tunnel.
+struct AddressEntry {
+    route: Arc<TunnelRoute>,
+    listener: CancellationToken,
+}
+
+/// What a public listener serves: a TCP endpoint's port on the edge's TCP
+/// address, or one port of a held address.
+#[derive(Clone, Copy, Debug)]
+enum Listening {
+    Port(u16),
+    Address(SocketAddr),
+}
+
+impl std::fmt::Display for Listening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listening::Port(port) => write!(f, "TCP port {port}"),
+            Listening::Address(address) => write!(f, "address {address}"),
+        }
+    }
+}
+
 /// The other replicas of a fleet, as this registry needs them: a route to
 /// one that serves a host or a TCP port. Implemented by the fleet's index
 /// (`fleet.rs`), which the registry knows only through this.
@@ -189,6 +214,8 @@ const FLEET_LOOK: Duration = Duration::from_millis(250);
 pub(crate) struct Registry {
     hosts: RwLock<HashMap<String, Arc<TunnelRoute>>>,
     ports: RwLock<HashMap<u16, PortEntry>>,
+    /// Listeners on held addresses (Gateways'), by address and port.
+    addresses: RwLock<HashMap<SocketAddr, AddressEntry>>,
     /// Hosts whose tunnel went away, and when.
     offline: Mutex<HashMap<String, Instant>>,
     /// Woken whenever a host is bound, for the requests that wait for
@@ -237,6 +264,7 @@ impl Registry {
         let registry = Arc::new_cyclic(|me| Self {
             hosts: RwLock::new(HashMap::new()),
             ports: RwLock::new(HashMap::new()),
+            addresses: RwLock::new(HashMap::new()),
             offline: Mutex::new(HashMap::new()),
             host_bound: tokio::sync::Notify::new(),
             tcp_ip,
@@ -252,7 +280,11 @@ impl Registry {
             changed: tokio::sync::Notify::new(),
         });
         for (port, listener) in listeners {
-            registry.accept_loop(port, listener, registry.tasks.cancel.clone());
+            registry.accept_loop(
+                Listening::Port(port),
+                listener,
+                registry.tasks.cancel.clone(),
+            );
         }
         Ok(registry)
     }
@@ -367,6 +399,28 @@ impl Registry {
         })
     }
 
+    /// The local tunnel serving a held `address` and port. Addresses are
+    /// never served across a fleet: each lives on the host that has it.
+    pub(crate) fn local_route_for_address(&self, address: SocketAddr) -> Option<Arc<TunnelRoute>> {
+        self.addresses
+            .read()
+            .get(&address)
+            .map(|e| Arc::clone(&e.route))
+    }
+
+    /// Where a connection accepted on `listening` goes now, and what its
+    /// stream says it is.
+    fn route_for(&self, listening: Listening) -> Option<(Arc<TunnelRoute>, StreamKind)> {
+        match listening {
+            Listening::Port(port) => self
+                .route_for_port(port)
+                .map(|(route, endpoint)| (route, StreamKind::Tcp { endpoint, port })),
+            Listening::Address(address) => self
+                .local_route_for_address(address)
+                .map(|route| (route, StreamKind::Address { address })),
+        }
+    }
+
     /// Starts serving `target` through `route`, taking it over from any
     /// other tunnel — for a TCP port, only from a tunnel of the same owner
     /// or one already closed.
@@ -386,7 +440,7 @@ impl Registry {
             BoundTarget::Tcp { port } => {
                 let endpoint = match binding {
                     Binding::Tcp { endpoint } => endpoint.clone(),
-                    Binding::Http { .. } => port.to_string(),
+                    Binding::Http { .. } | Binding::Address { .. } => port.to_string(),
                 };
                 let mut ports = self.ports.write();
                 if let Some(entry) = ports.get_mut(port) {
@@ -431,6 +485,36 @@ impl Registry {
                         PortEntry {
                             route: Arc::clone(route),
                             endpoint,
+                            listener,
+                        },
+                    );
+                    None
+                }
+            }
+            BoundTarget::Address { address, port } => {
+                let key = SocketAddr::new(*address, *port);
+                let mut addresses = self.addresses.write();
+                if let Some(entry) = addresses.get_mut(&key) {
+                    if !Arc::ptr_eq(&entry.route, route)
+                        && entry.route.owner != route.owner
+                        && !entry.route.closed.is_cancelled()
+                    {
+                        return Err(Rejection::new(
+                            ErrorCode::BindingNotAllowed,
+                            format!(
+                                "{key} is served by a live tunnel of another owner; it moves \
+                                 to another owner only once that tunnel has closed"
+                            ),
+                        ));
+                    }
+                    let previous = std::mem::replace(&mut entry.route, Arc::clone(route));
+                    Some(previous).filter(|p| !Arc::ptr_eq(p, route))
+                } else {
+                    let listener = self.listen_on(Listening::Address(key))?;
+                    addresses.insert(
+                        key,
+                        AddressEntry {
+                            route: Arc::clone(route),
                             listener,
                         },
                     );
@@ -494,6 +578,17 @@ impl Registry {
                     }
                 }
             }
+            BoundTarget::Address { address, port } => {
+                let key = SocketAddr::new(*address, *port);
+                let mut addresses = self.addresses.write();
+                if addresses
+                    .get(&key)
+                    .is_some_and(|e| Arc::ptr_eq(&e.route, route))
+                    && let Some(entry) = addresses.remove(&key)
+                {
+                    entry.listener.cancel();
+                }
+            }
         }
     }
 
@@ -510,24 +605,32 @@ impl Registry {
         if self.prebound.contains(&port) {
             return Ok(CancellationToken::new());
         }
+        self.listen_on(Listening::Port(port))
+    }
+
+    /// Binds the listener of `listening` now and serves it until cancelled.
+    fn listen_on(&self, listening: Listening) -> Result<CancellationToken, Rejection> {
         let unavailable = |e: std::io::Error| {
             Rejection::new(
                 ErrorCode::BindingUnavailable,
-                format!("cannot listen on TCP port {port}: {e}"),
+                format!("cannot listen on {listening}: {e}"),
             )
         };
-        let std_listener =
-            std::net::TcpListener::bind(SocketAddr::new(self.tcp_ip, port)).map_err(unavailable)?;
+        let at = match listening {
+            Listening::Port(port) => SocketAddr::new(self.tcp_ip, port),
+            Listening::Address(address) => address,
+        };
+        let std_listener = std::net::TcpListener::bind(at).map_err(unavailable)?;
         std_listener.set_nonblocking(true).map_err(unavailable)?;
         let listener = TcpListener::from_std(std_listener).map_err(unavailable)?;
         let cancel = self.tasks.cancel.child_token();
-        self.accept_loop(port, listener, cancel.clone());
+        self.accept_loop(listening, listener, cancel.clone());
         Ok(cancel)
     }
 
-    /// Accepts public TCP connections on `port` and forwards each to the
-    /// tunnel bound to the port at that moment (none: the connection closes).
-    fn accept_loop(&self, port: u16, listener: TcpListener, stop: CancellationToken) {
+    /// Accepts public TCP connections on `listening` and forwards each to
+    /// the tunnel bound to it at that moment (none: the connection closes).
+    fn accept_loop(&self, listening: Listening, listener: TcpListener, stop: CancellationToken) {
         let registry = self.me.clone();
         let guard = self.tasks.clone();
         tokio::spawn(async move {
@@ -551,7 +654,7 @@ impl Registry {
                                 .accept_errors
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
-                        tracing::warn!(port, error = %e, retry_in = ?backoff, "accept on TCP endpoint failed");
+                        tracing::warn!(%listening, error = %e, retry_in = ?backoff, "accept on TCP endpoint failed");
                         tokio::select! {
                             _ = stop.cancelled() => return,
                             _ = tokio::time::sleep(backoff) => {}
@@ -579,34 +682,26 @@ impl Registry {
                         };
                         let admission = &registry.tcp_admission;
                         let Some(slot) = admission.budget.try_acquire(client.ip()) else {
-                            tracing::debug!(port, %client, "TCP endpoint connection cap reached; closing");
+                            tracing::debug!(%listening, %client, "TCP endpoint connection cap reached; closing");
                             return;
                         };
-                        if let Some((route, endpoint)) = registry.route_for_port(port) {
+                        if let Some((route, kind)) = registry.route_for(listening) {
                             let timeouts = admission.timeouts;
-                            forward_tcp(tcp, client, port, endpoint, route, timeouts, slot).await;
+                            forward_tcp(tcp, client, kind, route, timeouts, slot).await;
                         }
                     });
                     continue;
                 }
                 // Refused at accept, before anything else is spent on it.
                 let Some(slot) = admission.budget.try_acquire(client_addr.ip()) else {
-                    tracing::debug!(port, client = %client_addr, "TCP endpoint connection cap reached; closing");
+                    tracing::debug!(%listening, client = %client_addr, "TCP endpoint connection cap reached; closing");
                     continue;
                 };
-                let Some((route, endpoint)) = registry.route_for_port(port) else {
+                let Some((route, kind)) = registry.route_for(listening) else {
                     continue;
                 };
                 let timeouts = admission.timeouts;
-                tokio::spawn(forward_tcp(
-                    tcp,
-                    client_addr,
-                    port,
-                    endpoint,
-                    route,
-                    timeouts,
-                    slot,
-                ));
+                tokio::spawn(forward_tcp(tcp, client_addr, kind, route, timeouts, slot));
             }
         });
     }
@@ -713,8 +808,7 @@ async fn idle(moved: Arc<std::sync::atomic::AtomicBool>, timeouts: TcpTimeouts) 
 async fn forward_tcp(
     tcp: tokio::net::TcpStream,
     client_addr: SocketAddr,
-    port: u16,
-    endpoint: String,
+    kind: StreamKind,
     route: Arc<TunnelRoute>,
     timeouts: TcpTimeouts,
     _slot: crate::budget::PreAuthSlot,
@@ -725,15 +819,20 @@ async fn forward_tcp(
         inner: tcp,
         moved: Arc::clone(&moved),
     };
+    let listening = match &kind {
+        StreamKind::Address { address } => Listening::Address(*address),
+        StreamKind::Tcp { port, .. } => Listening::Port(*port),
+        StreamKind::Http { .. } => return,
+    };
     let meta = StreamMeta {
         client_addr,
-        kind: StreamKind::Tcp { endpoint, port },
+        kind,
         tunnel: route.tunnel.clone(),
     };
     let mut stream = match route.open(&meta).await {
         Ok(s) => s,
         Err(e) => {
-            tracing::debug!(port, error = %e, "could not open a stream for a TCP client");
+            tracing::debug!(%listening, error = %e, "could not open a stream for a TCP client");
             return;
         }
     };
@@ -741,11 +840,11 @@ async fn forward_tcp(
     tokio::select! {
         _ = closed.cancelled() => {}
         () = idle(moved, timeouts) => {
-            tracing::debug!(port, client = %client_addr, "TCP endpoint connection idle; closing");
+            tracing::debug!(%listening, client = %client_addr, "TCP endpoint connection idle; closing");
         }
         r = tokio::io::copy_bidirectional_with_sizes(&mut tcp, &mut stream, TCP_COPY_BUFFER, TCP_COPY_BUFFER) => {
             if let Err(e) = r {
-                tracing::debug!(port, error = %e, "TCP endpoint connection ended with an error");
+                tracing::debug!(%listening, error = %e, "TCP endpoint connection ended with an error");
             }
         }
     }

@@ -941,6 +941,9 @@ fn describe(target: &BoundTarget) -> String {
     match target {
         BoundTarget::Http { host } => format!("host {host}"),
         BoundTarget::Tcp { port } => format!("TCP port {port}"),
+        BoundTarget::Address { address, port } => {
+            format!("address {}", std::net::SocketAddr::new(*address, *port))
+        }
     }
 }
 

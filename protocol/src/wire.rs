@@ -40,7 +40,7 @@
 //! allocated, and the buffer grows with the bytes that actually arrive.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -81,7 +81,8 @@ pub const MAX_BINDINGS: usize = 1024;
 /// Longest tunnel id (printable ASCII without spaces).
 pub const MAX_TUNNEL_ID_LEN: usize = 128;
 
-/// Request header naming what an h2 stream carries: `control`, `http` or `tcp`.
+/// Request header naming what an h2 stream carries: `control`, `http`, `tcp`
+/// or `address`.
 pub const HEADER_KIND: &str = "tuna-kind";
 /// Request header: the id the agent gave the tunnel this stream belongs to.
 pub const HEADER_TUNNEL: &str = "tuna-tunnel";
@@ -95,6 +96,9 @@ pub const HEADER_HOST: &str = "tuna-host";
 pub const HEADER_ENDPOINT: &str = "tuna-endpoint";
 /// Request header: the public TCP port (TCP streams).
 pub const HEADER_PORT: &str = "tuna-port";
+/// Request header: the held address and port the client connected to
+/// (`ip:port`, `[ip]:port` for IPv6; address streams).
+pub const HEADER_ADDRESS: &str = "tuna-address";
 
 /// A tunnel token in clear text; `Debug`/`Display` print a mask.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,9 +142,22 @@ pub enum Binding {
         /// The endpoint's alias, or its port number as text.
         endpoint: String,
     },
+    /// Every connection to one port of an address the account holds (a
+    /// Gateway's address, `POST /v1/gateway-addresses`): the stream is
+    /// carried raw, whatever it holds (HTTP with any `Host`, TLS, TCP).
+    Address {
+        /// The held address.
+        address: IpAddr,
+        /// Any port on it (1-65535).
+        port: u16,
+    },
 }
 
 impl Binding {
+    /// A binding of `port` on the held `address`.
+    pub fn address(address: IpAddr, port: u16) -> Self {
+        Self::Address { address, port }
+    }
     /// An HTTP binding for `host`.
     pub fn http(host: impl Into<String>) -> Self {
         Self::Http { host: host.into() }
@@ -157,6 +174,16 @@ impl Binding {
         let (what, value) = match self {
             Binding::Http { host } => ("host", host),
             Binding::Tcp { endpoint } => ("endpoint", endpoint),
+            Binding::Address { address, port } => {
+                return if *port == 0 || address.is_unspecified() || address.is_multicast() {
+                    Err(Rejection::new(
+                        ErrorCode::BadRequest,
+                        format!("{address} port {port} is not an address and port to listen on"),
+                    ))
+                } else {
+                    Ok(())
+                };
+            }
         };
         let ok = !value.is_empty()
             && value.len() <= MAX_HOST_LEN
@@ -181,6 +208,9 @@ impl fmt::Display for Binding {
         match self {
             Binding::Http { host } => write!(f, "http host {host}"),
             Binding::Tcp { endpoint } => write!(f, "tcp endpoint {endpoint}"),
+            Binding::Address { address, port } => {
+                write!(f, "address {}", SocketAddr::new(*address, *port))
+            }
         }
     }
 }
@@ -197,6 +227,13 @@ pub enum BoundTarget {
     /// Connections to this public TCP port.
     Tcp {
         /// Public port on the edge.
+        port: u16,
+    },
+    /// Connections to this port of a held address.
+    Address {
+        /// The address.
+        address: IpAddr,
+        /// The port.
         port: u16,
     },
 }
@@ -624,6 +661,11 @@ pub enum StreamKind {
         /// The public port the client connected to.
         port: u16,
     },
+    /// Raw bytes of one connection to a held address (a Gateway's).
+    Address {
+        /// The address and port the client connected to.
+        address: SocketAddr,
+    },
 }
 
 /// Metadata of one data stream: enough for `X-Forwarded-*` and routing.
@@ -657,6 +699,10 @@ impl StreamMeta {
                 headers.insert(HEADER_ENDPOINT, value(endpoint)?);
                 headers.insert(HEADER_PORT, value(&port.to_string())?);
             }
+            StreamKind::Address { address } => {
+                headers.insert(HEADER_KIND, HeaderValue::from_static("address"));
+                headers.insert(HEADER_ADDRESS, value(&address.to_string())?);
+            }
         }
         Ok(())
     }
@@ -687,6 +733,11 @@ impl StreamMeta {
                     .parse()
                     .map_err(|_| Error::Protocol(format!("{HEADER_PORT} is not a port")))?,
             },
+            "address" => StreamKind::Address {
+                address: get(HEADER_ADDRESS)?
+                    .parse()
+                    .map_err(|_| Error::Protocol(format!("{HEADER_ADDRESS} is not ip:port")))?,
+            },
             other => return Err(Error::Protocol(format!("unknown stream kind {other:?}"))),
         };
         let tunnel = get(HEADER_TUNNEL)?.to_owned();
@@ -710,7 +761,8 @@ mod tests {
     fn binding() -> impl Strategy<Value = Binding> {
         prop_oneof![
             name().prop_map(Binding::http),
-            name().prop_map(Binding::tcp)
+            name().prop_map(Binding::tcp),
+            (any::<IpAddr>(), any::<u16>()).prop_map(|(a, p)| Binding::address(a, p)),
         ]
     }
 
@@ -718,6 +770,8 @@ mod tests {
         prop_oneof![
             name().prop_map(|host| BoundTarget::Http { host }),
             any::<u16>().prop_map(|port| BoundTarget::Tcp { port }),
+            (any::<IpAddr>(), any::<u16>())
+                .prop_map(|(address, port)| BoundTarget::Address { address, port }),
         ]
     }
 
@@ -854,12 +908,16 @@ mod tests {
         #[test]
         fn stream_meta_round_trips(
             ip in any::<[u8; 4]>(), cport in any::<u16>(), host in name(), https in any::<bool>(),
-            tcp in any::<bool>(), port in any::<u16>(), tunnel in "[!-~]{1,40}"
+            kind in 0..3u8, port in any::<u16>(), held in any::<SocketAddr>(),
+            tunnel in "[!-~]{1,40}"
         ) {
-            let kind = if tcp {
-                StreamKind::Tcp { endpoint: host, port }
-            } else {
-                StreamKind::Http { host, scheme: if https { Scheme::Https } else { Scheme::Http } }
+            let kind = match kind {
+                0 => StreamKind::Tcp { endpoint: host, port },
+                1 => StreamKind::Address { address: held },
+                _ => StreamKind::Http {
+                    host,
+                    scheme: if https { Scheme::Https } else { Scheme::Http },
+                },
             };
             let meta = StreamMeta { client_addr: SocketAddr::from((ip, cport)), kind, tunnel };
             let mut headers = HeaderMap::new();

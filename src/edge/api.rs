@@ -100,6 +100,7 @@ pub fn bindings_of(bindings: &[Binding]) -> tuna_protocol::api::Bindings {
         match b {
             Binding::Http { host } => out.hosts.push(host.clone()),
             Binding::Tcp { endpoint } => out.tcp_endpoints.push(endpoint.clone()),
+            Binding::Address { .. } => {}
         }
     }
     out

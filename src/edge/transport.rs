@@ -42,6 +42,11 @@ pub fn serve_stream(proxy: &ProxyCore, stream: MuxStream, meta: StreamMeta) {
                     tracing::debug!(%endpoint, error = %e, "tcp stream ended");
                 }
             }
+            StreamKind::Address { address } => {
+                // The operator binds no address yet: nothing is served there.
+                drop(stream);
+                tracing::debug!(%address, "a stream for an address this agent does not serve");
+            }
         }
     });
 }

@@ -182,6 +182,9 @@ impl ControlPlane {
                 }
                 Ok(BoundTarget::Tcp { port: record.port })
             }
+            Binding::Address { .. } => Err(refuse(
+                "this edge keeps no addresses for Gateways yet".to_owned(),
+            )),
         }
     }
 

@@ -194,12 +194,21 @@ pub async fn wait_status(
         .clone()
 }
 
-/// The test backend: HTTP streams get a small hyper server, TCP streams an echo.
+/// The test backend: HTTP streams get a small hyper server, TCP streams an
+/// echo, address streams a line naming the address and then an echo.
 pub async fn serve_backend(stream: MuxStream, meta: StreamMeta) {
     match meta.kind.clone() {
         StreamKind::Tcp { .. } => {
             let (mut r, mut w) = tokio::io::split(stream);
             let _ = tokio::io::copy(&mut r, &mut w).await;
+            let _ = w.shutdown().await;
+        }
+        StreamKind::Address { address } => {
+            let (mut r, mut w) = tokio::io::split(stream);
+            let line = format!("address={address} client_ip={}\n", meta.client_addr.ip());
+            if w.write_all(line.as_bytes()).await.is_ok() {
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            }
             let _ = w.shutdown().await;
         }
         StreamKind::Http { .. } => {
@@ -252,7 +261,7 @@ async fn backend(
     let body = req.into_body().collect().await?.to_bytes();
     let (host, scheme) = match &meta.kind {
         StreamKind::Http { host, scheme } => (host.clone(), scheme.as_str()),
-        StreamKind::Tcp { .. } => unreachable!(),
+        StreamKind::Tcp { .. } | StreamKind::Address { .. } => unreachable!(),
     };
     let text = format!(
         "host={host} scheme={scheme} client_ip={} host_header={host_header} path={path} body={} tunnel={}",

@@ -121,7 +121,7 @@ async fn backend(
 ) -> Result<Response<Body>, Infallible> {
     let host = match &meta.kind {
         StreamKind::Http { host, .. } => host.clone(),
-        StreamKind::Tcp { .. } => unreachable!(),
+        StreamKind::Tcp { .. } | StreamKind::Address { .. } => unreachable!(),
     };
     let path = req.uri().path().to_owned();
     let body = req.into_body().collect().await.unwrap().to_bytes();
