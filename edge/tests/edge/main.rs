@@ -28,6 +28,7 @@ mod api_dns;
 mod api_hardening;
 mod api_persistence;
 mod api_rest;
+mod data_address;
 mod data_edge_control;
 mod data_fleet_revocation;
 mod data_multi_tunnel;
