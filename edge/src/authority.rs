@@ -96,6 +96,8 @@ pub enum Revocation {
     Token(TokenId),
     /// The domain or TCP endpoint behind this target was released.
     Target(BoundTarget),
+    /// The Gateway address was given back: every binding on it ends.
+    Address(std::net::IpAddr),
 }
 
 /// Decides who may open a tunnel and what it may bind. See the module docs.
@@ -228,6 +230,25 @@ impl MemoryAuthority {
             .write()
             .expect("alias map poisoned")
             .insert(alias.to_owned(), port);
+    }
+
+    /// Gives `address` back, as `DELETE /v1/gateway-addresses/{address}`
+    /// does: no token may bind a port of it any more, and the tunnels
+    /// bound to it are told.
+    pub fn release_address(&self, address: std::net::IpAddr) {
+        for token in self
+            .inner
+            .tokens
+            .write()
+            .expect("token map poisoned")
+            .values_mut()
+        {
+            token
+                .grant
+                .allowed
+                .retain(|b| !matches!(b, Binding::Address { address: a, .. } if *a == address));
+        }
+        let _ = self.inner.revoked.send(Revocation::Address(address));
     }
 
     /// Forgets every token with this id and announces the revocation.

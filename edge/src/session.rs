@@ -576,6 +576,24 @@ impl SessionState {
                             self.close_tunnel(&tunnel, reason);
                         }
                     }
+                    Ok(Revocation::Address(released)) => {
+                        let on_it = |target: &BoundTarget| {
+                            matches!(target, BoundTarget::Address { address, .. } if *address == released)
+                        };
+                        let hit: Vec<String> = self
+                            .tunnels
+                            .iter()
+                            .filter(|(_, t)| t.route.targets().iter().any(on_it))
+                            .map(|(name, _)| name.clone())
+                            .collect();
+                        for tunnel in hit {
+                            let reason = Rejection::new(
+                                ErrorCode::BindingReleased,
+                                format!("the address {released} was given back at the edge"),
+                            );
+                            self.close_tunnel(&tunnel, reason);
+                        }
+                    }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::info!(session = %self.session.id, missed, "revocation events missed; re-checking every tunnel");
                         self.recheck().await;

@@ -179,6 +179,11 @@ async fn a_live_address_stays_with_its_owner_and_closes_with_its_tunnel() {
 
     // The owner's tunnel goes: the listener closes with it.
     drop(agent);
+    closes(at).await;
+}
+
+/// Waits until nothing accepts on `at` any more.
+async fn closes(at: SocketAddr) {
     let deadline = tokio::time::Instant::now() + HANG_GUARD;
     while TcpStream::connect(at).await.is_ok() {
         assert!(
@@ -187,4 +192,70 @@ async fn a_live_address_stays_with_its_owner_and_closes_with_its_tunnel() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test]
+async fn an_address_given_back_closes_every_tunnel_on_it_and_its_listeners() {
+    init();
+    let cert = TestCert::new();
+    let address = ip(6);
+    let (p1, p2) = (free_port(address), free_port(address));
+    let kept = ip(7);
+    let p3 = free_port(kept);
+    let authority = authority();
+    let bindings = vec![
+        Binding::address(address, p1),
+        Binding::address(address, p2),
+        Binding::address(kept, p3),
+    ];
+    let gone = token(&authority, "g", "acct", bindings[..2].to_vec());
+    let stays = token(&authority, "s", "acct", bindings[2..].to_vec());
+    let edge = start_edge(&cert, &authority).await;
+    let agent = start_agent(&cert, &edge, &gone, bindings[..2].to_vec()).await;
+    agent
+        .attach(
+            tunnel_id(&stays),
+            TunnelToken::new(&stays),
+            bindings[2..].to_vec(),
+        )
+        .await
+        .unwrap();
+    for t in [&gone, &stays] {
+        let s = wait_tunnel(&agent, &tunnel_id(t), |s| {
+            !matches!(s, TunnelStatus::Pending)
+        })
+        .await;
+        assert!(matches!(s, TunnelStatus::Serving { .. }), "{s:?}");
+    }
+    assert!(
+        first_line(SocketAddr::new(address, p2))
+            .await
+            .starts_with("address=")
+    );
+
+    authority.release_address(address);
+    match wait_tunnel(&agent, &tunnel_id(&gone), |s| {
+        matches!(s, TunnelStatus::Closed(_))
+    })
+    .await
+    {
+        TunnelStatus::Closed(r) => {
+            assert_eq!(r.code, ErrorCode::BindingReleased, "{r:?}");
+            // Told at once, by the release itself (not found out later by
+            // the periodic re-check of the grants).
+            assert!(
+                r.message
+                    .contains(&format!("the address {address} was given back")),
+                "{r:?}"
+            );
+        }
+        other => unreachable!("{other:?}"),
+    }
+    closes(SocketAddr::new(address, p1)).await;
+    closes(SocketAddr::new(address, p2)).await;
+    // The other address, on another tunnel of the same session, serves on.
+    assert_eq!(
+        first_line(SocketAddr::new(kept, p3)).await,
+        format!("address={kept}:{p3} client_ip=127.0.0.1\n")
+    );
 }
