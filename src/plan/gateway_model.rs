@@ -16,7 +16,7 @@ use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant, TcpRo
 use super::claims::Owner;
 use super::gateway::GatewayAction;
 use super::model::{Backends, HostRoute, ObjectRef, Reason, TcpPlan};
-use super::service::UpstreamPolicy;
+use super::service::{ResolvedUpstream, UpstreamPolicy};
 
 /// The Gateway API objects a plan reads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -182,6 +182,18 @@ pub struct GatewayOutcome {
     pub tcp: BTreeMap<ObjectRef, TcpPlan>,
     /// Refusals of TCPRoutes: (route, reason, message).
     pub tcp_refusals: Vec<(ObjectRef, Reason, String)>,
+    /// Gateway → what its own address serves (address mode only).
+    pub addresses: BTreeMap<ObjectRef, AddressPlan>,
+}
+
+/// What one Gateway's own address serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AddressPlan {
+    /// The address its `spec.addresses` asks for (the first of type
+    /// `IPAddress`, or without a type), if any.
+    pub requested: Option<std::net::IpAddr>,
+    /// TCP listener port → the upstream of the TCPRoute it serves.
+    pub tcp: BTreeMap<u16, ResolvedUpstream>,
 }
 
 pub(super) fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, String> {
@@ -239,6 +251,8 @@ pub(crate) struct HostContext<'a> {
     pub aliases: &'a super::tcpendpoint::AliasOwners,
     /// A TCP listener's alias must be declared by a TCPEndpoint (standalone).
     pub require_tcp_endpoint_objects: bool,
+    /// Each Gateway has an address of its own ([`super::PlanOptions::gateway_addresses`]).
+    pub gateway_addresses: bool,
     /// TCP endpoints tcp Tunnels publish, by [`tcp_key`] (→ the Tunnel): they keep them.
     pub tcp_taken: &'a BTreeMap<String, ObjectRef>,
     /// The holder of each claimed TCP endpoint, by [`tcp_key`].

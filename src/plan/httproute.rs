@@ -853,6 +853,7 @@ pub(crate) fn finish(
                     vec!["TCPRoute"],
                     super::tcproute::listener_conditions(
                         &l.name,
+                        ctx.gateway_addresses.then_some(l.port),
                         tcp_listeners.get(&(gi, l.name.clone())),
                     ),
                 ),

@@ -109,6 +109,10 @@ pub struct PlanOptions {
     pub account_hosts: BTreeSet<String>,
     /// A tcp Tunnel's alias must be declared by a TCPEndpoint (standalone).
     pub require_tcp_endpoint_objects: bool,
+    /// The edge gives each Gateway an address of its own (a self-hosted
+    /// edge with `--gateway-addresses`): a TCP listener serves on its own
+    /// port of it ([`GatewayPlan::addresses`]), not on a TCP endpoint.
+    pub gateway_addresses: bool,
     /// Resolve Ingress backends or keep them as named.
     pub backends: Backends,
 }
@@ -123,6 +127,7 @@ impl PlanOptions {
             policy: UpstreamPolicy::cluster(),
             account_hosts: BTreeSet::new(),
             require_tcp_endpoint_objects: false,
+            gateway_addresses: false,
             backends: Backends::Resolve,
         }
     }
@@ -227,6 +232,9 @@ pub struct GatewayPlan {
     /// Specs that serve any host no route names (host `*`): what a request
     /// by IP address that reaches the proxy gets.
     pub catch_all: Vec<HostRoute>,
+    /// With [`PlanOptions::gateway_addresses`]: every accepted Gateway of
+    /// our classes → what its own address serves.
+    pub addresses: BTreeMap<ObjectRef, gateway_model::AddressPlan>,
 }
 
 // The kopium types derive `PartialEq` only; every field here is plain data.
@@ -613,6 +621,7 @@ fn plan_http_routes(
         policy: options.policy,
         aliases: tcp.aliases,
         require_tcp_endpoint_objects: options.require_tcp_endpoint_objects,
+        gateway_addresses: options.gateway_addresses,
         tcp_taken: tcp.taken,
         tcp_owners: &out.tcp_owners,
     };
@@ -630,6 +639,7 @@ fn plan_http_routes(
         gateways: outcome.gateways,
         routes: outcome.routes,
         catch_all: outcome.catch_all,
+        addresses: outcome.addresses,
     };
 }
 

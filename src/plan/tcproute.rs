@@ -18,6 +18,12 @@
 //! - Its first rule's backendRefs resolve as an HTTPRoute's do (ReferenceGrant
 //!   `from.kind: TCPRoute`); the upstream is the first valid backend with
 //!   weight > 0: weights are not split.
+//! - With [`super::PlanOptions::gateway_addresses`] (the edge gives each
+//!   Gateway an address of its own) none of the above reservations apply: a
+//!   TCP listener is its own **port** on its Gateway's address, so every TCP
+//!   listener of an accepted Gateway is usable, listener names are only
+//!   names, and a TCPRoute is served on every listener it wins
+//!   ([`super::gateway_model::AddressPlan::tcp`]), never on a TCP endpoint.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,8 +37,8 @@ use tuna_crds::gateway::{Gateway, ReferenceGrant};
 use super::claims::tcp_key;
 use super::gateway::{attach, refers_to};
 use super::gateway_model::{
-    Cond, GatewayInputs, GatewayOutcome, HostContext, ParentStatus, RouteStatus, created,
-    labels_of, ref_reason, resolved_refs,
+    AddressPlan, Cond, GatewayInputs, GatewayOutcome, HostContext, ParentStatus, RouteStatus,
+    created, labels_of, ref_reason, resolved_refs,
 };
 use super::model::{Backends, Kind, ObjectRef, Reason, TcpPlan};
 use super::rule_action::action_of;
@@ -93,6 +99,13 @@ pub(crate) fn reserve_listeners(
         if super::gateway::not_accepted(g).is_some() {
             continue;
         }
+        if ctx.gateway_addresses {
+            // Its own address: each TCP listener is a port of it.
+            for l in g.spec.listeners.iter().filter(|l| l.protocol == "TCP") {
+                out.insert((gi, l.name.clone()), Ok(()));
+            }
+            continue;
+        }
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         for l in g.spec.listeners.iter().filter(|l| l.protocol == "TCP") {
             let alias = l.name.as_str();
@@ -151,11 +164,29 @@ pub(crate) fn reserve_listeners(
     out
 }
 
-/// The conditions of a TCP listener named `alias`.
+/// The conditions of a TCP listener named `alias`, on `port` of its
+/// Gateway's own address when it has one.
 pub(crate) fn listener_conditions(
     alias: &str,
+    own_port: Option<i32>,
     verdict: Option<&Result<(), Unavailable>>,
 ) -> Vec<Cond> {
+    if let (Some(port), None | Some(Ok(()))) = (own_port, verdict) {
+        return vec![
+            Cond::yes(
+                "Accepted",
+                "Accepted",
+                format!("serves one TCPRoute on port {port} of the Gateway's address"),
+            ),
+            Cond::yes(
+                "Programmed",
+                "Programmed",
+                "its TCPRoute is published through the edge",
+            ),
+            Cond::yes("ResolvedRefs", "ResolvedRefs", "nothing to resolve"),
+            Cond::no("Conflicted", "NoConflicts", "no conflict"),
+        ];
+    }
     match verdict {
         Some(Err(u)) => vec![
             Cond::no("Accepted", "PortUnavailable", u.message.clone()),
@@ -206,6 +237,19 @@ pub(crate) fn plan_tcp_routes(
         )
     });
     let mut winners: BTreeMap<(usize, String), ObjectRef> = BTreeMap::new();
+    if ctx.gateway_addresses {
+        for g in gateways {
+            if super::gateway::not_accepted(g).is_none() {
+                out.addresses.insert(
+                    ObjectRef::of(Kind::Gateway, &g.metadata),
+                    AddressPlan {
+                        requested: requested_address(g),
+                        tcp: BTreeMap::new(),
+                    },
+                );
+            }
+        }
+    }
     for route in routes {
         let meta = &route.metadata;
         let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
@@ -233,6 +277,8 @@ pub(crate) fn plan_tcp_routes(
         let mut parents = Vec::new();
         // Listeners this route won, in parentRef then listener order.
         let mut won: Vec<String> = Vec::new();
+        // The same, as (gateway index, listener name).
+        let mut won_at: Vec<(usize, String)> = Vec::new();
         for parent in route.spec.parent_refs.iter().flatten().map(parent_ref) {
             let Some((gi, gateway)) = gateways
                 .iter()
@@ -274,6 +320,7 @@ pub(crate) fn plan_tcp_routes(
                                 if winners.insert(key.clone(), object.clone()).is_none() {
                                     *attached_count.entry(key).or_default() += 1;
                                 }
+                                won_at.push((gi, a.listener.clone()));
                                 won.push(a.listener);
                             }
                         }
@@ -310,6 +357,13 @@ pub(crate) fn plan_tcp_routes(
         let Some(alias) = won.first() else {
             continue;
         };
+        if ctx.gateway_addresses {
+            if ctx.backends != Backends::Resolve {
+                continue;
+            }
+            serve_on_addresses(gateways, &won_at, &action, object, out);
+            continue;
+        }
         if won.len() > 1 {
             out.tcp_refusals.push((
                 object.clone(),
@@ -348,6 +402,61 @@ pub(crate) fn plan_tcp_routes(
                     format!("{message}: alias {alias} is not published"),
                 ));
             }
+        }
+    }
+}
+
+/// The address a Gateway's `spec.addresses` asks for: the first of type
+/// `IPAddress` (the default type) that parses; others are not ours to give.
+fn requested_address(g: &Gateway) -> Option<std::net::IpAddr> {
+    g.spec
+        .addresses
+        .iter()
+        .flatten()
+        .filter(|a| a.r#type.as_deref().is_none_or(|t| t == "IPAddress"))
+        .find_map(|a| a.value.as_deref()?.parse().ok())
+}
+
+/// Serves a TCPRoute's upstream on each listener it won, each a port of its
+/// Gateway's own address.
+fn serve_on_addresses(
+    gateways: &[&Arc<Gateway>],
+    won: &[(usize, String)],
+    action: &super::gateway::GatewayAction,
+    object: ObjectRef,
+    out: &mut GatewayOutcome,
+) {
+    let Some(upstream) = action.backends.iter().find_map(|b| b.upstream.clone()) else {
+        let (reason, message) = match action.invalid.first() {
+            Some(bad) => (ref_reason(&bad.reason), bad.message.clone()),
+            None => (
+                "BackendNotFound",
+                "no backendRef with weight > 0".to_owned(),
+            ),
+        };
+        out.tcp_refusals.push((
+            object,
+            Reason::Route(reason),
+            format!("{message}: not published"),
+        ));
+        return;
+    };
+    for (gi, listener) in won {
+        let g = gateways[*gi];
+        let Some(port) = g
+            .spec
+            .listeners
+            .iter()
+            .find(|l| &l.name == listener)
+            .and_then(|l| u16::try_from(l.port).ok())
+        else {
+            continue;
+        };
+        if let Some(plan) = out
+            .addresses
+            .get_mut(&ObjectRef::of(Kind::Gateway, &g.metadata))
+        {
+            plan.tcp.insert(port, upstream.clone());
         }
     }
 }
@@ -453,6 +562,7 @@ spec:
         grants: &'a str,
         http_routes: &'a str,
         standalone: bool,
+        own_addresses: bool,
     }
 
     impl Default for World<'_> {
@@ -471,6 +581,7 @@ spec: {alias: redis}
                 grants: "",
                 http_routes: "",
                 standalone: true,
+                own_addresses: false,
             }
         }
     }
@@ -490,6 +601,7 @@ spec: {alias: redis}
         );
         let mut options = PlanOptions::cluster("tuna.test");
         options.require_tcp_endpoint_objects = w.standalone;
+        options.gateway_addresses = w.own_addresses;
         let inputs = Inputs {
             tunnels: &tunnels,
             tcp_endpoints: &endpoints,
@@ -505,6 +617,121 @@ spec: {alias: redis}
             ..Inputs::default()
         };
         plan(&inputs, &services, &options)
+    }
+
+    /// Two Gateways whose TCP listeners share names and ports, in a
+    /// namespace without TCPEndpoints.
+    const TWO_GATEWAYS: &str = "
+metadata: {name: edge, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  gatewayClassName: tuna
+  addresses: [{type: Hostname, value: edge.example}, {value: 127.0.100.9}]
+  listeners:
+  - {name: pg, protocol: TCP, port: 5432}
+  - {name: redis, protocol: TCP, port: 6379}
+---
+metadata: {name: other, namespace: shop, creationTimestamp: '2026-01-02T00:00:00Z'}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: pg, protocol: TCP, port: 5432}
+";
+
+    #[test]
+    fn with_own_addresses_each_tcp_listener_is_a_port_of_its_gateway() {
+        let other = "
+metadata: {name: second, namespace: shop, creationTimestamp: '2026-01-03T00:00:00Z'}
+spec:
+  parentRefs: [{name: other, namespace: shop, sectionName: pg}]
+  rules: [{backendRefs: [{name: cache, port: 6379}]}]
+";
+        let world = World {
+            gateways: TWO_GATEWAYS,
+            routes: vec![
+                route(
+                    "first",
+                    "shop",
+                    "2026-01-03T00:00:00Z",
+                    "pg",
+                    "[{name: db, port: 5432}]",
+                ),
+                other.to_owned(),
+            ],
+            endpoints: "",
+            own_addresses: true,
+            ..World::default()
+        };
+        let p = run(&world);
+        // No TCP endpoint anywhere: nothing is reserved or published on one.
+        assert!(p.tcp.is_empty(), "{:?}", p.tcp);
+        assert!(p.refusals.is_empty(), "{:?}", p.refusals);
+        let edge = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")];
+        let other = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "other")];
+        // spec.addresses: the first IPAddress (a value without a type is one).
+        assert_eq!(edge.requested, Some("127.0.100.9".parse().unwrap()));
+        assert_eq!(other.requested, None);
+        let ports = |a: &AddressPlan| {
+            a.tcp
+                .iter()
+                .map(|(port, u)| (*port, format!("{}:{}", u.host, u.port)))
+                .collect::<Vec<_>>()
+        };
+        // The same listener name and port on two Gateways: both serve.
+        assert_eq!(ports(edge), vec![(5432, "10.0.0.1:5432".to_owned())]);
+        assert_eq!(ports(other), vec![(5432, "10.0.0.2:6379".to_owned())]);
+        for (gateway, name) in [(0, "pg"), (1, "pg")] {
+            let l = p.gateway.gateways[gateway]
+                .listeners
+                .iter()
+                .find(|l| l.name == name)
+                .unwrap();
+            assert_eq!(l.attached_routes, 1, "{l:?}");
+            let accepted = cond(&l.conditions, "Accepted");
+            assert!(accepted.status, "{accepted:?}");
+            assert!(
+                accepted
+                    .message
+                    .contains("port 5432 of the Gateway's address"),
+                "{accepted:?}"
+            );
+        }
+        // Without an address per Gateway, the same objects conflict on the
+        // alias and need their TCPEndpoint: today's shared model is intact.
+        let shared = run(&World {
+            own_addresses: false,
+            ..world
+        });
+        assert!(shared.gateway.addresses.is_empty());
+        assert!(!shared.refusals.is_empty());
+    }
+
+    #[test]
+    fn with_own_addresses_a_gateway_that_is_not_accepted_gets_no_address() {
+        let gateways = TWO_GATEWAYS;
+        let bad = "
+metadata: {name: bad, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  infrastructure: {parametersRef: {group: example.com, kind: Params, name: p}}
+  listeners:
+  - {name: pg, protocol: TCP, port: 5432}
+";
+        let p = run(&World {
+            gateways: &format!("{gateways}\n---\n{bad}"),
+            endpoints: "",
+            own_addresses: true,
+            ..World::default()
+        });
+        assert!(
+            p.gateway
+                .addresses
+                .contains_key(&ObjectRef::new(Kind::Gateway, "shop", "edge"))
+        );
+        assert!(
+            !p.gateway
+                .addresses
+                .contains_key(&ObjectRef::new(Kind::Gateway, "shop", "bad"))
+        );
     }
 
     fn tcp_route(ns: &str, name: &str) -> ObjectRef {
