@@ -46,13 +46,16 @@ pub const MIN_TOKEN_TTL: Duration = Duration::from_secs(3);
 /// that what the edge minted is revoked rather than left live.
 const MINT_ON_STOP: Duration = Duration::from_secs(5);
 
-/// What one tunnel serves: an HTTP host, or the TCP endpoint of a tcp Tunnel.
+/// What one tunnel serves: an HTTP host, the TCP endpoint of a tcp Tunnel,
+/// or the address of a Gateway.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TunnelKey {
     /// An HTTP host (lower case).
     Host(String),
     /// A tcp Tunnel, `namespace/name`.
     Tcp(String),
+    /// A Gateway with an address of its own, `namespace/name`.
+    Address(String),
 }
 
 impl TunnelKey {
@@ -61,6 +64,7 @@ impl TunnelKey {
         match self {
             Self::Host(h) => format!("host/{h}"),
             Self::Tcp(t) => format!("tcp/{t}"),
+            Self::Address(g) => format!("address/{g}"),
         }
     }
 }
@@ -70,6 +74,7 @@ impl fmt::Display for TunnelKey {
         match self {
             Self::Host(h) => write!(f, "host {h}"),
             Self::Tcp(t) => write!(f, "tcp Tunnel {t}"),
+            Self::Address(g) => write!(f, "address of Gateway {g}"),
         }
     }
 }
@@ -90,6 +95,14 @@ pub enum Serving {
         endpoint: String,
         /// The upstream.
         upstream: ResolvedUpstream,
+    },
+    /// A held address (a Gateway's): each port's connections, raw, to its
+    /// upstream.
+    Address {
+        /// The address the edge gave (`POST /v1/gateway-addresses`).
+        address: IpAddr,
+        /// Port → where its bytes go.
+        ports: BTreeMap<u16, ResolvedUpstream>,
     },
 }
 
@@ -147,10 +160,15 @@ impl fmt::Display for RouteBackend {
 }
 
 impl Serving {
-    fn binding(&self) -> Binding {
+    /// What the tunnel binds at the edge (its token names the same).
+    fn bindings(&self) -> Vec<Binding> {
         match self {
-            Self::Http { host, .. } => Binding::http(host.clone()),
-            Self::Tcp { endpoint, .. } => Binding::tcp(endpoint.clone()),
+            Self::Http { host, .. } => vec![Binding::http(host.clone())],
+            Self::Tcp { endpoint, .. } => vec![Binding::tcp(endpoint.clone())],
+            Self::Address { address, ports } => ports
+                .keys()
+                .map(|port| Binding::address(*address, *port))
+                .collect(),
         }
     }
 }
@@ -728,6 +746,28 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                 .map_err(|e| e.to_string())?;
             Ok(Vec::new())
         }
+        Serving::Address { address, ports } => {
+            let mut warnings = Vec::new();
+            for (port, upstream) in ports {
+                let at = SocketAddr::new(*address, *port);
+                let service = crate::edge::transport::address_service(at);
+                match addresses(upstream).await {
+                    Ok(addrs) => {
+                        proxy
+                            .set_tcp_service(&service, TcpUpstream { addrs }, TcpLimits::default())
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Err(message) => {
+                        proxy.remove_tcp_service(&service);
+                        warnings.push(format!("port {port}: {message}"));
+                    }
+                }
+            }
+            if warnings.len() == ports.len() && !ports.is_empty() {
+                return Err(warnings.join("; "));
+            }
+            Ok(warnings)
+        }
     }
 }
 
@@ -738,6 +778,12 @@ fn uninstall(proxy: &ProxyCore, serving: &Serving) {
         }
         Serving::Tcp { endpoint, .. } => {
             proxy.remove_tcp_service(endpoint);
+        }
+        Serving::Address { address, ports } => {
+            for port in ports.keys() {
+                let at = SocketAddr::new(*address, *port);
+                proxy.remove_tcp_service(&crate::edge::transport::address_service(at));
+            }
         }
     }
 }
@@ -776,8 +822,8 @@ async fn run_tunnel(
     let mut installed: Option<Serving> = None;
     loop {
         let (revision, spec) = desired.borrow_and_update().clone();
-        // Mint a token for exactly this tunnel's binding.
-        let binding = spec.serving.binding();
+        // Mint a token for exactly this tunnel's bindings.
+        let bindings = spec.serving.bindings();
         report(
             &inner,
             &key,
@@ -786,11 +832,9 @@ async fn run_tunnel(
                 step: "minting a token",
             },
         );
-        let mint = spec.edge.create_token(
-            &spec.labels,
-            std::slice::from_ref(&binding),
-            inner.token_ttl,
-        );
+        let mint = spec
+            .edge
+            .create_token(&spec.labels, &bindings, inner.token_ttl);
         tokio::pin!(mint);
         let minted = tokio::select! {
             m = &mut mint => m,
@@ -840,7 +884,7 @@ async fn run_tunnel(
         *token_slot.lock().expect("token lock") = Some(minted.token.clone());
         let attached = match inner
             .agent
-            .attach(id.clone(), minted.token.clone(), vec![binding.clone()])
+            .attach(id.clone(), minted.token.clone(), bindings.clone())
             .await
         {
             Ok(()) => inner
@@ -1045,7 +1089,7 @@ async fn serve(
                     return Restart::Stop;
                 }
                 let (next_revision, next) = desired.borrow_and_update().clone();
-                let rebind = next.serving.binding() != current.serving.binding()
+                let rebind = next.serving.bindings() != current.serving.bindings()
                     || next.edge_identity != current.edge_identity
                     || next.labels != current.labels;
                 if rebind {
@@ -1088,14 +1132,9 @@ async fn remint_in_place(
     spec: &TunnelSpec,
     held: &mut Option<(Arc<dyn EdgeApi>, MintedToken)>,
 ) -> crate::Result<()> {
-    let binding = spec.serving.binding();
     let minted = spec
         .edge
-        .create_token(
-            &spec.labels,
-            std::slice::from_ref(&binding),
-            inner.token_ttl,
-        )
+        .create_token(&spec.labels, &spec.serving.bindings(), inner.token_ttl)
         .await?;
     if let Err(e) = inner.agent.set_token(&key.id(), minted.token.clone()).await {
         tracing::warn!(tunnel = %key, error = %e, "could not hand the new token to the agent");
@@ -1299,6 +1338,127 @@ mod tests {
             publisher.keys().is_empty(),
             "a tunnel started after shutdown"
         );
+    }
+
+    /// A Gateway's address through a real edge (in process, real sockets):
+    /// each port's connections reach that port's upstream, raw, and the
+    /// listeners close when the tunnel is unpublished.
+    #[tokio::test]
+    async fn an_address_serves_each_port_on_its_own_upstream() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let identity =
+            tuna_edge::tls::self_signed_identity(dir.path(), &["localhost".to_owned()]).unwrap();
+        let agent_tls = tuna_edge::tls::server_config(&identity, &[]).unwrap();
+        let authority = tuna_edge::MemoryAuthority::new();
+        let edge_server = tuna_edge::EdgeServer::start(
+            tuna_edge::EdgeConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), agent_tls),
+            Arc::new(authority.clone()),
+            None,
+        )
+        .await
+        .unwrap();
+        let edge: Arc<dyn EdgeApi> = Arc::new(
+            crate::standalone::edge::Embedded::open(
+                authority,
+                "localhost",
+                20000..=20001,
+                dir.path(),
+            )
+            .unwrap(),
+        );
+        // Two backends that name themselves, then echo.
+        let mut upstreams = BTreeMap::new();
+        let address: IpAddr = "127.0.100.20".parse().unwrap();
+        let mut public = Vec::new();
+        for name in ["one", "two"] {
+            let backend = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let at = backend.local_addr().unwrap();
+            tokio::spawn(async move {
+                while let Ok((mut tcp, _)) = backend.accept().await {
+                    tokio::spawn(async move {
+                        let _ = tcp.write_all(format!("{name}\n").as_bytes()).await;
+                        let (mut r, mut w) = tcp.split();
+                        let _ = tokio::io::copy(&mut r, &mut w).await;
+                    });
+                }
+            });
+            let port = std::net::TcpListener::bind((address, 0))
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            public.push((port, name));
+            upstreams.insert(
+                port,
+                ResolvedUpstream {
+                    scheme: UpstreamScheme::Tcp,
+                    host: at.ip().to_string(),
+                    port: at.port(),
+                    app_protocol: None,
+                    service: None,
+                    endpoints: Vec::new(),
+                },
+            );
+        }
+        let mut agent = AgentConfig::new(
+            edge_server.agent_addr.to_string(),
+            Trust::CaFile(identity.ca_file.clone().unwrap()),
+        );
+        agent.server_name = Some("localhost".into());
+        let publisher = Publisher::start(ProxyCore::new(ProxyConfig::default()), agent).unwrap();
+        let key = TunnelKey::Address("shop/edge".into());
+        let (mut state, _) = publisher.publish(
+            key.clone(),
+            TunnelSpec {
+                serving: Serving::Address {
+                    address,
+                    ports: upstreams,
+                },
+                labels: BTreeMap::new(),
+                edge,
+                edge_identity: "operator".into(),
+                keep_on_shutdown: false,
+            },
+        );
+        let settled =
+            tokio::time::timeout(Duration::from_secs(30), state.wait_for(|s| s.is_settled()))
+                .await
+                .expect("the tunnel never settled")
+                .unwrap()
+                .clone();
+        assert!(
+            matches!(settled, TunnelState::Serving { .. }),
+            "{settled:?}"
+        );
+        for (port, name) in &public {
+            let mut tcp = tokio::net::TcpStream::connect((address, *port))
+                .await
+                .unwrap();
+            tcp.write_all(b"ping").await.unwrap();
+            let mut back = vec![0u8; name.len() + 5];
+            tokio::time::timeout(Duration::from_secs(30), tcp.read_exact(&mut back))
+                .await
+                .expect("no answer")
+                .unwrap();
+            assert_eq!(String::from_utf8(back).unwrap(), format!("{name}\nping"));
+        }
+        publisher.unpublish(&key).await;
+        for (port, _) in &public {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while tokio::net::TcpStream::connect((address, *port))
+                .await
+                .is_ok()
+            {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "port {port} still open"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        publisher.shutdown().await;
     }
 
     /// An edge whose token requests wait at a gate, then complete at the

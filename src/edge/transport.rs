@@ -12,6 +12,12 @@ fn to_proxy_scheme(s: tuna_protocol::wire::Scheme) -> Scheme {
     }
 }
 
+/// The proxy's TCP service of one port of a held address (a Gateway's):
+/// `address/<ip:port>`, a name no TCP endpoint alias or port can have.
+pub fn address_service(at: std::net::SocketAddr) -> String {
+    format!("address/{at}")
+}
+
 /// Hands one tunnel stream to the proxy core: HTTP streams to the router, TCP
 /// streams to the TCP service registered under the endpoint's name.
 pub fn serve_stream(proxy: &ProxyCore, stream: MuxStream, meta: StreamMeta) {
@@ -43,9 +49,18 @@ pub fn serve_stream(proxy: &ProxyCore, stream: MuxStream, meta: StreamMeta) {
                 }
             }
             StreamKind::Address { address } => {
-                // The operator binds no address yet: nothing is served there.
-                drop(stream);
-                tracing::debug!(%address, "a stream for an address this agent does not serve");
+                // A Gateway's address: each port's bytes to its upstream.
+                let info = ConnInfo {
+                    client_addr: meta.client_addr,
+                    local_addr: Some(address),
+                    scheme: Scheme::Http,
+                    trusted: true,
+                    host: None,
+                };
+                let service = address_service(address);
+                if let Err(e) = proxy.serve_tcp_stream(&service, stream, info).await {
+                    tracing::debug!(%address, error = %e, "address stream ended");
+                }
             }
         }
     });
