@@ -88,14 +88,16 @@ pub fn owner_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, Strin
         .collect()
 }
 
-/// What must close now: tunnels of a revoked token, or tunnels serving a
-/// released target.
+/// What must close now: tunnels of a revoked token, tunnels serving a
+/// released target, or bindings on a Gateway address given back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Revocation {
     /// The token (or API key, `key:<id>`) was revoked or expired unrenewed.
     Token(TokenId),
     /// The domain or TCP endpoint behind this target was released.
     Target(BoundTarget),
+    /// The Gateway address was given back: every binding on it ends.
+    Address(std::net::IpAddr),
 }
 
 /// Decides who may open a tunnel and what it may bind. See the module docs.

@@ -576,6 +576,9 @@ impl SessionState {
                             self.close_tunnel(&tunnel, reason);
                         }
                     }
+                    // Handled with the address bindings (issue 41); until
+                    // then the heartbeat re-check ends them.
+                    Ok(Revocation::Address(_)) => {}
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         tracing::info!(session = %self.session.id, missed, "revocation events missed; re-checking every tunnel");
                         self.recheck().await;
