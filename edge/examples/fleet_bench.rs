@@ -197,6 +197,7 @@ async fn main() -> anyhow::Result<()> {
                     bindings: Bindings {
                         hosts: vec![format!("{name}.tuna.test")],
                         tcp_endpoints: Vec::new(),
+                        addresses: Vec::new(),
                     },
                     ..Default::default()
                 };

@@ -157,6 +157,7 @@ fn main() {
                     bindings: Bindings {
                         hosts: vec![format!("d{}.tuna.test", i % cli.domains.max(1))],
                         tcp_endpoints: Vec::new(),
+                        addresses: Vec::new(),
                     },
                     ttl_seconds: None,
                 },

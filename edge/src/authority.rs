@@ -88,8 +88,8 @@ pub fn owner_labels(labels: &BTreeMap<String, String>) -> BTreeMap<String, Strin
         .collect()
 }
 
-/// What must close now: tunnels of a revoked token, or tunnels serving a
-/// released target.
+/// What must close now: tunnels of a revoked token, tunnels serving a
+/// released target, or bindings on a Gateway address given back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Revocation {
     /// The token (or API key, `key:<id>`) was revoked or expired unrenewed.

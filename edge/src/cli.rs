@@ -108,6 +108,19 @@ pub struct EdgeArgs {
     /// Ports TCP endpoints are allocated from, `FIRST-LAST`.
     #[arg(long, default_value = "30000-30999", value_parser = parse_port_range)]
     pub tcp_port_range: RangeInclusive<u16>,
+    /// Addresses Gateways reserve (`POST /v1/gateway-addresses`), each for
+    /// any port: a comma-separated list of addresses and CIDR ranges, IPv4
+    /// and IPv6 (`203.0.113.10,203.0.113.11`, `127.0.100.0/24`). An IPv4
+    /// range wider than /31 leaves out its network and broadcast addresses;
+    /// a range, and the whole list, may hold at most 65 536 addresses.
+    /// Empty (the default): no Gateway addresses.
+    #[arg(
+        long,
+        default_value = "",
+        value_name = "LIST",
+        hide_default_value = true
+    )]
+    pub gateway_addresses: crate::control::AddressPool,
     /// Address the TCP endpoint listeners bind to.
     #[arg(long, default_value = "0.0.0.0")]
     pub tcp_bind: IpAddr,
@@ -198,6 +211,9 @@ pub struct EdgeArgs {
     /// TCP endpoints (ports) one account may hold.
     #[arg(long, default_value_t = Quotas::default().tcp_endpoints)]
     pub quota_tcp_endpoints: usize,
+    /// Gateway addresses one account may hold.
+    #[arg(long, default_value_t = Quotas::default().gateway_addresses)]
+    pub quota_gateway_addresses: usize,
     /// Live tunnel tokens one account may hold.
     #[arg(long, default_value_t = Quotas::default().tokens)]
     pub quota_tokens: usize,
@@ -428,6 +444,7 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
     })?;
     let mut control_config = ControlConfig::new(&data_dir, &base_domain, &public_host);
     control_config.tcp_port_range = args.tcp_port_range.clone();
+    control_config.gateway_addresses = args.gateway_addresses.clone();
     control_config.dns_nameservers = args.dns_nameservers.clone();
     control_config.rate_limit = crate::control::RateLimit {
         burst: args.api_rate_burst,
@@ -437,6 +454,7 @@ pub async fn serve(args: EdgeArgs) -> Result<()> {
         domains: args.quota_domains,
         pending_domains: args.quota_pending_domains,
         tcp_endpoints: args.quota_tcp_endpoints,
+        gateway_addresses: args.quota_gateway_addresses,
         tokens: args.quota_tokens,
         keys: args.quota_keys,
     };
@@ -678,6 +696,22 @@ mod tests {
         };
         assert_eq!(top.edge.serve.max_tunnels_per_account, 20_000);
         assert_eq!(top.edge.serve.quota_tcp_endpoints, 100);
+        assert!(top.edge.serve.gateway_addresses.is_empty());
+        assert_eq!(top.edge.serve.quota_gateway_addresses, 10);
+        let top = with(&[
+            "--gateway-addresses",
+            "127.0.100.0/24,2001:db8::7",
+            "--quota-gateway-addresses",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(top.edge.serve.gateway_addresses.len(), 255);
+        assert_eq!(top.edge.serve.quota_gateway_addresses, 3);
+        let refused = with(&["--gateway-addresses", "10.0.0.0/8"]).unwrap_err();
+        assert!(
+            refused.to_string().contains("more than 65536 addresses"),
+            "{refused}"
+        );
         let top = with(&["--api-rate-burst", "5", "--api-rate-per-second", "0.5"]).unwrap();
         assert_eq!(top.edge.serve.api_rate_burst, 5);
         assert_eq!(top.edge.serve.api_rate_per_second, 0.5);

@@ -10,7 +10,7 @@
 //!   them `500 internal` (the details go to the edge's log), except that an
 //!   unavailable PostgreSQL store is a `503`.
 //! - **The control plane's refusals**: [`Error::Unauthorized`] …
-//!   [`Error::PortsExhausted`], each answered with one status and `code`
+//!   [`Error::NoAddressPool`], each answered with one status and `code`
 //!   ([`Error::status_and_code`], `impl IntoResponse`); their message is
 //!   what the API caller reads.
 //! - **The `edge` command** (`cli`): the few failures of its own.
@@ -245,6 +245,15 @@ pub enum Error {
     /// 503: no free port in the range.
     #[error("{0}")]
     PortsExhausted(String),
+    /// 422: a requested Gateway address lies outside the edge's pool.
+    #[error("{0}")]
+    AddressOutOfPool(String),
+    /// 503: every address of the Gateway pool is reserved.
+    #[error("{0}")]
+    AddressesExhausted(String),
+    /// 501: the edge was started without `--gateway-addresses`.
+    #[error("{0}")]
+    NoAddressPool(String),
 
     // The `edge` command.
     /// A flag the edge cannot serve without (clap requires it; a caller
@@ -315,6 +324,15 @@ impl Error {
             Self::PortsExhausted(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, error_code::PORTS_EXHAUSTED)
             }
+            Self::AddressOutOfPool(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                error_code::ADDRESS_OUT_OF_POOL,
+            ),
+            Self::AddressesExhausted(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                error_code::ADDRESSES_EXHAUSTED,
+            ),
+            Self::NoAddressPool(_) => (StatusCode::NOT_IMPLEMENTED, error_code::NO_ADDRESS_POOL),
             Self::StoreUnavailable { .. }
             | Self::StoreTimedOut { .. }
             | Self::StoreStale { .. } => (

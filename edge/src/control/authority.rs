@@ -29,6 +29,7 @@ use std::time::{Duration, SystemTime};
 use futures::future::BoxFuture;
 use tokio::sync::broadcast;
 
+use super::addresses::canonical;
 use super::names::normalize_host;
 use super::plane::ControlPlane;
 use super::secrets::{self, API_KEY_PREFIX, KEY_GRANT_PREFIX, TUNNEL_TOKEN_PREFIX};
@@ -182,9 +183,35 @@ impl ControlPlane {
                 }
                 Ok(BoundTarget::Tcp { port: record.port })
             }
-            Binding::Address { .. } => Err(refuse(
-                "this edge keeps no addresses for Gateways yet".to_owned(),
-            )),
+            Binding::Address { address, port } => {
+                let address = canonical(*address);
+                if *port == 0 {
+                    return Err(refuse(format!(
+                        "port 0 of the Gateway address {address} cannot be bound"
+                    )));
+                }
+                state
+                    .addresses
+                    .get(&address)
+                    .filter(|a| a.account == grant.account)
+                    .ok_or_else(|| {
+                        refuse(format!(
+                            "the account does not hold the Gateway address {address}; reserve it with POST /v1/gateway-addresses"
+                        ))
+                    })?;
+                if let Some(bindings) = token_bindings
+                    && !bindings.addresses.iter().any(|a| canonical(*a) == address)
+                {
+                    return Err(refuse(format!(
+                        "tunnel token {} was not created for the Gateway address {address}",
+                        grant.token_id
+                    )));
+                }
+                Ok(BoundTarget::Address {
+                    address,
+                    port: *port,
+                })
+            }
         }
     }
 

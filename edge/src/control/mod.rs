@@ -12,6 +12,7 @@
 //! existing object (so reconcilers adopt it); what another account holds
 //! answers 403.
 
+mod addresses;
 mod authority;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -29,6 +30,7 @@ mod tokens;
 
 pub(crate) use crate::budget::RateLimiter;
 pub use crate::budget::{FleetShare, RateLimit};
+pub use addresses::{AddressPool, MAX_POOL_ADDRESSES};
 pub use dns::{DnsVerifier, challenge_record_name};
 pub use keys::Caller;
 pub use names::RESERVED_SUBDOMAINS;

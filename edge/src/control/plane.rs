@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 
 use crate::budget::{FleetShare, RateLimit, RateLimiter};
 
+use super::addresses::AddressPool;
 use super::dns::DnsVerifier;
 use super::names;
 use super::secrets::KEY_GRANT_PREFIX;
@@ -46,6 +47,8 @@ pub struct ControlConfig {
     pub public_host: String,
     /// Ports TCP endpoints are allocated from.
     pub tcp_port_range: RangeInclusive<u16>,
+    /// Addresses Gateways reserve (`--gateway-addresses`); empty: none.
+    pub gateway_addresses: AddressPool,
     /// DNS servers custom-domain verification asks; empty: the system's.
     pub dns_nameservers: Vec<SocketAddr>,
     /// Request budget per API key.
@@ -80,6 +83,8 @@ pub struct Quotas {
     pub pending_domains: usize,
     /// TCP endpoints (each holds a port of the edge's range).
     pub tcp_endpoints: usize,
+    /// Gateway addresses (each an address of the edge's pool).
+    pub gateway_addresses: usize,
     /// Tunnel tokens not yet expired.
     pub tokens: usize,
     /// API keys.
@@ -94,6 +99,7 @@ impl Default for Quotas {
             domains: 20_000,
             pending_domains: 100,
             tcp_endpoints: 100,
+            gateway_addresses: 10,
             tokens: 50_000,
             keys: 100,
         }
@@ -114,6 +120,7 @@ impl ControlConfig {
             base_domain: base_domain.into(),
             public_host: public_host.into(),
             tcp_port_range: 30000..=30999,
+            gateway_addresses: AddressPool::default(),
             dns_nameservers: Vec::new(),
             rate_limit: RateLimit::default(),
             auth_failures: RateLimit {
@@ -141,6 +148,7 @@ pub(super) struct Shared {
     pub(super) base_domain: String,
     pub(super) public_host: String,
     pub(super) tcp_port_range: RangeInclusive<u16>,
+    pub(super) gateway_addresses: AddressPool,
     pub(super) dns: DnsVerifier,
     pub(super) limiter: RateLimiter,
     /// Failed API-key authentications per client address.
@@ -209,6 +217,7 @@ impl ControlPlane {
                 base_domain,
                 public_host,
                 tcp_port_range: config.tcp_port_range,
+                gateway_addresses: config.gateway_addresses,
                 dns: DnsVerifier::new(config.dns_nameservers),
                 limiter: RateLimiter::shared(config.rate_limit, config.fleet_share.clone()),
                 auth_failures: RateLimiter::shared(
@@ -277,7 +286,8 @@ impl ControlPlane {
 
 /// What a change committed by another replica revokes here, as the local
 /// operations announce it: a deleted token or key closes the tunnels it
-/// opened, a released domain or port closes the tunnels serving it.
+/// opened, a released domain or port closes the tunnels serving it, a
+/// Gateway address given back every binding on it.
 fn revocations(writes: &[store::Write], released: &[store::TcpRecord]) -> Vec<Revocation> {
     use tuna_protocol::wire::BoundTarget;
     let ports = released
@@ -293,6 +303,7 @@ fn revocations(writes: &[store::Write], released: &[store::TcpRecord]) -> Vec<Re
             store::Write::DeleteDomain(name) => {
                 Some(Revocation::Target(BoundTarget::Http { host: name.clone() }))
             }
+            store::Write::DeleteAddress(address) => Some(Revocation::Address(*address)),
             _ => None,
         })
         .chain(ports)
@@ -439,6 +450,35 @@ mod tests {
                 .iter()
                 .filter_map(|o| o.as_ref().err())
                 .all(|e| matches!(e, Error::HeldByOtherAccount(_)))
+        );
+    }
+
+    #[test]
+    fn remote_releases_revoke_as_local_ones_do() {
+        use tuna_protocol::wire::BoundTarget;
+        let address: std::net::IpAddr = "203.0.113.10".parse().unwrap();
+        let released = store::TcpRecord {
+            alias: "db".into(),
+            port: 30001,
+            account: "a".into(),
+            created_at: 0,
+        };
+        let revoked = revocations(
+            &[
+                store::Write::DeleteAddress(address),
+                store::Write::DeleteDomain("app.tuna.test".into()),
+            ],
+            &[released],
+        );
+        assert_eq!(
+            revoked,
+            [
+                Revocation::Address(address),
+                Revocation::Target(BoundTarget::Http {
+                    host: "app.tuna.test".into()
+                }),
+                Revocation::Target(BoundTarget::Tcp { port: 30001 }),
+            ]
         );
     }
 

@@ -17,8 +17,9 @@ use super::plane::ControlPlane;
 use super::secrets::{self, API_KEY_PREFIX};
 use super::serve::ClientAddr;
 use tuna_protocol::api::{
-    ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
-    CreatedToken, Domain, List, RenewToken, TcpEndpoint, Token, WhoAmI,
+    ApiKey, CreateApiKey, CreateDomain, CreateGatewayAddress, CreateTcpEndpoint, CreateToken,
+    CreatedApiKey, CreatedToken, Domain, GatewayAddress, List, RenewToken, TcpEndpoint, Token,
+    WhoAmI,
 };
 
 use crate::error::{Error, Result};
@@ -37,6 +38,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/tcp-endpoints"),
     ("GET", "/v1/tcp-endpoints/{aliasOrPort}"),
     ("DELETE", "/v1/tcp-endpoints/{aliasOrPort}"),
+    ("POST", "/v1/gateway-addresses"),
+    ("GET", "/v1/gateway-addresses"),
+    ("GET", "/v1/gateway-addresses/{address}"),
+    ("DELETE", "/v1/gateway-addresses/{address}"),
     ("POST", "/v1/tokens"),
     ("GET", "/v1/tokens"),
     ("GET", "/v1/tokens/{id}"),
@@ -67,6 +72,14 @@ fn router(plane: ControlPlane) -> Router {
         .route(
             "/v1/tcp-endpoints/{aliasOrPort}",
             get(get_tcp_endpoint).delete(delete_tcp_endpoint),
+        )
+        .route(
+            "/v1/gateway-addresses",
+            post(create_gateway_address).get(list_gateway_addresses),
+        )
+        .route(
+            "/v1/gateway-addresses/{address}",
+            get(get_gateway_address).delete(delete_gateway_address),
         )
         .route("/v1/tokens", post(create_token).get(list_tokens))
         .route("/v1/tokens/{id}", get(get_token).delete(revoke_token))
@@ -287,6 +300,42 @@ async fn delete_tcp_endpoint(
         p.delete_tcp_endpoint(&caller, &alias_or_port)
     })
     .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn create_gateway_address(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    bytes: Bytes,
+) -> Result<(StatusCode, Json<GatewayAddress>)> {
+    let request: CreateGatewayAddress = body(&bytes)?;
+    let created = blocking(plane, move |p| p.create_gateway_address(&caller, &request)).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+async fn list_gateway_addresses(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<List<GatewayAddress>>> {
+    Ok(Json(List {
+        items: plane.list_gateway_addresses(&caller)?,
+    }))
+}
+
+async fn get_gateway_address(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(address): Path<String>,
+) -> Result<Json<GatewayAddress>> {
+    Ok(Json(plane.get_gateway_address(&caller, &address)?))
+}
+
+async fn delete_gateway_address(
+    State(plane): State<ControlPlane>,
+    Extension(caller): Extension<Caller>,
+    Path(address): Path<String>,
+) -> Result<StatusCode> {
+    blocking(plane, move |p| p.delete_gateway_address(&caller, &address)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

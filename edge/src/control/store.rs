@@ -229,6 +229,18 @@ impl State {
                     index.remove_token(&old);
                 }
             }
+            Write::PutAddress(r) => {
+                if let Some(old) = self.addresses.remove(&r.address) {
+                    index.count(&old.account, Counted::Address, -1);
+                }
+                index.count(&r.account, Counted::Address, 1);
+                self.addresses.insert(r.address, r);
+            }
+            Write::DeleteAddress(address) => {
+                if let Some(old) = self.addresses.remove(&address) {
+                    index.count(&old.account, Counted::Address, -1);
+                }
+            }
         }
     }
 
@@ -253,12 +265,17 @@ impl State {
         let claims = self.claims.keys().filter(|k| !new.claims.contains_key(*k));
         let tcp = self.tcp.keys().filter(|k| !new.tcp.contains_key(*k));
         let tokens = self.tokens.keys().filter(|k| !new.tokens.contains_key(*k));
+        let addresses = self
+            .addresses
+            .keys()
+            .filter(|k| !new.addresses.contains_key(*k));
         keys.cloned()
             .map(Write::DeleteKey)
             .chain(domains.cloned().map(Write::DeleteDomain))
             .chain(claims.cloned().map(|(n, a)| Write::DeleteClaim(n, a)))
             .chain(tcp.cloned().map(Write::DeleteTcp))
             .chain(tokens.cloned().map(Write::DeleteToken))
+            .chain(addresses.copied().map(Write::DeleteAddress))
             .collect()
     }
 }
@@ -324,13 +341,24 @@ mod tests {
                 }
             )),
             name().prop_map(Write::DeleteToken),
+            (0..4u8, name(), account(), time()).prop_map(|(a, name, account, created_at)| {
+                Write::PutAddress(AddressRecord {
+                    address: std::net::IpAddr::from([192, 0, 2, a]),
+                    name,
+                    account,
+                    created_at,
+                })
+            }),
+            (0..4u8).prop_map(|a| Write::DeleteAddress(std::net::IpAddr::from([192, 0, 2, a]))),
         ]
     }
 
     /// What the index answers for one account at one time: live tokens,
-    /// domains, claims, TCP endpoints; tokens expired and claims made by then.
+    /// domains, claims, TCP endpoints, Gateway addresses; tokens expired and
+    /// claims made by then.
     #[derive(Debug, PartialEq)]
     struct Answers(
+        usize,
         usize,
         usize,
         usize,
@@ -359,6 +387,11 @@ mod tests {
                 .count(),
             state.tcp.values().filter(|t| t.account == account).count(),
             state
+                .addresses
+                .values()
+                .filter(|a| a.account == account)
+                .count(),
+            state
                 .tokens
                 .values()
                 .filter(|t| t.expires_at <= at)
@@ -383,6 +416,7 @@ mod tests {
             state.domains_held(account),
             state.claims_pending(account),
             state.tcp_held(account),
+            state.addresses_held(account),
             state
                 .tokens_expired_by(at)
                 .map(|t| t.id.clone())

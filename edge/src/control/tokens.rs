@@ -89,9 +89,17 @@ fn normalize_bindings(bindings: &Bindings) -> Result<Bindings> {
         .collect::<Result<Vec<_>>>()?;
     tcp.sort();
     tcp.dedup();
+    let mut addresses: Vec<_> = bindings
+        .addresses
+        .iter()
+        .map(|a| super::addresses::canonical(*a))
+        .collect();
+    addresses.sort();
+    addresses.dedup();
     Ok(Bindings {
         hosts,
         tcp_endpoints: tcp,
+        addresses,
     })
 }
 

@@ -17,6 +17,7 @@ fn token_request(hosts: &[&str], tcp: &[&str], ttl: u64) -> CreateToken {
         bindings: Bindings {
             hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
             tcp_endpoints: tcp.iter().map(|t| (*t).to_owned()).collect(),
+            addresses: Vec::new(),
         },
         ttl_seconds: Some(ttl),
     }

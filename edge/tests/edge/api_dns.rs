@@ -134,6 +134,7 @@ async fn custom_domain_verifies_once_both_records_resolve() {
             bindings: tuna_protocol::api::Bindings {
                 hosts: vec!["shop.example.test".into()],
                 tcp_endpoints: vec![],
+                addresses: Vec::new(),
             },
             ..Default::default()
         })

@@ -349,6 +349,7 @@ async fn account_quotas_answer_403_quota_exceeded() {
         domains: 2,
         pending_domains: 1,
         tcp_endpoints: 1,
+        gateway_addresses: 1,
         tokens: 2,
         keys: 2,
     };

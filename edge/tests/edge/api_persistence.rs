@@ -37,6 +37,7 @@ async fn restart_keeps_keys_reservations_and_tokens() {
             bindings: Bindings {
                 hosts: vec!["app.tuna.test".into()],
                 tcp_endpoints: vec!["db".into()],
+                addresses: Vec::new(),
             },
             ttl_seconds: Some(600),
         })

@@ -298,6 +298,7 @@ async fn tunnel_tokens_lifecycle_and_errors() {
             bindings: Bindings {
                 hosts: vec!["App.tuna.test".into()],
                 tcp_endpoints: vec!["db".into(), "40001".into()],
+                addresses: Vec::new(),
             },
             ttl_seconds: Some(3600),
         })
@@ -405,6 +406,7 @@ async fn tunnel_tokens_lifecycle_and_errors() {
         bindings: Bindings {
             hosts: vec!["not a host".into()],
             tcp_endpoints: vec![],
+            addresses: Vec::new(),
         },
         ..CreateToken::default()
     };
@@ -738,6 +740,7 @@ async fn every_route_is_served_and_documented() {
         let concrete = path
             .replace("{name}", "x.tuna.test")
             .replace("{aliasOrPort}", "x")
+            .replace("{address}", "192.0.2.1")
             .replace("{id}", "0123456789abcdef");
         let response = raw
             .request(method.parse().unwrap(), format!("{}{concrete}", edge.url))
@@ -808,5 +811,200 @@ async fn keys_are_managed_through_the_api_by_full_access_keys() {
     admin.revoke_key(&created.info.id).await.unwrap();
     assert_eq!(code(minted.whoami().await), "unauthorized");
     assert_eq!(code(admin.revoke_key(&created.info.id).await), "not_found");
+    edge.stop().await;
+}
+
+/// The status and JSON body of an error answer.
+async fn gateway_error(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    (status, body)
+}
+
+#[tokio::test]
+async fn gateway_addresses_lifecycle_and_errors() {
+    use tuna_protocol::api::{GatewayAddress, List};
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.gateway_addresses = "198.51.100.0/30,2001:db8::10".parse().unwrap();
+    let edge = TestEdge::start(config).await;
+    let ours = edge.key("default", &[Scope::TunnelsWrite]);
+    let theirs = edge.key("other", &[Scope::TunnelsWrite]);
+    let reader = edge.key("default", &[Scope::TunnelsConnect]);
+    let raw = edge.raw();
+    let url = |path: &str| format!("{}{path}", edge.url);
+    let create = |key: &tuna_protocol::api::Secret, body: Value| {
+        raw.post(url("/v1/gateway-addresses"))
+            .bearer_auth(key.expose())
+            .json(&body)
+            .send()
+    };
+
+    let response = create(&ours, json!({"name": "shop/gateway"}))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let first: GatewayAddress = response.json().await.unwrap();
+    assert_eq!(first.address.to_string(), "198.51.100.1");
+    assert_eq!(
+        (first.name.as_str(), first.account.as_str()),
+        ("shop/gateway", "default")
+    );
+    let response = create(&ours, json!({"name": "shop/v6", "address": "2001:db8::10"}))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let v6: GatewayAddress = response.json().await.unwrap();
+    let body: Value = serde_json::to_value(&v6).unwrap();
+    assert_eq!(
+        body,
+        json!({"address": "2001:db8::10", "name": "shop/v6", "account": "default", "createdAt": body["createdAt"]})
+    );
+
+    // Errors: each with its status and code.
+    for (key, body, status, code) in [
+        (
+            &ours,
+            json!({"name": "shop/gateway"}),
+            StatusCode::CONFLICT,
+            "already_exists",
+        ),
+        (
+            &theirs,
+            json!({"name": "x", "address": "198.51.100.1"}),
+            StatusCode::FORBIDDEN,
+            "held_by_other_account",
+        ),
+        (
+            &ours,
+            json!({"name": "x", "address": "198.51.100.3"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "address_out_of_pool",
+        ),
+        (
+            &ours,
+            json!({"name": "a b"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_name",
+        ),
+        (
+            &ours,
+            json!({"name": "x", "address": "not-an-ip"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            &reader,
+            json!({"name": "x"}),
+            StatusCode::FORBIDDEN,
+            "missing_scope",
+        ),
+    ] {
+        let (got, answer) = gateway_error(create(key, body.clone()).await.unwrap()).await;
+        assert_eq!(
+            (got, answer["code"].as_str()),
+            (status, Some(code)),
+            "{body}: {answer}"
+        );
+        if code == "already_exists" {
+            assert_eq!(answer["existing"]["address"], "198.51.100.1");
+        }
+    }
+    let response = create(&theirs, json!({"name": "shop/gateway"}))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let (status, answer) =
+        gateway_error(create(&theirs, json!({"name": "more"})).await.unwrap()).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("addresses_exhausted"))
+    );
+
+    // Reads: the caller's own, sorted; a reader key may read.
+    let listed: List<GatewayAddress> = raw
+        .get(url("/v1/gateway-addresses"))
+        .bearer_auth(reader.expose())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed.items, [first.clone(), v6.clone()]);
+    let got: GatewayAddress = raw
+        .get(url("/v1/gateway-addresses/2001:db8::10"))
+        .bearer_auth(reader.expose())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got, v6);
+    let (status, _) = gateway_error(
+        raw.get(url("/v1/gateway-addresses/198.51.100.2"))
+            .bearer_auth(ours.expose())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Delete gives the address back: the next reservation gets it.
+    let deleted = raw
+        .delete(url("/v1/gateway-addresses/198.51.100.1"))
+        .bearer_auth(ours.expose())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NO_CONTENT);
+    let (status, _) = gateway_error(
+        raw.delete(url("/v1/gateway-addresses/198.51.100.1"))
+            .bearer_auth(ours.expose())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let again: GatewayAddress = create(&theirs, json!({"name": "again"}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(again.address, first.address);
+    edge.stop().await;
+
+    // No pool: 501 naming the flag.
+    let dir = tempfile::tempdir().unwrap();
+    let edge = TestEdge::start(api_support::config(dir.path())).await;
+    let key = edge.key("default", &[Scope::TunnelsWrite]);
+    let (status, answer) = gateway_error(
+        edge.raw()
+            .post(format!("{}/v1/gateway-addresses", edge.url))
+            .bearer_auth(key.expose())
+            .json(&json!({"name": "gw"}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::NOT_IMPLEMENTED, Some("no_address_pool"))
+    );
+    assert!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--gateway-addresses")),
+        "{answer}"
+    );
     edge.stop().await;
 }

@@ -115,6 +115,7 @@ async fn reservations_and_tokens_from_the_api_open_tunnels_across_an_edge_restar
             bindings: Bindings {
                 hosts: vec![domain.name.clone()],
                 tcp_endpoints: vec!["db".into()],
+                addresses: Vec::new(),
             },
             ..Default::default()
         })
@@ -220,6 +221,7 @@ async fn publish() -> Published {
             bindings: Bindings {
                 hosts: vec!["app.tuna.test".into()],
                 tcp_endpoints: vec!["db".into()],
+                addresses: Vec::new(),
             },
             ..Default::default()
         })

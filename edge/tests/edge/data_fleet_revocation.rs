@@ -64,6 +64,7 @@ async fn a_token_revoked_on_replica_a_closes_its_tunnel_on_replica_b() {
                 bindings: Bindings {
                     hosts: vec!["app.tuna.test".into()],
                     tcp_endpoints: vec!["db".into()],
+                    addresses: Vec::new(),
                 },
                 ..Default::default()
             };
@@ -207,6 +208,7 @@ async fn a_replica_cut_off_from_the_store_by_a_cut_forwarder_refuses_new_session
                 bindings: Bindings {
                     hosts: Vec::new(),
                     tcp_endpoints: vec![alias.into()],
+                    addresses: Vec::new(),
                 },
                 ..Default::default()
             };
@@ -221,6 +223,7 @@ async fn a_replica_cut_off_from_the_store_by_a_cut_forwarder_refuses_new_session
                 bindings: Bindings {
                     hosts: vec![],
                     tcp_endpoints: vec!["db".into()],
+                    addresses: Vec::new(),
                 },
                 ..Default::default()
             };
@@ -364,6 +367,7 @@ impl CutReplica {
                         bindings: Bindings {
                             hosts: hosts.iter().map(|h| format!("{h}.tuna.test")).collect(),
                             tcp_endpoints: Vec::new(),
+                            addresses: Vec::new(),
                         },
                         ..Default::default()
                     };

@@ -38,6 +38,7 @@ async fn mint(api: &TunaClient, labels: BTreeMap<String, String>, endpoint: &str
         bindings: Bindings {
             hosts: Vec::new(),
             tcp_endpoints: vec![endpoint.to_owned()],
+            addresses: Vec::new(),
         },
         ..Default::default()
     })

@@ -232,6 +232,7 @@ async fn idle_pre_auth_sockets_on_every_listener_leave_the_edge_serving() {
             bindings: Bindings {
                 hosts: vec!["app.tuna.test".into()],
                 tcp_endpoints: Vec::new(),
+                addresses: Vec::new(),
             },
             ..Default::default()
         })
@@ -466,6 +467,7 @@ async fn idle_tcp_endpoint_connections_leave_the_edge_serving_and_are_capped() {
                     bindings: Bindings {
                         hosts,
                         tcp_endpoints: tcp,
+                        addresses: Vec::new(),
                     },
                     ..Default::default()
                 })

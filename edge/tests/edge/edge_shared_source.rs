@@ -46,6 +46,7 @@ pub(crate) async fn plane() -> Plane {
         bindings: Bindings {
             hosts: vec!["app.tuna.test".into()],
             tcp_endpoints: Vec::new(),
+            addresses: Vec::new(),
         },
         ..Default::default()
     };

@@ -213,6 +213,7 @@ impl DelayedReplica {
                             bindings: Bindings {
                                 hosts: vec!["app.tuna.test".into()],
                                 tcp_endpoints: Vec::new(),
+                                addresses: Vec::new(),
                             },
                             ..Default::default()
                         };

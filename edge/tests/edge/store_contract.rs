@@ -18,7 +18,9 @@ use pg_support::PgServer;
 use tuna_edge::Error;
 use tuna_edge::control::{Caller, ControlConfig, ControlPlane, StoreUrl};
 use tuna_edge::{Revocation, TokenId};
-use tuna_protocol::api::{Bindings, CreateDomain, CreateTcpEndpoint, CreateToken, Scope};
+use tuna_protocol::api::{
+    Bindings, CreateDomain, CreateGatewayAddress, CreateTcpEndpoint, CreateToken, Scope,
+};
 
 /// One store and a way to open control planes on it.
 enum Fixture {
@@ -57,6 +59,7 @@ impl Fixture {
         let mut config = ControlConfig::new(dir, "tuna.test", "edge.tuna.test");
         config.store = store;
         config.tcp_port_range = 31000..=31099;
+        config.gateway_addresses = "203.0.113.0/29,2001:db8::10".parse().unwrap();
         config
     }
 
@@ -131,6 +134,13 @@ fn tcp(alias: &str) -> CreateTcpEndpoint {
     }
 }
 
+fn gateway(name: &str, address: Option<&str>) -> CreateGatewayAddress {
+    CreateGatewayAddress {
+        name: name.to_owned(),
+        address: address.map(|a| a.parse().unwrap()),
+    }
+}
+
 fn acknowledged_writes_survive_a_crash(store: Fixture) {
     let owner = caller("acme");
     let (key, token) = {
@@ -140,6 +150,16 @@ fn acknowledged_writes_survive_a_crash(store: Fixture) {
             .unwrap();
         plane.create_domain(&owner, &subdomain("app")).unwrap();
         plane.create_tcp_endpoint(&owner, &tcp("db")).unwrap();
+        plane
+            .create_gateway_address(&owner, &gateway("shop/gw", None))
+            .unwrap();
+        plane
+            .create_gateway_address(&owner, &gateway("shop/v6", Some("2001:db8::10")))
+            .unwrap();
+        plane
+            .create_gateway_address(&owner, &gateway("shop/gone", None))
+            .unwrap();
+        plane.delete_gateway_address(&owner, "203.0.113.2").unwrap();
         let token = plane
             .create_token(
                 &owner,
@@ -148,6 +168,7 @@ fn acknowledged_writes_survive_a_crash(store: Fixture) {
                     bindings: Bindings {
                         hosts: vec!["app.tuna.test".into()],
                         tcp_endpoints: vec!["db".into()],
+                        addresses: Vec::new(),
                     },
                     ttl_seconds: None,
                 },
@@ -167,6 +188,28 @@ fn acknowledged_writes_survive_a_crash(store: Fixture) {
         .collect();
     assert_eq!(domains, ["app.tuna.test"]);
     assert_eq!(plane.get_tcp_endpoint(&owner, "db").unwrap().port, 31000);
+    let addresses: Vec<(String, String)> = plane
+        .list_gateway_addresses(&owner)
+        .unwrap()
+        .into_iter()
+        .map(|a| (a.address.to_string(), a.name))
+        .collect();
+    assert_eq!(
+        addresses,
+        [
+            ("203.0.113.1".to_owned(), "shop/gw".to_owned()),
+            ("2001:db8::10".to_owned(), "shop/v6".to_owned()),
+        ]
+    );
+    // The address given back before the crash is free again.
+    assert_eq!(
+        plane
+            .create_gateway_address(&caller("rival"), &gateway("x", None))
+            .unwrap()
+            .address
+            .to_string(),
+        "203.0.113.2"
+    );
     let kept = plane.get_token(&owner, &token.id).unwrap();
     assert_eq!(kept.info.labels["team"], "a");
     assert_eq!(kept.info.bindings.tcp_endpoints, ["db"]);
@@ -338,6 +381,7 @@ fn revocations_reach_every_replica(store: Fixture) {
                 bindings: Bindings {
                     hosts: vec!["app.tuna.test".into()],
                     tcp_endpoints: Vec::new(),
+                    addresses: Vec::new(),
                 },
                 ..CreateToken::default()
             },
@@ -379,6 +423,15 @@ fn revocations_reach_every_replica(store: Fixture) {
             port: endpoint.port,
         }),
     );
+
+    // So does a Gateway address given back.
+    let address = a
+        .create_gateway_address(&owner, &gateway("shop/gw", None))
+        .unwrap()
+        .address;
+    a.delete_gateway_address(&owner, &address.to_string())
+        .unwrap();
+    await_revocation(&mut revocations, &Revocation::Address(address));
 }
 
 fn what_one_replica_made_the_other_finds_at_once(store: Fixture) {
@@ -420,6 +473,7 @@ fn a_tunnel_may_attach_at_once_to_a_replica_that_did_not_mint_its_token(store: F
                     bindings: Bindings {
                         hosts: vec![format!("t{i}.tuna.test")],
                         tcp_endpoints: Vec::new(),
+                        addresses: Vec::new(),
                     },
                     ..CreateToken::default()
                 },
@@ -476,7 +530,7 @@ fn two_replicas_migrate_an_empty_database_at_once() {
             db,
             "SELECT string_agg(version::text, ',' ORDER BY version) FROM schema_migrations"
         ),
-        "1,2"
+        "1,2,3"
     );
     assert_eq!(server.psql(db, "SELECT count(*) FROM store_head"), "1");
     // And they work as one store.
@@ -679,4 +733,19 @@ fn commits_without_a_notification_arrive_by_the_poll_and_a_pruned_log_by_a_reloa
     );
     assert!(plane.get_token(&owner, &second).is_err());
     assert!(plane.get_token(&owner, &first).is_err());
+
+    // A Gateway address gone in such a reload is heard as given back.
+    let address = plane
+        .create_gateway_address(&owner, &gateway("shop/gw", None))
+        .unwrap()
+        .address;
+    server.psql(
+        db,
+        &format!(
+            "BEGIN; DELETE FROM gateway_addresses WHERE address = '{address}'; \
+             UPDATE store_head SET seq = seq + 1; COMMIT;"
+        ),
+    );
+    await_revocation(&mut revocations, &Revocation::Address(address));
+    assert!(plane.list_gateway_addresses(&owner).unwrap().is_empty());
 }

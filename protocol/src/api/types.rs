@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::IpAddr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -159,6 +160,13 @@ pub mod error_code {
     pub const RATE_LIMITED: &str = "rate_limited";
     /// 503: every port of the TCP range is taken.
     pub const PORTS_EXHAUSTED: &str = "ports_exhausted";
+    /// 422: a requested Gateway address is not in the edge's pool
+    /// (`--gateway-addresses`).
+    pub const ADDRESS_OUT_OF_POOL: &str = "address_out_of_pool";
+    /// 503: every address of the edge's Gateway pool is reserved.
+    pub const ADDRESSES_EXHAUSTED: &str = "addresses_exhausted";
+    /// 501: the edge has no Gateway address pool (`--gateway-addresses`).
+    pub const NO_ADDRESS_POOL: &str = "no_address_pool";
     /// 503: the edge's shared store (PostgreSQL) is unreachable; the write
     /// was not acknowledged (absent, or made if the connection died during
     /// its commit); see `Retry-After`.
@@ -280,6 +288,36 @@ pub struct TcpEndpoint {
     pub created_at: Timestamp,
 }
 
+/// `POST /v1/gateway-addresses`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CreateGatewayAddress {
+    /// The caller's label for the Gateway it is for (e.g.
+    /// `namespace/gateway`): 1–253 printable ASCII characters, no spaces;
+    /// unique within the account (a second reservation under one name is
+    /// `409 already_exists` with the first).
+    pub name: String,
+    /// A specific address of the edge's pool; absent: the edge picks the
+    /// lowest free one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<IpAddr>,
+}
+
+/// An address of the edge's Gateway pool reserved by an account: its
+/// tunnels may bind any port on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayAddress {
+    /// The address, the id used in paths.
+    pub address: IpAddr,
+    /// The label given at creation.
+    pub name: String,
+    /// The account that holds it.
+    pub account: String,
+    /// When it was reserved.
+    pub created_at: Timestamp,
+}
+
 /// What a tunnel token allows its session to serve.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -290,6 +328,14 @@ pub struct Bindings {
     /// TCP endpoints by alias or by port number (as a string, e.g. `"30001"`).
     #[serde(default)]
     pub tcp_endpoints: Vec<String>,
+    /// Gateway addresses the account holds (`POST /v1/gateway-addresses`):
+    /// the session may bind any port on each.
+    #[serde(
+        rename = "gatewayAddresses",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub addresses: Vec<IpAddr>,
 }
 
 /// The token labels that name a tunnel's owner (its tenant): two tunnels of

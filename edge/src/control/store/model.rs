@@ -4,6 +4,7 @@
 //! [`super::redb`] and [`super::postgres`] implement.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard};
 
 use serde::{Deserialize, Serialize};
@@ -74,6 +75,20 @@ pub struct TcpRecord {
     pub created_at: i64,
 }
 
+/// A reserved address of the Gateway pool: its holder's tunnels may bind
+/// any port on it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AddressRecord {
+    /// Unique address.
+    pub address: IpAddr,
+    /// The holder's label (e.g. `namespace/gateway`), unique per account.
+    pub name: String,
+    /// The holder.
+    pub account: String,
+    /// Unix seconds.
+    pub created_at: i64,
+}
+
 /// A tunnel token, without its clear text.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenRecord {
@@ -113,6 +128,8 @@ pub struct State {
     pub tcp: BTreeMap<String, TcpRecord>,
     /// By token id.
     pub tokens: BTreeMap<String, TokenRecord>,
+    /// Reserved Gateway addresses, by address.
+    pub addresses: BTreeMap<IpAddr, AddressRecord>,
     /// What the quota checks, the port allocator and the expiry sweep look
     /// up, kept by [`State::apply`]: each would otherwise scan every record
     /// per call, which made minting N tokens O(N²).
@@ -141,11 +158,16 @@ pub(super) struct Held {
     pub(super) domains: usize,
     pub(super) claims: usize,
     pub(super) tcp: usize,
+    pub(super) addresses: usize,
 }
 
 impl Held {
     pub(super) fn is_empty(&self) -> bool {
-        self.token_expiry.is_empty() && self.domains == 0 && self.claims == 0 && self.tcp == 0
+        self.token_expiry.is_empty()
+            && self.domains == 0
+            && self.claims == 0
+            && self.tcp == 0
+            && self.addresses == 0
     }
 }
 
@@ -155,6 +177,7 @@ pub(super) enum Counted {
     Domain,
     Claim,
     Tcp,
+    Address,
 }
 
 impl Index {
@@ -171,6 +194,9 @@ impl Index {
         }
         for t in state.tokens.values() {
             index.add_token(t);
+        }
+        for a in state.addresses.values() {
+            index.count(&a.account, Counted::Address, 1);
         }
         index
     }
@@ -196,6 +222,7 @@ impl Index {
             Counted::Domain => &mut held.domains,
             Counted::Claim => &mut held.claims,
             Counted::Tcp => &mut held.tcp,
+            Counted::Address => &mut held.addresses,
         };
         *n = n.saturating_add_signed(delta);
         self.tidy(account);
@@ -304,6 +331,11 @@ impl State {
     pub fn tcp_held(&self, account: &str) -> usize {
         self.index.accounts.get(account).map_or(0, |h| h.tcp)
     }
+
+    /// How many Gateway addresses `account` holds.
+    pub fn addresses_held(&self, account: &str) -> usize {
+        self.index.accounts.get(account).map_or(0, |h| h.addresses)
+    }
 }
 
 /// One change to apply, to the durable store and then to the mirror. Also
@@ -331,6 +363,10 @@ pub enum Write {
     PutToken(TokenRecord),
     /// Remove a token by id.
     DeleteToken(String),
+    /// Insert or replace a reserved Gateway address.
+    PutAddress(AddressRecord),
+    /// Give a Gateway address back to the pool.
+    DeleteAddress(IpAddr),
 }
 
 /// Hears the changes other replicas committed, once they are in the

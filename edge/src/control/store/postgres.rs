@@ -55,8 +55,8 @@
 //! # Schema
 //!
 //! Typed tables, one per kind (`api_keys`, `domains`, `domain_claims`,
-//! `tcp_endpoints`, `tunnel_tokens`), rather than one table of JSON blobs:
-//! the database itself then enforces the uniqueness the API promises
+//! `tcp_endpoints`, `tunnel_tokens`, `gateway_addresses`), rather than one
+//! table of JSON blobs: the database itself then enforces the uniqueness the API promises
 //! (`domains.name`, `(domain_claims.name, account)`, `tcp_endpoints.alias`
 //! and `.port`, the ids and the secret hashes) as defence in depth behind
 //! the lock, an operator can read and repair them with `psql`, and
@@ -107,7 +107,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::pg_tls::{self, SslMode};
 
 use super::model::{
-    Backend, DomainRecord, KeyRecord, Mirror, State, TcpRecord, TokenRecord, Write,
+    AddressRecord, Backend, DomainRecord, KeyRecord, Mirror, State, TcpRecord, TokenRecord, Write,
 };
 use crate::error::{Error, Result};
 
@@ -209,6 +209,18 @@ CREATE TABLE edge_attachments (
     hosts text[] NOT NULL,
     ports integer[] NOT NULL,
     expires_at timestamptz NOT NULL
+);
+"#,
+    ),
+    (
+        3,
+        "reserved Gateway addresses",
+        r#"
+CREATE TABLE gateway_addresses (
+    address text PRIMARY KEY,
+    name text NOT NULL,
+    account text NOT NULL,
+    created_at bigint NOT NULL
 );
 "#,
     ),
@@ -951,6 +963,21 @@ fn statement(write: &Write) -> (&'static str, Vec<Box<dyn ToSql + Sync + Send>>)
             "DELETE FROM tunnel_tokens WHERE id = $1",
             vec![Box::new(id.clone())],
         ),
+        Write::PutAddress(r) => (
+            "INSERT INTO gateway_addresses (address, name, account, created_at) \
+             VALUES ($1, $2, $3, $4) ON CONFLICT (address) DO UPDATE SET \
+             name = EXCLUDED.name, account = EXCLUDED.account, created_at = EXCLUDED.created_at",
+            vec![
+                Box::new(r.address.to_string()),
+                Box::new(r.name.clone()),
+                Box::new(r.account.clone()),
+                Box::new(r.created_at),
+            ],
+        ),
+        Write::DeleteAddress(address) => (
+            "DELETE FROM gateway_addresses WHERE address = $1",
+            vec![Box::new(address.to_string())],
+        ),
     }
 }
 
@@ -974,7 +1001,7 @@ async fn load_all(client: &impl GenericClient, name: &str) -> Result<(State, i64
         .await
         .map_err(classify(name, "loading"))?
         .get(0);
-    let (keys, domains, claims, tcp, tokens) = futures::try_join!(
+    let (keys, domains, claims, tcp, tokens, addresses) = futures::try_join!(
         client.query(
             "SELECT id, name, account, scopes, hash, created_at FROM api_keys",
             &[]
@@ -996,6 +1023,10 @@ async fn load_all(client: &impl GenericClient, name: &str) -> Result<(State, i64
         client.query(
             "SELECT id, hash, account, labels, bindings, created_at, expires_at, minted_by \
              FROM tunnel_tokens",
+            &[]
+        ),
+        client.query(
+            "SELECT address, name, account, created_at FROM gateway_addresses",
             &[]
         ),
     )
@@ -1056,6 +1087,23 @@ async fn load_all(client: &impl GenericClient, name: &str) -> Result<(State, i64
             minted_by: row.get(7),
         };
         state.tokens.insert(id, record);
+    }
+    for row in addresses {
+        let text: String = row.get(0);
+        let address = text
+            .parse::<std::net::IpAddr>()
+            .map_err(|_| Error::CorruptRow {
+                table: "gateway_addresses",
+                key: text.clone(),
+                message: "not an IP address".into(),
+            })?;
+        let record = AddressRecord {
+            address,
+            name: row.get(1),
+            account: row.get(2),
+            created_at: row.get(3),
+        };
+        state.addresses.insert(address, record);
     }
     Ok((state, head))
 }

@@ -16,7 +16,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::model::{
-    Backend, DomainRecord, KeyRecord, Mirror, STORE_FILE, State, TcpRecord, TokenRecord, Write,
+    AddressRecord, Backend, DomainRecord, KeyRecord, Mirror, STORE_FILE, State, TcpRecord,
+    TokenRecord, Write,
 };
 use crate::error::{Error, Result};
 
@@ -27,6 +28,8 @@ const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tunnel_tokens
 /// Pending custom domains, keyed `"<name> <account>"`: several accounts may
 /// claim one name until one of them verifies it.
 const CLAIMS: TableDefinition<&str, &[u8]> = TableDefinition::new("domain_claims");
+/// Reserved Gateway addresses, keyed by the address's text.
+const ADDRESSES: TableDefinition<&str, &[u8]> = TableDefinition::new("gateway_addresses");
 
 /// The redb backend. See the module docs.
 pub(crate) struct Redb {
@@ -69,7 +72,7 @@ impl Redb {
         let txn = db
             .begin_write()
             .map_err(|e| Error::storage(&path, "creating tables")(e.into()))?;
-        for table in [KEYS, DOMAINS, TCP_ENDPOINTS, TOKENS, CLAIMS] {
+        for table in [KEYS, DOMAINS, TCP_ENDPOINTS, TOKENS, CLAIMS, ADDRESSES] {
             txn.open_table(table)
                 .map_err(|e| Error::storage(&path, "creating tables")(e.into()))?;
         }
@@ -98,6 +101,16 @@ impl Redb {
                 .into_values()
                 .map(|r| ((r.name.clone(), r.account.clone()), r))
                 .collect(),
+            addresses: load(
+                &path,
+                &read,
+                ADDRESSES,
+                "gateway_addresses",
+                |r: &AddressRecord| r.address.to_string(),
+            )?
+            .into_values()
+            .map(|r| (r.address, r))
+            .collect(),
             // Built by the mirror when the state replaces its own.
             ..State::default()
         };
@@ -149,6 +162,7 @@ impl Backend for Redb {
             let mut tcp = txn.open_table(TCP_ENDPOINTS).map_err(|e| fail(e.into()))?;
             let mut tokens = txn.open_table(TOKENS).map_err(|e| fail(e.into()))?;
             let mut claims = txn.open_table(CLAIMS).map_err(|e| fail(e.into()))?;
+            let mut addresses = txn.open_table(ADDRESSES).map_err(|e| fail(e.into()))?;
             for write in &writes {
                 let result = match write {
                     Write::PutKey(r) => keys.insert(r.id.as_str(), json(r).as_slice()).map(drop),
@@ -169,6 +183,12 @@ impl Backend for Redb {
                         tokens.insert(r.id.as_str(), json(r).as_slice()).map(drop)
                     }
                     Write::DeleteToken(id) => tokens.remove(id.as_str()).map(drop),
+                    Write::PutAddress(r) => addresses
+                        .insert(r.address.to_string().as_str(), json(r).as_slice())
+                        .map(drop),
+                    Write::DeleteAddress(address) => {
+                        addresses.remove(address.to_string().as_str()).map(drop)
+                    }
                 };
                 result.map_err(|e| fail(e.into()))?;
             }
