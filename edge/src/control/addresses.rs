@@ -15,8 +15,9 @@ use crate::authority::Revocation;
 use crate::error::{Error, Result};
 
 /// The most addresses one range of `--gateway-addresses` may expand to, and
-/// the most the whole pool may hold (an IPv4 /16, an IPv6 /112).
-pub const MAX_POOL_ADDRESSES: usize = 65_536;
+/// the most the whole pool may hold (an IPv4 /16, an IPv6 /112). A power
+/// of two.
+pub const MAX_POOL_ADDRESSES: usize = 1 << 16;
 
 /// The addresses an edge hands out to Gateways (`--gateway-addresses`):
 /// a comma-separated list of addresses and CIDR ranges, IPv4 and IPv6.
@@ -92,7 +93,7 @@ fn expand(entry: &str) -> Result<Vec<IpAddr>, String> {
         IpAddr::V6(v6) => (128, u128::from(v6)),
     };
     let host_bits = bits.checked_sub(prefix).ok_or_else(bad)?;
-    let size_bits = 16; // log2 of MAX_POOL_ADDRESSES
+    let size_bits = MAX_POOL_ADDRESSES.trailing_zeros();
     if host_bits > size_bits {
         return Err(format!(
             "{entry:?} holds more than {MAX_POOL_ADDRESSES} addresses; give a /{} or narrower",
