@@ -217,6 +217,7 @@ async fn whoami(
         scopes: caller.scopes,
         base_domain: plane.base_domain().to_owned(),
         public_host: plane.public_host().to_owned(),
+        gateway_addresses: !plane.gateway_addresses().is_empty(),
     })
 }
 

@@ -203,7 +203,7 @@ async fn an_address_given_back_closes_every_tunnel_on_it_and_its_listeners() {
     let kept = ip(7);
     let p3 = free_port(kept);
     let authority = authority();
-    let bindings = vec![
+    let bindings = [
         Binding::address(address, p1),
         Binding::address(address, p2),
         Binding::address(kept, p3),

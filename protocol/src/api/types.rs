@@ -189,6 +189,11 @@ pub struct WhoAmI {
     pub base_domain: String,
     /// The host name custom domains must point to with a CNAME.
     pub public_host: String,
+    /// The edge gives each Gateway an address of its own
+    /// (`POST /v1/gateway-addresses`); absent (an older edge, the hosted
+    /// service): Gateways share the edge's ports.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gateway_addresses: bool,
 }
 
 /// `POST /v1/domains`: exactly one of `subdomain` and `domain`.
