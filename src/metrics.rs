@@ -265,6 +265,44 @@ impl EdgeApi for MeteredEdge {
             )
         })
     }
+    fn ensure_gateway_address<'a>(
+        &'a self,
+        request: &'a tuna_protocol::api::CreateGatewayAddress,
+    ) -> BoxFuture<
+        'a,
+        crate::Result<tuna_agent::client::Reserved<tuna_protocol::api::GatewayAddress>>,
+    > {
+        Box::pin(async move {
+            metered!(
+                self,
+                "ensure_gateway_address",
+                self.inner.ensure_gateway_address(request)
+            )
+        })
+    }
+    fn delete_gateway_address(
+        &self,
+        address: std::net::IpAddr,
+    ) -> BoxFuture<'_, crate::Result<()>> {
+        Box::pin(async move {
+            metered!(
+                self,
+                "delete_gateway_address",
+                self.inner.delete_gateway_address(address)
+            )
+        })
+    }
+    fn list_gateway_addresses(
+        &self,
+    ) -> BoxFuture<'_, crate::Result<Vec<tuna_protocol::api::GatewayAddress>>> {
+        Box::pin(async move {
+            metered!(
+                self,
+                "list_gateway_addresses",
+                self.inner.list_gateway_addresses()
+            )
+        })
+    }
     fn create_token<'a>(
         &'a self,
         labels: &'a std::collections::BTreeMap<String, String>,

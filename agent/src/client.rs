@@ -14,8 +14,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use tuna_protocol::api::{
-    ApiKey, CreateApiKey, CreateDomain, CreateTcpEndpoint, CreateToken, CreatedApiKey,
-    CreatedToken, Domain, ErrorBody, List, RenewToken, Secret, TcpEndpoint, Token, WhoAmI,
+    ApiKey, CreateApiKey, CreateDomain, CreateGatewayAddress, CreateTcpEndpoint, CreateToken,
+    CreatedApiKey, CreatedToken, Domain, ErrorBody, GatewayAddress, List, RenewToken, Secret,
+    TcpEndpoint, Token, WhoAmI,
 };
 
 use crate::error::Error;
@@ -186,6 +187,35 @@ impl TunaClient {
             .await
     }
 
+    /// `POST /v1/gateway-addresses`.
+    pub async fn create_gateway_address(
+        &self,
+        request: &CreateGatewayAddress,
+    ) -> Result<GatewayAddress, Error> {
+        self.call(
+            Method::POST,
+            &["v1", "gateway-addresses"],
+            Some(request),
+            &[],
+        )
+        .await
+    }
+
+    /// `GET /v1/gateway-addresses`.
+    pub async fn list_gateway_addresses(&self) -> Result<Vec<GatewayAddress>, Error> {
+        let list: List<GatewayAddress> = self
+            .call(Method::GET, &["v1", "gateway-addresses"], None::<&()>, &[])
+            .await?;
+        Ok(list.items)
+    }
+
+    /// `DELETE /v1/gateway-addresses/{address}`.
+    pub async fn delete_gateway_address(&self, address: std::net::IpAddr) -> Result<(), Error> {
+        let address = address.to_string();
+        self.call_empty(Method::DELETE, &["v1", "gateway-addresses", &address])
+            .await
+    }
+
     /// `POST /v1/tokens`.
     pub async fn create_token(&self, request: &CreateToken) -> Result<CreatedToken, Error> {
         self.call(Method::POST, &["v1", "tokens"], Some(request), &[])
@@ -283,6 +313,33 @@ impl TunaClient {
                 {
                     Ok(Reserved {
                         object: endpoint,
+                        adopted: true,
+                    })
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Reserves an address of the edge's Gateway pool under `request.name`,
+    /// or adopts the caller's existing address of that name (and, when one
+    /// is asked for, that address).
+    pub async fn ensure_gateway_address(
+        &self,
+        request: &CreateGatewayAddress,
+    ) -> Result<Reserved<GatewayAddress>, Error> {
+        match self.create_gateway_address(request).await {
+            Ok(address) => Ok(Reserved {
+                object: address,
+                adopted: false,
+            }),
+            Err(e) => match e.existing::<GatewayAddress>() {
+                Some(held)
+                    if held.name == request.name
+                        && request.address.is_none_or(|a| a == held.address) =>
+                {
+                    Ok(Reserved {
+                        object: held,
                         adopted: true,
                     })
                 }

@@ -11,12 +11,14 @@
 //! API key); [`ErrorClass::Gone`] is a 404, which release paths count as done.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tuna_agent::client::{Reserved, TunaClient};
 use tuna_protocol::api::{
-    CreateDomain, CreateTcpEndpoint, CreateToken, Domain, RenewToken, TcpEndpoint, Token, WhoAmI,
+    CreateDomain, CreateGatewayAddress, CreateTcpEndpoint, CreateToken, Domain, GatewayAddress,
+    RenewToken, TcpEndpoint, Token, WhoAmI,
 };
 use tuna_protocol::wire::{Binding, TunnelToken};
 
@@ -60,6 +62,16 @@ pub trait EdgeApi: Send + Sync + 'static {
     ) -> BoxFuture<'a, crate::Result<Reserved<TcpEndpoint>>>;
     /// Releases a TCP endpoint (`Gone` when it is not there).
     fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>>;
+    /// Reserves an address of the edge's Gateway pool under `request.name`,
+    /// or adopts the account's existing one of that name.
+    fn ensure_gateway_address<'a>(
+        &'a self,
+        request: &'a CreateGatewayAddress,
+    ) -> BoxFuture<'a, crate::Result<Reserved<GatewayAddress>>>;
+    /// Gives a Gateway address back (`Gone` when it is not there).
+    fn delete_gateway_address(&self, address: IpAddr) -> BoxFuture<'_, crate::Result<()>>;
+    /// The account's Gateway addresses.
+    fn list_gateway_addresses(&self) -> BoxFuture<'_, crate::Result<Vec<GatewayAddress>>>;
     /// Mints a tunnel token allowed exactly `bindings`, with owner labels.
     fn create_token<'a>(
         &'a self,
@@ -100,7 +112,11 @@ pub fn bindings_of(bindings: &[Binding]) -> tuna_protocol::api::Bindings {
         match b {
             Binding::Http { host } => out.hosts.push(host.clone()),
             Binding::Tcp { endpoint } => out.tcp_endpoints.push(endpoint.clone()),
-            Binding::Address { .. } => {}
+            Binding::Address { address, .. } => {
+                if !out.addresses.contains(address) {
+                    out.addresses.push(*address);
+                }
+            }
         }
     }
     out
@@ -178,6 +194,36 @@ impl EdgeApi for RemoteEdge {
                 .delete_tcp_endpoint(alias)
                 .await
                 .map_err(|e| Error::edge(format!("releasing TCP endpoint {alias}"), e))
+        })
+    }
+
+    fn ensure_gateway_address<'a>(
+        &'a self,
+        request: &'a CreateGatewayAddress,
+    ) -> BoxFuture<'a, crate::Result<Reserved<GatewayAddress>>> {
+        Box::pin(async move {
+            self.client
+                .ensure_gateway_address(request)
+                .await
+                .map_err(|e| Error::edge(format!("reserving an address for {}", request.name), e))
+        })
+    }
+
+    fn delete_gateway_address(&self, address: IpAddr) -> BoxFuture<'_, crate::Result<()>> {
+        Box::pin(async move {
+            self.client
+                .delete_gateway_address(address)
+                .await
+                .map_err(|e| Error::edge(format!("giving back the Gateway address {address}"), e))
+        })
+    }
+
+    fn list_gateway_addresses(&self) -> BoxFuture<'_, crate::Result<Vec<GatewayAddress>>> {
+        Box::pin(async move {
+            self.client
+                .list_gateway_addresses()
+                .await
+                .map_err(|e| Error::edge("listing the Gateway addresses", e))
         })
     }
 

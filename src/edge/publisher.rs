@@ -1507,6 +1507,23 @@ mod tests {
         fn delete_tcp_endpoint<'a>(&'a self, alias: &'a str) -> BoxFuture<'a, crate::Result<()>> {
             self.inner.delete_tcp_endpoint(alias)
         }
+        fn ensure_gateway_address<'a>(
+            &'a self,
+            request: &'a tuna_protocol::api::CreateGatewayAddress,
+        ) -> BoxFuture<
+            'a,
+            crate::Result<tuna_agent::client::Reserved<tuna_protocol::api::GatewayAddress>>,
+        > {
+            self.inner.ensure_gateway_address(request)
+        }
+        fn delete_gateway_address(&self, address: IpAddr) -> BoxFuture<'_, crate::Result<()>> {
+            self.inner.delete_gateway_address(address)
+        }
+        fn list_gateway_addresses(
+            &self,
+        ) -> BoxFuture<'_, crate::Result<Vec<tuna_protocol::api::GatewayAddress>>> {
+            self.inner.list_gateway_addresses()
+        }
         fn create_token<'a>(
             &'a self,
             labels: &'a BTreeMap<String, String>,

@@ -230,6 +230,10 @@ fn unix(t: SystemTime) -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
+/// Why the embedded edge reserves no Gateway address.
+const NO_ADDRESSES: &str =
+    "the embedded edge has no Gateway address pool: Gateways share its ports";
+
 impl EdgeApi for Embedded {
     fn whoami(&self) -> BoxFuture<'_, crate::Result<WhoAmI>> {
         Box::pin(async move {
@@ -239,6 +243,7 @@ impl EdgeApi for Embedded {
                 scopes: vec![Scope::Full],
                 base_domain: self.base_domain.clone(),
                 public_host: self.public_host.clone(),
+                gateway_addresses: false,
             })
         })
     }
@@ -298,6 +303,41 @@ impl EdgeApi for Embedded {
             }
             Ok(())
         })
+    }
+
+    fn ensure_gateway_address<'a>(
+        &'a self,
+        request: &'a tuna_protocol::api::CreateGatewayAddress,
+    ) -> BoxFuture<
+        'a,
+        crate::Result<tuna_agent::client::Reserved<tuna_protocol::api::GatewayAddress>>,
+    > {
+        Box::pin(async move {
+            Err(embedded_error(
+                format!("reserving an address for {}", request.name),
+                NO_ADDRESSES,
+                false,
+            ))
+        })
+    }
+
+    fn delete_gateway_address(
+        &self,
+        address: std::net::IpAddr,
+    ) -> BoxFuture<'_, crate::Result<()>> {
+        Box::pin(async move {
+            Err(embedded_error(
+                format!("giving back the Gateway address {address}"),
+                NO_ADDRESSES,
+                false,
+            ))
+        })
+    }
+
+    fn list_gateway_addresses(
+        &self,
+    ) -> BoxFuture<'_, crate::Result<Vec<tuna_protocol::api::GatewayAddress>>> {
+        Box::pin(async { Ok(Vec::new()) })
     }
 
     fn create_token<'a>(
