@@ -557,6 +557,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .collect();
     publish_hosts(state, &ours, &plan, None).await;
     publish_tcp_routes(state, &plan).await;
+    let own = publish_addresses(state, &plan, refresh).await;
     {
         // Hosts published now stay watched even if no route may reach them
         // any more (until a sync unpublishes them).
@@ -588,7 +589,8 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
     for g in &plan.gateway.gateways {
         let key = reflector::ObjectRef::new(&g.object.name).within(&g.object.namespace);
         if let Some(object) = stores.gateways.get(&key) {
-            keep(write_gateway_status(state, &object, g, &who.public_host).await);
+            let address = own.get(&g.object).cloned();
+            keep(write_gateway_status(state, &object, g, &who.public_host, address).await);
         }
     }
     let statuses: BTreeMap<&ObjectRef, &RouteStatus> =
@@ -654,6 +656,153 @@ async fn publish_tcp_routes(state: &AgentState, plan: &Plan) {
         {
             state.publisher.unpublish(&key).await;
             tracing::info!(tunnel = %key.id(), "TCPRoute no longer published: tunnel stopped, token revoked");
+        }
+    }
+}
+
+/// The edge's name of a Gateway's address: the cluster, then the Gateway
+/// (unique within the account, which several clusters may share).
+fn address_name(state: &AgentState, gateway: &ObjectRef) -> String {
+    format!(
+        "{}/{}/{}",
+        state.options.cluster_id, gateway.namespace, gateway.name
+    )
+}
+
+/// With an address per Gateway ([`crate::plan::PlanOptions::gateway_addresses`]):
+/// reserves each planned Gateway's address at the edge (the one its
+/// `spec.addresses` asks for, else the edge's pick; an existing reservation
+/// of the same name is adopted, so a restarted agent keeps its addresses),
+/// publishes its TCP listeners on it, and gives back the addresses of
+/// Gateways that are gone (on a resync also those a previous process held
+/// for Gateways deleted while it was down). Returns each Gateway's address,
+/// or why it has none.
+async fn publish_addresses(
+    state: &AgentState,
+    plan: &Plan,
+    refresh: bool,
+) -> BTreeMap<ObjectRef, Result<std::net::IpAddr, String>> {
+    let mut out = BTreeMap::new();
+    let wanted: BTreeMap<String, (&ObjectRef, &crate::plan::gateway_model::AddressPlan)> = plan
+        .gateway
+        .addresses
+        .iter()
+        .map(|(g, a)| (address_name(state, g), (g, a)))
+        .collect();
+    // Gateways gone (or no longer ours) give their addresses back first,
+    // so that a Gateway waiting for one gets it in this pass.
+    let gone: Vec<(String, std::net::IpAddr)> = state
+        .gateway_addresses
+        .lock()
+        .expect("gateway addresses")
+        .iter()
+        .filter(|(name, _)| !wanted.contains_key(*name))
+        .map(|(n, ip)| (n.clone(), *ip))
+        .collect();
+    for (name, ip) in gone {
+        release_address(state, &name, ip).await;
+    }
+    for (name, (gateway, want)) in &wanted {
+        let held = state
+            .gateway_addresses
+            .lock()
+            .expect("gateway addresses")
+            .get(name)
+            .copied();
+        let address = match held {
+            Some(ip) if want.requested.is_none_or(|r| r == ip) => ip,
+            _ => {
+                if let Some(old) = held {
+                    // spec.addresses now asks for another one.
+                    release_address(state, name, old).await;
+                }
+                let request = tuna_protocol::api::CreateGatewayAddress {
+                    name: name.clone(),
+                    address: want.requested,
+                };
+                match state.ctx.edge.ensure_gateway_address(&request).await {
+                    Ok(reserved) => {
+                        let ip = reserved.object.address;
+                        tracing::info!(gateway = %gateway, address = %ip, adopted = reserved.adopted, "the Gateway has its own address");
+                        state
+                            .gateway_addresses
+                            .lock()
+                            .expect("gateway addresses")
+                            .insert(name.clone(), ip);
+                        ip
+                    }
+                    Err(e) => {
+                        tracing::warn!(gateway = %gateway, error = %e, "could not reserve the Gateway's address");
+                        out.insert((*gateway).clone(), Err(e.to_string()));
+                        continue;
+                    }
+                }
+            }
+        };
+        out.insert((*gateway).clone(), Ok(address));
+        let key = TunnelKey::Address(format!("{}/{}", gateway.namespace, gateway.name));
+        if want.tcp.is_empty() {
+            state.publisher.unpublish(&key).await;
+            continue;
+        }
+        state.publisher.publish(
+            key,
+            TunnelSpec {
+                serving: Serving::Address {
+                    address,
+                    ports: want.tcp.clone(),
+                },
+                labels: state.token_labels("Gateway", &gateway.namespace, &gateway.name),
+                edge: Arc::clone(&state.ctx.edge),
+                edge_identity: "operator".into(),
+                keep_on_shutdown: false,
+            },
+        );
+    }
+    for key in state.publisher.keys() {
+        if let TunnelKey::Address(g) = &key
+            && !wanted
+                .values()
+                .any(|(o, a)| format!("{}/{}", o.namespace, o.name) == *g && !a.tcp.is_empty())
+        {
+            state.publisher.unpublish(&key).await;
+        }
+    }
+    if refresh
+        && state
+            .ctx
+            .edge_info_now()
+            .is_some_and(|w| w.gateway_addresses)
+    {
+        // Held by a previous process for Gateways deleted while it was down.
+        let mine = format!("{}/", state.options.cluster_id);
+        match state.ctx.edge.list_gateway_addresses().await {
+            Ok(list) => {
+                for a in list {
+                    if a.name.starts_with(&mine) && !wanted.contains_key(&a.name) {
+                        release_address(state, &a.name, a.address).await;
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not list the Gateway addresses"),
+        }
+    }
+    out
+}
+
+/// Gives one Gateway address back to the edge (already gone is fine).
+async fn release_address(state: &AgentState, name: &str, address: std::net::IpAddr) {
+    match crate::edge::api::gone_is_ok(state.ctx.edge.delete_gateway_address(address).await) {
+        Ok(()) => {
+            tracing::info!(reservation = %name, %address, "Gateway address given back");
+            state
+                .gateway_addresses
+                .lock()
+                .expect("gateway addresses")
+                .remove(name);
+        }
+        Err(e) => {
+            tracing::warn!(reservation = %name, %address, error = %e, "could not give the Gateway address back; retrying at the next sync")
         }
     }
 }
@@ -777,6 +926,7 @@ async fn write_class_status(
 pub fn gateway_status(
     gateway: &Gateway,
     desired: &GatewayStatus,
+    own_address: Option<std::net::IpAddr>,
     serving: impl Fn(&str) -> bool,
     tcp_address: impl Fn(&ObjectRef) -> Option<String>,
     now: &Time,
@@ -796,15 +946,21 @@ pub fn gateway_status(
             .unwrap_or_default()
     };
     Status {
+        // The Gateway's own address first: what the Gateway API's clients
+        // (and its conformance suite) dial.
         addresses: Some(
-            desired
-                .addresses
-                .iter()
-                .filter(|h| serving(h))
-                .map(|h| GatewayStatusAddresses {
-                    r#type: Some("Hostname".into()),
-                    value: h.clone(),
+            own_address
+                .map(|ip| GatewayStatusAddresses {
+                    r#type: Some("IPAddress".into()),
+                    value: ip.to_string(),
                 })
+                .into_iter()
+                .chain(desired.addresses.iter().filter(|h| serving(h)).map(|h| {
+                    GatewayStatusAddresses {
+                        r#type: Some("Hostname".into()),
+                        value: h.clone(),
+                    }
+                }))
                 .chain(desired.tcp_routes.iter().filter_map(|r| {
                     Some(GatewayStatusAddresses {
                         r#type: Some(TCP_ADDRESS_TYPE.into()),
@@ -868,10 +1024,32 @@ async fn write_gateway_status(
     gateway: &Gateway,
     desired: &GatewayStatus,
     public_host: &str,
+    own_address: Option<Result<std::net::IpAddr, String>>,
 ) -> Result<(), Error> {
+    let mut unassigned;
+    let desired = match &own_address {
+        Some(Err(why)) => {
+            // The specification's reason when no address could be given.
+            unassigned = desired.clone();
+            for c in unassigned
+                .conditions
+                .iter_mut()
+                .filter(|c| c.type_ == "Programmed")
+            {
+                *c = Cond::no(
+                    "Programmed",
+                    "AddressNotAssigned",
+                    format!("the edge gave the Gateway no address: {why}"),
+                );
+            }
+            &unassigned
+        }
+        _ => desired,
+    };
     let next = gateway_status(
         gateway,
         desired,
+        own_address.and_then(Result::ok),
         |h| serving(state, h),
         |r| tcp_address(state, public_host, r),
         &now(),
@@ -1368,28 +1546,32 @@ status:
             listeners: Vec::new(),
         };
         let now = Time("2025-03-01T00:00:00Z".parse().unwrap());
-        let status = gateway_status(
-            &gateway,
-            &desired,
-            |h| h == "shop.example.com",
-            |r| (*r == bound).then(|| "edge.example.com:30001".to_owned()),
-            &now,
-        );
-        let addresses: Vec<(String, String)> = status
+        let addresses = |own: Option<std::net::IpAddr>| -> Vec<(String, String)> {
+            gateway_status(
+                &gateway,
+                &desired,
+                own,
+                |h| h == "shop.example.com",
+                |r| (*r == bound).then(|| "edge.example.com:30001".to_owned()),
+                &now,
+            )
             .addresses
             .unwrap()
             .into_iter()
             .map(|a| (a.r#type.unwrap_or_default(), a.value))
-            .collect();
-        assert_eq!(
-            addresses,
-            [
-                ("Hostname".to_owned(), "shop.example.com".to_owned()),
-                (
-                    "k8s.tuna.am/TCPEndpoint".to_owned(),
-                    "edge.example.com:30001".to_owned()
-                ),
-            ]
-        );
+            .collect()
+        };
+        let shared = [
+            ("Hostname".to_owned(), "shop.example.com".to_owned()),
+            (
+                "k8s.tuna.am/TCPEndpoint".to_owned(),
+                "edge.example.com:30001".to_owned(),
+            ),
+        ];
+        assert_eq!(addresses(None), shared);
+        // Its own address comes first, typed IPAddress (what clients dial).
+        let own = addresses(Some("127.0.100.7".parse().unwrap()));
+        assert_eq!(own[0], ("IPAddress".to_owned(), "127.0.100.7".to_owned()));
+        assert_eq!(own[1..], shared);
     }
 }

@@ -25,6 +25,11 @@ pub(crate) fn options_for(
     options.ingress = ingress;
     options.policy = state.options.policy;
     options.account_hosts = account;
+    // Every plan of the agent agrees on it: it decides where TCP listeners go.
+    options.gateway_addresses = state
+        .ctx
+        .edge_info_now()
+        .is_some_and(|who| who.gateway_addresses);
     options
 }
 

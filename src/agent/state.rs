@@ -345,6 +345,9 @@ pub struct AgentState {
     /// The hosts HTTPRoutes published at the last Gateway API sync, and
     /// those they may publish (to re-plan them when another kind changes).
     pub gateway_hosts: Mutex<BTreeSet<String>>,
+    /// The edge's Gateway addresses this agent holds: reservation name →
+    /// address (see [`super::gateway`], `publish_addresses`).
+    pub gateway_addresses: Mutex<BTreeMap<String, std::net::IpAddr>>,
     /// True once the Gateway API is known: its CRDs found absent, or its
     /// stores listed once (a plan before that would miss HTTPRoutes' claims).
     pub gateway_known: tokio::sync::watch::Sender<bool>,
@@ -381,6 +384,7 @@ impl AgentState {
             gateway: std::sync::OnceLock::new(),
             gateway_triggers,
             gateway_hosts: Mutex::new(BTreeSet::new()),
+            gateway_addresses: Mutex::new(BTreeMap::new()),
             gateway_known: tokio::sync::watch::Sender::new(false),
         }
     }

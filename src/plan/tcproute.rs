@@ -238,8 +238,11 @@ pub(crate) fn plan_tcp_routes(
     });
     let mut winners: BTreeMap<(usize, String), ObjectRef> = BTreeMap::new();
     if ctx.gateway_addresses {
+        // Only TCP listeners are served on a Gateway's own address so far;
+        // HTTP(S) listeners stay on the edge's shared ports, by host name.
         for g in gateways {
-            if super::gateway::not_accepted(g).is_none() {
+            let tcp = g.spec.listeners.iter().any(|l| l.protocol == "TCP");
+            if tcp && super::gateway::not_accepted(g).is_none() {
                 out.addresses.insert(
                     ObjectRef::of(Kind::Gateway, &g.metadata),
                     AddressPlan {
@@ -635,6 +638,12 @@ spec:
   gatewayClassName: tuna
   listeners:
   - {name: pg, protocol: TCP, port: 5432}
+---
+metadata: {name: web, namespace: shop, creationTimestamp: '2026-01-02T00:00:00Z'}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: http, protocol: HTTP, port: 80}
 ";
 
     #[test]
@@ -670,6 +679,8 @@ spec:
         // spec.addresses: the first IPAddress (a value without a type is one).
         assert_eq!(edge.requested, Some("127.0.100.9".parse().unwrap()));
         assert_eq!(other.requested, None);
+        // HTTP listeners are not served on an own address yet: none for it.
+        assert_eq!(p.gateway.addresses.len(), 2, "{:?}", p.gateway.addresses);
         let ports = |a: &AddressPlan| {
             a.tcp
                 .iter()
@@ -679,11 +690,16 @@ spec:
         // The same listener name and port on two Gateways: both serve.
         assert_eq!(ports(edge), vec![(5432, "10.0.0.1:5432".to_owned())]);
         assert_eq!(ports(other), vec![(5432, "10.0.0.2:6379".to_owned())]);
-        for (gateway, name) in [(0, "pg"), (1, "pg")] {
-            let l = p.gateway.gateways[gateway]
+        for gateway in ["edge", "other"] {
+            let l = p
+                .gateway
+                .gateways
+                .iter()
+                .find(|g| g.object.name == gateway)
+                .unwrap()
                 .listeners
                 .iter()
-                .find(|l| l.name == name)
+                .find(|l| l.name == "pg")
                 .unwrap();
             assert_eq!(l.attached_routes, 1, "{l:?}");
             let accepted = cond(&l.conditions, "Accepted");

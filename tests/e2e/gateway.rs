@@ -70,6 +70,11 @@ impl Env {
     /// (as the chart creates it), a Gateway `web` with one HTTP listener, and
     /// the edge, controller and agent.
     async fn start() -> Self {
+        Self::start_with(EdgeOptions::default()).await
+    }
+
+    /// [`Env::start`] with an edge of these options.
+    async fn start_with(edge_options: EdgeOptions) -> Self {
         let cluster = Cluster::start().await;
         let dir = crds_dir();
         assert!(
@@ -90,7 +95,7 @@ impl Env {
             "crd/referencegrants.gateway.networking.k8s.io",
             "crd/tcproutes.gateway.networking.k8s.io",
         ]);
-        let edge = Edge::start(cluster.dir.path(), EdgeOptions::default()).await;
+        let edge = Edge::start(cluster.dir.path(), edge_options).await;
         let controller = controller(&cluster, &edge, "controller", &[]);
         let agent = agent(&cluster, &edge, "agent", &[]);
         let client = cluster.client().await;
@@ -618,6 +623,229 @@ async fn a_tcproute_is_published_through_its_listeners_tcpendpoint() {
         "TcpEndpointInUse",
     )
     .await;
+}
+
+/// Issue 41 on the real control plane, an edge with a Gateway address pool
+/// (`--gateway-addresses`, two loopback addresses): each Gateway gets an
+/// address of its own (`spec.addresses` honoured), shown first in its
+/// status as `IPAddress`; two Gateways serve the same TCP listener name and
+/// port, each on its own address, without a TCPEndpoint; a Gateway deleted
+/// gives its address back and stops listening; a Gateway the exhausted pool
+/// cannot serve is `Programmed=False, AddressNotAssigned` until one is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
+    let env = Env::start_with(EdgeOptions {
+        extra: vec!["--gateway-addresses".into(), "127.0.100.40/31".into()],
+        ..EdgeOptions::default()
+    })
+    .await;
+    let asked: std::net::IpAddr = "127.0.100.41".parse().unwrap();
+    let other: std::net::IpAddr = "127.0.100.40".parse().unwrap();
+    // A port free on both addresses a moment ago (nothing else listens there).
+    let port = std::net::TcpListener::bind((asked, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let pg = echo_backend(bind_loopback(5432).await).await;
+    env.cluster.apply(&service("default", "pg", pg));
+    let gateway = |name: &str, addresses: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  gatewayClassName: tuna\n{addresses}  listeners:\n  - {{name: db, protocol: TCP, port: {port}}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  parentRefs: [{{name: {name}, sectionName: db}}]\n  rules: [{{backendRefs: [{{name: pg, port: {}}}]}}]\n",
+            pg.port()
+        )
+    };
+    env.cluster.apply(&gateway(
+        "first",
+        "  addresses: [{type: IPAddress, value: 127.0.100.41}]\n",
+    ));
+    env.cluster.apply(&gateway("second", ""));
+    let own = |g: &Gateway| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref()?.first().cloned())
+            .filter(|a| a.r#type.as_deref() == Some("IPAddress"))
+            .map(|a| a.value)
+    };
+    for (name, address) in [("first", asked), ("second", other)] {
+        let g: Gateway = wait_for(
+            &env.client,
+            "default",
+            name,
+            "its own address first in status.addresses and its TCPRoute attached",
+            &env.procs(),
+            |g: &Gateway| {
+                own(g).is_some()
+                    && g.status
+                        .as_ref()
+                        .and_then(|s| s.listeners.as_ref()?.first().map(|l| l.attached_routes))
+                        == Some(1)
+            },
+        )
+        .await;
+        assert_eq!(own(&g).unwrap(), address.to_string(), "{name}");
+        let listener = &g.status.as_ref().unwrap().listeners.as_ref().unwrap()[0];
+        assert!(is_true(&listener.conditions, "Accepted"), "{listener:?}");
+        assert_eq!(listener.attached_routes, 1, "{listener:?}");
+        // The listener's own port on the Gateway's own address.
+        let deadline = tokio::time::Instant::now() + support::WAIT;
+        let mut conn = loop {
+            match tokio::net::TcpStream::connect((address, port)).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "{address}:{port} never listened: {e}\n{}",
+                        env.edge.log()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        conn.write_all(b"hello postgres\n").await.unwrap();
+        let mut buf = [0u8; 15];
+        tokio::time::timeout(support::WAIT, conn.read_exact(&mut buf))
+            .await
+            .expect("echo in time")
+            .unwrap();
+        assert_eq!(&buf, b"hello postgres\n", "{name}");
+    }
+    // No TCP endpoint was reserved for either.
+    let api = env.edge.client();
+    assert!(api.list_tcp_endpoints().await.unwrap().is_empty());
+    let held: BTreeSet<std::net::IpAddr> = api
+        .list_gateway_addresses()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.address)
+        .collect();
+    // Exactly the two TCP Gateways' (the pool's two): `web`, HTTP only,
+    // takes none, since HTTP listeners are served by host name still.
+    assert_eq!(held, BTreeSet::from([asked, other]));
+
+    // The first Gateway goes: its address goes back, its port closes.
+    env.cluster.kubectl_ok(&[
+        "delete",
+        "gateway",
+        "first",
+        "-n",
+        "default",
+        "--wait=false",
+    ]);
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        let held: Vec<_> = api
+            .list_gateway_addresses()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.address)
+            .collect();
+        if held == [other] && tokio::net::TcpStream::connect((asked, port)).await.is_err() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first Gateway's address is still held or served: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The second serves on.
+    assert!(tokio::net::TcpStream::connect((other, port)).await.is_ok());
+}
+
+/// With every address of the pool held, a third Gateway with a TCP listener
+/// says why it has none; it gets the one the first gives back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_the_pool_cannot_serve_says_so_until_an_address_is_free() {
+    let env = Env::start_with(EdgeOptions {
+        extra: vec!["--gateway-addresses".into(), "127.0.100.44/32".into()],
+        ..EdgeOptions::default()
+    })
+    .await;
+    let gateway = |name: &str| {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {{name: db, protocol: TCP, port: 5432}}\n"
+        )
+    };
+    let own = |g: &Gateway| {
+        g.status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref()?.first().cloned())
+            .filter(|a| a.r#type.as_deref() == Some("IPAddress"))
+            .map(|a| a.value)
+    };
+    env.cluster.apply(&gateway("holder"));
+    let held: Gateway = wait_for(
+        &env.client,
+        "default",
+        "holder",
+        "an address",
+        &env.procs(),
+        |g: &Gateway| own(g).is_some(),
+    )
+    .await;
+    assert_eq!(own(&held).as_deref(), Some("127.0.100.44"));
+    env.cluster.apply(&gateway("waiting"));
+    let waiting: Gateway = wait_for(
+        &env.client,
+        "default",
+        "waiting",
+        "Programmed=False, AddressNotAssigned",
+        &env.procs(),
+        |g: &Gateway| {
+            g.status.as_ref().is_some_and(|s| {
+                condition(s.conditions.as_deref().unwrap_or_default(), "Programmed")
+                    .is_some_and(|c| c.status == "False" && c.reason == "AddressNotAssigned")
+            })
+        },
+    )
+    .await;
+    let programmed = condition(
+        waiting
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .as_deref()
+            .unwrap(),
+        "Programmed",
+    )
+    .unwrap();
+    assert!(
+        programmed.message.contains("addresses_exhausted"),
+        "{programmed:?}"
+    );
+    assert_eq!(own(&waiting), None);
+    env.cluster.kubectl_ok(&[
+        "delete",
+        "gateway",
+        "holder",
+        "-n",
+        "default",
+        "--wait=false",
+    ]);
+    let served: Gateway = wait_for(
+        &env.client,
+        "default",
+        "waiting",
+        "the freed address",
+        &env.procs(),
+        |g: &Gateway| own(g).is_some(),
+    )
+    .await;
+    assert_eq!(own(&served).as_deref(), Some("127.0.100.44"));
+    assert!(is_true(
+        served
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .as_deref()
+            .unwrap(),
+        "Programmed"
+    ));
 }
 
 /// Issue 37, items 1, 2 and 5, on the real control plane: `shop.tuna.test`,
