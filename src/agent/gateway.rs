@@ -768,13 +768,17 @@ async fn publish_addresses(
             state.publisher.unpublish(&key).await;
         }
     }
-    if refresh
+    let first = !state
+        .gateway_addresses_swept
+        .swap(true, std::sync::atomic::Ordering::Relaxed);
+    if (refresh || first)
         && state
             .ctx
             .edge_info_now()
             .is_some_and(|w| w.gateway_addresses)
     {
-        // Held by a previous process for Gateways deleted while it was down.
+        // Held by a previous process for Gateways deleted while it was down
+        // (looked for at the first sync and at each resync).
         let mine = format!("{}/", state.options.cluster_id);
         match state.ctx.edge.list_gateway_addresses().await {
             Ok(list) => {

@@ -348,6 +348,8 @@ pub struct AgentState {
     /// The edge's Gateway addresses this agent holds: reservation name →
     /// address (see [`super::gateway`], `publish_addresses`).
     pub gateway_addresses: Mutex<BTreeMap<String, std::net::IpAddr>>,
+    /// Set once the addresses a previous process left were looked for.
+    pub gateway_addresses_swept: std::sync::atomic::AtomicBool,
     /// True once the Gateway API is known: its CRDs found absent, or its
     /// stores listed once (a plan before that would miss HTTPRoutes' claims).
     pub gateway_known: tokio::sync::watch::Sender<bool>,
@@ -385,6 +387,7 @@ impl AgentState {
             gateway_triggers,
             gateway_hosts: Mutex::new(BTreeSet::new()),
             gateway_addresses: Mutex::new(BTreeMap::new()),
+            gateway_addresses_swept: std::sync::atomic::AtomicBool::new(false),
             gateway_known: tokio::sync::watch::Sender::new(false),
         }
     }

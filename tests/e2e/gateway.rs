@@ -724,7 +724,11 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
     // takes none, since HTTP listeners are served by host name still.
     assert_eq!(held, BTreeSet::from([asked, other]));
 
-    // The first Gateway goes: its address goes back, its port closes.
+    // The first Gateway goes while the agent is down: the next agent adopts
+    // the second's address (the pool has no other) and gives the first's
+    // back; the first's port closes.
+    let mut env = env;
+    env.agent.terminate().await;
     env.cluster.kubectl_ok(&[
         "delete",
         "gateway",
@@ -733,6 +737,7 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
         "default",
         "--wait=false",
     ]);
+    env.agent = agent(&env.cluster, &env.edge, "agent-new", &[]);
     let deadline = tokio::time::Instant::now() + support::WAIT;
     loop {
         let held: Vec<_> = api
@@ -751,8 +756,15 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The second serves on.
-    assert!(tokio::net::TcpStream::connect((other, port)).await.is_ok());
+    // The second serves on, through the new agent.
+    let mut conn = tokio::net::TcpStream::connect((other, port)).await.unwrap();
+    conn.write_all(b"hello again\n").await.unwrap();
+    let mut buf = [0u8; 12];
+    tokio::time::timeout(support::WAIT, conn.read_exact(&mut buf))
+        .await
+        .expect("echo in time")
+        .unwrap();
+    assert_eq!(&buf, b"hello again\n");
 }
 
 /// With every address of the pool held, a third Gateway with a TCP listener
