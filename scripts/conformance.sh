@@ -16,7 +16,9 @@
 #    set in such an image and the manifest binds port 53);
 # 3. a node (scripts/test-cluster.sh start --node), the Gateway API CRDs,
 #    the product's image (scripts/image.sh --load), the self-hosted edge on
-#    the host, and the chart installed with helm as the node journey does;
+#    the host with a Gateway address pool (127.0.100.0/24: each Gateway gets
+#    an address of its own there, which the suite on the host dials), and the
+#    chart installed with helm as the node journey does;
 # 4. the suite, profiles GATEWAY-HTTP and GATEWAY-TCP against GatewayClass
 #    `tuna`, its supported features inferred by the suite from the class's
 #    status.supportedFeatures (no feature flags, no skip list). The report
@@ -132,6 +134,7 @@ key=$("$bin" edge keys create --account default --scope tunnels:write --scope tu
   --http-listen 127.0.0.1:0 --https-listen 127.0.0.1:0 \
   --agent-listen "$HOST_ADDRESS:0" --api-listen "$HOST_ADDRESS:0" \
   --tcp-bind 127.0.0.1 --tcp-port-range 31000-31019 \
+  --gateway-addresses 127.0.100.0/24 \
   --addresses-file "$work/edge-addresses.json" >"$work/edge.log" 2>&1 &
 edge_pid=$!
 for _ in $(seq 600); do [ -s "$work/edge-addresses.json" ] && break; sleep 0.1; done
