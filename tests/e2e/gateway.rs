@@ -756,15 +756,33 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The second serves on, through the new agent.
-    let mut conn = tokio::net::TcpStream::connect((other, port)).await.unwrap();
-    conn.write_all(b"hello again\n").await.unwrap();
-    let mut buf = [0u8; 12];
-    tokio::time::timeout(support::WAIT, conn.read_exact(&mut buf))
-        .await
-        .expect("echo in time")
-        .unwrap();
-    assert_eq!(&buf, b"hello again\n");
+    // The second serves on, through the new agent, once it has taken the
+    // tunnel up again (the edge may accept on the port a moment before the
+    // agent has the port's upstream installed: such a connection closes).
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        let echoed = async {
+            let mut conn = tokio::net::TcpStream::connect((other, port)).await.ok()?;
+            conn.write_all(b"hello again\n").await.ok()?;
+            let mut buf = [0u8; 12];
+            tokio::time::timeout(support::WAIT, conn.read_exact(&mut buf))
+                .await
+                .ok()?
+                .ok()?;
+            Some(buf)
+        }
+        .await;
+        if let Some(buf) = echoed {
+            assert_eq!(&buf, b"hello again\n");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second Gateway never served again through the new agent\n{}",
+            env.agent.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// With every address of the pool held, a third Gateway with a TCP listener
