@@ -444,10 +444,7 @@ impl Registry {
                 };
                 let mut ports = self.ports.write();
                 if let Some(entry) = ports.get_mut(port) {
-                    if !Arc::ptr_eq(&entry.route, route)
-                        && entry.route.owner != route.owner
-                        && !entry.route.closed.is_cancelled()
-                    {
+                    if held_by_another_owner(&entry.route, route) {
                         // Not "newest wins" across owners: the displaced
                         // owner's agent would re-attach, and the two would
                         // take turns on the port's connections.
@@ -495,10 +492,7 @@ impl Registry {
                 let key = SocketAddr::new(*address, *port);
                 let mut addresses = self.addresses.write();
                 if let Some(entry) = addresses.get_mut(&key) {
-                    if !Arc::ptr_eq(&entry.route, route)
-                        && entry.route.owner != route.owner
-                        && !entry.route.closed.is_cancelled()
-                    {
+                    if held_by_another_owner(&entry.route, route) {
                         return Err(Rejection::new(
                             ErrorCode::BindingNotAllowed,
                             format!(
@@ -705,6 +699,14 @@ impl Registry {
             }
         });
     }
+}
+
+/// Whether `holder`, serving a TCP port or an address now, is a live tunnel
+/// of another owner than `claimant`'s: then the claimant may not take it.
+fn held_by_another_owner(holder: &Arc<TunnelRoute>, claimant: &Arc<TunnelRoute>) -> bool {
+    !Arc::ptr_eq(holder, claimant)
+        && holder.owner != claimant.owner
+        && !holder.closed.is_cancelled()
 }
 
 /// Who may connect to the public TCP endpoints, and for how long: one

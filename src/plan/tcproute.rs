@@ -392,13 +392,7 @@ pub(crate) fn plan_tcp_routes(
                 );
             }
             None => {
-                let (reason, message) = match action.invalid.first() {
-                    Some(bad) => (ref_reason(&bad.reason), bad.message.clone()),
-                    None => (
-                        "BackendNotFound",
-                        "no backendRef with weight > 0".to_owned(),
-                    ),
-                };
+                let (reason, message) = no_upstream(&action);
                 out.tcp_refusals.push((
                     object,
                     Reason::Route(reason),
@@ -406,6 +400,18 @@ pub(crate) fn plan_tcp_routes(
                 ));
             }
         }
+    }
+}
+
+/// Why a TCPRoute's rule has no upstream: its first invalid backendRef,
+/// else none with a weight.
+fn no_upstream(action: &super::gateway::GatewayAction) -> (&'static str, String) {
+    match action.invalid.first() {
+        Some(bad) => (ref_reason(&bad.reason), bad.message.clone()),
+        None => (
+            "BackendNotFound",
+            "no backendRef with weight > 0".to_owned(),
+        ),
     }
 }
 
@@ -430,13 +436,7 @@ fn serve_on_addresses(
     out: &mut GatewayOutcome,
 ) {
     let Some(upstream) = action.backends.iter().find_map(|b| b.upstream.clone()) else {
-        let (reason, message) = match action.invalid.first() {
-            Some(bad) => (ref_reason(&bad.reason), bad.message.clone()),
-            None => (
-                "BackendNotFound",
-                "no backendRef with weight > 0".to_owned(),
-            ),
-        };
+        let (reason, message) = no_upstream(action);
         out.tcp_refusals.push((
             object,
             Reason::Route(reason),
