@@ -84,7 +84,10 @@ pub(crate) fn route_lookup<'t>(
 pub(crate) struct StreamScope {
     /// The one host the stream may serve ([`crate::ConnInfo::host`], or
     /// the host of a CONNECT).
-    pub(crate) host: Arc<str>,
+    pub(crate) host: Option<Arc<str>>,
+    /// A port of a Gateway's own address: its requests are routed by the
+    /// port's listeners ([`crate::ProxyCore::set_port_routes`]), any host.
+    pub(crate) port: Option<std::net::SocketAddr>,
     /// For an intercepted CONNECT: where every request goes, whatever the
     /// route table says, as long as the grant holds (checked again when due).
     pub(crate) pinned: Option<Arc<dyn PinnedGrant>>,
@@ -127,7 +130,7 @@ fn stream_scope(session: &Session) -> Option<&StreamScope> {
 }
 
 fn stream_host(session: &Session) -> Option<&str> {
-    stream_scope(session).map(|s| &*s.host)
+    stream_scope(session)?.host.as_deref()
 }
 
 /// One Pingora application per (scheme, trusted) pair: the pair is a
@@ -603,7 +606,15 @@ impl ProxyHttp for Router {
         }
 
         let snapshot = self.shared.snapshot.load();
-        let Some(m) = route_lookup(&snapshot.table, host, path, &PingoraRequest(req)) else {
+        let found = match stream_scope(session).and_then(|s| s.port) {
+            // A port of a Gateway's address: its listeners, or nothing.
+            Some(at) => snapshot
+                .ports
+                .get(&at)
+                .and_then(|port| port.table.lookup_request(host, path, &PingoraRequest(req))),
+            None => route_lookup(&snapshot.table, host, path, &PingoraRequest(req)),
+        };
+        let Some(m) = found else {
             let shown_host = if host.is_empty() { "(none)" } else { host };
             let body = format!(
                 "404 Not Found: no route for host {shown_host} and path {}\n",

@@ -237,7 +237,8 @@ pub use connect::{
 pub use error::{Error, Result};
 pub use gateway::{DEFAULT_REQUEST_ID_HEADER, protected_header};
 pub use routes::{
-    GatewayRule, HttpBackend, HttpRoute, TlsUpstream, UpstreamProtocol, WeightedTarget,
+    GatewayRule, HttpBackend, HttpRoute, ListenerRoutes, TlsUpstream, UpstreamProtocol,
+    WeightedTarget,
 };
 pub use tcp::{TcpLimits, TcpUpstream};
 pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
@@ -365,6 +366,39 @@ impl ProxyCore {
         Ok(removed)
     }
 
+    /// Sets (or replaces) the HTTP listeners of one port of a Gateway's
+    /// own address and swaps the new table in: requests of streams served
+    /// by [`Self::serve_port_stream`] for `at` are routed by these
+    /// listeners alone, whatever their `Host` (see
+    /// [`tuna_routing::PortTable`]). Returns the rules that are not routed
+    /// (invalid path, conflict lost). An empty `listeners` removes the port.
+    pub fn set_port_routes(
+        &self,
+        at: SocketAddr,
+        listeners: Vec<ListenerRoutes>,
+    ) -> Result<Vec<BuildIssue>> {
+        let mut registry = lock(&self.inner.registry);
+        let issues = registry.set_port(at, listeners, &self.inner.shared.config)?;
+        self.publish(&registry);
+        Ok(issues)
+    }
+
+    /// Removes the HTTP listeners of a port of a Gateway's address; its
+    /// requests get 404 from now on. Returns whether it had any.
+    pub fn remove_port_routes(&self, at: SocketAddr) -> bool {
+        let mut registry = lock(&self.inner.registry);
+        let removed = registry.remove_port(at);
+        if removed {
+            self.publish(&registry);
+        }
+        removed
+    }
+
+    /// Whether `at` (a port of a Gateway's address) has HTTP listeners.
+    pub fn has_port_routes(&self, at: SocketAddr) -> bool {
+        self.inner.shared.snapshot.load().ports.contains_key(&at)
+    }
+
     /// The hosts that currently have routes (canonical form).
     pub fn hosts(&self) -> Vec<String> {
         let snapshot = self.inner.shared.snapshot.load();
@@ -418,9 +452,11 @@ impl ProxyCore {
             host,
         } = info;
         let bound: Option<Arc<str>> = host.map(Into::into);
-        let for_pingora = bound
-            .clone()
-            .map(|host| http::StreamScope { host, pinned: None });
+        let for_pingora = bound.clone().map(|host| http::StreamScope {
+            host: Some(host),
+            port: None,
+            pinned: None,
+        });
         let fut = conn::serve_connection(
             stream,
             client.ip(),
@@ -435,6 +471,55 @@ impl ProxyCore {
             self.inner.shutdown_tx.subscribe(),
             self.inner.stopping.clone(),
         );
+        self.track(fut).await
+    }
+
+    /// Serves one connection to port `at` of a Gateway's own address (a
+    /// tunnel stream) until it closes: its requests are routed by the
+    /// port's listeners ([`Self::set_port_routes`]) whatever their `Host`,
+    /// and never by the hosts of [`Self::set_host_routes`]. `info.host` is
+    /// ignored. Spawn it.
+    pub async fn serve_port_stream<S>(&self, stream: S, info: ConnInfo, at: SocketAddr)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        if *self.inner.shutdown_tx.borrow() {
+            return;
+        }
+        let app = self.inner.app(info.scheme, info.trusted);
+        let ConnInfo {
+            client_addr: client,
+            scheme,
+            trusted,
+            ..
+        } = info;
+        let scope = http::StreamScope {
+            host: None,
+            port: Some(at),
+            pinned: None,
+        };
+        // The fast path does not know the port's table: with `pinned`, it
+        // checks each request head and hands the connection to Pingora.
+        let fut = conn::serve_connection(
+            stream,
+            client.ip(),
+            scheme,
+            trusted,
+            None,
+            true,
+            false,
+            move |s| conn::tunnel_stream(s, client, Some(at), Some(scope)),
+            app,
+            self.inner.shared.clone(),
+            self.inner.shutdown_tx.subscribe(),
+            self.inner.stopping.clone(),
+        );
+        self.track(fut).await
+    }
+
+    /// Runs a connection's future as one of the core's: shutdown waits for
+    /// it, and cuts it when the grace period is over.
+    async fn track(&self, fut: impl std::future::Future<Output = ()>) {
         let cut = self.inner.cut.clone();
         self.inner
             .tracker
@@ -630,7 +715,12 @@ impl ProxyCore {
     /// The Prometheus text that `/metrics` serves.
     pub fn render_metrics(&self) -> String {
         let snapshot = self.inner.shared.snapshot.load();
-        self.inner.shared.metrics.render(&snapshot.hosts)
+        // A port of a Gateway's address counts as the host `address/ip:port`.
+        let mut hosts = snapshot.hosts.clone();
+        for (at, port) in &snapshot.ports {
+            hosts.insert(format!("address/{at}").into(), port.stats.clone());
+        }
+        self.inner.shared.metrics.render(&hosts)
     }
 
     /// Graceful shutdown: stop accepting, ask keep-alive and h2 clients to

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::utils::tls::WrappedX509;
 use tuna_routing::action::{Filter, Timeouts};
-use tuna_routing::{BuildIssue, HostTable, RouteSpec, RouteTable};
+use tuna_routing::{BuildIssue, HostTable, ListenerSpecs, PortTable, RouteSpec, RouteTable};
 
 use crate::config::ProxyConfig;
 use crate::error::{Error, Result};
@@ -344,12 +344,39 @@ impl CompiledBackend {
 
 pub(crate) type Table = RouteTable<Arc<CompiledBackend>>;
 
+/// The listeners of one HTTP port of a Gateway's own address, and the
+/// requests it answered.
+#[derive(Debug)]
+pub(crate) struct Port {
+    pub(crate) table: PortTable<Arc<CompiledBackend>>,
+    pub(crate) stats: Arc<HostStats>,
+}
+
+/// The ports of Gateway addresses with HTTP listeners, by `ip:port`: a
+/// persistent map, so that a snapshot shares it (O(1)).
+pub(crate) type PortMap = imbl::OrdMap<SocketAddr, Arc<Port>>;
+
+/// One HTTP listener of a port of a Gateway's own address, as
+/// [`crate::ProxyCore::set_port_routes`] takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerRoutes {
+    /// The listener's hostname: exact, a `*.` wildcard spanning any number
+    /// of labels, or `None` for every host.
+    pub hostname: Option<String>,
+    /// The routes of the HTTPRoutes attached to it, each matched through
+    /// its `GatewayMatch::hostname` (its `host` is not read): see
+    /// [`tuna_routing::PortTable`].
+    pub routes: Vec<HttpRoute>,
+}
+
 /// What the request path reads: replaced whole, never mutated.
 #[derive(Debug, Default)]
 pub(crate) struct Snapshot {
     pub(crate) table: Table,
     /// Per-host counters of the configured hosts, for `/metrics`.
     pub(crate) hosts: HostStatsMap,
+    /// The HTTP ports of Gateway addresses.
+    pub(crate) ports: PortMap,
 }
 
 /// The control-plane side: the live table's next version, changed one host
@@ -361,6 +388,7 @@ pub(crate) struct Snapshot {
 pub(crate) struct Registry {
     table: Table,
     hosts: HostStatsMap,
+    ports: PortMap,
 }
 
 impl Registry {
@@ -416,11 +444,56 @@ impl Registry {
         removed
     }
 
+    /// Sets the HTTP listeners of one port of a Gateway's address,
+    /// compiling them once; an empty list removes the port. Returns the
+    /// issues of its rules.
+    pub(crate) fn set_port(
+        &mut self,
+        at: SocketAddr,
+        listeners: Vec<ListenerRoutes>,
+        config: &ProxyConfig,
+    ) -> Result<Vec<BuildIssue>> {
+        if listeners.is_empty() {
+            self.ports.remove(&at);
+            return Ok(Vec::new());
+        }
+        for l in &listeners {
+            for r in &l.routes {
+                if r.backend.addrs.is_empty() && r.backend.gateway.is_none() {
+                    return Err(Error::NoAddresses {
+                        what: format!("{at} {}{} ({})", r.host, r.path, r.origin),
+                    });
+                }
+            }
+        }
+        let stats = self
+            .ports
+            .get(&at)
+            .map(|p| p.stats.clone())
+            .unwrap_or_default();
+        let listeners = listeners
+            .into_iter()
+            .map(|l| ListenerSpecs {
+                hostname: l.hostname,
+                specs: specs_of(&l.routes, &stats, config),
+            })
+            .collect();
+        let (table, issues) = PortTable::build(listeners);
+        self.ports.insert(at, Arc::new(Port { table, stats }));
+        Ok(issues)
+    }
+
+    /// Removes a port of a Gateway's address; returns whether it had listeners.
+    pub(crate) fn remove_port(&mut self, at: SocketAddr) -> bool {
+        self.ports.remove(&at).is_some()
+    }
+
     /// The table as of now: O(1), every host shared.
     pub(crate) fn snapshot(&self) -> Snapshot {
         Snapshot {
             table: self.table.clone(),
             hosts: self.hosts.clone(),
+            ports: self.ports.clone(),
         }
     }
 }

@@ -99,7 +99,7 @@ impl<B> HostTable<B> {
     }
 
     /// Compiles specs known to name `host`; `seq` gives their input positions.
-    fn compile(
+    pub(crate) fn compile(
         host: RouteHost,
         specs: Vec<RouteSpec<B>>,
         seq: Vec<usize>,
@@ -235,7 +235,7 @@ impl<B> HostTable<B> {
     }
 
     /// The issues of this host with their input positions.
-    fn issues(&self) -> impl Iterator<Item = (usize, BuildIssue)> + '_ {
+    pub(crate) fn issues(&self) -> impl Iterator<Item = (usize, BuildIssue)> + '_ {
         self.specs
             .iter()
             .zip(&self.states)

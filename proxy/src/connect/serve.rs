@@ -393,7 +393,8 @@ async fn serve(
         authority.host.clone().into()
     };
     let scope = StreamScope {
-        host: bound.clone(),
+        host: Some(bound.clone()),
+        port: None,
         pinned: Some(live.clone()),
     };
     metrics.connect_active.fetch_add(1, Relaxed);

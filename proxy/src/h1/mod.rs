@@ -56,7 +56,8 @@ pub(crate) struct ConnCtx<'a> {
     pub(crate) trusted: bool,
     /// The one host a tunnel stream may serve ([`crate::ConnInfo::host`]).
     pub(crate) host: Option<&'a str>,
-    /// An intercepted CONNECT: its upstream is TLS, which Pingora serves.
+    /// Pingora serves every request: an intercepted CONNECT (its upstream is
+    /// TLS), or a port of a Gateway's address (its own route table).
     pub(crate) pinned: bool,
     pub(crate) stopping: &'a CancellationToken,
 }
