@@ -673,7 +673,7 @@ fn address_name(state: &AgentState, gateway: &ObjectRef) -> String {
 /// reserves each planned Gateway's address at the edge (the one its
 /// `spec.addresses` asks for, else the edge's pick; an existing reservation
 /// of the same name is adopted, so a restarted agent keeps its addresses),
-/// publishes its TCP listeners on it, and gives back the addresses of
+/// publishes its TCP and HTTP listeners on it, and gives back the addresses of
 /// Gateways that are gone (on a resync also those a previous process held
 /// for Gateways deleted while it was down). Returns each Gateway's address,
 /// or why it has none.
@@ -741,17 +741,15 @@ async fn publish_addresses(
         };
         out.insert((*gateway).clone(), Ok(address));
         let key = TunnelKey::Address(format!("{}/{}", gateway.namespace, gateway.name));
-        if want.tcp.is_empty() {
+        let serving = Serving::address(address, want);
+        if serving.is_empty() {
             state.publisher.unpublish(&key).await;
             continue;
         }
         state.publisher.publish(
             key,
             TunnelSpec {
-                serving: Serving::Address {
-                    address,
-                    ports: want.tcp.clone(),
-                },
+                serving,
                 labels: state.token_labels("Gateway", &gateway.namespace, &gateway.name),
                 edge: Arc::clone(&state.ctx.edge),
                 edge_identity: "operator".into(),
@@ -761,9 +759,10 @@ async fn publish_addresses(
     }
     for key in state.publisher.keys() {
         if let TunnelKey::Address(g) = &key
-            && !wanted
-                .values()
-                .any(|(o, a)| format!("{}/{}", o.namespace, o.name) == *g && !a.tcp.is_empty())
+            && !wanted.values().any(|(o, a)| {
+                format!("{}/{}", o.namespace, o.name) == *g
+                    && !(a.tcp.is_empty() && a.http.is_empty())
+            })
         {
             state.publisher.unpublish(&key).await;
         }

@@ -101,9 +101,61 @@ pub enum Serving {
     Address {
         /// The address the edge gave (`POST /v1/gateway-addresses`).
         address: IpAddr,
-        /// Port → where its bytes go.
+        /// TCP port → where its bytes go.
         ports: BTreeMap<u16, ResolvedUpstream>,
+        /// HTTP port → its listeners: the port's requests, any `Host`, are
+        /// routed by these alone.
+        http: BTreeMap<u16, Vec<AddressListener>>,
     },
+}
+
+/// One HTTP listener on a port of a Gateway's address, for the proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressListener {
+    /// Its hostname (`None`: every host).
+    pub hostname: Option<String>,
+    /// Its routes, matched through their `GatewayMatch::hostname`.
+    pub routes: Vec<RouteSpec<RouteBackend>>,
+}
+
+impl Serving {
+    /// A Gateway's address serving the ports of `plan`.
+    pub fn address(address: IpAddr, plan: &crate::plan::gateway_model::AddressPlan) -> Self {
+        let http = plan
+            .http
+            .iter()
+            .map(|(port, listeners)| {
+                let listeners = listeners
+                    .iter()
+                    .map(|l| AddressListener {
+                        hostname: l.hostname.clone(),
+                        routes: l
+                            .specs
+                            .iter()
+                            .filter_map(|s| {
+                                let backend = RouteBackend::of(&s.backend)?;
+                                Some(s.clone().map_backend(|_| backend))
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                (*port, listeners)
+            })
+            .collect();
+        Self::Address {
+            address,
+            ports: plan.tcp.clone(),
+            http,
+        }
+    }
+
+    /// Whether it serves nothing (an address without a listener to serve).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::Address { ports, http, .. } => ports.is_empty() && http.is_empty(),
+            _ => false,
+        }
+    }
 }
 
 /// Where a published HTTP route sends requests: one resolved upstream (an
@@ -165,8 +217,15 @@ impl Serving {
         match self {
             Self::Http { host, .. } => vec![Binding::http(host.clone())],
             Self::Tcp { endpoint, .. } => vec![Binding::tcp(endpoint.clone())],
-            Self::Address { address, ports } => ports
+            Self::Address {
+                address,
+                ports,
+                http,
+            } => ports
                 .keys()
+                .chain(http.keys())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
                 .map(|port| Binding::address(*address, *port))
                 .collect(),
         }
@@ -746,8 +805,48 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                 .map_err(|e| e.to_string())?;
             Ok(Vec::new())
         }
-        Serving::Address { address, ports } => {
+        Serving::Address {
+            address,
+            ports,
+            http,
+        } => {
             let mut warnings = Vec::new();
+            for (port, listeners) in http {
+                let at = SocketAddr::new(*address, *port);
+                let mut proxy_listeners = Vec::with_capacity(listeners.len());
+                for l in listeners {
+                    let mut routes = Vec::with_capacity(l.routes.len());
+                    for spec in &l.routes {
+                        match http_route(spec).await {
+                            Ok((route, messages)) => {
+                                routes.push(route);
+                                warnings.extend(messages.into_iter().map(|m| {
+                                    format!(
+                                        "port {port} route {}{} of {}/{}: {m}",
+                                        spec.host,
+                                        spec.path,
+                                        spec.origin.namespace,
+                                        spec.origin.name
+                                    )
+                                }));
+                            }
+                            Err(m) => warnings.push(format!(
+                                "port {port} route {}{} of {}/{}: {m}",
+                                spec.host, spec.path, spec.origin.namespace, spec.origin.name
+                            )),
+                        }
+                    }
+                    proxy_listeners.push(tuna_proxy::ListenerRoutes {
+                        hostname: l.hostname.clone(),
+                        routes,
+                    });
+                }
+                let issues = proxy
+                    .set_port_routes(at, proxy_listeners)
+                    .map_err(|e| e.to_string())?;
+                warnings.extend(issues.iter().map(|i| format!("port {port}: {i}")));
+            }
+            let mut failed = 0;
             for (port, upstream) in ports {
                 let at = SocketAddr::new(*address, *port);
                 let service = crate::edge::transport::address_service(at);
@@ -760,10 +859,11 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                     Err(message) => {
                         proxy.remove_tcp_service(&service);
                         warnings.push(format!("port {port}: {message}"));
+                        failed += 1;
                     }
                 }
             }
-            if warnings.len() == ports.len() && !ports.is_empty() {
+            if http.is_empty() && failed == ports.len() && !ports.is_empty() {
                 return Err(warnings.join("; "));
             }
             Ok(warnings)
@@ -779,10 +879,17 @@ fn uninstall(proxy: &ProxyCore, serving: &Serving) {
         Serving::Tcp { endpoint, .. } => {
             proxy.remove_tcp_service(endpoint);
         }
-        Serving::Address { address, ports } => {
+        Serving::Address {
+            address,
+            ports,
+            http,
+        } => {
             for port in ports.keys() {
                 let at = SocketAddr::new(*address, *port);
                 proxy.remove_tcp_service(&crate::edge::transport::address_service(at));
+            }
+            for port in http.keys() {
+                proxy.remove_port_routes(SocketAddr::new(*address, *port));
             }
         }
     }
@@ -1341,8 +1448,9 @@ mod tests {
     }
 
     /// A Gateway's address through a real edge (in process, real sockets):
-    /// each port's connections reach that port's upstream, raw, and the
-    /// listeners close when the tunnel is unpublished.
+    /// each TCP port's connections reach that port's upstream, raw, an HTTP
+    /// port routes any `Host` by its listener, and the listeners close when
+    /// the tunnel is unpublished.
     #[tokio::test]
     async fn an_address_serves_each_port_on_its_own_upstream() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1402,6 +1510,56 @@ mod tests {
                 },
             );
         }
+        // And an HTTP port: one listener for every host, one route to a
+        // backend that answers with its name.
+        let web = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let web_at = web.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut tcp, _)) = web.accept().await {
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && tcp.read_exact(&mut byte).await.is_ok() {
+                        head.push(byte[0]);
+                    }
+                    let _ = tcp
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nweb",
+                        )
+                        .await;
+                });
+            }
+        });
+        let http_port = std::net::TcpListener::bind((address, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let route = RouteSpec {
+            host: "*".into(),
+            path: "/".into(),
+            path_type: tuna_routing::PathType::Prefix,
+            backend: RouteBackend::Upstream(ResolvedUpstream {
+                scheme: UpstreamScheme::Http,
+                host: web_at.ip().to_string(),
+                port: web_at.port(),
+                app_protocol: None,
+                service: None,
+                endpoints: Vec::new(),
+            }),
+            origin: tuna_routing::Origin::default(),
+            tie_break: tuna_routing::TieBreak::default(),
+            matcher: tuna_routing::Matcher::Gateway(
+                Arc::new(tuna_routing::GatewayMatch::default()),
+            ),
+        };
+        let http = BTreeMap::from([(
+            http_port,
+            vec![AddressListener {
+                hostname: None,
+                routes: vec![route],
+            }],
+        )]);
         let mut agent = AgentConfig::new(
             edge_server.agent_addr.to_string(),
             Trust::CaFile(identity.ca_file.clone().unwrap()),
@@ -1415,6 +1573,7 @@ mod tests {
                 serving: Serving::Address {
                     address,
                     ports: upstreams,
+                    http,
                 },
                 labels: BTreeMap::new(),
                 edge,
@@ -1444,6 +1603,21 @@ mod tests {
                 .unwrap();
             assert_eq!(String::from_utf8(back).unwrap(), format!("{name}\nping"));
         }
+        // The HTTP port routes any Host by its listener.
+        let mut tcp = tokio::net::TcpStream::connect((address, http_port))
+            .await
+            .unwrap();
+        tcp.write_all(b"GET /x HTTP/1.1\r\nHost: anything.example\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(30), tcp.read_to_string(&mut answer))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("web"), "{answer}");
+        public.push((http_port, "http"));
         publisher.unpublish(&key).await;
         for (port, _) in &public {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -49,7 +49,9 @@ pub fn serve_stream(proxy: &ProxyCore, stream: MuxStream, meta: StreamMeta) {
                 }
             }
             StreamKind::Address { address } => {
-                // A Gateway's address: each port's bytes to its upstream.
+                // A Gateway's address: an HTTP listener's port to the
+                // proxy, routed by its listeners; a TCP listener's bytes
+                // to its upstream.
                 let info = ConnInfo {
                     client_addr: meta.client_addr,
                     local_addr: Some(address),
@@ -57,6 +59,10 @@ pub fn serve_stream(proxy: &ProxyCore, stream: MuxStream, meta: StreamMeta) {
                     trusted: true,
                     host: None,
                 };
+                if proxy.has_port_routes(address) {
+                    proxy.serve_port_stream(stream, info, address).await;
+                    return;
+                }
                 let service = address_service(address);
                 if let Err(e) = proxy.serve_tcp_stream(&service, stream, info).await {
                     tracing::debug!(%address, error = %e, "address stream ended");

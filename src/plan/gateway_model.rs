@@ -194,7 +194,27 @@ pub struct AddressPlan {
     pub requested: Option<std::net::IpAddr>,
     /// TCP listener port → the upstream of the TCPRoute it serves.
     pub tcp: BTreeMap<u16, ResolvedUpstream>,
+    /// HTTP listener port → its listeners, in the Gateway's order, each
+    /// with the specs of the HTTPRoutes attached to it: the port routes any
+    /// `Host` by these alone ([`tuna_routing::PortTable`]).
+    pub http: BTreeMap<u16, Vec<AddressListener>>,
 }
+
+/// One HTTP listener on a Gateway's own address.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AddressListener {
+    /// The listener's name.
+    pub name: String,
+    /// Its hostname (`None`: every host).
+    pub hostname: Option<String>,
+    /// The specs of its routes, one per (route hostname ∩ listener
+    /// hostname, rule, match), matched through their
+    /// `GatewayMatch::hostname`; `host` is that hostname (`*` for none).
+    pub specs: Vec<HostRoute>,
+}
+
+// The kopium types inside a spec's Gateway action derive `PartialEq` only.
+impl Eq for AddressListener {}
 
 pub(super) fn labels_of(namespaces: &[Arc<Namespace>], name: &str) -> BTreeMap<String, String> {
     let mut labels = namespaces

@@ -44,8 +44,8 @@ use tuna_routing::{GatewayMatch, Matcher, Origin, PathType, RouteSpec, TieBreak}
 use super::claims::{Claim, Strength, tcp_key};
 use super::gateway::{GatewayAction, attach, hostname_matches, refers_to};
 use super::gateway_model::{
-    ClassStatus, Cond, GatewayInputs, GatewayOutcome, GatewayStatus, HostContext, ListenerStatus,
-    ParentStatus, RouteStatus, created, labels_of, resolved_refs,
+    AddressListener, ClassStatus, Cond, GatewayInputs, GatewayOutcome, GatewayStatus, HostContext,
+    ListenerStatus, ParentStatus, RouteStatus, created, labels_of, resolved_refs,
 };
 use super::model::{Backend, Backends, HostRoute, Kind, ObjectRef, Reason};
 use super::rule_action::{action_of, parse_duration};
@@ -363,6 +363,9 @@ pub(crate) struct PrepareContext<'a> {
     pub backends: Backends,
     /// Upstream policy.
     pub policy: UpstreamPolicy,
+    /// Each Gateway has an address of its own ([`super::PlanOptions::gateway_addresses`]):
+    /// the specs of each HTTP listener are kept for it.
+    pub gateway_addresses: bool,
 }
 
 /// A match of a route on a hostname pattern, before hosts are settled.
@@ -386,6 +389,9 @@ pub(crate) struct Prepared<'a> {
     per_candidate: Vec<Vec<String>>,
     reported: BTreeSet<(ObjectRef, String)>,
     claims: BTreeMap<String, Vec<(HostClaim, ObjectRef)>>,
+    /// (gateway index, listener name) → the specs of the routes attached
+    /// to it, for the Gateway's own address (address mode only).
+    on_listeners: BTreeMap<(usize, String), Vec<HostRoute>>,
 }
 
 impl Prepared<'_> {
@@ -497,6 +503,7 @@ pub(crate) fn prepare<'a>(
     let mut accepted_by: BTreeMap<(String, String), BTreeSet<usize>> = BTreeMap::new();
     // Candidate specs by hostname pattern (`*` for none).
     let mut candidates: Vec<Candidate> = Vec::new();
+    let mut on_listeners: BTreeMap<(usize, String), Vec<HostRoute>> = BTreeMap::new();
     let too_many = over_limits(inputs.http_routes, &gateways);
 
     for route in inputs.http_routes {
@@ -528,6 +535,8 @@ pub(crate) fn prepare<'a>(
         let resolved = resolved_refs(actions.iter().map(|a| &**a));
         let mut parents = Vec::new();
         let mut served: BTreeSet<(String, Option<String>)> = BTreeSet::new();
+        // (gateway index, listener, hostnames) of each listener it attached to.
+        let mut attached_to: Vec<(usize, String, Vec<String>)> = Vec::new();
         for parent in route.spec.parent_refs.iter().flatten() {
             let Some((gi, gateway)) = gateways
                 .iter()
@@ -562,6 +571,7 @@ pub(crate) fn prepare<'a>(
                             for h in &a.hostnames {
                                 served.insert((h.clone(), None));
                             }
+                            attached_to.push((gi, a.listener.clone(), a.hostnames.clone()));
                         }
                         Cond::yes("Accepted", "Accepted", "accepted by the Gateway")
                     }
@@ -582,42 +592,24 @@ pub(crate) fn prepare<'a>(
         if problem.is_some() || too_many.contains_key(&object) {
             continue;
         }
+        let specs_on = |pattern: &str| route_specs(&rules, &actions, pattern, &object, meta);
         for (pattern, _) in &served {
-            for (ri, rule) in rules.iter().enumerate() {
-                let default_match = [HttpRouteRulesMatches::default()];
-                let matches: &[HttpRouteRulesMatches] = match rule.matches.as_deref() {
-                    Some(m) if !m.is_empty() => m,
-                    _ => &default_match,
-                };
-                for (mi, m) in matches.iter().enumerate() {
-                    let (path, path_type, matcher) = match_spec(m, Some(pattern));
-                    candidates.push(Candidate {
-                        pattern: pattern.clone(),
-                        spec: RouteSpec {
-                            host: String::new(),
-                            path,
-                            path_type,
-                            backend: Backend {
-                                service: None,
-                                url: None,
-                                upstream: None,
-                                gateway: Some(Arc::clone(&actions[ri])),
-                            },
-                            origin: Origin {
-                                namespace: namespace.clone(),
-                                name: object.name.clone(),
-                                rule: ri,
-                                path: mi,
-                            },
-                            tie_break: TieBreak {
-                                created: created(meta),
-                                namespace: namespace.clone(),
-                                name: object.name.clone(),
-                            },
-                            matcher: Matcher::Gateway(Arc::new(matcher)),
-                        },
-                        route: object.clone(),
-                    });
+            candidates.extend(specs_on(pattern).into_iter().map(|spec| Candidate {
+                pattern: pattern.clone(),
+                spec,
+                route: object.clone(),
+            }));
+        }
+        if ctx.gateway_addresses {
+            // On a Gateway's own address no host is reserved: every
+            // hostname the route serves through the listener is its own.
+            for (gi, listener, hostnames) in attached_to {
+                let slot = on_listeners.entry((gi, listener)).or_default();
+                for h in &hostnames {
+                    slot.extend(specs_on(h).into_iter().map(|mut spec| {
+                        spec.host = h.clone();
+                        spec
+                    }));
                 }
             }
         }
@@ -710,7 +702,56 @@ pub(crate) fn prepare<'a>(
         per_candidate,
         reported,
         claims,
+        on_listeners,
     }
+}
+
+/// The specs of a route's rules on one hostname pattern (as the route
+/// serves it through a listener; `*` for none): one per match of each rule
+/// (a rule without matches has the default one, `PathPrefix /`). Their
+/// `host` is left empty for the caller.
+fn route_specs(
+    rules: &[HttpRouteRules],
+    actions: &[Arc<GatewayAction>],
+    pattern: &str,
+    object: &ObjectRef,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<HostRoute> {
+    let mut out = Vec::new();
+    for (ri, rule) in rules.iter().enumerate() {
+        let default_match = [HttpRouteRulesMatches::default()];
+        let matches: &[HttpRouteRulesMatches] = match rule.matches.as_deref() {
+            Some(m) if !m.is_empty() => m,
+            _ => &default_match,
+        };
+        for (mi, m) in matches.iter().enumerate() {
+            let (path, path_type, matcher) = match_spec(m, Some(pattern));
+            out.push(RouteSpec {
+                host: String::new(),
+                path,
+                path_type,
+                backend: Backend {
+                    service: None,
+                    url: None,
+                    upstream: None,
+                    gateway: Some(Arc::clone(&actions[ri])),
+                },
+                origin: Origin {
+                    namespace: object.namespace.clone(),
+                    name: object.name.clone(),
+                    rule: ri,
+                    path: mi,
+                },
+                tie_break: TieBreak {
+                    created: created(meta),
+                    namespace: object.namespace.clone(),
+                    name: object.name.clone(),
+                },
+                matcher: Matcher::Gateway(Arc::new(matcher)),
+            });
+        }
+    }
+    out
 }
 
 /// Gives the prepared routes the hosts their namespace holds (`ctx.owners`)
@@ -732,6 +773,7 @@ pub(crate) fn finish(
         per_candidate,
         mut reported,
         claims,
+        mut on_listeners,
     } = prepared;
     let inputs = &inputs;
     // The holder of each host was settled over every kind's claims: a
@@ -818,6 +860,25 @@ pub(crate) fn finish(
         &mut attached_count,
         &mut out,
     );
+    // A Gateway's own address: each HTTP listener on its port.
+    for (gi, g) in gateways.iter().enumerate() {
+        let object = ObjectRef::of(Kind::Gateway, &g.metadata);
+        let Some(address) = out.addresses.get_mut(&object) else {
+            continue;
+        };
+        for l in g.spec.listeners.iter().filter(|l| l.protocol == "HTTP") {
+            let Ok(port) = u16::try_from(l.port) else {
+                continue;
+            };
+            address.http.entry(port).or_default().push(AddressListener {
+                name: l.name.clone(),
+                hostname: l.hostname.clone().filter(|h| !h.is_empty()),
+                specs: on_listeners
+                    .remove(&(gi, l.name.clone()))
+                    .unwrap_or_default(),
+            });
+        }
+    }
 
     // Gateway statuses.
     for (gi, g) in gateways.iter().enumerate() {

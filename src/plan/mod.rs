@@ -382,6 +382,7 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                 account: &reservations.account,
                 backends: options.backends,
                 policy: options.policy,
+                gateway_addresses: options.gateway_addresses,
             },
         )
     });

@@ -238,16 +238,20 @@ pub(crate) fn plan_tcp_routes(
     });
     let mut winners: BTreeMap<(usize, String), ObjectRef> = BTreeMap::new();
     if ctx.gateway_addresses {
-        // Only TCP listeners are served on a Gateway's own address so far;
-        // HTTP(S) listeners stay on the edge's shared ports, by host name.
+        // TCP and HTTP listeners are served on a Gateway's own address;
+        // HTTPS listeners not yet (TLS is the edge's, on its shared ports).
         for g in gateways {
-            let tcp = g.spec.listeners.iter().any(|l| l.protocol == "TCP");
-            if tcp && super::gateway::not_accepted(g).is_none() {
+            let served = g
+                .spec
+                .listeners
+                .iter()
+                .any(|l| l.protocol == "TCP" || l.protocol == "HTTP");
+            if served && super::gateway::not_accepted(g).is_none() {
                 out.addresses.insert(
                     ObjectRef::of(Kind::Gateway, &g.metadata),
                     AddressPlan {
                         requested: requested_address(g),
-                        tcp: BTreeMap::new(),
+                        ..AddressPlan::default()
                     },
                 );
             }
@@ -679,8 +683,11 @@ spec:
         // spec.addresses: the first IPAddress (a value without a type is one).
         assert_eq!(edge.requested, Some("127.0.100.9".parse().unwrap()));
         assert_eq!(other.requested, None);
-        // HTTP listeners are not served on an own address yet: none for it.
-        assert_eq!(p.gateway.addresses.len(), 2, "{:?}", p.gateway.addresses);
+        // A Gateway with only an HTTP listener has one too, with its port.
+        let web = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "web")];
+        assert!(web.tcp.is_empty());
+        assert_eq!(web.http.keys().collect::<Vec<_>>(), [&80]);
+        assert!(edge.http.is_empty() && other.http.is_empty());
         let ports = |a: &AddressPlan| {
             a.tcp
                 .iter()
@@ -748,6 +755,118 @@ spec:
                 .addresses
                 .contains_key(&ObjectRef::new(Kind::Gateway, "shop", "bad"))
         );
+    }
+
+    /// On a Gateway's own address, each HTTP listener is on its port with
+    /// the specs of the routes attached to it, on the hostnames they serve
+    /// through it, whether or not any host is reserved; HTTPS listeners are
+    /// not on the address (yet), and a TCP listener keeps its port.
+    #[test]
+    fn with_own_addresses_http_listeners_take_their_routes_to_their_port() {
+        let gateway = "
+metadata: {name: edge, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: any, protocol: HTTP, port: 80}
+  - {name: bar, protocol: HTTP, port: 80, hostname: '*.bar.com'}
+  - {name: alt, protocol: HTTP, port: 8080}
+  - {name: secure, protocol: HTTPS, port: 443, hostname: secure.bar.com, tls: {certificateRefs: [{name: cert}]}}
+  - {name: pg, protocol: TCP, port: 5432}
+";
+        let http_routes = "
+metadata: {name: r1, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  parentRefs: [{name: edge, sectionName: bar}]
+  hostnames: [foo.bar.com, other.org]
+  rules: [{matches: [{path: {type: PathPrefix, value: /one}}], backendRefs: [{name: cache, port: 6379}]}]
+---
+metadata: {name: r2, namespace: shop, creationTimestamp: '2026-01-02T00:00:00Z'}
+spec:
+  parentRefs: [{name: edge, sectionName: any}]
+  rules: [{backendRefs: [{name: cache, port: 6379}]}]
+---
+metadata: {name: r3, namespace: shop, creationTimestamp: '2026-01-03T00:00:00Z'}
+spec:
+  parentRefs: [{name: edge}]
+  rules: [{matches: [{path: {type: PathPrefix, value: /three}}], backendRefs: [{name: cache, port: 6379}]}]
+";
+        let world = World {
+            gateways: gateway,
+            routes: vec![route("tcp", "shop", "2026-01-01T00:00:00Z", "pg", DB)],
+            endpoints: "",
+            http_routes,
+            own_addresses: true,
+            ..World::default()
+        };
+        let p = run(&world);
+        let edge = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")];
+        assert_eq!(edge.tcp.keys().collect::<Vec<_>>(), [&5432]);
+        // Listener → [(route, hostname it serves through, path)].
+        let on = |port: u16| {
+            edge.http[&port]
+                .iter()
+                .map(|l| {
+                    let specs: Vec<(String, Option<String>, String)> = l
+                        .specs
+                        .iter()
+                        .map(|s| {
+                            let tuna_routing::Matcher::Gateway(m) = &s.matcher else {
+                                panic!("a Gateway spec");
+                            };
+                            (s.origin.name.clone(), m.hostname.clone(), s.path.clone())
+                        })
+                        .collect();
+                    (l.name.clone(), l.hostname.clone(), specs)
+                })
+                .collect::<Vec<_>>()
+        };
+        let h = |s: &str| Some(s.to_owned());
+        assert_eq!(edge.http.keys().collect::<Vec<_>>(), [&80, &8080]);
+        assert_eq!(
+            on(80),
+            vec![
+                (
+                    "any".to_owned(),
+                    None,
+                    vec![
+                        ("r2".to_owned(), None, "/".to_owned()),
+                        ("r3".to_owned(), None, "/three".to_owned()),
+                    ]
+                ),
+                (
+                    "bar".to_owned(),
+                    h("*.bar.com"),
+                    vec![
+                        // other.org does not meet the listener's hostname.
+                        ("r1".to_owned(), h("foo.bar.com"), "/one".to_owned()),
+                        ("r3".to_owned(), h("*.bar.com"), "/three".to_owned()),
+                    ]
+                ),
+            ]
+        );
+        assert_eq!(
+            on(8080),
+            vec![(
+                "alt".to_owned(),
+                None,
+                vec![("r3".to_owned(), None, "/three".to_owned())]
+            )]
+        );
+        // Nothing of it is reserved on the shared ports: no host is served
+        // there (the routes are refused HostNotReserved on them as before),
+        // while the address serves them.
+        assert!(p.hosts.is_empty(), "{:?}", p.hosts.keys());
+        // Without an address per Gateway: no address, the shared model.
+        let shared = run(&World {
+            own_addresses: false,
+            endpoints: "
+metadata: {name: pg, namespace: shop}
+spec: {alias: pg}
+",
+            ..world
+        });
+        assert!(shared.gateway.addresses.is_empty());
     }
 
     fn tcp_route(ns: &str, name: &str) -> ObjectRef {

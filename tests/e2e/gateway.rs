@@ -634,13 +634,20 @@ async fn a_tcproute_is_published_through_its_listeners_tcpendpoint() {
 /// cannot serve is `Programmed=False, AddressNotAssigned` until one is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
+    // Three addresses for three Gateways: the Env's `web` (HTTP) and two here.
     let env = Env::start_with(EdgeOptions {
-        extra: vec!["--gateway-addresses".into(), "127.0.100.40/31".into()],
+        extra: vec![
+            "--gateway-addresses".into(),
+            "127.0.100.40/31,127.0.100.42".into(),
+        ],
         ..EdgeOptions::default()
     })
     .await;
     let asked: std::net::IpAddr = "127.0.100.41".parse().unwrap();
-    let other: std::net::IpAddr = "127.0.100.40".parse().unwrap();
+    let pool: BTreeSet<std::net::IpAddr> = ["127.0.100.40", "127.0.100.41", "127.0.100.42"]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
     // A port free on both addresses a moment ago (nothing else listens there).
     let port = std::net::TcpListener::bind((asked, 0))
         .unwrap()
@@ -667,7 +674,8 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
             .filter(|a| a.r#type.as_deref() == Some("IPAddress"))
             .map(|a| a.value)
     };
-    for (name, address) in [("first", asked), ("second", other)] {
+    let mut other = asked;
+    for name in ["first", "second"] {
         let g: Gateway = wait_for(
             &env.client,
             "default",
@@ -683,7 +691,13 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
             },
         )
         .await;
-        assert_eq!(own(&g).unwrap(), address.to_string(), "{name}");
+        let address: std::net::IpAddr = own(&g).unwrap().parse().unwrap();
+        if name == "first" {
+            assert_eq!(address, asked, "spec.addresses is honoured");
+        } else {
+            assert!(address != asked && pool.contains(&address), "{address}");
+            other = address;
+        }
         let listener = &g.status.as_ref().unwrap().listeners.as_ref().unwrap()[0];
         assert!(is_true(&listener.conditions, "Accepted"), "{listener:?}");
         assert_eq!(listener.attached_routes, 1, "{listener:?}");
@@ -720,9 +734,9 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
         .into_iter()
         .map(|a| a.address)
         .collect();
-    // Exactly the two TCP Gateways' (the pool's two): `web`, HTTP only,
-    // takes none, since HTTP listeners are served by host name still.
-    assert_eq!(held, BTreeSet::from([asked, other]));
+    // Every Gateway holds one: the pool's three.
+    assert_eq!(held, pool);
+    let web = *pool.iter().find(|a| **a != asked && **a != other).unwrap();
 
     // The first Gateway goes while the agent is down: the next agent adopts
     // the second's address (the pool has no other) and gives the first's
@@ -747,7 +761,11 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
             .into_iter()
             .map(|a| a.address)
             .collect();
-        if held == [other] && tokio::net::TcpStream::connect((asked, port)).await.is_err() {
+        let mut held = held;
+        held.sort();
+        let mut want = vec![other, web];
+        want.sort();
+        if held == want && tokio::net::TcpStream::connect((asked, port)).await.is_err() {
             break;
         }
         assert!(
@@ -785,12 +803,141 @@ async fn each_gateway_serves_its_tcp_listeners_on_its_own_address() {
     }
 }
 
+/// One request on a fresh connection to a Gateway's own address: its
+/// status and the backend that answered (`None` when the connection failed
+/// or closed early, as it may while the listener is being set up).
+async fn on_address(at: (std::net::IpAddr, u16), host: &str, path: &str) -> Option<(u16, String)> {
+    let mut conn = tokio::net::TcpStream::connect(at).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).await.ok()?;
+    let mut out = Vec::new();
+    tokio::time::timeout(support::WAIT, conn.read_to_end(&mut out))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&out);
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let backend = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["backend"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Some((status, backend))
+}
+
+/// Issue 41: a Gateway's HTTP listeners on its own address, on their own
+/// port, routing any `Host` by the specification's rules, with no host
+/// reserved: the most specific listener hostname serves a host (a wildcard
+/// spans labels, and a host it claims never falls back to the catch-all
+/// listener), a host the shared ports serve by reservation is just a host
+/// there, and a route's change is live on the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gateway_serves_its_http_listeners_on_its_own_address() {
+    let env = Env::start_with(EdgeOptions {
+        extra: vec!["--gateway-addresses".into(), "127.0.100.48/30".into()],
+        ..EdgeOptions::default()
+    })
+    .await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let api = http_backend("api", bind_loopback(8080).await).await;
+    for (name, addr) in [("web", web), ("api", api)] {
+        env.cluster.apply(&service("default", name, addr));
+    }
+    let address: std::net::IpAddr = "127.0.100.50".parse().unwrap();
+    let port = std::net::TcpListener::bind((address, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    env.cluster.apply(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: alpha, namespace: default}}\nspec:\n  gatewayClassName: tuna\n  addresses: [{{value: {address}}}]\n  listeners:\n  - {{name: any, protocol: HTTP, port: {port}}}\n  - {{name: bar, protocol: HTTP, port: {port}, hostname: '*.bar.example'}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: alpha-any, namespace: default}}\nspec:\n  parentRefs: [{{name: alpha, sectionName: any}}]\n  rules: [{{backendRefs: [{{name: web, port: 8080}}]}}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: alpha-bar, namespace: default}}\nspec:\n  parentRefs: [{{name: alpha, sectionName: bar}}]\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: /api}}}}], backendRefs: [{{name: api, port: 8080}}]}}]\n---\napiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {{name: shop}}\nspec: {{subdomain: shop}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: shop, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  hostnames: [shop.tuna.test]\n  rules: [{{backendRefs: [{{name: api, port: 8080}}]}}]\n"
+    ));
+    let g: Gateway = wait_for(
+        &env.client,
+        "default",
+        "alpha",
+        "its own address first and a route on each listener",
+        &env.procs(),
+        |g: &Gateway| {
+            g.status.as_ref().is_some_and(|s| {
+                s.addresses
+                    .as_ref()
+                    .and_then(|a| a.first())
+                    .is_some_and(|a| a.r#type.as_deref() == Some("IPAddress"))
+                    && s.listeners
+                        .as_ref()
+                        .is_some_and(|l| l.len() == 2 && l.iter().all(|l| l.attached_routes == 1))
+            })
+        },
+    )
+    .await;
+    let status = g.status.unwrap();
+    assert_eq!(status.addresses.unwrap()[0].value, address.to_string());
+
+    // Each case until it holds: the port is set up a moment after the status.
+    let expect = |host: &'static str, path: &'static str, want: (u16, &'static str)| {
+        let log = env.agent.log();
+        async move {
+            let mut last = None;
+            let done = tokio::time::timeout(support::WAIT, async {
+                loop {
+                    last = on_address((address, port), host, path).await;
+                    if last
+                        .as_ref()
+                        .is_some_and(|(s, b)| *s == want.0 && (want.1.is_empty() || b == want.1))
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await;
+            assert!(
+                done.is_ok(),
+                "{host}{path} on {address}:{port} never answered {want:?}; last {last:?}\n{log}"
+            );
+        }
+    };
+    // The catch-all listener: any host, no reservation.
+    expect("anything.example", "/", (200, "web")).await;
+    expect("198.51.100.7", "/x", (200, "web")).await;
+    // The wildcard listener over two labels.
+    expect("a.b.bar.example", "/api/users", (200, "api")).await;
+    // It claims the host: no fallback to the catch-all listener's route.
+    expect("a.b.bar.example", "/", (404, "")).await;
+    // A host the shared ports serve by reservation is just a host here...
+    expect("shop.tuna.test", "/", (200, "web")).await;
+    // ...and the shared ports still serve it by its reservation.
+    env.serves("shop.tuna.test", "/", "", 200, "api").await;
+    // Nothing of the address leaks to the shared ports.
+    env.serves("anything.example", "/", "", 404, "").await;
+
+    // A route's change is live on the address: alpha-bar now sends / too.
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: alpha-bar, namespace: default}\nspec:\n  parentRefs: [{name: alpha, sectionName: bar}]\n  rules: [{backendRefs: [{name: api, port: 8080}]}]\n",
+    );
+    expect("a.b.bar.example", "/", (200, "api")).await;
+    // The Env's `web` Gateway holds an address of the pool too.
+    let held: BTreeSet<std::net::IpAddr> = env
+        .edge
+        .client()
+        .list_gateway_addresses()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.address)
+        .collect();
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(held.contains(&address));
+}
+
 /// With every address of the pool held, a third Gateway with a TCP listener
 /// says why it has none; it gets the one the first gives back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_the_pool_cannot_serve_says_so_until_an_address_is_free() {
+    // Two addresses: the Env's `web` (HTTP) holds one, then one is left.
     let env = Env::start_with(EdgeOptions {
-        extra: vec!["--gateway-addresses".into(), "127.0.100.44/32".into()],
+        extra: vec!["--gateway-addresses".into(), "127.0.100.44/31".into()],
         ..EdgeOptions::default()
     })
     .await;
@@ -806,6 +953,15 @@ async fn a_gateway_the_pool_cannot_serve_says_so_until_an_address_is_free() {
             .filter(|a| a.r#type.as_deref() == Some("IPAddress"))
             .map(|a| a.value)
     };
+    let web = own(&env
+        .gateway("an address", |g: &Gateway| own(g).is_some())
+        .await)
+    .unwrap();
+    let left = if web == "127.0.100.44" {
+        "127.0.100.45"
+    } else {
+        "127.0.100.44"
+    };
     env.cluster.apply(&gateway("holder"));
     let held: Gateway = wait_for(
         &env.client,
@@ -816,7 +972,7 @@ async fn a_gateway_the_pool_cannot_serve_says_so_until_an_address_is_free() {
         |g: &Gateway| own(g).is_some(),
     )
     .await;
-    assert_eq!(own(&held).as_deref(), Some("127.0.100.44"));
+    assert_eq!(own(&held).as_deref(), Some(left));
     env.cluster.apply(&gateway("waiting"));
     let waiting: Gateway = wait_for(
         &env.client,
@@ -865,7 +1021,7 @@ async fn a_gateway_the_pool_cannot_serve_says_so_until_an_address_is_free() {
         |g: &Gateway| own(g).is_some(),
     )
     .await;
-    assert_eq!(own(&served).as_deref(), Some("127.0.100.44"));
+    assert_eq!(own(&served).as_deref(), Some(left));
     assert!(is_true(
         served
             .status
