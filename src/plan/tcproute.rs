@@ -299,15 +299,23 @@ pub(crate) fn plan_tcp_routes(
                 Ok(attached) => {
                     let mut refusal: Option<Cond> = None;
                     let mut any = false;
+                    // Listeners an older TCPRoute holds (address mode).
+                    let mut behind: Vec<String> = Vec::new();
                     for a in attached {
                         let key = (gi, a.listener.clone());
+                        let older = winners.get(&key).filter(|w| **w != object).cloned();
                         let lost = match listeners.get(&key) {
                             Some(Err(u)) => Some(Cond::no(
                                 "Accepted",
                                 u.reason.as_str(),
                                 format!("listener {}: {}", a.listener, u.message),
                             )),
-                            _ => winners.get(&key).filter(|w| **w != object).map(|w| {
+                            // On a Gateway's own address the route attaches
+                            // (the specification's conflict rule: the oldest
+                            // gets the connections); on a shared TCP
+                            // endpoint it is refused.
+                            _ if ctx.gateway_addresses => None,
+                            _ => older.as_ref().map(|w| {
                                 Cond::no(
                                     "Accepted",
                                     "TcpEndpointInUse",
@@ -318,11 +326,19 @@ pub(crate) fn plan_tcp_routes(
                                 )
                             }),
                         };
-                        match lost {
-                            Some(c) => {
+                        match (lost, older) {
+                            (Some(c), _) => {
                                 refusal.get_or_insert(c);
                             }
-                            None => {
+                            (None, Some(w)) => {
+                                any = true;
+                                *attached_count.entry(key).or_default() += 1;
+                                behind.push(format!(
+                                    "listener {} serves {w}, which is older: only the oldest TCPRoute of a listener gets its connections",
+                                    a.listener
+                                ));
+                            }
+                            (None, None) => {
                                 any = true;
                                 if winners.insert(key.clone(), object.clone()).is_none() {
                                     *attached_count.entry(key).or_default() += 1;
@@ -332,8 +348,20 @@ pub(crate) fn plan_tcp_routes(
                             }
                         }
                     }
+                    if !behind.is_empty() {
+                        out.tcp_refusals.push((
+                            object.clone(),
+                            Reason::TcpEndpointInUse,
+                            behind.join("; "),
+                        ));
+                    }
                     match refusal {
                         Some(c) if !any => c,
+                        _ if !behind.is_empty() => Cond::yes(
+                            "Accepted",
+                            "Accepted",
+                            format!("accepted by the Gateway; not served: {}", behind.join("; ")),
+                        ),
                         _ => Cond::yes("Accepted", "Accepted", "accepted by the Gateway"),
                     }
                 }
@@ -754,6 +782,67 @@ spec:
             !p.gateway
                 .addresses
                 .contains_key(&ObjectRef::new(Kind::Gateway, "shop", "bad"))
+        );
+    }
+
+    /// On a Gateway's own address, two TCPRoutes on one listener are both
+    /// accepted and counted (the specification's conflict rule, as the
+    /// conformance suite's `TCPRouteMultipleRoutesAttachment` reads it); the
+    /// older gets the connections, the younger says why it gets none.
+    #[test]
+    fn with_own_addresses_a_younger_tcproute_attaches_but_the_oldest_is_served() {
+        let world = World {
+            gateways: TWO_GATEWAYS,
+            routes: vec![
+                route("older", "shop", "2026-01-03T00:00:00Z", "pg", DB),
+                route(
+                    "newer",
+                    "shop",
+                    "2026-01-04T00:00:00Z",
+                    "pg",
+                    "[{name: cache, port: 6379}]",
+                ),
+            ],
+            endpoints: "",
+            own_addresses: true,
+            ..World::default()
+        };
+        let p = run(&world);
+        let edge = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")];
+        assert_eq!(edge.tcp[&5432].host, "10.0.0.1", "the older route's db");
+        for name in ["older", "newer"] {
+            let accepted = cond(parent_conds(&p, name), "Accepted");
+            assert!(accepted.status, "{name}: {accepted:?}");
+        }
+        assert!(
+            cond(parent_conds(&p, "newer"), "Accepted")
+                .message
+                .contains("TCPRoute shop/older, which is older"),
+        );
+        let l = &p
+            .gateway
+            .gateways
+            .iter()
+            .find(|g| g.object.name == "edge")
+            .unwrap()
+            .listeners;
+        let pg = l.iter().find(|l| l.name == "pg").unwrap();
+        assert_eq!(pg.attached_routes, 2, "{pg:?}");
+        let newer = tcp_route("shop", "newer");
+        let refused: Vec<_> = p.refusals_of(&newer).collect();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(p.refusals_of(&tcp_route("shop", "older")).next().is_none());
+        // On a shared TCP endpoint the younger is refused, as before.
+        let shared = run(&World {
+            own_addresses: false,
+            gateways: GATEWAY,
+            endpoints: World::default().endpoints,
+            ..world
+        });
+        let accepted = cond(parent_conds(&shared, "newer"), "Accepted");
+        assert!(
+            !accepted.status && accepted.reason == "TcpEndpointInUse",
+            "{accepted:?}"
         );
     }
 
