@@ -240,7 +240,7 @@ pub use routes::{
     GatewayRule, HttpBackend, HttpRoute, ListenerRoutes, TlsUpstream, UpstreamProtocol,
     WeightedTarget,
 };
-pub use tcp::{TcpLimits, TcpUpstream};
+pub use tcp::{TcpLimits, TcpTarget, TcpUpstream};
 pub use tuna_routing::{BuildIssue, Origin, PathType, TieBreak};
 
 use crate::http::Router;

@@ -205,7 +205,7 @@ impl CompiledGateway {
 /// weight to its running total and picks the largest, which then gives up
 /// the sum. Weights 1:3 give `B B A B` — each target spread over the cycle
 /// rather than in a block. Weight 0 never appears.
-fn smooth_schedule(weights: &[u32]) -> Box<[u32]> {
+pub(crate) fn smooth_schedule(weights: &[u32]) -> Box<[u32]> {
     fn gcd(a: u64, b: u64) -> u64 {
         if b == 0 { a } else { gcd(b, a % b) }
     }

@@ -15,11 +15,38 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
 /// Where a TCP endpoint's connections go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TcpUpstream {
-    /// Round-robin targets (resolved by the caller). Must not be empty; a
-    /// connection tries each address once before giving up.
+    /// Round-robin targets (resolved by the caller); a connection tries
+    /// each address once before giving up. Must not be empty unless
+    /// `weighted` is given.
     pub addrs: Vec<SocketAddr>,
+    /// Weighted backends (a TCPRoute's backendRefs). When given, each
+    /// connection draws one by smooth weighted round-robin (so every share
+    /// is exact over a cycle; weight 0 is never drawn), then dials its
+    /// addresses as `addrs` are dialed; a drawn backend without addresses
+    /// (one that does not resolve) closes the connection, as the Gateway
+    /// API asks for its share. `addrs` is then not used.
+    pub weighted: Vec<TcpTarget>,
+}
+
+impl TcpUpstream {
+    /// One backend, round-robin over `addrs`.
+    pub fn new(addrs: Vec<SocketAddr>) -> Self {
+        Self {
+            addrs,
+            weighted: Vec::new(),
+        }
+    }
+}
+
+/// One weighted backend of a [`TcpUpstream`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpTarget {
+    /// Its addresses, round-robin; empty when it does not resolve.
+    pub addrs: Vec<SocketAddr>,
+    /// Its share of connections; 0 never gets any.
+    pub weight: u32,
 }
 
 /// Bounds of one TCP endpoint.
@@ -60,19 +87,56 @@ pub(crate) struct TcpEndpoint {
     pub(crate) limits: TcpLimits,
     permits: Arc<Semaphore>,
     next: AtomicUsize,
+    /// For weighted backends: one cycle of target indexes (smooth weighted
+    /// round-robin, computed once) and the position in it.
+    schedule: Box<[u32]>,
+    drawn: AtomicUsize,
+    /// Round-robin position within each weighted target.
+    next_in: Box<[AtomicUsize]>,
 }
 
 impl TcpEndpoint {
     pub(crate) fn new(upstream: TcpUpstream, limits: TcpLimits, what: &str) -> Result<Self> {
-        if upstream.addrs.is_empty() {
+        let weights: Vec<u32> = upstream.weighted.iter().map(|t| t.weight).collect();
+        let schedule = crate::routes::smooth_schedule(&weights);
+        let usable = if upstream.weighted.is_empty() {
+            !upstream.addrs.is_empty()
+        } else {
+            upstream
+                .weighted
+                .iter()
+                .any(|t| t.weight > 0 && !t.addrs.is_empty())
+        };
+        if !usable {
             return Err(Error::NoAddresses { what: what.into() });
         }
         Ok(Self {
             permits: Arc::new(Semaphore::new(limits.max_connections)),
+            next_in: upstream
+                .weighted
+                .iter()
+                .map(|_| AtomicUsize::new(0))
+                .collect(),
             upstream,
             limits,
             next: AtomicUsize::new(0),
+            schedule,
+            drawn: AtomicUsize::new(0),
         })
+    }
+
+    /// The addresses of this connection's backend and where in them to
+    /// start: the one backend, or the weighted backend drawn for it.
+    fn draw(&self) -> (&[SocketAddr], usize) {
+        if self.upstream.weighted.is_empty() {
+            return (&self.upstream.addrs, self.next.fetch_add(1, Relaxed));
+        }
+        let i = self.drawn.fetch_add(1, Relaxed) % self.schedule.len();
+        let target = self.schedule[i] as usize;
+        (
+            &self.upstream.weighted[target].addrs,
+            self.next_in[target].fetch_add(1, Relaxed),
+        )
     }
 
     /// Takes a connection slot, or says the limit is reached.
@@ -90,8 +154,16 @@ impl TcpEndpoint {
     async fn connect(&self) -> Result<TcpStream> {
         let started = tokio::time::Instant::now();
         let mut pause = RETRY_PAUSE_MIN;
+        let (addrs, mut start) = self.draw();
+        if addrs.is_empty() {
+            return Err(Error::UpstreamUnreachable(std::io::Error::other(
+                "the backend drawn for this connection does not resolve",
+            )));
+        }
         loop {
-            match self.connect_round().await {
+            let round = self.connect_round(addrs, start).await;
+            start = start.wrapping_add(1);
+            match round {
                 Ok(s) => return Ok(s),
                 Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
                     return Err(Error::UpstreamUnreachable(e));
@@ -107,13 +179,17 @@ impl TcpEndpoint {
         }
     }
 
-    /// One round over the addresses, from the next one round-robin.
-    async fn connect_round(&self) -> std::io::Result<TcpStream> {
-        let n = self.upstream.addrs.len();
-        let start = self.next.fetch_add(1, Relaxed);
+    /// One round over the addresses of the backend drawn for this
+    /// connection, from the next one round-robin.
+    async fn connect_round(
+        &self,
+        addrs: &[SocketAddr],
+        start: usize,
+    ) -> std::io::Result<TcpStream> {
+        let n = addrs.len();
         let mut last = None;
         for i in 0..n {
-            let addr = self.upstream.addrs[(start + i) % n];
+            let addr = addrs[(start + i) % n];
             match tokio::time::timeout(self.limits.connect_timeout, TcpStream::connect(addr)).await
             {
                 Ok(Ok(s)) => {

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tuna_agent::{Agent, AgentConfig, AgentHandle};
 use tuna_protocol::wire::{Binding, BoundTarget, TunnelToken};
 use tuna_proxy::{
-    GatewayRule, HttpBackend, HttpRoute, ProxyCore, TcpLimits, TcpUpstream, TlsUpstream,
+    GatewayRule, HttpBackend, HttpRoute, ProxyCore, TcpLimits, TcpTarget, TcpUpstream, TlsUpstream,
     UpstreamProtocol, WeightedTarget,
 };
 use tuna_routing::RouteSpec;
@@ -101,8 +101,9 @@ pub enum Serving {
     Address {
         /// The address the edge gave (`POST /v1/gateway-addresses`).
         address: IpAddr,
-        /// TCP port → where its bytes go.
-        ports: BTreeMap<u16, ResolvedUpstream>,
+        /// TCP port → the TCPRoute rule its connections follow (its
+        /// backends by weight).
+        ports: BTreeMap<u16, Arc<GatewayAction>>,
         /// HTTP port → its listeners: the port's requests, any `Host`, are
         /// routed by these alone.
         http: BTreeMap<u16, Vec<AddressListener>>,
@@ -801,7 +802,7 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
         Serving::Tcp { endpoint, upstream } => {
             let addrs = addresses(upstream).await?;
             proxy
-                .set_tcp_service(endpoint, TcpUpstream { addrs }, TcpLimits::default())
+                .set_tcp_service(endpoint, TcpUpstream::new(addrs), TcpLimits::default())
                 .map_err(|e| e.to_string())?;
             Ok(Vec::new())
         }
@@ -847,20 +848,28 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                 warnings.extend(issues.iter().map(|i| format!("port {port}: {i}")));
             }
             let mut failed = 0;
-            for (port, upstream) in ports {
+            for (port, action) in ports {
                 let at = SocketAddr::new(*address, *port);
                 let service = crate::edge::transport::address_service(at);
-                match addresses(upstream).await {
-                    Ok(addrs) => {
-                        proxy
-                            .set_tcp_service(&service, TcpUpstream { addrs }, TcpLimits::default())
-                            .map_err(|e| e.to_string())?;
-                    }
-                    Err(message) => {
-                        proxy.remove_tcp_service(&service);
-                        warnings.push(format!("port {port}: {message}"));
-                        failed += 1;
-                    }
+                // The rule's backends by weight, resolved as an HTTP
+                // rule's are: one that does not resolve keeps its share.
+                let (rule, messages) = gateway_rule(action).await;
+                warnings.extend(messages.into_iter().map(|m| format!("port {port}: {m}")));
+                let upstream = TcpUpstream {
+                    addrs: Vec::new(),
+                    weighted: rule
+                        .backends
+                        .into_iter()
+                        .map(|t| TcpTarget {
+                            addrs: t.addrs,
+                            weight: t.weight,
+                        })
+                        .collect(),
+                };
+                if let Err(e) = proxy.set_tcp_service(&service, upstream, TcpLimits::default()) {
+                    proxy.remove_tcp_service(&service);
+                    warnings.push(format!("port {port}: {e}"));
+                    failed += 1;
                 }
             }
             if http.is_empty() && failed == ports.len() && !ports.is_empty() {
@@ -1498,16 +1507,26 @@ mod tests {
                 .unwrap()
                 .port();
             public.push((port, name));
-            upstreams.insert(
-                port,
-                ResolvedUpstream {
+            let backend = crate::plan::gateway::WeightedBackend {
+                namespace: "shop".into(),
+                service: name.into(),
+                port: None,
+                weight: 1,
+                upstream: Some(ResolvedUpstream {
                     scheme: UpstreamScheme::Tcp,
                     host: at.ip().to_string(),
                     port: at.port(),
                     app_protocol: None,
                     service: None,
                     endpoints: Vec::new(),
-                },
+                }),
+            };
+            upstreams.insert(
+                port,
+                Arc::new(GatewayAction {
+                    backends: vec![backend],
+                    ..GatewayAction::default()
+                }),
             );
         }
         // And an HTTP port: one listener for every host, one route to a

@@ -16,7 +16,7 @@ use tuna_crds::gateway::{Gateway, GatewayClass, HttpRoute, ReferenceGrant, TcpRo
 use super::claims::Owner;
 use super::gateway::GatewayAction;
 use super::model::{Backends, HostRoute, ObjectRef, Reason, TcpPlan};
-use super::service::{ResolvedUpstream, UpstreamPolicy};
+use super::service::UpstreamPolicy;
 
 /// The Gateway API objects a plan reads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -192,8 +192,10 @@ pub struct AddressPlan {
     /// The address its `spec.addresses` asks for (the first of type
     /// `IPAddress`, or without a type), if any.
     pub requested: Option<std::net::IpAddr>,
-    /// TCP listener port → the upstream of the TCPRoute it serves.
-    pub tcp: BTreeMap<u16, ResolvedUpstream>,
+    /// TCP listener port → the rule of the TCPRoute it serves (its
+    /// backends by weight; a backendRef that does not resolve keeps its
+    /// weight, and its share of connections is closed).
+    pub tcp: BTreeMap<u16, Arc<super::gateway::GatewayAction>>,
     /// HTTP listener port → its listeners, in the Gateway's order, each
     /// with the specs of the HTTPRoutes attached to it: the port routes any
     /// `Host` by these alone ([`tuna_routing::PortTable`]).

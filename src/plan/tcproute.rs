@@ -467,7 +467,7 @@ fn serve_on_addresses(
     object: ObjectRef,
     out: &mut GatewayOutcome,
 ) {
-    let Some(upstream) = action.backends.iter().find_map(|b| b.upstream.clone()) else {
+    if !action.backends.iter().any(|b| b.upstream.is_some()) {
         let (reason, message) = no_upstream(action);
         out.tcp_refusals.push((
             object,
@@ -475,7 +475,8 @@ fn serve_on_addresses(
             format!("{message}: not published"),
         ));
         return;
-    };
+    }
+    let rule = Arc::new(action.clone());
     for (gi, listener) in won {
         let g = gateways[*gi];
         let Some(port) = g
@@ -491,7 +492,7 @@ fn serve_on_addresses(
             .addresses
             .get_mut(&ObjectRef::of(Kind::Gateway, &g.metadata))
         {
-            plan.tcp.insert(port, upstream.clone());
+            plan.tcp.insert(port, Arc::clone(&rule));
         }
     }
 }
@@ -719,7 +720,10 @@ spec:
         let ports = |a: &AddressPlan| {
             a.tcp
                 .iter()
-                .map(|(port, u)| (*port, format!("{}:{}", u.host, u.port)))
+                .map(|(port, rule)| {
+                    let u = rule.backends[0].upstream.as_ref().unwrap();
+                    (*port, format!("{}:{}", u.host, u.port))
+                })
                 .collect::<Vec<_>>()
         };
         // The same listener name and port on two Gateways: both serve.
@@ -809,7 +813,13 @@ spec:
         };
         let p = run(&world);
         let edge = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")];
-        assert_eq!(edge.tcp[&5432].host, "10.0.0.1", "the older route's db");
+        let served = &edge.tcp[&5432].backends;
+        assert_eq!(served.len(), 1);
+        assert_eq!(
+            served[0].upstream.as_ref().unwrap().host,
+            "10.0.0.1",
+            "the older route's db"
+        );
         for name in ["older", "newer"] {
             let accepted = cond(parent_conds(&p, name), "Accepted");
             assert!(accepted.status, "{name}: {accepted:?}");
