@@ -125,12 +125,16 @@ pub async fn discover(client: &Client) -> Option<Discovered> {
 /// namespace's, or another's that a ReferenceGrant opens): whether each
 /// holds a PEM certificate chain in `tls.crt` and a private key in
 /// `tls.key`. Nothing of their data is kept or logged. Secrets are not
-/// watched: a Secret created or fixed later is seen at the next sync (any
-/// Gateway API change, or the resync interval).
+/// watched (the agent may not list Secrets): a Secret created or fixed
+/// later is seen at the next sync, and while one is missing or unusable
+/// the agent syncs again soon ([`CERTIFICATE_RECHECK`]), so that a Gateway
+/// applied a moment before its Secret does not wait for the resync
+/// interval. Returns the Secrets read, and whether one is missing or
+/// unusable.
 async fn read_certificates(
     state: &AgentState,
     snapshot: &GatewaySnapshot,
-) -> Vec<CertificateSecret> {
+) -> (Vec<CertificateSecret>, bool) {
     let ours = snapshot.our_gateways();
     let grants: Vec<&ReferenceGrant> = snapshot.grants.iter().map(|g| &**g).collect();
     let wanted: BTreeSet<(String, String)> = snapshot
@@ -148,25 +152,35 @@ async fn read_certificates(
         .flat_map(|g| certificate_secrets(g, &grants))
         .collect();
     let mut found = Vec::new();
+    let mut pending = false;
     for (namespace, name) in wanted {
         let api: Api<k8s_openapi::api::core::v1::Secret> =
             Api::namespaced(state.ctx.client.clone(), &namespace);
         let problem = match api.get_opt(&name).await {
             Ok(Some(secret)) => certificate_problem(&secret),
-            Ok(None) => continue,
+            Ok(None) => {
+                pending = true;
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(%namespace, %name, error = %e, "cannot read a listener's certificate Secret");
                 Some(format!("cannot be read: {e}"))
             }
         };
+        pending |= problem.is_some();
         found.push(CertificateSecret {
             namespace,
             name,
             problem,
         });
     }
-    found
+    (found, pending)
 }
+
+/// How soon a sync runs again while a listener's certificate Secret is
+/// missing or unusable: from 2 s, doubling to 1 min (Secrets are read, not
+/// watched: see [`read_certificates`]).
+const CERTIFICATE_RECHECK: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(60));
 
 /// Why a Secret cannot serve TLS (`None`: `tls.crt` holds at least one PEM
 /// certificate and `tls.key` a PEM private key) (pure).
@@ -389,6 +403,7 @@ async fn run(state: Arc<AgentState>, mut triggers: mpsc::UnboundedReceiver<()>) 
         return;
     }
     let mut resync = tokio::time::interval(state.ctx.resync_interval);
+    let mut recheck = CERTIFICATE_RECHECK.0;
     loop {
         // A resync tick re-reads the Services; a change uses the cache.
         let refresh = tokio::select! {
@@ -401,19 +416,35 @@ async fn run(state: Arc<AgentState>, mut triggers: mpsc::UnboundedReceiver<()>) 
             _ = resync.tick() => true,
         };
         while triggers.try_recv().is_ok() {}
-        if let Err(e) = sync(&state, refresh).await {
-            tracing::warn!(error = %e, "Gateway API sync failed; retrying");
+        let again = match sync(&state, refresh).await {
+            Err(e) => {
+                tracing::warn!(error = %e, "Gateway API sync failed; retrying");
+                Some(RETRY)
+            }
+            // A certificate Secret missing or unusable: look again soon.
+            Ok(true) => {
+                let wait = recheck;
+                recheck = (recheck * 2).min(CERTIFICATE_RECHECK.1);
+                Some(wait)
+            }
+            Ok(false) => {
+                recheck = CERTIFICATE_RECHECK.0;
+                None
+            }
+        };
+        if let Some(wait) = again {
             let tx = state.gateway_triggers.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(RETRY).await;
+                tokio::time::sleep(wait).await;
                 let _ = tx.send(());
             });
         }
     }
 }
 
-/// One sync of every Gateway API object (see the module docs).
-async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
+/// One sync of every Gateway API object (see the module docs). Returns
+/// whether a listener's certificate Secret is missing or unusable.
+async fn sync(state: &AgentState, refresh: bool) -> Result<bool, Error> {
     // First: it waits until every store is filled (a plan must see every claimant).
     let book = state.claim_book().await?;
     let who = state.ctx.edge_info().await?.clone();
@@ -424,7 +455,8 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         state.account_hosts().await,
     );
     let mut gateway = GatewaySnapshot::of(state.gateway.get());
-    gateway.certificates = read_certificates(state, &gateway).await;
+    let (certificates, certificates_pending) = read_certificates(state, &gateway).await;
+    gateway.certificates = certificates;
     // tcp Tunnels on the aliases TCP listeners name: they keep them (their
     // Services are read so that the plan sees them as it does in their
     // reconciler).
@@ -579,7 +611,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
     };
     let stores = state.gateway.get().cloned();
     let Some(stores) = stores else {
-        return Ok(());
+        return Ok(certificates_pending);
     };
     for class in &plan.gateway.classes {
         if let Some(object) = stores.classes.get(&reflector::ObjectRef::new(&class.name)) {
@@ -619,7 +651,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<(), Error> {
         .lock()
         .expect("reported")
         .retain(|o, _| !matches!(o.kind, Kind::HttpRoute | Kind::TcpRoute) || live.contains(o));
-    first_error.map_or(Ok(()), Err)
+    first_error.map_or(Ok(certificates_pending), Err)
 }
 
 /// Publishes the TCP endpoints of the TCPRoutes in `plan` (one tunnel per

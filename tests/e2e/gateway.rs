@@ -1982,3 +1982,60 @@ async fn gateway_and_listener_conditions_name_bad_certificates_and_parameters() 
         "Programmed"
     ));
 }
+
+/// Issue 41: a certificate Secret created a moment after its Gateway (as the
+/// conformance suite applies its base manifests) is seen without waiting
+/// for the resync interval: Secrets are read, not watched, so while one is
+/// missing the agent looks again soon (2 s, doubling). The agent here
+/// resyncs every 5 min, and nothing else changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_secret_created_after_its_gateway_is_seen_before_the_resync() {
+    let mut env = Env::start().await;
+    env.agent.terminate().await;
+    env.agent = agent(
+        &env.cluster,
+        &env.edge,
+        "agent-slow",
+        &["--resync-interval", "5m"],
+    );
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: late, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {name: https, protocol: HTTPS, port: 443, tls: {certificateRefs: [{name: late-cert}]}}\n",
+    );
+    let resolved = |g: &Gateway| -> Option<String> {
+        let l = g.status.as_ref()?.listeners.as_ref()?.first()?;
+        condition(&l.conditions, "ResolvedRefs").map(|c| c.status.clone())
+    };
+    wait_for(
+        &env.client,
+        "default",
+        "late",
+        "ResolvedRefs False (no Secret yet)",
+        &env.procs(),
+        |g: &Gateway| resolved(g).as_deref() == Some("False"),
+    )
+    .await;
+    let cert = rcgen::generate_simple_self_signed(vec!["late.tuna.test".into()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+    env.cluster.kubectl_ok(&[
+        "create",
+        "secret",
+        "tls",
+        "late-cert",
+        "--cert",
+        crt.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    wait_for(
+        &env.client,
+        "default",
+        "late",
+        "ResolvedRefs True, well before the 5 min resync",
+        &env.procs(),
+        |g: &Gateway| resolved(g).as_deref() == Some("True"),
+    )
+    .await;
+}
