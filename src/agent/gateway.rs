@@ -933,7 +933,11 @@ async fn write_class_status(
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
     let next = conditions(&previous, &desired.conditions, desired.generation, &now());
-    let features: Vec<&str> = crate::plan::httproute::SUPPORTED_FEATURES.to_vec();
+    let own_addresses = state
+        .ctx
+        .edge_info_now()
+        .is_some_and(|w| w.gateway_addresses);
+    let features = crate::plan::httproute::supported_features(own_addresses);
     let current_features: Vec<String> = class
         .status
         .as_ref()

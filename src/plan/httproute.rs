@@ -82,15 +82,22 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 
 /// Features whose conformance tests dial a listener's own port on the
 /// Gateway's address (`GatewayPort8080`: 8080, `HTTPRouteParentRefPort`:
-/// 8080 and 8090). Every Gateway here is served on the edge's shared ports
-/// 80 and 443 and no listener port is opened, so these are not claimed
-/// until the edge opens each listener's port (issue 41, a Gateway's own
-/// address).
+/// 8080 and 8090). They hold only where each Gateway has an address of its
+/// own and each HTTP listener its own port there ([`supported_features`]);
+/// on the edge's shared ports 80 and 443 they do not.
 pub const NEEDS_LISTENER_PORTS: &[&str] = &["GatewayPort8080", "HTTPRouteParentRefPort"];
 
-/// Whether the edge opens each listener's own port (not yet: see
-/// [`NEEDS_LISTENER_PORTS`]).
-pub const LISTENER_PORTS_OPENED: bool = false;
+/// The `supportedFeatures` of our GatewayClasses, sorted: with an address
+/// per Gateway ([`super::PlanOptions::gateway_addresses`]) also the features
+/// that need each listener's own port ([`NEEDS_LISTENER_PORTS`]).
+pub fn supported_features(own_addresses: bool) -> Vec<&'static str> {
+    let mut features = SUPPORTED_FEATURES.to_vec();
+    if own_addresses {
+        features.extend(NEEDS_LISTENER_PORTS);
+        features.sort_unstable();
+    }
+    features
+}
 
 /// A route's claim on a host not yet settled against the other kinds.
 #[derive(Debug, Clone)]
@@ -1933,18 +1940,26 @@ spec:
     }
 
     /// A claim selects the suite's tests for it: features whose tests dial
-    /// listener ports the edge never opens are not claimed (the first run
-    /// of the suite, issue 41: `HTTPRouteListenerPortMatching` and
-    /// `HTTPRouteRedirectPortAndScheme` dial 8080/8090 and fail).
+    /// listener ports are claimed only where listeners have their own ports
+    /// (the first run of the suite, issue 41: `HTTPRouteListenerPortMatching`
+    /// and `HTTPRouteRedirectPortAndScheme` dial 8080/8090 and failed on the
+    /// shared ports).
     #[test]
-    fn no_feature_is_claimed_whose_listener_ports_are_not_opened() {
+    fn listener_port_features_are_claimed_only_with_own_addresses() {
+        let shared = supported_features(false);
+        let own = supported_features(true);
         for f in NEEDS_LISTENER_PORTS {
-            assert_eq!(
-                SUPPORTED_FEATURES.contains(f),
-                LISTENER_PORTS_OPENED,
-                "{f}: claimed only while listener ports are opened"
-            );
+            assert!(!shared.contains(f), "{f} claimed on shared ports");
+            assert!(own.contains(f), "{f} not claimed with own addresses");
         }
+        let mut sorted = own.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted, own);
+        assert_eq!(
+            own.len(),
+            SUPPORTED_FEATURES.len() + NEEDS_LISTENER_PORTS.len()
+        );
     }
 
     #[test]

@@ -218,6 +218,11 @@ async fn httproutes_route_by_path_report_status_and_change_without_reconnecting(
         "{features:?}"
     );
     assert!(features.windows(2).all(|w| w[0] < w[1]), "{features:?}");
+    // On the edge's shared ports a listener has no port of its own.
+    assert!(
+        !features.contains(&"GatewayPort8080".to_owned()),
+        "{features:?}"
+    );
     let g = env
         .gateway("Programmed with its host as address", |g: &Gateway| {
             g.status.as_ref().is_some_and(|s| {
@@ -917,6 +922,22 @@ async fn each_gateway_serves_its_http_listeners_on_its_own_address() {
         "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: alpha-bar, namespace: default}\nspec:\n  parentRefs: [{name: alpha, sectionName: bar}]\n  rules: [{backendRefs: [{name: api, port: 8080}]}]\n",
     );
     expect("a.b.bar.example", "/", (200, "api")).await;
+    // With a pool, each listener has its own port: the class says so.
+    let classes: Api<GatewayClass> = Api::all(env.client.clone());
+    let features: Vec<String> = classes
+        .get("tuna")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.supported_features)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    for f in ["GatewayPort8080", "HTTPRouteParentRefPort"] {
+        assert!(features.contains(&f.to_owned()), "{f}: {features:?}");
+    }
+    assert!(features.windows(2).all(|w| w[0] < w[1]), "{features:?}");
     // The Env's `web` Gateway holds an address of the pool too.
     let held: BTreeSet<std::net::IpAddr> = env
         .edge
