@@ -177,9 +177,9 @@ async fn read_certificates(
     (found, pending)
 }
 
-/// How soon a sync runs again while a listener's certificate Secret is
-/// missing or unusable: from 2 s, doubling to 1 min (Secrets are read, not
-/// watched: see [`read_certificates`]).
+/// How soon a sync runs again while a listener's certificate Secret or a
+/// route's Service is missing (or the Secret unusable): from 2 s, doubling
+/// to 1 min (both are read, not watched: see [`read_certificates`]).
 const CERTIFICATE_RECHECK: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(60));
 
 /// Why a Secret cannot serve TLS (`None`: `tls.crt` holds at least one PEM
@@ -421,7 +421,7 @@ async fn run(state: Arc<AgentState>, mut triggers: mpsc::UnboundedReceiver<()>) 
                 tracing::warn!(error = %e, "Gateway API sync failed; retrying");
                 Some(RETRY)
             }
-            // A certificate Secret missing or unusable: look again soon.
+            // A certificate Secret or a Service missing: look again soon.
             Ok(true) => {
                 let wait = recheck;
                 recheck = (recheck * 2).min(CERTIFICATE_RECHECK.1);
@@ -443,7 +443,8 @@ async fn run(state: Arc<AgentState>, mut triggers: mpsc::UnboundedReceiver<()>) 
 }
 
 /// One sync of every Gateway API object (see the module docs). Returns
-/// whether a listener's certificate Secret is missing or unusable.
+/// whether a listener's certificate Secret or a route's Service is missing
+/// (or the Secret unusable): then it should run again soon.
 async fn sync(state: &AgentState, refresh: bool) -> Result<bool, Error> {
     // First: it waits until every store is filled (a plan must see every claimant).
     let book = state.claim_book().await?;
@@ -497,13 +498,20 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<bool, Error> {
                 .filter_map(|t| crate::plan::tunnel::upstream_service(t)),
         )
         .collect();
+    // A Service a route names that was not found is read again at every
+    // sync, and while one is missing the agent syncs again soon (as for
+    // certificate Secrets): a route applied a moment before its Service
+    // resolves in seconds, not at the next resync.
+    let mut services_missing = false;
     for (namespace, name) in &services {
-        if refresh {
+        if refresh || state.services.is_missing(namespace, name) {
             state.services.refresh(namespace, name).await;
         } else {
             state.services.ensure(namespace, name).await;
         }
+        services_missing |= state.services.is_missing(namespace, name);
     }
+    let certificates_pending = certificates_pending || services_missing;
     let domains = state.stores.domains.state();
     let all = gateway.inputs(&gateway.routes);
     // Where the routes may go (without the Tunnels and Ingresses that may

@@ -163,6 +163,17 @@ impl ServiceCache {
         }
     }
 
+    /// Whether `namespace/name` was read and not found.
+    pub fn is_missing(&self, namespace: &str, name: &str) -> bool {
+        matches!(
+            self.services
+                .lock()
+                .expect("service cache")
+                .get(&(namespace.to_owned(), name.to_owned())),
+            Some(None)
+        )
+    }
+
     /// The known Services, as an index for the plan.
     pub fn snapshot(&self) -> ServiceIndex {
         ServiceIndex::new(

@@ -2005,12 +2005,13 @@ async fn gateway_and_listener_conditions_name_bad_certificates_and_parameters() 
 }
 
 /// Issue 41: a certificate Secret created a moment after its Gateway (as the
-/// conformance suite applies its base manifests) is seen without waiting
-/// for the resync interval: Secrets are read, not watched, so while one is
-/// missing the agent looks again soon (2 s, doubling). The agent here
-/// resyncs every 5 min, and nothing else changes.
+/// conformance suite applies its base manifests), and a Service created a
+/// moment after its route, are seen without waiting for the resync
+/// interval: both are read, not watched, so while one is missing the agent
+/// looks again soon (2 s, doubling). The agent here resyncs every 5 min,
+/// and nothing else changes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_certificate_secret_created_after_its_gateway_is_seen_before_the_resync() {
+async fn a_secret_or_service_created_after_its_object_is_seen_before_the_resync() {
     let mut env = Env::start().await;
     env.agent.terminate().await;
     env.agent = agent(
@@ -2057,6 +2058,31 @@ async fn a_certificate_secret_created_after_its_gateway_is_seen_before_the_resyn
         "ResolvedRefs True, well before the 5 min resync",
         &env.procs(),
         |g: &Gateway| resolved(g).as_deref() == Some("True"),
+    )
+    .await;
+
+    // The same for a route's Service (HTTPRouteServiceTypes of the suite
+    // applies both in one manifest).
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: late, namespace: default}\nspec:\n  parentRefs: [{name: web}]\n  rules: [{backendRefs: [{name: late-svc, port: 8080}]}]\n",
+    );
+    let refs = |r: &HttpRoute| {
+        our_parent(r)
+            .and_then(|p| condition(&p.conditions, "ResolvedRefs"))
+            .map(|c| format!("{} {}", c.status, c.reason))
+    };
+    env.route(
+        "late",
+        "ResolvedRefs False (no Service yet)",
+        |r: &HttpRoute| refs(r).as_deref() == Some("False BackendNotFound"),
+    )
+    .await;
+    let backend = http_backend("late", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("default", "late-svc", backend));
+    env.route(
+        "late",
+        "ResolvedRefs True, well before the 5 min resync",
+        |r: &HttpRoute| refs(r).as_deref() == Some("True ResolvedRefs"),
     )
     .await;
 }
