@@ -27,35 +27,52 @@ use crate::shared::Shared;
 /// `Sync`. The stream sits in a `Mutex` that is only ever reached through
 /// `&mut self` (`Mutex::get_mut`), so it is never locked: it only lends the
 /// wrapper `Sync` for a stream that is `Send` alone.
-pub(crate) struct TunnelSocket<S> {
-    inner: std::sync::Mutex<S>,
+///
+/// Dropped, it shuts the stream down (on a task of its own): Pingora drops
+/// a connection it ends on an error path (a rule's timeout answered 504)
+/// without shutting it down, and a tunnel stream dropped unfinished is
+/// reset, which lets the edge discard the answer still in flight. A stream
+/// already shut down is not affected.
+pub(crate) struct TunnelSocket<S: AsyncWrite + Unpin + Send + 'static> {
+    inner: std::sync::Mutex<Option<S>>,
 }
 
-impl<S> TunnelSocket<S> {
+impl<S: AsyncWrite + Unpin + Send + 'static> TunnelSocket<S> {
     pub(crate) fn new(stream: S) -> Self {
         Self {
-            inner: std::sync::Mutex::new(stream),
+            inner: std::sync::Mutex::new(Some(stream)),
         }
     }
 
-    fn stream(self: Pin<&mut Self>) -> Pin<&mut S>
-    where
-        S: Unpin,
-    {
+    fn stream(self: Pin<&mut Self>) -> Pin<&mut S> {
         let inner = self.get_mut().inner.get_mut();
         // A poisoned mutex only means a poll panicked earlier; the stream is
         // still the stream.
-        Pin::new(inner.unwrap_or_else(|p| p.into_inner()))
+        let stream = inner.unwrap_or_else(|p| p.into_inner());
+        Pin::new(stream.as_mut().expect("the stream is taken only on drop"))
     }
 }
 
-impl<S> fmt::Debug for TunnelSocket<S> {
+impl<S: AsyncWrite + Unpin + Send + 'static> Drop for TunnelSocket<S> {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let (Some(mut stream), Ok(runtime)) =
+            (inner.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(async move {
+                let _ = tokio::io::AsyncWriteExt::shutdown(&mut stream).await;
+            });
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin + Send + 'static> fmt::Debug for TunnelSocket<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("TunnelSocket")
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for TunnelSocket<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> AsyncRead for TunnelSocket<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -65,7 +82,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for TunnelSocket<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for TunnelSocket<S> {
+impl<S: AsyncWrite + Unpin + Send + 'static> AsyncWrite for TunnelSocket<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -95,7 +112,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TunnelSocket<S> {
     }
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin + Send> VirtualSocket for TunnelSocket<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin + Send + 'static> VirtualSocket for TunnelSocket<S> {
     fn set_socket_option(&self, _opt: VirtualSockOpt) -> std::io::Result<()> {
         // Socket options of the tunnel's carrier connection are the
         // tunnel's business.

@@ -162,3 +162,185 @@ async fn a_gateway_port_routes_any_host_by_its_listeners_and_nothing_else() {
     assert_eq!(on_port(Some("a.example.com"), "/").await.0, "404");
     assert_eq!(shared_stream("shop.example.com").await, ok("shared"));
 }
+
+/// HTTPRouteTimeoutRequest through a Gateway's port: a rule's timeout that
+/// elapses is answered 504 on the tunnel stream too, not a closed
+/// connection (the suite's first run on an address saw EOF).
+#[tokio::test]
+async fn a_rule_timeout_on_a_gateway_port_answers_504() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    let core = ProxyCore::new(ProxyConfig::default());
+    let at: SocketAddr = "127.0.100.50:81".parse().unwrap();
+    let mut timed = through(None, "/", silent);
+    if let Some(rule) = &timed.backend.gateway {
+        let mut rule = (**rule).clone();
+        rule.timeouts.request = Some(std::time::Duration::from_millis(300));
+        timed.backend = HttpBackend::gateway(rule);
+    }
+    let fast = echo_backend("fast").await;
+    core.set_port_routes(
+        at,
+        vec![ListenerRoutes {
+            hostname: None,
+            routes: vec![timed, through(None, "/fast", fast)],
+        }],
+    )
+    .unwrap();
+    // A keep-alive connection (as Go's client reuses one): a request
+    // served, then one whose timeout elapses.
+    let (mut client, server) = tokio::io::duplex(64 * 1024);
+    let info = ConnInfo {
+        client_addr: "198.51.100.7:40000".parse().unwrap(),
+        local_addr: None,
+        scheme: Scheme::Http,
+        trusted: true,
+        host: None,
+    };
+    let core2 = core.clone();
+    tokio::spawn(async move { core2.serve_port_stream(server, info, at).await });
+    client
+        .write_all(b"GET /fast HTTP/1.1\r\nHost: any.example\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = client.read(&mut buf).await.unwrap();
+    let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: any.example\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.read_to_end(&mut rest),
+    )
+    .await;
+    let rest = String::from_utf8_lossy(&rest).into_owned();
+    assert!(rest.contains("HTTP/1.1 504"), "{rest:?}");
+    let resp = exchange(&core, at, &get(Some("any.example"), "/slow"), true).await;
+    assert_eq!(seen(&resp).0, "504", "{resp}");
+    // Without Connection: close, as Go's client sends it.
+    let resp = exchange(
+        &core,
+        at,
+        "GET /slow HTTP/1.1\r\nHost: any.example\r\nUser-Agent: Go-http-client/1.1\r\nAccept-Encoding: gzip\r\n\r\n",
+        true,
+    )
+    .await;
+    assert_eq!(seen(&resp).0, "504", "{resp}");
+}
+
+/// A stream that records whether it was shut down (a tunnel stream dropped
+/// unfinished is reset, and the edge may then lose what was written).
+struct Watched<S> {
+    inner: S,
+    shut: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.shut.store(true, std::sync::atomic::Ordering::SeqCst);
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A connection that Pingora ends on an error path (a rule's timeout,
+/// answered 504) is shut down, not dropped unfinished: through the edge, a
+/// reset stream lost the 504 (`HTTPRouteTimeoutRequest`,
+/// `HTTPRouteTimeoutBackendRequest` of the suite's first run on an address
+/// saw EOF).
+#[tokio::test]
+async fn a_stream_ended_on_an_error_path_is_shut_down() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    let core = ProxyCore::new(ProxyConfig::default());
+    let at: SocketAddr = "127.0.100.50:82".parse().unwrap();
+    let mut timed = through(None, "/", silent);
+    let mut rule = (**timed.backend.gateway.as_ref().unwrap()).clone();
+    rule.timeouts.request = Some(std::time::Duration::from_millis(200));
+    timed.backend = HttpBackend::gateway(rule);
+    core.set_port_routes(
+        at,
+        vec![ListenerRoutes {
+            hostname: None,
+            routes: vec![timed],
+        }],
+    )
+    .unwrap();
+    let shut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (mut client, server) = tokio::io::duplex(64 * 1024);
+    let server = Watched {
+        inner: server,
+        shut: Arc::clone(&shut),
+    };
+    let info = ConnInfo {
+        client_addr: "198.51.100.7:40000".parse().unwrap(),
+        local_addr: None,
+        scheme: Scheme::Http,
+        trusted: true,
+        host: None,
+    };
+    let core2 = core.clone();
+    tokio::spawn(async move { core2.serve_port_stream(server, info, at).await });
+    client
+        .write_all(b"GET /slow HTTP/1.1\r\nHost: any.example\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        client.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the connection ends")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while !shut.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the stream was dropped without a shutdown");
+}
