@@ -498,18 +498,19 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<bool, Error> {
                 .filter_map(|t| crate::plan::tunnel::upstream_service(t)),
         )
         .collect();
-    // A Service a route names that was not found is read again at every
-    // sync, and while one is missing the agent syncs again soon (as for
-    // certificate Secrets): a route applied a moment before its Service
+    // A Service a route names that was not found (or is headless without
+    // a ready endpoint) is read again at every sync, and while one is
+    // unresolved the agent syncs again soon (as for certificate Secrets):
+    // a route applied a moment before its Service (or its EndpointSlices)
     // resolves in seconds, not at the next resync.
     let mut services_missing = false;
     for (namespace, name) in &services {
-        if refresh || state.services.is_missing(namespace, name) {
+        if refresh || state.services.is_unresolved(namespace, name) {
             state.services.refresh(namespace, name).await;
         } else {
             state.services.ensure(namespace, name).await;
         }
-        services_missing |= state.services.is_missing(namespace, name);
+        services_missing |= state.services.is_unresolved(namespace, name);
     }
     let certificates_pending = certificates_pending || services_missing;
     let domains = state.stores.domains.state();

@@ -163,15 +163,23 @@ impl ServiceCache {
         }
     }
 
-    /// Whether `namespace/name` was read and not found.
-    pub fn is_missing(&self, namespace: &str, name: &str) -> bool {
-        matches!(
-            self.services
-                .lock()
-                .expect("service cache")
-                .get(&(namespace.to_owned(), name.to_owned())),
-            Some(None)
-        )
+    /// Whether `namespace/name` was read and does not resolve yet: not
+    /// found, or headless without a ready endpoint (its EndpointSlices may
+    /// be filled a moment later).
+    pub fn is_unresolved(&self, namespace: &str, name: &str) -> bool {
+        match self
+            .services
+            .lock()
+            .expect("service cache")
+            .get(&(namespace.to_owned(), name.to_owned()))
+        {
+            Some(None) => true,
+            Some(Some(info)) => info
+                .headless
+                .as_ref()
+                .is_some_and(|h| h.addresses.is_empty()),
+            None => false,
+        }
     }
 
     /// The known Services, as an index for the plan.
