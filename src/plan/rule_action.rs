@@ -14,7 +14,9 @@ use tuna_routing::action::{Filter, HeaderModifier, PathModifier, Redirect, Rewri
 use super::gateway::{GatewayAction, InvalidBackend, RefRefusal, WeightedBackend, resolve_backend};
 use super::ingress::{ServicePort, ServiceRef};
 use super::model::Backends;
-use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme, resolve_service};
+use super::service::{
+    ServiceLookup, UpstreamPolicy, UpstreamReason, UpstreamScheme, resolve_service,
+};
 
 /// Parses a Gateway API duration (GEP-2257: `1h`, `30s`, `500ms`, `1m30s`);
 /// `0s` means no timeout.
@@ -259,6 +261,13 @@ pub(super) fn action_of(
                         // another namespace's Service.
                         match resolve_service(&service, ns, scheme, services, &policy) {
                             Ok(u) => Some(u),
+                            // The Service exists but has no ready address
+                            // yet (a headless one before its endpoints are
+                            // ready): the reference resolves, as the
+                            // specification reads `ResolvedRefs`; its share
+                            // answers 500 until an endpoint is ready (the
+                            // agent reads it again soon).
+                            Err(e) if e.reason == UpstreamReason::ServiceWithoutAddress => None,
                             Err(e) => {
                                 action
                                     .invalid

@@ -2089,29 +2089,27 @@ async fn a_secret_or_service_created_after_its_object_is_seen_before_the_resync(
     .await;
 
     // A headless Service whose EndpointSlice gets its endpoint later (as
-    // HTTPRouteServiceTypes fills its manual EndpointSlices). Kubernetes
-    // refuses loopback endpoints: the pod is a host of its own.
+    // HTTPRouteServiceTypes fills its manual EndpointSlices). The Service
+    // exists, so the reference resolves at once; requests answer 500 until
+    // an endpoint is ready, then reach it. Kubernetes refuses loopback
+    // endpoints: the pod is a host of its own.
     let pod_host = support::NetnsHost::create();
     let pod = http_backend("pod", pod_host.bind(8080)).await;
     env.cluster.apply(&format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: pods, namespace: default}}\nspec: {{clusterIP: None, ports: [{{name: http, port: 8080}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: pods-1, namespace: default, labels: {{kubernetes.io/service-name: pods}}}}\naddressType: IPv4\nports: [{{name: http, port: {}}}]\nendpoints: []\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: headless, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  rules: [{{backendRefs: [{{name: pods, port: 8080}}]}}]\n",
+        "apiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {{name: pods}}\nspec: {{subdomain: pods}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: pods, namespace: default}}\nspec: {{clusterIP: None, ports: [{{name: http, port: 8080}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: pods-1, namespace: default, labels: {{kubernetes.io/service-name: pods}}}}\naddressType: IPv4\nports: [{{name: http, port: {}}}]\nendpoints: []\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: headless, namespace: default}}\nspec:\n  parentRefs: [{{name: web}}]\n  hostnames: [pods.tuna.test]\n  rules: [{{backendRefs: [{{name: pods, port: 8080}}]}}]\n",
         pod.port()
     ));
     env.route(
         "headless",
-        "ResolvedRefs False (no ready endpoint yet)",
-        |r: &HttpRoute| refs(r).as_deref() == Some("False BackendNotFound"),
+        "ResolvedRefs True (the Service exists)",
+        |r: &HttpRoute| refs(r).as_deref() == Some("True ResolvedRefs"),
     )
     .await;
+    env.serves("pods.tuna.test", "/", "", 500, "").await;
     env.cluster.apply(&format!(
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: pods-1, namespace: default, labels: {{kubernetes.io/service-name: pods}}}}\naddressType: IPv4\nports: [{{name: http, port: {}}}]\nendpoints:\n- addresses: ['{}']\n  conditions: {{ready: true}}\n",
         pod.port(),
         pod.ip()
     ));
-    env.route(
-        "headless",
-        "ResolvedRefs True once its endpoint is ready",
-        |r: &HttpRoute| refs(r).as_deref() == Some("True ResolvedRefs"),
-    )
-    .await;
+    env.serves("pods.tuna.test", "/", "", 200, "pod").await;
 }
