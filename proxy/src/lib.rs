@@ -206,6 +206,7 @@ mod gateway;
 mod h1;
 mod http;
 mod inner;
+mod listener_tls;
 mod metrics;
 mod pages;
 mod pool;
@@ -236,6 +237,7 @@ pub use connect::{
 };
 pub use error::{Error, Result};
 pub use gateway::{DEFAULT_REQUEST_ID_HEADER, protected_header};
+pub use listener_tls::ServerCertificate;
 pub use routes::{
     GatewayRule, HttpBackend, HttpRoute, ListenerRoutes, TlsUpstream, UpstreamProtocol,
     WeightedTarget,
@@ -440,6 +442,76 @@ impl ProxyCore {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let host: Option<Arc<str>> = info.host.as_deref().map(Into::into);
+        let scope = host.clone().map(|host| http::StreamScope {
+            host: Some(host),
+            port: None,
+            pinned: None,
+        });
+        self.track(self.serve_scoped(stream, info, host, false, scope))
+            .await
+    }
+
+    /// Serves one connection to port `at` of a Gateway's own address (a
+    /// tunnel stream) until it closes: its requests are routed by the
+    /// port's listeners ([`Self::set_port_routes`]) whatever their `Host`,
+    /// and never by the hosts of [`Self::set_host_routes`]. When the port's
+    /// listeners are HTTPS, the stream is the client's TLS: it is
+    /// terminated here with the certificate of the listener its SNI
+    /// selects, and its requests are `https`. `info.host` is ignored.
+    /// Spawn it.
+    pub async fn serve_port_stream<S>(&self, stream: S, mut info: ConnInfo, at: SocketAddr)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        info.local_addr = Some(at);
+        // The fast path does not know the port's table: with `pinned`, it
+        // checks each request head and hands the connection to Pingora.
+        let scope = Some(http::StreamScope {
+            host: None,
+            port: Some(at),
+            pinned: None,
+        });
+        let tls = self
+            .inner
+            .shared
+            .snapshot
+            .load()
+            .ports
+            .get(&at)
+            .and_then(|p| p.tls.clone());
+        let Some(tls) = tls else {
+            return self
+                .track(self.serve_scoped(stream, info, None, true, scope))
+                .await;
+        };
+        let this = self.clone();
+        self.track(async move {
+            let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+            match tokio::time::timeout(listener_tls::HANDSHAKE_TIMEOUT, handshake).await {
+                Ok(Ok(stream)) => {
+                    info.scheme = Scheme::Https;
+                    this.serve_scoped(stream, info, None, true, scope).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%at, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%at, "TLS handshake timed out"),
+            }
+        })
+        .await
+    }
+
+    /// One tunnel stream into the fast path, then Pingora, scoped to a
+    /// host (a stream opened for it) or a port (a Gateway's address).
+    async fn serve_scoped<S>(
+        &self,
+        stream: S,
+        info: ConnInfo,
+        host: Option<Arc<str>>,
+        pinned: bool,
+        scope: Option<http::StreamScope>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         if *self.inner.shutdown_tx.borrow() {
             return;
         }
@@ -449,72 +521,23 @@ impl ProxyCore {
             local_addr: local,
             scheme,
             trusted,
-            host,
-        } = info;
-        let bound: Option<Arc<str>> = host.map(Into::into);
-        let for_pingora = bound.clone().map(|host| http::StreamScope {
-            host: Some(host),
-            port: None,
-            pinned: None,
-        });
-        let fut = conn::serve_connection(
-            stream,
-            client.ip(),
-            scheme,
-            trusted,
-            bound,
-            false,
-            false,
-            move |s| conn::tunnel_stream(s, client, local, for_pingora),
-            app,
-            self.inner.shared.clone(),
-            self.inner.shutdown_tx.subscribe(),
-            self.inner.stopping.clone(),
-        );
-        self.track(fut).await
-    }
-
-    /// Serves one connection to port `at` of a Gateway's own address (a
-    /// tunnel stream) until it closes: its requests are routed by the
-    /// port's listeners ([`Self::set_port_routes`]) whatever their `Host`,
-    /// and never by the hosts of [`Self::set_host_routes`]. `info.host` is
-    /// ignored. Spawn it.
-    pub async fn serve_port_stream<S>(&self, stream: S, info: ConnInfo, at: SocketAddr)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        if *self.inner.shutdown_tx.borrow() {
-            return;
-        }
-        let app = self.inner.app(info.scheme, info.trusted);
-        let ConnInfo {
-            client_addr: client,
-            scheme,
-            trusted,
             ..
         } = info;
-        let scope = http::StreamScope {
-            host: None,
-            port: Some(at),
-            pinned: None,
-        };
-        // The fast path does not know the port's table: with `pinned`, it
-        // checks each request head and hands the connection to Pingora.
-        let fut = conn::serve_connection(
+        conn::serve_connection(
             stream,
             client.ip(),
             scheme,
             trusted,
-            None,
-            true,
+            host,
+            pinned,
             false,
-            move |s| conn::tunnel_stream(s, client, Some(at), Some(scope)),
+            move |s| conn::tunnel_stream(s, client, local, scope),
             app,
             self.inner.shared.clone(),
             self.inner.shutdown_tx.subscribe(),
             self.inner.stopping.clone(),
-        );
-        self.track(fut).await
+        )
+        .await
     }
 
     /// Runs a connection's future as one of the core's: shutdown waits for

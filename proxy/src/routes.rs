@@ -350,6 +350,9 @@ pub(crate) type Table = RouteTable<Arc<CompiledBackend>>;
 pub(crate) struct Port {
     pub(crate) table: PortTable<Arc<CompiledBackend>>,
     pub(crate) stats: Arc<HostStats>,
+    /// HTTPS listeners: the port's streams are TLS, terminated with the
+    /// certificate SNI selects.
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// The ports of Gateway addresses with HTTP listeners, by `ip:port`: a
@@ -367,6 +370,9 @@ pub struct ListenerRoutes {
     /// its `GatewayMatch::hostname` (its `host` is not read): see
     /// [`tuna_routing::PortTable`].
     pub routes: Vec<HttpRoute>,
+    /// An HTTPS listener's certificate: the port then terminates TLS, and
+    /// a listener without one gets no handshake. `None` on an HTTP port.
+    pub certificate: Option<crate::ServerCertificate>,
 }
 
 /// What the request path reads: replaced whole, never mutated.
@@ -471,6 +477,11 @@ impl Registry {
             .get(&at)
             .map(|p| p.stats.clone())
             .unwrap_or_default();
+        let tls = crate::listener_tls::acceptor(
+            listeners
+                .iter()
+                .filter_map(|l| Some((l.hostname.as_deref(), l.certificate.as_ref()?))),
+        )?;
         let listeners = listeners
             .into_iter()
             .map(|l| ListenerSpecs {
@@ -479,7 +490,7 @@ impl Registry {
             })
             .collect();
         let (table, issues) = PortTable::build(listeners);
-        self.ports.insert(at, Arc::new(Port { table, stats }));
+        self.ports.insert(at, Arc::new(Port { table, stats, tls }));
         Ok(issues)
     }
 

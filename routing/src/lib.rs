@@ -183,7 +183,7 @@ mod trie;
 
 pub use error::{Error, Result};
 pub use explain::{Candidate, Explanation, HostSelection, Outcome};
-pub use listeners::{ListenerSpecs, PortTable};
+pub use listeners::{ListenerHostnames, ListenerSpecs, PortTable};
 pub use normalize::{
     InvalidHost, InvalidPath, MAX_HOST_LEN, MAX_PATH_LEN, normalize_host, normalize_path,
 };

@@ -142,6 +142,64 @@ fn matching<'m, 'h, T>(
     exact.into_iter().chain(wildcards).chain(map.any.as_ref())
 }
 
+/// Values by listener hostname, found the way [`PortTable`] finds a
+/// request's listener: the exact hostname, then the wildcard with the
+/// longest suffix (spanning any number of labels), then the value without
+/// a hostname. The TLS side of a port uses it to pick a listener's
+/// certificate by SNI, so that a handshake and the requests after it choose
+/// a listener by one rule.
+///
+/// ```
+/// use tuna_routing::ListenerHostnames;
+///
+/// let mut certs = ListenerHostnames::default();
+/// assert!(certs.insert(Some("*.example.com"), "wildcard"));
+/// assert!(certs.insert(None, "any"));
+/// assert!(!certs.insert(Some("*.EXAMPLE.com."), "second")); // the first keeps it
+/// assert_eq!(certs.get("a.b.example.com"), Some(&"wildcard"));
+/// assert_eq!(certs.get("example.com"), Some(&"any"));
+/// assert_eq!(certs.get(""), Some(&"any")); // no SNI
+/// ```
+#[derive(Debug)]
+pub struct ListenerHostnames<T>(Hostnames<T>);
+
+impl<T> Default for ListenerHostnames<T> {
+    fn default() -> Self {
+        Self(Hostnames::default())
+    }
+}
+
+impl<T> ListenerHostnames<T> {
+    /// Sets the value of a listener hostname (exact, `*.` wildcard, or
+    /// `None` for every host), unless one is already set for it: returns
+    /// whether it was (of two listeners with one hostname, the first
+    /// serves).
+    pub fn insert(&mut self, hostname: Option<&str>, value: T) -> bool {
+        let pattern = Pattern::parse(hostname);
+        if self.0.contains(&pattern) {
+            return false;
+        }
+        self.0.insert(pattern, value);
+        true
+    }
+
+    /// The value of the most specific hostname matching `host` (a DNS name
+    /// in any case, an optional trailing dot; empty for none, which only
+    /// the value without a hostname serves).
+    pub fn get(&self, host: &str) -> Option<&T> {
+        let host = host.strip_suffix('.').unwrap_or(host);
+        if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            return matching(&self.0, &host.to_ascii_lowercase()).next();
+        }
+        matching(&self.0, host).next()
+    }
+
+    /// Whether no hostname has a value.
+    pub fn is_empty(&self) -> bool {
+        self.0.exact.is_empty() && self.0.wildcard.is_empty() && self.0.any.is_none()
+    }
+}
+
 /// The compiled HTTP routes of one port of a Gateway's address. See the
 /// module docs for how a request finds its route.
 ///

@@ -840,6 +840,7 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                     proxy_listeners.push(tuna_proxy::ListenerRoutes {
                         hostname: l.hostname.clone(),
                         routes,
+                        certificate: None,
                     });
                 }
                 let issues = proxy

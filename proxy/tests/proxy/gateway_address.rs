@@ -21,7 +21,7 @@ const PORT: &str = "127.0.100.50:80";
 
 /// A Gateway route (as the plan emits for an address: no `host`, the
 /// hostname it serves through in its match) to one backend.
-fn through(hostname: Option<&str>, path: &str, backend: SocketAddr) -> HttpRoute {
+pub(crate) fn through(hostname: Option<&str>, path: &str, backend: SocketAddr) -> HttpRoute {
     let mut r = route("", path, PathType::Prefix, &[]);
     r.backend = HttpBackend::gateway(GatewayRule {
         backends: vec![WeightedTarget {
@@ -109,10 +109,12 @@ async fn a_gateway_port_routes_any_host_by_its_listeners_and_nothing_else() {
                         through(Some("*.example.com"), "/", wild),
                         through(Some("a.example.com"), "/exact", exact),
                     ],
+                    certificate: None,
                 },
                 ListenerRoutes {
                     hostname: None,
                     routes: vec![through(None, "/", any)],
+                    certificate: None,
                 },
             ],
         )
@@ -190,6 +192,7 @@ async fn a_rule_timeout_on_a_gateway_port_answers_504() {
         vec![ListenerRoutes {
             hostname: None,
             routes: vec![timed, through(None, "/fast", fast)],
+            certificate: None,
         }],
     )
     .unwrap();
@@ -304,6 +307,7 @@ async fn a_stream_ended_on_an_error_path_is_shut_down() {
         vec![ListenerRoutes {
             hostname: None,
             routes: vec![timed],
+            certificate: None,
         }],
     )
     .unwrap();

@@ -21,6 +21,7 @@ mod common;
 mod connect_listener;
 mod fast_path;
 mod gateway_address;
+mod gateway_https;
 mod gateway_rules;
 mod host_and_headers;
 mod http_routing;
