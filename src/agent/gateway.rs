@@ -134,7 +134,7 @@ pub async fn discover(client: &Client) -> Option<Discovered> {
 async fn read_certificates(
     state: &AgentState,
     snapshot: &GatewaySnapshot,
-) -> (Vec<CertificateSecret>, bool) {
+) -> (Vec<CertificateSecret>, Certificates, bool) {
     let ours = snapshot.our_gateways();
     let grants: Vec<&ReferenceGrant> = snapshot.grants.iter().map(|g| &**g).collect();
     let wanted: BTreeSet<(String, String)> = snapshot
@@ -152,12 +152,19 @@ async fn read_certificates(
         .flat_map(|g| certificate_secrets(g, &grants))
         .collect();
     let mut found = Vec::new();
+    let mut usable = Certificates::new();
     let mut pending = false;
     for (namespace, name) in wanted {
         let api: Api<k8s_openapi::api::core::v1::Secret> =
             Api::namespaced(state.ctx.client.clone(), &namespace);
         let problem = match api.get_opt(&name).await {
-            Ok(Some(secret)) => certificate_problem(&secret),
+            Ok(Some(secret)) => match server_certificate(&secret) {
+                Ok(certificate) => {
+                    usable.insert((namespace.clone(), name.clone()), certificate);
+                    None
+                }
+                Err(problem) => Some(problem),
+            },
             Ok(None) => {
                 pending = true;
                 continue;
@@ -174,17 +181,32 @@ async fn read_certificates(
             problem,
         });
     }
-    (found, pending)
+    (found, usable, pending)
 }
+
+/// The usable certificates of listeners' Secrets, by (namespace, name):
+/// what HTTPS listeners on Gateway addresses serve. Kept in memory only,
+/// for the sync that read them.
+type Certificates = BTreeMap<(String, String), tuna_proxy::ServerCertificate>;
 
 /// How soon a sync runs again while a listener's certificate Secret or a
 /// route's Service is missing (or the Secret unusable): from 2 s, doubling
 /// to 1 min (both are read, not watched: see [`read_certificates`]).
 const CERTIFICATE_RECHECK: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(60));
 
-/// Why a Secret cannot serve TLS (`None`: `tls.crt` holds at least one PEM
-/// certificate and `tls.key` a PEM private key) (pure).
+/// Why a Secret cannot serve TLS (`None`: `tls.crt` holds a PEM
+/// certificate chain and `tls.key` the PEM private key of its leaf)
+/// (pure).
 pub fn certificate_problem(secret: &k8s_openapi::api::core::v1::Secret) -> Option<String> {
+    server_certificate(secret).err()
+}
+
+/// The certificate and key a Secret holds (`tls.crt`, `tls.key`), ready
+/// for an HTTPS listener on a Gateway's address; else why it cannot serve
+/// TLS, in words that name nothing of its data (pure).
+pub fn server_certificate(
+    secret: &k8s_openapi::api::core::v1::Secret,
+) -> Result<tuna_proxy::ServerCertificate, String> {
     let data = |key: &str| {
         secret
             .data
@@ -193,19 +215,15 @@ pub fn certificate_problem(secret: &k8s_openapi::api::core::v1::Secret) -> Optio
             .map(|v| &v.0[..])
     };
     let Some(crt) = data("tls.crt") else {
-        return Some("it has no tls.crt".into());
+        return Err("it has no tls.crt".into());
     };
     let Some(key) = data("tls.key") else {
-        return Some("it has no tls.key".into());
+        return Err("it has no tls.key".into());
     };
-    let certs: Vec<_> = rustls_pemfile::certs(&mut &crt[..]).collect();
-    if certs.is_empty() || certs.iter().any(Result::is_err) {
-        return Some("tls.crt holds no PEM certificate".into());
-    }
-    match rustls_pemfile::private_key(&mut &key[..]) {
-        Ok(Some(_)) => None,
-        _ => Some("tls.key holds no PEM private key".into()),
-    }
+    tuna_proxy::ServerCertificate::from_pem(crt, key).map_err(|e| match e {
+        tuna_proxy::Error::InvalidCertificate(why) => why,
+        other => other.to_string(),
+    })
 }
 
 /// The tunnel key of a TCPRoute's endpoint (`TCPRoute/namespace/name`: a
@@ -456,7 +474,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<bool, Error> {
         state.account_hosts().await,
     );
     let mut gateway = GatewaySnapshot::of(state.gateway.get());
-    let (certificates, certificates_pending) = read_certificates(state, &gateway).await;
+    let (certificates, usable, certificates_pending) = read_certificates(state, &gateway).await;
     gateway.certificates = certificates;
     // tcp Tunnels on the aliases TCP listeners name: they keep them (their
     // Services are read so that the plan sees them as it does in their
@@ -598,7 +616,7 @@ async fn sync(state: &AgentState, refresh: bool) -> Result<bool, Error> {
         .collect();
     publish_hosts(state, &ours, &plan, None).await;
     publish_tcp_routes(state, &plan).await;
-    let own = publish_addresses(state, &plan, refresh).await;
+    let own = publish_addresses(state, &plan, refresh, &usable).await;
     {
         // Hosts published now stay watched even if no route may reach them
         // any more (until a sync unpublishes them).
@@ -722,6 +740,7 @@ async fn publish_addresses(
     state: &AgentState,
     plan: &Plan,
     refresh: bool,
+    certificates: &Certificates,
 ) -> BTreeMap<ObjectRef, Result<std::net::IpAddr, String>> {
     let mut out = BTreeMap::new();
     let wanted: BTreeMap<String, (&ObjectRef, &crate::plan::gateway_model::AddressPlan)> = plan
@@ -782,7 +801,7 @@ async fn publish_addresses(
         };
         out.insert((*gateway).clone(), Ok(address));
         let key = TunnelKey::Address(format!("{}/{}", gateway.namespace, gateway.name));
-        let serving = Serving::address(address, want);
+        let serving = Serving::address(address, want, certificates);
         if serving.is_empty() {
             state.publisher.unpublish(&key).await;
             continue;
@@ -1418,6 +1437,10 @@ mod tests {
         let cert = rcgen::generate_simple_self_signed(vec!["example.org".into()]).unwrap();
         let pem_crt = cert.cert.pem();
         let pem_key = cert.signing_key.serialize_pem();
+        let other_key = rcgen::generate_simple_self_signed(vec!["example.org".into()])
+            .unwrap()
+            .signing_key
+            .serialize_pem();
         let secret = |entries: &[(&str, &str)]| k8s_openapi::api::core::v1::Secret {
             data: Some(
                 entries
@@ -1448,6 +1471,11 @@ mod tests {
                 "a certificate as the key",
                 &[("tls.crt", &pem_crt), ("tls.key", &pem_crt)],
                 Some("tls.key holds no PEM private key"),
+            ),
+            (
+                "another certificate's key",
+                &[("tls.crt", &pem_crt), ("tls.key", &other_key)],
+                Some("tls.key is not the key of the certificate in tls.crt"),
             ),
             (
                 "no tls.crt",

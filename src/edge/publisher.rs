@@ -117,18 +117,34 @@ pub struct AddressListener {
     pub hostname: Option<String>,
     /// Its routes, matched through their `GatewayMatch::hostname`.
     pub routes: Vec<RouteSpec<RouteBackend>>,
+    /// An HTTPS listener's certificate (`None`: HTTP).
+    pub certificate: Option<tuna_proxy::ServerCertificate>,
 }
 
 impl Serving {
-    /// A Gateway's address serving the ports of `plan`.
-    pub fn address(address: IpAddr, plan: &crate::plan::gateway_model::AddressPlan) -> Self {
+    /// A Gateway's address serving the ports of `plan`; its HTTPS
+    /// listeners with `certificates` (by Secret namespace and name: a
+    /// listener whose Secret is not there is left out).
+    pub fn address(
+        address: IpAddr,
+        plan: &crate::plan::gateway_model::AddressPlan,
+        certificates: &std::collections::BTreeMap<(String, String), tuna_proxy::ServerCertificate>,
+    ) -> Self {
         let http = plan
             .http
             .iter()
             .map(|(port, listeners)| {
                 let listeners = listeners
                     .iter()
-                    .map(|l| AddressListener {
+                    .filter_map(|l| {
+                        let certificate = match &l.certificate {
+                            Some(secret) => Some(certificates.get(secret)?.clone()),
+                            None => None,
+                        };
+                        Some((l, certificate))
+                    })
+                    .map(|(l, certificate)| AddressListener {
+                        certificate,
                         hostname: l.hostname.clone(),
                         routes: l
                             .specs
@@ -840,7 +856,7 @@ async fn install(proxy: &ProxyCore, serving: &Serving) -> Result<Vec<String>, St
                     proxy_listeners.push(tuna_proxy::ListenerRoutes {
                         hostname: l.hostname.clone(),
                         routes,
-                        certificate: None,
+                        certificate: l.certificate.clone(),
                     });
                 }
                 let issues = proxy
@@ -1573,13 +1589,38 @@ mod tests {
                 Arc::new(tuna_routing::GatewayMatch::default()),
             ),
         };
-        let http = BTreeMap::from([(
-            http_port,
-            vec![AddressListener {
-                hostname: None,
-                routes: vec![route],
-            }],
-        )]);
+        // And an HTTPS port: its TLS goes through the edge unterminated,
+        // and the agent's proxy terminates it with the listener's
+        // certificate.
+        let https_port = std::net::TcpListener::bind((address, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let secure = rcgen::generate_simple_self_signed(vec!["secure.example".into()]).unwrap();
+        let certificate = tuna_proxy::ServerCertificate::from_pem(
+            secure.cert.pem().as_bytes(),
+            secure.signing_key.serialize_pem().as_bytes(),
+        )
+        .unwrap();
+        let http = BTreeMap::from([
+            (
+                http_port,
+                vec![AddressListener {
+                    hostname: None,
+                    routes: vec![route.clone()],
+                    certificate: None,
+                }],
+            ),
+            (
+                https_port,
+                vec![AddressListener {
+                    hostname: Some("secure.example".into()),
+                    routes: vec![route],
+                    certificate: Some(certificate),
+                }],
+            ),
+        ]);
         let mut agent = AgentConfig::new(
             edge_server.agent_addr.to_string(),
             Trust::CaFile(identity.ca_file.clone().unwrap()),
@@ -1637,7 +1678,42 @@ mod tests {
             .unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(answer.ends_with("web"), "{answer}");
+        // The HTTPS port: a client trusting the listener's certificate
+        // (and nothing of the edge's) is served.
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(secure.cert.der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = tokio::net::TcpStream::connect((address, https_port))
+            .await
+            .unwrap();
+        let mut tls = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio_rustls::TlsConnector::from(Arc::new(client)).connect(
+                rustls::pki_types::ServerName::try_from("secure.example").unwrap(),
+                tcp,
+            ),
+        )
+        .await
+        .expect("no handshake")
+        .unwrap();
+        tls.write_all(b"GET /x HTTP/1.1\r\nHost: secure.example\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(30), tls.read_to_string(&mut answer))
+            .await
+            .expect("no answer")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("web"), "{answer}");
         public.push((http_port, "http"));
+        public.push((https_port, "https"));
         publisher.unpublish(&key).await;
         for (port, _) in &public {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -213,6 +213,10 @@ pub struct AddressListener {
     /// hostname, rule, match), matched through their
     /// `GatewayMatch::hostname`; `host` is that hostname (`*` for none).
     pub specs: Vec<HostRoute>,
+    /// An HTTPS listener's certificate: the Secret (namespace, name) of its
+    /// first `certificateRef`, which the agent found usable. The port then
+    /// terminates TLS in the cluster with it; `None` on an HTTP listener.
+    pub certificate: Option<(String, String)>,
 }
 
 // The kopium types inside a spec's Gateway action derive `PartialEq` only.

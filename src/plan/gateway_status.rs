@@ -144,6 +144,30 @@ pub fn certificate_problem(
     None
 }
 
+/// The Secret (namespace, name) an HTTPS listener serves TLS with: its
+/// first `certificateRef`, when every ref resolves
+/// ([`certificate_problem`]) and the agent read the Secrets (`None` where
+/// they are not read, or for a listener without a ref).
+pub fn listener_certificate(
+    listener: &GatewayListeners,
+    gateway_namespace: &str,
+    grants: &[&ReferenceGrant],
+    certificates: Option<&[CertificateSecret]>,
+) -> Option<(String, String)> {
+    certificates?;
+    if certificate_problem(listener, gateway_namespace, grants, certificates).is_some() {
+        return None;
+    }
+    let first = listener
+        .tls
+        .as_ref()?
+        .certificate_refs
+        .as_deref()?
+        .first()?;
+    let namespace = first.namespace.as_deref().unwrap_or(gateway_namespace);
+    Some((namespace.to_owned(), first.name.clone()))
+}
+
 /// Whether a ReferenceGrant in `secret_namespace` lets Gateways of
 /// `gateway_namespace` refer to the Secret `name`.
 pub fn secret_granted(

@@ -86,11 +86,11 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 /// its own port there ([`supported_features`]); on the edge's shared ports
 /// 80 and 443 they do not.
 ///
-/// `GatewayPort8080` holds there too, but its claim also selects
-/// `HTTPRouteRedirectPortAndScheme`, which sends TLS to an HTTPS-only
-/// Gateway's own address: not claimed until HTTPS listeners are served on
-/// the address (the second run of the suite on addresses failed it).
-pub const NEEDS_LISTENER_PORTS: &[&str] = &["HTTPRouteParentRefPort"];
+/// `GatewayPort8080` (a listener on port 8080) holds there too; its claim
+/// also selects `HTTPRouteRedirectPortAndScheme`, which sends TLS to an
+/// HTTPS-only Gateway's own address (served there since HTTPS listeners
+/// are terminated in the cluster).
+pub const NEEDS_LISTENER_PORTS: &[&str] = &["GatewayPort8080", "HTTPRouteParentRefPort"];
 
 /// The `supportedFeatures` of our GatewayClasses, sorted: with an address
 /// per Gateway ([`super::PlanOptions::gateway_addresses`]) also the features
@@ -872,15 +872,40 @@ pub(crate) fn finish(
         &mut attached_count,
         &mut out,
     );
-    // A Gateway's own address: each HTTP listener on its port.
+    // A Gateway's own address: each HTTP and HTTPS listener on its port.
+    // A port is HTTP or HTTPS by its first listener (a listener of the
+    // other protocol on it is not served there); an HTTPS listener is
+    // served with the certificate the agent found usable, else not at all.
     for (gi, g) in gateways.iter().enumerate() {
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         let Some(address) = out.addresses.get_mut(&object) else {
             continue;
         };
-        for l in g.spec.listeners.iter().filter(|l| l.protocol == "HTTP") {
+        let gateway_ns = g.metadata.namespace.as_deref().unwrap_or("default");
+        let mut protocols: BTreeMap<u16, &str> = BTreeMap::new();
+        for l in &g.spec.listeners {
             let Ok(port) = u16::try_from(l.port) else {
                 continue;
+            };
+            if !matches!(l.protocol.as_str(), "HTTP" | "HTTPS")
+                || *protocols.entry(port).or_insert(&l.protocol) != l.protocol
+            {
+                continue;
+            }
+            let certificate = match l.protocol.as_str() {
+                "HTTP" => None,
+                "HTTPS" => {
+                    match super::gateway_status::listener_certificate(
+                        l,
+                        gateway_ns,
+                        &grants,
+                        inputs.certificates,
+                    ) {
+                        Some(secret) => Some(secret),
+                        None => continue,
+                    }
+                }
+                _ => continue,
             };
             address.http.entry(port).or_default().push(AddressListener {
                 name: l.name.clone(),
@@ -888,6 +913,7 @@ pub(crate) fn finish(
                 specs: on_listeners
                     .remove(&(gi, l.name.clone()))
                     .unwrap_or_default(),
+                certificate,
             });
         }
     }
@@ -903,10 +929,14 @@ pub(crate) fn finish(
                 .unwrap_or(0);
             let (kinds, conditions): (Vec<&'static str>, Vec<Cond>) = match l.protocol.as_str() {
                 "HTTP" | "HTTPS" => {
-                    let tls_note = if l.protocol == "HTTPS" {
-                        " (TLS is terminated by the edge with its own certificates; the listener's tls and certificateRefs are not used)"
-                    } else {
-                        ""
+                    let tls_note = match (l.protocol.as_str(), ctx.gateway_addresses) {
+                        ("HTTPS", true) => {
+                            " on the Gateway's address (TLS is terminated in the cluster with the listener's certificateRefs; on the edge's shared port 443 with the edge's own certificates)"
+                        }
+                        ("HTTPS", false) => {
+                            " (TLS is terminated by the edge with its own certificates; the listener's tls and certificateRefs are not used)"
+                        }
+                        _ => "",
                     };
                     (
                         vec!["HTTPRoute"],

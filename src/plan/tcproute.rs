@@ -238,14 +238,14 @@ pub(crate) fn plan_tcp_routes(
     });
     let mut winners: BTreeMap<(usize, String), ObjectRef> = BTreeMap::new();
     if ctx.gateway_addresses {
-        // TCP and HTTP listeners are served on a Gateway's own address;
-        // HTTPS listeners not yet (TLS is the edge's, on its shared ports).
+        // TCP, HTTP and HTTPS listeners are served on a Gateway's own
+        // address (HTTPS terminated in the cluster with its certificateRefs).
         for g in gateways {
             let served = g
                 .spec
                 .listeners
                 .iter()
-                .any(|l| l.protocol == "TCP" || l.protocol == "HTTP");
+                .any(|l| matches!(l.protocol.as_str(), "TCP" | "HTTP" | "HTTPS"));
             if served && super::gateway::not_accepted(g).is_none() {
                 out.addresses.insert(
                     ObjectRef::of(Kind::Gateway, &g.metadata),
@@ -539,7 +539,7 @@ fn refusal_message(r: super::gateway::RouteRefusal, parent: &HttpRouteParentRefs
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::gateway_model::GatewayInputs;
+    use crate::plan::gateway_model::{CertificateSecret, GatewayInputs};
     use crate::plan::service::{ServiceIndex, ServiceInfo};
     use crate::plan::{Inputs, Plan, PlanOptions, plan};
     use tuna_crds::gateway::{GatewayClass, HttpRoute, TcpRoute};
@@ -599,6 +599,8 @@ spec:
         http_routes: &'a str,
         standalone: bool,
         own_addresses: bool,
+        /// The listeners' Secrets as the agent found them (`None`: not read).
+        certificates: Option<&'a [CertificateSecret]>,
     }
 
     impl Default for World<'_> {
@@ -618,6 +620,7 @@ spec: {alias: redis}
                 http_routes: "",
                 standalone: true,
                 own_addresses: false,
+                certificates: None,
             }
         }
     }
@@ -648,7 +651,7 @@ spec: {alias: redis}
                 tcp_routes: &routes,
                 grants: &grants,
                 namespaces: &[],
-                certificates: None,
+                certificates: w.certificates,
             },
             ..Inputs::default()
         };
@@ -858,8 +861,8 @@ spec:
 
     /// On a Gateway's own address, each HTTP listener is on its port with
     /// the specs of the routes attached to it, on the hostnames they serve
-    /// through it, whether or not any host is reserved; HTTPS listeners are
-    /// not on the address (yet), and a TCP listener keeps its port.
+    /// through it, whether or not any host is reserved (HTTPS listeners:
+    /// see the next test), and a TCP listener keeps its port.
     #[test]
     fn with_own_addresses_http_listeners_take_their_routes_to_their_port() {
         let gateway = "
@@ -966,6 +969,105 @@ spec: {alias: pg}
             ..world
         });
         assert!(shared.gateway.addresses.is_empty());
+    }
+
+    /// An HTTPS listener is on its Gateway's address, with the Secret of
+    /// its first certificateRef, only when every ref resolves to a usable
+    /// Secret the agent read; a port is HTTP or HTTPS by its first
+    /// listener; a Gateway with only HTTPS listeners gets an address too.
+    #[test]
+    fn with_own_addresses_https_listeners_take_their_port_with_their_certificate() {
+        let gateways = "
+metadata: {name: edge, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: web, protocol: HTTP, port: 80}
+  - {name: secure, protocol: HTTPS, port: 443, hostname: secure.bar.com, tls: {certificateRefs: [{name: cert}]}}
+  - {name: foreign, protocol: HTTPS, port: 443, hostname: '*.bar.com', tls: {certificateRefs: [{name: cert, namespace: other}]}}
+  - {name: broken, protocol: HTTPS, port: 443, hostname: broken.bar.com, tls: {certificateRefs: [{name: broken}]}}
+  - {name: missing, protocol: HTTPS, port: 443, hostname: missing.bar.com, tls: {certificateRefs: [{name: nowhere}]}}
+  - {name: plain, protocol: HTTP, port: 443, hostname: plain.bar.com}
+  - {name: alt, protocol: HTTPS, port: 8443, tls: {certificateRefs: [{name: cert}, {name: second}]}}
+---
+metadata: {name: tls-only, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: secure, protocol: HTTPS, port: 443, tls: {certificateRefs: [{name: cert}]}}
+";
+        let http_routes = "
+metadata: {name: r1, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  parentRefs: [{name: edge}, {name: tls-only}]
+  rules: [{backendRefs: [{name: cache, port: 6379}]}]
+";
+        let found = |namespace: &str, name: &str, problem: Option<&str>| CertificateSecret {
+            namespace: namespace.into(),
+            name: name.into(),
+            problem: problem.map(str::to_owned),
+        };
+        let certificates = [
+            found("shop", "cert", None),
+            found("shop", "second", None),
+            found("other", "cert", None),
+            found("shop", "broken", Some("tls.key holds no PEM private key")),
+        ];
+        let world = World {
+            gateways,
+            endpoints: "",
+            http_routes,
+            own_addresses: true,
+            certificates: Some(&certificates),
+            ..World::default()
+        };
+        let p = run(&world);
+        let address =
+            |name: &str| &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", name)];
+        // Port → [(listener, its certificate's Secret)].
+        let ports = |a: &AddressPlan| {
+            a.http
+                .iter()
+                .map(|(port, ls)| {
+                    let ls: Vec<_> = ls
+                        .iter()
+                        .map(|l| (l.name.clone(), l.certificate.clone()))
+                        .collect();
+                    (*port, ls)
+                })
+                .collect::<Vec<_>>()
+        };
+        let cert = |name: &str| Some(("shop".to_owned(), name.to_owned()));
+        // `foreign` has no ReferenceGrant, `broken` an unusable Secret,
+        // `missing` none at all, `plain` is HTTP on an HTTPS port: none of
+        // them is on the address.
+        assert_eq!(
+            ports(address("edge")),
+            vec![
+                (80, vec![("web".to_owned(), None)]),
+                (443, vec![("secure".to_owned(), cert("cert"))]),
+                (8443, vec![("alt".to_owned(), cert("cert"))]),
+            ]
+        );
+        assert_eq!(
+            ports(address("tls-only")),
+            vec![(443, vec![("secure".to_owned(), cert("cert"))])]
+        );
+        // The HTTPS listeners' routes are on their ports.
+        assert_eq!(address("edge").http[&443][0].specs.len(), 1);
+        // Where Secrets are not read (route explain), no HTTPS listener is
+        // served on an address.
+        let unread = run(&World {
+            certificates: None,
+            ..world
+        });
+        assert_eq!(
+            unread.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")]
+                .http
+                .keys()
+                .collect::<Vec<_>>(),
+            [&80]
+        );
     }
 
     fn tcp_route(ns: &str, name: &str) -> ObjectRef {
