@@ -88,6 +88,11 @@ pub(crate) struct StreamScope {
     /// A port of a Gateway's own address: its requests are routed by the
     /// port's listeners ([`crate::ProxyCore::set_port_routes`]), any host.
     pub(crate) port: Option<std::net::SocketAddr>,
+    /// On an HTTPS port of a Gateway's address: the SNI its handshake
+    /// named (empty: none). A request whose `Host` selects another listener
+    /// than the SNI did is answered 421: the certificate presented was not
+    /// that listener's.
+    pub(crate) tls_name: Option<Arc<str>>,
     /// For an intercepted CONNECT: where every request goes, whatever the
     /// route table says, as long as the grant holds (checked again when due).
     pub(crate) pinned: Option<Arc<dyn PinnedGrant>>,
@@ -606,12 +611,21 @@ impl ProxyHttp for Router {
         }
 
         let snapshot = self.shared.snapshot.load();
-        let found = match stream_scope(session).and_then(|s| s.port) {
+        let scope = stream_scope(session);
+        let found = match scope.and_then(|s| s.port) {
             // A port of a Gateway's address: its listeners, or nothing.
-            Some(at) => snapshot
-                .ports
-                .get(&at)
-                .and_then(|port| port.table.lookup_request(host, path, &PingoraRequest(req))),
+            Some(at) => {
+                let port = snapshot.ports.get(&at);
+                if let (Some(port), Some(sni)) = (port, scope.and_then(|s| s.tls_name.as_deref()))
+                    && !port.table.same_listener(sni, host)
+                {
+                    tracing::debug!(parent: &ctx.span, %sni, "the Host is another listener's than the SNI's");
+                    return self
+                        .answer(session, ctx, 421, error_page(421).to_owned())
+                        .await;
+                }
+                port.and_then(|port| port.table.lookup_request(host, path, &PingoraRequest(req)))
+            }
             None => route_lookup(&snapshot.table, host, path, &PingoraRequest(req)),
         };
         let Some(m) = found else {

@@ -446,6 +446,7 @@ impl ProxyCore {
         let scope = host.clone().map(|host| http::StreamScope {
             host: Some(host),
             port: None,
+            tls_name: None,
             pinned: None,
         });
         self.track(self.serve_scoped(stream, info, host, false, scope))
@@ -467,11 +468,12 @@ impl ProxyCore {
         info.local_addr = Some(at);
         // The fast path does not know the port's table: with `pinned`, it
         // checks each request head and hands the connection to Pingora.
-        let scope = Some(http::StreamScope {
+        let mut scope = http::StreamScope {
             host: None,
             port: Some(at),
+            tls_name: None,
             pinned: None,
-        });
+        };
         let tls = self
             .inner
             .shared
@@ -482,7 +484,7 @@ impl ProxyCore {
             .and_then(|p| p.tls.clone());
         let Some(tls) = tls else {
             return self
-                .track(self.serve_scoped(stream, info, None, true, scope))
+                .track(self.serve_scoped(stream, info, None, true, Some(scope)))
                 .await;
         };
         let this = self.clone();
@@ -491,7 +493,10 @@ impl ProxyCore {
             match tokio::time::timeout(listener_tls::HANDSHAKE_TIMEOUT, handshake).await {
                 Ok(Ok(stream)) => {
                     info.scheme = Scheme::Https;
-                    this.serve_scoped(stream, info, None, true, scope).await;
+                    let sni = stream.get_ref().1.server_name().unwrap_or("");
+                    scope.tls_name = Some(sni.into());
+                    this.serve_scoped(stream, info, None, true, Some(scope))
+                        .await;
                 }
                 Ok(Err(e)) => tracing::debug!(%at, error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%at, "TLS handshake timed out"),

@@ -315,6 +315,27 @@ impl<B> PortTable<B> {
             && self.listeners.any.is_none()
     }
 
+    /// Whether two hosts (raw, as [`Self::lookup_request`] takes them) are
+    /// served by one listener of the port, or both by none: a TLS
+    /// connection's SNI and a request's `Host`, whose listeners must agree
+    /// (else the certificate presented was another listener's).
+    pub fn same_listener(&self, a: &str, b: &str) -> bool {
+        let mut buf_a = [0u8; MAX_HOST_LEN];
+        let mut buf_b = [0u8; MAX_HOST_LEN];
+        let listener = |host: &str, buf: &mut [u8; MAX_HOST_LEN]| {
+            if host.is_empty() {
+                return Some(matching(&self.listeners, "").next());
+            }
+            let host = normalize::normalize_host_into(host, buf)?;
+            Some(matching(&self.listeners, host).next())
+        };
+        match (listener(a, &mut buf_a), listener(b, &mut buf_b)) {
+            (Some(Some(x)), Some(Some(y))) => std::ptr::eq(x, y),
+            (Some(None), Some(None)) => true,
+            _ => false,
+        }
+    }
+
     /// Finds the route for a request: `host` is the raw `Host` (any case,
     /// optional port and trailing dot; empty when the request has none, which
     /// only a listener without a hostname serves), `path_and_query` the raw

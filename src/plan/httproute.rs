@@ -89,8 +89,18 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 /// `GatewayPort8080` (a listener on port 8080) holds there too; its claim
 /// also selects `HTTPRouteRedirectPortAndScheme`, which sends TLS to an
 /// HTTPS-only Gateway's own address (served there since HTTPS listeners
-/// are terminated in the cluster).
-pub const NEEDS_LISTENER_PORTS: &[&str] = &["GatewayPort8080", "HTTPRouteParentRefPort"];
+/// are terminated in the cluster). So do the two features of listeners
+/// sharing a port: `GatewayHTTPListenerIsolation` (a host goes to its most
+/// specific listener alone: [`tuna_routing::PortTable`]) and
+/// `GatewayHTTPSListenerDetectMisdirectedRequests` (a request for another
+/// listener's host than the SNI's is 421); on the shared ports every
+/// Gateway's listeners are one set, so neither holds there.
+pub const NEEDS_LISTENER_PORTS: &[&str] = &[
+    "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
+    "GatewayPort8080",
+    "HTTPRouteParentRefPort",
+];
 
 /// The `supportedFeatures` of our GatewayClasses, sorted: with an address
 /// per Gateway ([`super::PlanOptions::gateway_addresses`]) also the features

@@ -393,6 +393,7 @@ async fn serve(
         authority.host.clone().into()
     };
     let scope = StreamScope {
+        tls_name: None,
         host: Some(bound.clone()),
         port: None,
         pinned: Some(live.clone()),

@@ -168,6 +168,27 @@ async fn https_listeners_terminate_tls_with_the_certificate_sni_selects_and_rout
         );
     }
 
+    // A request must be for a host of the listener whose certificate was
+    // presented: else 421, as the specification's misdirected requests
+    // (`GatewayHTTPSListenerDetectMisdirectedRequests`) say.
+    let misdirected = [
+        // (SNI, Host, status, backend)
+        ("shop.example.com", "a.example.com", "421", None),
+        ("a.example.com", "shop.example.com", "421", None),
+        ("other.org", "shop.example.com", "421", None),
+        // One listener for both: served.
+        ("a.example.com", "b.c.example.com:443", "200", Some("wild")),
+        ("other.org", "another.org", "200", Some("any")),
+    ];
+    for (sni, host, want, backend) in misdirected {
+        let tls = connect(&core, at, Some(sni), &roots, &[b"http/1.1"])
+            .await
+            .unwrap();
+        let (status, answer) = get(tls, host).await;
+        assert_eq!(status, want, "SNI {sni}, Host {host}: {answer}");
+        assert_eq!(echoed(&answer, "backend"), backend, "{answer}");
+    }
+
     // h2 by ALPN (gRPC clients need it): served as HTTP/1.1 is.
     let tls = connect(
         &core,
@@ -192,6 +213,13 @@ async fn https_listeners_terminate_tls_with_the_certificate_sni_selects_and_rout
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-backend"], "shop");
+    // Another listener's host on the same h2 connection: 421.
+    let request = http::Request::builder()
+        .uri("https://a.example.com/")
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(request, true).unwrap();
+    assert_eq!(response.await.unwrap().status(), 421);
 
     // Plain HTTP on an HTTPS port is no handshake: closed, never answered.
     let (mut client, server) = tokio::io::duplex(64 * 1024);
