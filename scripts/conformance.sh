@@ -164,6 +164,7 @@ status=0
 (cd "$suite_dir" && "$work/gateway-api.test" -test.run '^TestConformance$' -test.v -test.timeout 0 \
   -gateway-class=tuna -conformance-profiles=GATEWAY-HTTP,GATEWAY-TCP \
   -organization=tuna -project=tuna-operator -url=https://tuna.am -version="v$version" \
-  -contact=https://tuna.am -report-output="$report" "$@") 2>&1 | tee "$work/suite.log" || status=$?
+  -contact=https://tuna.am -report-output="$report" \
+  -usable-address=127.0.100.254 -unusable-address=127.0.101.1 "$@") 2>&1 | tee "$work/suite.log" || status=$?
 log "the suite took $((SECONDS - t0)) s; report: $report"
 exit "$status"

@@ -769,6 +769,16 @@ async fn publish_addresses(
             .expect("gateway addresses")
             .get(name)
             .copied();
+        if let Some(why) = &want.unusable {
+            // spec.addresses asks for what cannot be given: no address.
+            let key = TunnelKey::Address(format!("{}/{}", gateway.namespace, gateway.name));
+            state.publisher.unpublish(&key).await;
+            if let Some(old) = held {
+                release_address(state, name, old).await;
+            }
+            out.insert((*gateway).clone(), Err(why.clone()));
+            continue;
+        }
         let address = match held {
             Some(ip) if want.requested.is_none_or(|r| r == ip) => ip,
             _ => {
@@ -1086,6 +1096,17 @@ fn normalized(
     s
 }
 
+/// Whether `spec.addresses` asks for an IP address (`IPAddress`, the
+/// default type).
+fn asks_for_an_address(gateway: &Gateway) -> bool {
+    gateway
+        .spec
+        .addresses
+        .iter()
+        .flatten()
+        .any(|a| a.r#type.as_deref().is_none_or(|t| t == "IPAddress"))
+}
+
 async fn write_gateway_status(
     state: &AgentState,
     gateway: &Gateway,
@@ -1096,18 +1117,27 @@ async fn write_gateway_status(
     let mut unassigned;
     let desired = match &own_address {
         Some(Err(why)) => {
-            // The specification's reason when no address could be given.
+            // The specification's reasons when no address could be given:
+            // a static address asked for (spec.addresses) that cannot be
+            // used, else none assigned.
+            let (reason, message) = if asks_for_an_address(gateway) {
+                (
+                    "AddressNotUsable",
+                    format!("the Gateway got no address: {why}"),
+                )
+            } else {
+                (
+                    "AddressNotAssigned",
+                    format!("the edge gave the Gateway no address: {why}"),
+                )
+            };
             unassigned = desired.clone();
             for c in unassigned
                 .conditions
                 .iter_mut()
                 .filter(|c| c.type_ == "Programmed")
             {
-                *c = Cond::no(
-                    "Programmed",
-                    "AddressNotAssigned",
-                    format!("the edge gave the Gateway no address: {why}"),
-                );
+                *c = Cond::no("Programmed", reason, message.clone());
             }
             &unassigned
         }

@@ -277,17 +277,43 @@ fn selects(
 }
 
 /// Why `gateway` is not accepted whatever its listeners say, if it is not:
-/// a `spec.infrastructure.parametersRef`, which never resolves here (this
-/// implementation defines no parameters kind). Its status says
-/// `Accepted=False, InvalidParameters`, and no route attaches to it.
-pub fn not_accepted(
-    gateway: &tuna_crds::gateway::Gateway,
-) -> Option<&tuna_crds::gateway::gateways::GatewayInfrastructureParametersRef> {
-    gateway
+/// its status says `Accepted=False` with this (reason, message), and no
+/// route attaches to it.
+///
+/// - `InvalidParameters`: a `spec.infrastructure.parametersRef`, which
+///   never resolves here (this implementation defines no parameters kind);
+/// - `UnsupportedAddress`: a `spec.addresses` entry of a type other than
+///   `IPAddress` (`Hostname`, `NamedAddress` or an implementation's own):
+///   the only addresses given here are the edge's IP addresses.
+pub fn not_accepted(gateway: &tuna_crds::gateway::Gateway) -> Option<(&'static str, String)> {
+    if let Some(p) = gateway
         .spec
         .infrastructure
         .as_ref()
         .and_then(|i| i.parameters_ref.as_ref())
+    {
+        return Some((
+            "InvalidParameters",
+            format!(
+                "spec.infrastructure.parametersRef names {}/{} {:?}, which does not resolve: tuna-operator takes no parameters (remove the reference)",
+                p.group, p.kind, p.name
+            ),
+        ));
+    }
+    let unsupported = gateway
+        .spec
+        .addresses
+        .iter()
+        .flatten()
+        .find(|a| a.r#type.as_deref().is_some_and(|t| t != "IPAddress"))?;
+    Some((
+        "UnsupportedAddress",
+        format!(
+            "spec.addresses asks for {:?} of type {:?}: tuna-operator gives Gateways IP addresses only (type IPAddress)",
+            unsupported.value.as_deref().unwrap_or_default(),
+            unsupported.r#type.as_deref().unwrap_or_default()
+        ),
+    ))
 }
 
 /// The message of a route refused by a Gateway that is [`not_accepted`].

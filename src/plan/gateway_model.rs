@@ -189,9 +189,14 @@ pub struct GatewayOutcome {
 /// What one Gateway's own address serves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AddressPlan {
-    /// The address its `spec.addresses` asks for (the first of type
+    /// The address its `spec.addresses` asks for (its one entry of type
     /// `IPAddress`, or without a type), if any.
     pub requested: Option<std::net::IpAddr>,
+    /// Why the addresses `spec.addresses` asks for cannot be given, if so
+    /// (more than one: a Gateway has one address here; a value that is not
+    /// an IP address): the Gateway gets none and is
+    /// `Programmed=False, AddressNotUsable`.
+    pub unusable: Option<String>,
     /// TCP listener port → the rule of the TCPRoute it serves (its
     /// backends by weight; a backendRef that does not resolve keeps its
     /// weight, and its share of connections is closed).

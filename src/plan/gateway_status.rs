@@ -248,16 +248,9 @@ fn holds(l: &ListenerStatus, type_: &str) -> bool {
 
 /// The Gateway's `Accepted` and `Programmed`, from its listeners'.
 pub fn gateway_conditions(gateway: &Gateway, listeners: &[ListenerStatus]) -> Vec<Cond> {
-    if let Some(p) = super::gateway::not_accepted(gateway) {
+    if let Some((reason, message)) = super::gateway::not_accepted(gateway) {
         return vec![
-            Cond::no(
-                "Accepted",
-                "InvalidParameters",
-                format!(
-                    "spec.infrastructure.parametersRef names {}/{} {:?}, which does not resolve: tuna-operator takes no parameters (remove the reference)",
-                    p.group, p.kind, p.name
-                ),
-            ),
+            Cond::no("Accepted", reason, message),
             Cond::no(
                 "Programmed",
                 "Invalid",

@@ -56,7 +56,7 @@ use super::service::{ServiceLookup, UpstreamPolicy, UpstreamScheme};
 /// must be. docs/gateway-api.md has the table, with what is not supported and why.
 ///
 /// Only what the conformance suite passes is claimed (issue 41): the suite
-/// selects its tests by this list. See [`NEEDS_LISTENER_PORTS`].
+/// selects its tests by this list. See [`NEEDS_OWN_ADDRESSES`].
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "Gateway",
     "HTTPRoute",
@@ -80,35 +80,37 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "TCPRoute",
 ];
 
-/// Features whose conformance tests dial a listener's own port on the
-/// Gateway's address (`HTTPRouteParentRefPort`: 8080 and 8090). They hold
-/// only where each Gateway has an address of its own and each HTTP listener
-/// its own port there ([`supported_features`]); on the edge's shared ports
-/// 80 and 443 they do not.
+/// Features that hold only where each Gateway has an address of its own
+/// ([`supported_features`]), not on the edge's shared ports 80 and 443:
 ///
-/// `GatewayPort8080` (a listener on port 8080) holds there too; its claim
-/// also selects `HTTPRouteRedirectPortAndScheme`, which sends TLS to an
-/// HTTPS-only Gateway's own address (served there since HTTPS listeners
-/// are terminated in the cluster). So do the two features of listeners
-/// sharing a port: `GatewayHTTPListenerIsolation` (a host goes to its most
-/// specific listener alone: [`tuna_routing::PortTable`]) and
-/// `GatewayHTTPSListenerDetectMisdirectedRequests` (a request for another
-/// listener's host than the SNI's is 421); on the shared ports every
-/// Gateway's listeners are one set, so neither holds there.
-pub const NEEDS_LISTENER_PORTS: &[&str] = &[
+/// - `HTTPRouteParentRefPort` and `GatewayPort8080`: their tests dial a
+///   listener's own port (8080, 8090) on the Gateway's address;
+///   `GatewayPort8080`'s claim also selects `HTTPRouteRedirectPortAndScheme`,
+///   which sends TLS to an HTTPS-only Gateway's address (HTTPS listeners are
+///   terminated in the cluster there);
+/// - `GatewayHTTPListenerIsolation` (a host goes to its most specific
+///   listener alone: [`tuna_routing::PortTable`]) and
+///   `GatewayHTTPSListenerDetectMisdirectedRequests` (a request for another
+///   listener's host than the SNI's is 421): on the shared ports every
+///   Gateway's listeners are one set;
+/// - `GatewayStaticAddresses`: `spec.addresses` asks the edge's pool for one
+///   IP address (`Programmed=False, AddressNotUsable` when it cannot be
+///   given; other address types are `Accepted=False, UnsupportedAddress`).
+pub const NEEDS_OWN_ADDRESSES: &[&str] = &[
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayPort8080",
+    "GatewayStaticAddresses",
     "HTTPRouteParentRefPort",
 ];
 
 /// The `supportedFeatures` of our GatewayClasses, sorted: with an address
 /// per Gateway ([`super::PlanOptions::gateway_addresses`]) also the features
-/// that need each listener's own port ([`NEEDS_LISTENER_PORTS`]).
+/// that need them ([`NEEDS_OWN_ADDRESSES`]).
 pub fn supported_features(own_addresses: bool) -> Vec<&'static str> {
     let mut features = SUPPORTED_FEATURES.to_vec();
     if own_addresses {
-        features.extend(NEEDS_LISTENER_PORTS);
+        features.extend(NEEDS_OWN_ADDRESSES);
         features.sort_unstable();
     }
     features
@@ -1993,7 +1995,7 @@ spec:
     fn listener_port_features_are_claimed_only_with_own_addresses() {
         let shared = supported_features(false);
         let own = supported_features(true);
-        for f in NEEDS_LISTENER_PORTS {
+        for f in NEEDS_OWN_ADDRESSES {
             assert!(!shared.contains(f), "{f} claimed on shared ports");
             assert!(own.contains(f), "{f} not claimed with own addresses");
         }
@@ -2003,7 +2005,7 @@ spec:
         assert_eq!(sorted, own);
         assert_eq!(
             own.len(),
-            SUPPORTED_FEATURES.len() + NEEDS_LISTENER_PORTS.len()
+            SUPPORTED_FEATURES.len() + NEEDS_OWN_ADDRESSES.len()
         );
     }
 

@@ -249,9 +249,15 @@ pub(crate) fn plan_tcp_routes(
             if served && super::gateway::not_accepted(g).is_none() {
                 out.addresses.insert(
                     ObjectRef::of(Kind::Gateway, &g.metadata),
-                    AddressPlan {
-                        requested: requested_address(g),
-                        ..AddressPlan::default()
+                    match requested_address(g) {
+                        Ok(requested) => AddressPlan {
+                            requested,
+                            ..AddressPlan::default()
+                        },
+                        Err(why) => AddressPlan {
+                            unusable: Some(why),
+                            ..AddressPlan::default()
+                        },
                     },
                 );
             }
@@ -447,15 +453,31 @@ fn no_upstream(action: &super::gateway::GatewayAction) -> (&'static str, String)
     }
 }
 
-/// The address a Gateway's `spec.addresses` asks for: the first of type
-/// `IPAddress` (the default type) that parses; others are not ours to give.
-fn requested_address(g: &Gateway) -> Option<std::net::IpAddr> {
-    g.spec
+/// The address a Gateway's `spec.addresses` asks for: its one entry of
+/// type `IPAddress` (the default type), if any; more than one, or a value
+/// that is not an IP address, cannot be given (other types make the
+/// Gateway not accepted: [`super::gateway::not_accepted`]).
+fn requested_address(g: &Gateway) -> Result<Option<std::net::IpAddr>, String> {
+    let asked: Vec<&str> = g
+        .spec
         .addresses
         .iter()
         .flatten()
         .filter(|a| a.r#type.as_deref().is_none_or(|t| t == "IPAddress"))
-        .find_map(|a| a.value.as_deref()?.parse().ok())
+        .map(|a| a.value.as_deref().unwrap_or_default())
+        .collect();
+    match asked.as_slice() {
+        [] => Ok(None),
+        [one] => one
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("spec.addresses asks for {one:?}, which is not an IP address")),
+        more => Err(format!(
+            "spec.addresses asks for {} addresses ({}): a Gateway has one address here",
+            more.len(),
+            more.join(", ")
+        )),
+    }
 }
 
 /// Serves a TCPRoute's upstream on each listener it won, each a port of its
@@ -664,7 +686,7 @@ spec: {alias: redis}
 metadata: {name: edge, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
 spec:
   gatewayClassName: tuna
-  addresses: [{type: Hostname, value: edge.example}, {value: 127.0.100.9}]
+  addresses: [{value: 127.0.100.9}]
   listeners:
   - {name: pg, protocol: TCP, port: 5432}
   - {name: redis, protocol: TCP, port: 6379}
@@ -712,7 +734,7 @@ spec:
         assert!(p.refusals.is_empty(), "{:?}", p.refusals);
         let edge = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")];
         let other = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "other")];
-        // spec.addresses: the first IPAddress (a value without a type is one).
+        // spec.addresses: its IPAddress (a value without a type is one).
         assert_eq!(edge.requested, Some("127.0.100.9".parse().unwrap()));
         assert_eq!(other.requested, None);
         // A Gateway with only an HTTP listener has one too, with its port.
@@ -774,21 +796,57 @@ spec:
   listeners:
   - {name: pg, protocol: TCP, port: 5432}
 ";
+        // GatewayStaticAddresses: an address type other than IPAddress is
+        // not accepted; two IP addresses cannot be given (one per Gateway).
+        let hostname = "
+metadata: {name: hostname, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  addresses: [{type: test/fake-invalid-type, value: 'fake address'}, {value: 127.0.100.9}]
+  listeners:
+  - {name: http, protocol: HTTP, port: 8080}
+---
+metadata: {name: two, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  addresses: [{value: 127.0.101.1}, {type: IPAddress, value: 127.0.100.10}]
+  listeners:
+  - {name: http, protocol: HTTP, port: 8080}
+";
         let p = run(&World {
-            gateways: &format!("{gateways}\n---\n{bad}"),
+            gateways: &format!("{gateways}\n---\n{bad}\n---\n{hostname}"),
             endpoints: "",
             own_addresses: true,
             ..World::default()
         });
-        assert!(
+        let address = |name| {
             p.gateway
                 .addresses
-                .contains_key(&ObjectRef::new(Kind::Gateway, "shop", "edge"))
-        );
-        assert!(
-            !p.gateway
-                .addresses
-                .contains_key(&ObjectRef::new(Kind::Gateway, "shop", "bad"))
+                .get(&ObjectRef::new(Kind::Gateway, "shop", name))
+        };
+        assert!(address("edge").is_some());
+        assert!(address("bad").is_none());
+        assert!(address("hostname").is_none());
+        let accepted = |name: &str| {
+            let g = p
+                .gateway
+                .gateways
+                .iter()
+                .find(|g| g.object.name == name)
+                .expect("gateway status");
+            let c = g.conditions.iter().find(|c| c.type_ == "Accepted").unwrap();
+            (c.status, c.reason.to_string())
+        };
+        assert_eq!(accepted("bad"), (false, "InvalidParameters".into()));
+        assert_eq!(accepted("hostname"), (false, "UnsupportedAddress".into()));
+        assert_eq!(accepted("two"), (true, "Accepted".into()));
+        let two = address("two").expect("an address plan");
+        assert_eq!(two.requested, None);
+        assert_eq!(
+            two.unusable.as_deref(),
+            Some(
+                "spec.addresses asks for 2 addresses (127.0.101.1, 127.0.100.10): a Gateway has one address here"
+            )
         );
     }
 
