@@ -134,7 +134,7 @@ key=$("$bin" edge keys create --account default --scope tunnels:write --scope tu
   --http-listen 127.0.0.1:0 --https-listen 127.0.0.1:0 \
   --agent-listen "$HOST_ADDRESS:0" --api-listen "$HOST_ADDRESS:0" \
   --tcp-bind 127.0.0.1 --tcp-port-range 31000-31019 \
-  --gateway-addresses 127.0.100.0/24 \
+  --gateway-addresses 127.0.100.0/24 --quota-gateway-addresses 128 \
   --addresses-file "$work/edge-addresses.json" >"$work/edge.log" 2>&1 &
 edge_pid=$!
 for _ in $(seq 600); do [ -s "$work/edge-addresses.json" ] && break; sleep 0.1; done

@@ -341,16 +341,20 @@ pub fn attach(
     route_namespace: &str,
     namespace_labels: &std::collections::BTreeMap<String, String>,
     hostnames: &[String],
+    own_addresses: bool,
 ) -> Result<Vec<Attached>, RouteRefusal> {
     use tuna_crds::gateway::gateways::GatewayListenersAllowedRoutesNamespacesFrom as From;
     if not_accepted(gateway).is_some() {
         return Err(RouteRefusal::GatewayNotAccepted);
     }
     let gateway_namespace = gateway.metadata.namespace.as_deref().unwrap_or("default");
+    // A conflicted listener is not accepted: no route attaches to it.
+    let conflicted = super::gateway_status::conflicts(gateway, own_addresses);
     let named: Vec<_> = gateway
         .spec
         .listeners
         .iter()
+        .filter(|l| !conflicted.contains_key(&l.name))
         .filter(|l| parent.section_name.as_ref().is_none_or(|s| *s == l.name))
         .filter(|l| parent.port.is_none_or(|p| p == l.port))
         .collect();
@@ -723,7 +727,7 @@ spec:
         let shop_labels = BTreeMap::from([("team".to_owned(), "shop".to_owned())]);
         let none = BTreeMap::new();
         let http = |p: &str, ns: &str, labels: &BTreeMap<String, String>, h: &[&str]| {
-            attach(&gw, &parent(p), "HTTPRoute", ns, labels, &hosts(h))
+            attach(&gw, &parent(p), "HTTPRoute", ns, labels, &hosts(h), false)
         };
         assert!(refers_to(
             &parent("{name: tuna, namespace: infra}"),
@@ -805,7 +809,8 @@ spec:
                 "TCPRoute",
                 "shop",
                 &none,
-                &[]
+                &[],
+                false
             ),
             Ok(vec![Attached {
                 listener: "db".into(),

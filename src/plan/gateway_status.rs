@@ -18,6 +18,8 @@
 //!   when no listener is accepted, `Accepted=True, ListenersNotValid` when
 //!   some listener is not accepted or does not resolve its references.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use tuna_crds::gateway::ReferenceGrant;
 use tuna_crds::gateway::gateways::{Gateway, GatewayListeners};
 
@@ -230,6 +232,102 @@ pub fn unresolved(conditions: &mut [Cond], reason: &str, message: String) {
     }
 }
 
+/// The listeners of `gateway` that conflict (by name): (reason, message).
+/// None of a conflicting set is served or takes a route, as the
+/// specification says ("MUST NOT pick one conflicting Listener as the
+/// winner"); the others are.
+///
+/// - `HostnameConflict`: HTTP or HTTPS listeners of one protocol with one
+///   port and one hostname (case and a trailing dot aside; none is one
+///   hostname too).
+/// - `ProtocolConflict`, on a Gateway's own address (`own_addresses`)
+///   only: listeners of different protocols on one port (HTTP, HTTPS and
+///   TCP cannot share a port of an address). On the edge's shared ports a
+///   listener's port is not opened, so its protocol conflicts with none.
+pub fn conflicts(
+    gateway: &Gateway,
+    own_addresses: bool,
+) -> BTreeMap<String, (&'static str, String)> {
+    let listeners = &gateway.spec.listeners;
+    let mut out = BTreeMap::new();
+    if own_addresses {
+        let mut by_port: BTreeMap<i32, BTreeSet<&str>> = BTreeMap::new();
+        for l in listeners
+            .iter()
+            .filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS" | "TCP"))
+        {
+            by_port.entry(l.port).or_default().insert(&l.protocol);
+        }
+        for l in listeners {
+            if let Some(protocols) = by_port.get(&l.port).filter(|p| p.len() > 1)
+                && protocols.contains(l.protocol.as_str())
+            {
+                let shown: Vec<&str> = protocols.iter().copied().collect();
+                out.insert(
+                    l.name.clone(),
+                    (
+                        "ProtocolConflict",
+                        format!(
+                            "port {} has listeners of protocols {}: one port of the Gateway's address serves one protocol, so none of them is served",
+                            l.port,
+                            shown.join(", ")
+                        ),
+                    ),
+                );
+            }
+        }
+    }
+    let hostname = |l: &GatewayListeners| {
+        let h = l.hostname.as_deref().unwrap_or("");
+        h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()
+    };
+    let mut by_key: BTreeMap<(&str, i32, String), Vec<&str>> = BTreeMap::new();
+    for l in listeners
+        .iter()
+        .filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS"))
+    {
+        by_key
+            .entry((l.protocol.as_str(), l.port, hostname(l)))
+            .or_default()
+            .push(&l.name);
+    }
+    for ((protocol, port, host), names) in by_key.into_iter().filter(|(_, n)| n.len() > 1) {
+        let shown = if host.is_empty() {
+            "no hostname".to_owned()
+        } else {
+            format!("hostname {host}")
+        };
+        for name in &names {
+            out.entry((*name).to_owned()).or_insert_with(|| {
+                (
+                    "HostnameConflict",
+                    format!(
+                        "listeners {} are all {protocol} on port {port} with {shown}: none of them is served (rename a hostname or change a port)",
+                        names.join(", ")
+                    ),
+                )
+            });
+        }
+    }
+    out
+}
+
+/// Marks a conflicted listener ([`conflicts`]): not accepted, not
+/// programmed, and `Conflicted=True`, each with the conflict's reason.
+pub fn conflicted(conditions: &mut Vec<Cond>, reason: &'static str, message: &str) {
+    conditions.retain(|c| !matches!(c.type_, "Accepted" | "Programmed" | "Conflicted"));
+    conditions.insert(0, Cond::no("Accepted", reason, message.to_owned()));
+    conditions.insert(
+        1,
+        Cond::no(
+            "Programmed",
+            reason,
+            "the listener conflicts with another (see Accepted)",
+        ),
+    );
+    conditions.push(Cond::yes("Conflicted", reason, message.to_owned()));
+}
+
 /// Puts `Programmed=False` into the conditions of a listener of a Gateway
 /// that is [`super::gateway::not_accepted`]: nothing of it is published.
 pub fn gateway_not_accepted(conditions: &mut [Cond]) {
@@ -323,6 +421,17 @@ mod tests {
         grants: &str,
         certificates: Option<&[CertificateSecret]>,
     ) -> GatewayStatus {
+        status_in(listeners, extra, grants, certificates, false)
+    }
+
+    /// [`status`], with an address per Gateway or on the shared ports.
+    fn status_in(
+        listeners: &[&str],
+        extra: &str,
+        grants: &str,
+        certificates: Option<&[CertificateSecret]>,
+        own_addresses: bool,
+    ) -> GatewayStatus {
         let gateway = format!(
             "metadata: {{name: gw, namespace: infra, generation: 2}}\nspec:\n  gatewayClassName: tuna\n{extra}  listeners:\n{}",
             listeners
@@ -343,11 +452,9 @@ mod tests {
             },
             ..Inputs::default()
         };
-        let p = plan(
-            &inputs,
-            &ServiceIndex::default(),
-            &PlanOptions::cluster("tuna.test"),
-        );
+        let mut options = PlanOptions::cluster("tuna.test");
+        options.gateway_addresses = own_addresses;
+        let p = plan(&inputs, &ServiceIndex::default(), &options);
         p.gateway
             .gateways
             .into_iter()
@@ -369,6 +476,78 @@ mod tests {
     }
 
     const HTTPS: &str = "{name: https, protocol: HTTPS, port: 443, tls: {certificateRefs: [CERT]}}";
+
+    /// Indistinct listeners are all conflicted, none wins (the
+    /// specification's "Handling indistinct Listeners"): HTTP or HTTPS
+    /// listeners with one port and hostname in both models, and listeners of
+    /// different protocols on one port of a Gateway's own address.
+    #[test]
+    fn conflicting_listeners_are_all_conflicted_and_the_others_served() {
+        let listeners = [
+            "{name: a, protocol: HTTP, port: 80, hostname: shop.example}",
+            "{name: b, protocol: HTTP, port: 80, hostname: SHOP.example.}",
+            "{name: c, protocol: HTTP, port: 80, hostname: other.example}",
+            "{name: d, protocol: HTTP, port: 8080}",
+            "{name: e, protocol: HTTP, port: 8080}",
+            "{name: f, protocol: HTTP, port: 8081}",
+            "{name: g, protocol: TCP, port: 8081}",
+            "{name: h, protocol: HTTPS, port: 8443, tls: {certificateRefs: [{name: tls}]}}",
+            "{name: i, protocol: HTTP, port: 8443}",
+        ];
+        let found = [valid("tls")];
+        // (listener, conflict reason on the shared ports, on own addresses)
+        let expected: [(&str, Option<&str>, Option<&str>); 9] = [
+            ("a", Some("HostnameConflict"), Some("HostnameConflict")),
+            ("b", Some("HostnameConflict"), Some("HostnameConflict")),
+            ("c", None, None),
+            ("d", Some("HostnameConflict"), Some("HostnameConflict")),
+            ("e", Some("HostnameConflict"), Some("HostnameConflict")),
+            ("f", None, Some("ProtocolConflict")),
+            ("g", None, Some("ProtocolConflict")),
+            ("h", None, Some("ProtocolConflict")),
+            ("i", None, Some("ProtocolConflict")),
+        ];
+        for own in [false, true] {
+            let s = status_in(&listeners, "", "", Some(&found), own);
+            for (name, shared, address) in expected {
+                let l = s.listeners.iter().find(|l| l.name == name).unwrap();
+                let want = if own { address } else { shared };
+                match want {
+                    Some(reason) => {
+                        assert_eq!(
+                            cond(&l.conditions, "Accepted"),
+                            (false, reason),
+                            "{name} own={own}"
+                        );
+                        assert_eq!(cond(&l.conditions, "Programmed"), (false, reason), "{name}");
+                        assert_eq!(cond(&l.conditions, "Conflicted"), (true, reason), "{name}");
+                    }
+                    None => {
+                        assert!(cond(&l.conditions, "Accepted").0, "{name} own={own}: {l:?}");
+                        assert_eq!(
+                            cond(&l.conditions, "Conflicted"),
+                            (false, "NoConflicts"),
+                            "{name}"
+                        );
+                    }
+                }
+            }
+            // Some listeners are valid: the Gateway is accepted and says
+            // which are not.
+            let accepted = s.conditions.iter().find(|c| c.type_ == "Accepted").unwrap();
+            assert_eq!(
+                (accepted.status, accepted.reason.as_str()),
+                (true, "ListenersNotValid")
+            );
+            assert!(accepted.message.contains("a, b"), "{accepted:?}");
+        }
+        // Only conflicted listeners: not accepted.
+        let s = status_in(&listeners[..2], "", "", Some(&found), true);
+        assert_eq!(
+            cond(&s.conditions, "Accepted"),
+            (false, "ListenersNotValid")
+        );
+    }
 
     /// Each listener `ResolvedRefs` reason the specification gives, as the
     /// conformance tests GatewayInvalidTLSConfiguration,

@@ -581,6 +581,7 @@ pub(crate) fn prepare<'a>(
                     &namespace,
                     &labels,
                     &hostnames,
+                    ctx.gateway_addresses,
                 ) {
                     Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, parent)),
                     Ok(listeners) => {
@@ -884,24 +885,22 @@ pub(crate) fn finish(
         &mut attached_count,
         &mut out,
     );
-    // A Gateway's own address: each HTTP and HTTPS listener on its port.
-    // A port is HTTP or HTTPS by its first listener (a listener of the
-    // other protocol on it is not served there); an HTTPS listener is
-    // served with the certificate the agent found usable, else not at all.
+    // A Gateway's own address: each HTTP and HTTPS listener on its port,
+    // but a conflicted one (a port serves one protocol); an HTTPS listener
+    // is served with the certificate the agent found usable, else not at
+    // all.
     for (gi, g) in gateways.iter().enumerate() {
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         let Some(address) = out.addresses.get_mut(&object) else {
             continue;
         };
         let gateway_ns = g.metadata.namespace.as_deref().unwrap_or("default");
-        let mut protocols: BTreeMap<u16, &str> = BTreeMap::new();
+        let conflicted = super::gateway_status::conflicts(g, true);
         for l in &g.spec.listeners {
             let Ok(port) = u16::try_from(l.port) else {
                 continue;
             };
-            if !matches!(l.protocol.as_str(), "HTTP" | "HTTPS")
-                || *protocols.entry(port).or_insert(&l.protocol) != l.protocol
-            {
+            if conflicted.contains_key(&l.name) {
                 continue;
             }
             let certificate = match l.protocol.as_str() {
@@ -934,6 +933,7 @@ pub(crate) fn finish(
     for (gi, g) in gateways.iter().enumerate() {
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         let mut listeners = Vec::new();
+        let conflicted = super::gateway_status::conflicts(g, ctx.gateway_addresses);
         for l in &g.spec.listeners {
             let attached = attached_count
                 .get(&(gi, l.name.clone()))
@@ -1007,6 +1007,9 @@ pub(crate) fn finish(
             });
             if let Some((reason, message)) = problem {
                 super::gateway_status::unresolved(&mut conditions, reason, message);
+            }
+            if let Some((reason, message)) = conflicted.get(&l.name) {
+                super::gateway_status::conflicted(&mut conditions, reason, message);
             }
             if super::gateway::not_accepted(g).is_some() {
                 super::gateway_status::gateway_not_accepted(&mut conditions);

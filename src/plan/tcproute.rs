@@ -100,8 +100,15 @@ pub(crate) fn reserve_listeners(
             continue;
         }
         if ctx.gateway_addresses {
-            // Its own address: each TCP listener is a port of it.
-            for l in g.spec.listeners.iter().filter(|l| l.protocol == "TCP") {
+            // Its own address: each TCP listener is a port of it (but one
+            // that shares its port with another protocol: conflicted).
+            let conflicted = super::gateway_status::conflicts(g, true);
+            for l in g
+                .spec
+                .listeners
+                .iter()
+                .filter(|l| l.protocol == "TCP" && !conflicted.contains_key(&l.name))
+            {
                 out.insert((gi, l.name.clone()), Ok(()));
             }
             continue;
@@ -300,7 +307,15 @@ pub(crate) fn plan_tcp_routes(
             else {
                 continue;
             };
-            let accepted = match attach(gateway, &parent, "TCPRoute", &namespace, &labels, &[]) {
+            let accepted = match attach(
+                gateway,
+                &parent,
+                "TCPRoute",
+                &namespace,
+                &labels,
+                &[],
+                ctx.gateway_addresses,
+            ) {
                 Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, &parent)),
                 Ok(attached) => {
                     let mut refusal: Option<Cond> = None;
@@ -1031,8 +1046,9 @@ spec: {alias: pg}
 
     /// An HTTPS listener is on its Gateway's address, with the Secret of
     /// its first certificateRef, only when every ref resolves to a usable
-    /// Secret the agent read; a port is HTTP or HTTPS by its first
-    /// listener; a Gateway with only HTTPS listeners gets an address too.
+    /// Secret the agent read; HTTP and HTTPS on one port conflict, and
+    /// neither is served; a Gateway with only HTTPS listeners gets an
+    /// address too.
     #[test]
     fn with_own_addresses_https_listeners_take_their_port_with_their_certificate() {
         let gateways = "
@@ -1045,8 +1061,9 @@ spec:
   - {name: foreign, protocol: HTTPS, port: 443, hostname: '*.bar.com', tls: {certificateRefs: [{name: cert, namespace: other}]}}
   - {name: broken, protocol: HTTPS, port: 443, hostname: broken.bar.com, tls: {certificateRefs: [{name: broken}]}}
   - {name: missing, protocol: HTTPS, port: 443, hostname: missing.bar.com, tls: {certificateRefs: [{name: nowhere}]}}
-  - {name: plain, protocol: HTTP, port: 443, hostname: plain.bar.com}
   - {name: alt, protocol: HTTPS, port: 8443, tls: {certificateRefs: [{name: cert}, {name: second}]}}
+  - {name: clash, protocol: HTTPS, port: 9443, tls: {certificateRefs: [{name: cert}]}}
+  - {name: plain, protocol: HTTP, port: 9443, hostname: plain.bar.com}
 ---
 metadata: {name: tls-only, namespace: shop}
 spec:
@@ -1097,8 +1114,8 @@ spec:
         };
         let cert = |name: &str| Some(("shop".to_owned(), name.to_owned()));
         // `foreign` has no ReferenceGrant, `broken` an unusable Secret,
-        // `missing` none at all, `plain` is HTTP on an HTTPS port: none of
-        // them is on the address.
+        // `missing` none at all, `clash` and `plain` share a port with two
+        // protocols: none of them is on the address.
         assert_eq!(
             ports(address("edge")),
             vec![
