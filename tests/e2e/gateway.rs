@@ -953,6 +953,202 @@ async fn each_gateway_serves_its_http_listeners_on_its_own_address() {
     assert!(held.contains(&address));
 }
 
+/// Creates a `kubernetes.io/tls` Secret (`kubectl create secret tls`)
+/// holding a new self-signed certificate for `names` and its key; returns
+/// the certificate, as a client trusts it.
+fn tls_secret(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    names: &[&str],
+) -> rustls::pki_types::CertificateDer<'static> {
+    let cert = rcgen::generate_simple_self_signed(
+        names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&crt, cert.cert.pem()).unwrap();
+    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
+    cluster.kubectl_ok(&[
+        "create",
+        "secret",
+        "tls",
+        name,
+        "-n",
+        namespace,
+        "--cert",
+        crt.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    cert.cert.der().clone()
+}
+
+/// One HTTPS request on a fresh connection to a Gateway's own address, as
+/// a client that trusts `root` alone and names `sni`: its status, backend
+/// and the leaf certificate presented (`None` when the handshake or the
+/// exchange failed, as it may while the listener is being set up).
+async fn over_tls(
+    at: (std::net::IpAddr, u16),
+    sni: &str,
+    root: &rustls::pki_types::CertificateDer<'static>,
+    path: &str,
+) -> Option<(u16, String)> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(root.clone()).ok()?;
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .ok()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(at).await.ok()?;
+    let name = rustls::pki_types::ServerName::try_from(sni.to_owned()).ok()?;
+    let mut tls = tokio::time::timeout(
+        support::WAIT,
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.ok()?;
+    let mut out = Vec::new();
+    // A peer that closes without close_notify still gave its answer.
+    let _ = tokio::time::timeout(support::WAIT, tls.read_to_end(&mut out))
+        .await
+        .ok()?;
+    let text = String::from_utf8_lossy(&out);
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let backend = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v["backend"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Some((status, backend))
+}
+
+/// Issue 41: a Gateway's HTTPS listeners on its own address. The edge
+/// carries the client's TLS unterminated; the agent terminates it with the
+/// certificate of the listener the SNI selects, from the listener's
+/// `certificateRefs` Secret (of another namespace only with a
+/// ReferenceGrant), and routes the requests by that port's listeners. A
+/// client that trusts only the Secret's certificate is served, so the
+/// certificate is the listener's, not the edge's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_serves_its_https_listeners_with_their_own_certificates() {
+    let env = Env::start_with(EdgeOptions {
+        extra: vec!["--gateway-addresses".into(), "127.0.100.52/30".into()],
+        ..EdgeOptions::default()
+    })
+    .await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    let api = http_backend("api", bind_loopback(8080).await).await;
+    for (name, addr) in [("web", web), ("api", api)] {
+        env.cluster.apply(&service("default", name, addr));
+    }
+    env.cluster
+        .apply("apiVersion: v1\nkind: Namespace\nmetadata: {name: certs}\n");
+    let secure = tls_secret(&env.cluster, "default", "secure-cert", &["secure.example"]);
+    let any = tls_secret(&env.cluster, "certs", "any-cert", &["fallback.example"]);
+    let address: std::net::IpAddr = "127.0.100.54".parse().unwrap();
+    let port = std::net::TcpListener::bind((address, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // An HTTPS-only Gateway: the catch-all listener's Secret is in another
+    // namespace, with no ReferenceGrant yet.
+    env.cluster.apply(&format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: tls, namespace: default}}\nspec:\n  gatewayClassName: tuna\n  addresses: [{{value: {address}}}]\n  listeners:\n  - {{name: secure, protocol: HTTPS, port: {port}, hostname: secure.example, tls: {{certificateRefs: [{{name: secure-cert}}]}}}}\n  - {{name: any, protocol: HTTPS, port: {port}, tls: {{certificateRefs: [{{name: any-cert, namespace: certs}}]}}}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: secure, namespace: default}}\nspec:\n  parentRefs: [{{name: tls, sectionName: secure}}]\n  rules: [{{backendRefs: [{{name: web, port: 8080}}]}}]\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: any, namespace: default}}\nspec:\n  parentRefs: [{{name: tls, sectionName: any}}]\n  rules: [{{backendRefs: [{{name: api, port: 8080}}]}}]\n"
+    ));
+    let g: Gateway = wait_for(
+        &env.client,
+        "default",
+        "tls",
+        "its own address, and the foreign Secret refused",
+        &env.procs(),
+        |g: &Gateway| {
+            g.status.as_ref().is_some_and(|s| {
+                s.addresses
+                    .as_ref()
+                    .and_then(|a| a.first())
+                    .is_some_and(|a| a.value == address.to_string())
+                    && s.listeners.as_ref().is_some_and(|l| {
+                        l.iter().any(|l| {
+                            l.name == "any"
+                                && condition(&l.conditions, "ResolvedRefs")
+                                    .is_some_and(|c| c.reason == "RefNotPermitted")
+                        })
+                    })
+            })
+        },
+    )
+    .await;
+    let secure_listener = g
+        .status
+        .unwrap()
+        .listeners
+        .unwrap()
+        .into_iter()
+        .find(|l| l.name == "secure")
+        .unwrap();
+    assert!(
+        is_true(&secure_listener.conditions, "ResolvedRefs"),
+        "{secure_listener:?}"
+    );
+
+    // Each case until it holds: the port is set up a moment after the status.
+    let expect = |sni: &'static str, root, want: Option<(u16, &'static str)>| {
+        let log = env.agent.log();
+        async move {
+            let mut last = None;
+            let done = tokio::time::timeout(support::WAIT, async {
+                loop {
+                    last = over_tls((address, port), sni, root, "/").await;
+                    let holds = match (&last, want) {
+                        (Some((s, b)), Some((ws, wb))) => *s == ws && b == wb,
+                        (None, None) => true,
+                        _ => false,
+                    };
+                    if holds {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await;
+            assert!(
+                done.is_ok(),
+                "{sni} on {address}:{port} never gave {want:?}; last {last:?}\n{log}"
+            );
+        }
+    };
+    // The exact listener, with its own certificate.
+    expect("secure.example", &secure, Some((200, "web"))).await;
+    // The catch-all listener's Secret is not granted: no handshake for a
+    // name only it would serve.
+    expect("fallback.example", &any, None).await;
+    // The grant opens it, at the next sync (the Gateway's change brings it).
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: gateways, namespace: certs}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: default}]\n  to: [{group: '', kind: Secret}]\n",
+    );
+    expect("fallback.example", &any, Some((200, "api"))).await;
+    // The exact listener still presents its own certificate: a client that
+    // trusts only the catch-all's refuses it.
+    expect("secure.example", &any, None).await;
+    expect("secure.example", &secure, Some((200, "web"))).await;
+    // Plain HTTP on the HTTPS port gets no HTTP answer.
+    assert!(
+        on_address((address, port), "secure.example", "/")
+            .await
+            .is_none(),
+        "plain HTTP was answered on an HTTPS port"
+    );
+}
+
 /// With every address of the pool held, a third Gateway with a TCP listener
 /// says why it has none; it gets the one the first gives back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1964,21 +2160,7 @@ async fn gateway_and_listener_conditions_name_bad_certificates_and_parameters() 
 
     // A usable Secret; Secrets are not watched, so a change of the Gateway
     // (a new generation) brings the next sync.
-    let cert = rcgen::generate_simple_self_signed(vec!["secure.tuna.test".into()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&crt, cert.cert.pem()).unwrap();
-    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
-    env.cluster.kubectl_ok(&[
-        "create",
-        "secret",
-        "tls",
-        "site-cert",
-        "--cert",
-        crt.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-    ]);
+    tls_secret(&env.cluster, "default", "site-cert", &["secure.tuna.test"]);
     env.cluster.apply(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: secure, namespace: default}\nspec:\n  gatewayClassName: tuna\n  listeners:\n  - {name: https, protocol: HTTPS, port: 8443, tls: {certificateRefs: [{name: site-cert}]}}\n",
     );
@@ -2038,21 +2220,7 @@ async fn a_secret_or_service_created_after_its_object_is_seen_before_the_resync(
         |g: &Gateway| resolved(g).as_deref() == Some("False"),
     )
     .await;
-    let cert = rcgen::generate_simple_self_signed(vec!["late.tuna.test".into()]).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&crt, cert.cert.pem()).unwrap();
-    std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
-    env.cluster.kubectl_ok(&[
-        "create",
-        "secret",
-        "tls",
-        "late-cert",
-        "--cert",
-        crt.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-    ]);
+    tls_secret(&env.cluster, "default", "late-cert", &["late.tuna.test"]);
     wait_for(
         &env.client,
         "default",
