@@ -1145,6 +1145,75 @@ spec:
         );
     }
 
+    /// Tenants on a Gateway's own address: a listener's `allowedRoutes`
+    /// decide which namespaces' routes it serves there, and a route of
+    /// another namespace reaches only the listeners that admit it, on their
+    /// hostnames alone.
+    #[test]
+    fn with_own_addresses_another_namespace_is_served_only_where_a_listener_admits_it() {
+        let gateways = "
+metadata: {name: edge, namespace: shop}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: same, protocol: HTTP, port: 80, hostname: a.example}
+  - {name: all, protocol: HTTP, port: 80, hostname: b.example, allowedRoutes: {namespaces: {from: All}}}
+";
+        let http_routes = "
+metadata: {name: tenant, namespace: other, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  parentRefs: [{name: edge, namespace: shop}]
+  hostnames: [a.example, b.example]
+  rules: [{backendRefs: [{name: cache, port: 6379}]}]
+---
+metadata: {name: pinned, namespace: other, creationTimestamp: '2026-01-02T00:00:00Z'}
+spec:
+  parentRefs: [{name: edge, namespace: shop, sectionName: same}]
+  rules: [{backendRefs: [{name: cache, port: 6379}]}]
+";
+        let p = run(&World {
+            gateways,
+            endpoints: "",
+            http_routes,
+            own_addresses: true,
+            ..World::default()
+        });
+        let edge = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")];
+        let served: Vec<(String, Vec<(String, Option<String>)>)> = edge.http[&80]
+            .iter()
+            .map(|l| {
+                let specs = l
+                    .specs
+                    .iter()
+                    .map(|s| {
+                        let tuna_routing::Matcher::Gateway(m) = &s.matcher else {
+                            panic!("a Gateway spec");
+                        };
+                        (s.origin.name.clone(), m.hostname.clone())
+                    })
+                    .collect();
+                (l.name.clone(), specs)
+            })
+            .collect();
+        assert_eq!(
+            served,
+            vec![
+                ("same".to_owned(), vec![]),
+                (
+                    "all".to_owned(),
+                    vec![("tenant".to_owned(), Some("b.example".to_owned()))]
+                ),
+            ]
+        );
+        // The route naming the `Same` listener is refused, and says so.
+        let conds = parent_conds(&p, "pinned");
+        let accepted = conds.iter().find(|c| c.type_ == "Accepted").unwrap();
+        assert_eq!(
+            (accepted.status, accepted.reason.to_string()),
+            (false, "NotAllowedByListeners".to_owned())
+        );
+    }
+
     fn tcp_route(ns: &str, name: &str) -> ObjectRef {
         ObjectRef::new(Kind::TcpRoute, ns, name)
     }
