@@ -14,6 +14,15 @@
 //! same shape (the same hosts and distinct paths, no conditions), both
 //! through `lookup_request` with the same requests, each a head in one
 //! buffer as the proxy's parser leaves it ([`Head`]).
+//!
+//! `lookup/gateway_port` compares, in one run, a port of a Gateway's own
+//! address ([`PortTable`]: one listener for every host, n exact hostnames
+//! with 5 paths each, a wildcard over them all with 5 paths, a catch-all)
+//! with the same routes as the shared ports install them (a `RouteTable`
+//! with one host per exact hostname, the wildcard's specs copied into each
+//! for the fallback across hostnames): `exact` requests are served by an
+//! exact hostname's spec, `fallback` ones by the wildcard's (the port table
+//! then tries two tables, the shared table one).
 
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -21,8 +30,8 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tuna_routing::{
-    GatewayMatch, HostTable, Matcher, Origin, PathType, RequestView, RouteSpec, RouteTable,
-    SimpleRequest, TieBreak, normalize_host, normalize_path,
+    GatewayMatch, HostTable, ListenerSpecs, Matcher, Origin, PathType, PortTable, RequestView,
+    RouteSpec, RouteTable, SimpleRequest, TieBreak, normalize_host, normalize_path,
 };
 
 /// The product's allocator (src/main.rs), so that tables lie in memory as
@@ -472,6 +481,105 @@ fn gateway_lookups(c: &mut Criterion) {
     group.finish();
 }
 
+/// A Gateway spec: `host` is the table's key on the shared ports, the
+/// hostname the one it serves through.
+fn port_spec(host: &str, hostname: Option<&str>, path: &str, backend: u32) -> RouteSpec<u32> {
+    let mut s = spec(host.to_owned(), path.to_owned(), PathType::Prefix, backend);
+    s.matcher = Matcher::Gateway(Arc::new(GatewayMatch {
+        hostname: hostname.map(str::to_owned),
+        ..GatewayMatch::default()
+    }));
+    s
+}
+
+fn gateway_port(c: &mut Criterion) {
+    let mut group = c.benchmark_group("lookup/gateway_port");
+    let paths = ["/a", "/b/c", "/d", "/e/f/g", "/h"];
+    let wild_paths = ["/w", "/x/y", "/z", "/q/r", "/s"];
+    for hosts in [100, 10_000] {
+        let mut port_specs = Vec::new();
+        let mut shared_specs = Vec::new();
+        let mut backend = 0;
+        for i in 0..hosts {
+            let host = format!("h{i}.example.com");
+            for p in paths {
+                backend += 1;
+                port_specs.push(port_spec("", Some(&host), p, backend));
+                shared_specs.push(port_spec(&host, Some(&host), p, backend));
+            }
+            for (k, p) in wild_paths.iter().enumerate() {
+                shared_specs.push(port_spec(
+                    &host,
+                    Some("*.example.com"),
+                    p,
+                    1_000_000 + k as u32,
+                ));
+            }
+        }
+        for (k, p) in wild_paths.iter().enumerate() {
+            port_specs.push(port_spec(
+                "",
+                Some("*.example.com"),
+                p,
+                1_000_000 + k as u32,
+            ));
+        }
+        port_specs.push(port_spec("", None, "/", 2_000_000));
+        let (port, issues) = PortTable::build(vec![ListenerSpecs {
+            hostname: None,
+            specs: port_specs,
+        }]);
+        assert!(issues.is_empty(), "{issues:?}");
+        let (shared, issues) = RouteTable::build(shared_specs).unwrap();
+        assert!(issues.is_empty(), "{issues:?}");
+        let get = SimpleRequest::get();
+        let requests = |fallback: bool| {
+            let all: Vec<(String, String)> = (0..hosts)
+                .flat_map(|i| {
+                    let host = format!("h{i}.example.com");
+                    let list = if fallback { wild_paths } else { paths };
+                    list.iter()
+                        .map(move |p| (host.clone(), format!("{p}/x")))
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            spread(all)
+        };
+        for (case, fallback) in [("exact", false), ("fallback", true)] {
+            let requests = requests(fallback);
+            for (h, t) in &requests {
+                let a = port.lookup_request(h, t, &get).map(|m| *m.backend);
+                let b = shared.lookup_request(h, t, &get).map(|m| *m.backend);
+                assert!(a.is_some() && a == b, "{h}{t}: {a:?} {b:?}");
+            }
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new(format!("port_{case}"), hosts), |b| {
+                b.iter(|| {
+                    let (h, t) = &requests[i % requests.len()];
+                    i = i.wrapping_add(1);
+                    black_box(
+                        port.lookup_request(black_box(h), black_box(t), &get)
+                            .map(|m| *m.backend),
+                    )
+                })
+            });
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new(format!("shared_{case}"), hosts), |b| {
+                b.iter(|| {
+                    let (h, t) = &requests[i % requests.len()];
+                    i = i.wrapping_add(1);
+                    black_box(
+                        shared
+                            .lookup_request(black_box(h), black_box(t), &get)
+                            .map(|m| *m.backend),
+                    )
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 fn builds(c: &mut Criterion) {
     let mut group = c.benchmark_group("build");
     group.sample_size(10);
@@ -540,5 +648,12 @@ fn changes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, lookups, gateway_lookups, builds, changes);
+criterion_group!(
+    benches,
+    lookups,
+    gateway_lookups,
+    gateway_port,
+    builds,
+    changes
+);
 criterion_main!(benches);

@@ -54,17 +54,22 @@ pub struct ListenerSpecs<B> {
 /// spans any number of labels), then the value for any host.
 #[derive(Debug)]
 struct Hostnames<T> {
-    exact: HashMap<Box<str>, T>,
+    exact: Map<T>,
     /// Keyed by the suffix after `*.`.
-    wildcard: HashMap<Box<str>, T>,
+    wildcard: Map<T>,
     any: Option<T>,
 }
+
+/// Hashed as the route table's hosts are (`table.rs`): request hosts are
+/// chosen by clients, but a table's keys are not, so collision flooding
+/// costs nothing here, and a lookup hashes a host once per label.
+type Map<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
 
 impl<T> Default for Hostnames<T> {
     fn default() -> Self {
         Self {
-            exact: HashMap::new(),
-            wildcard: HashMap::new(),
+            exact: Map::default(),
+            wildcard: Map::default(),
             any: None,
         }
     }
