@@ -1179,10 +1179,10 @@ spec:
             ..World::default()
         });
         let edge = &p.gateway.addresses[&ObjectRef::new(Kind::Gateway, "shop", "edge")];
-        let served: Vec<(String, Vec<(String, Option<String>)>)> = edge.http[&80]
+        let served: Vec<_> = edge.http[&80]
             .iter()
             .map(|l| {
-                let specs = l
+                let specs: Vec<(String, Option<String>)> = l
                     .specs
                     .iter()
                     .map(|s| {
