@@ -498,11 +498,25 @@ impl ProxyCore {
                     this.serve_scoped(stream, info, None, true, Some(scope))
                         .await;
                 }
-                Ok(Err(e)) => tracing::debug!(%at, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%at, "TLS handshake timed out"),
+                Ok(Err(e)) => {
+                    this.count_handshake_failure();
+                    tracing::debug!(%at, error = %e, "TLS handshake failed");
+                }
+                Err(_) => {
+                    this.count_handshake_failure();
+                    tracing::debug!(%at, "TLS handshake timed out");
+                }
             }
         })
         .await
+    }
+
+    fn count_handshake_failure(&self) {
+        self.inner
+            .shared
+            .metrics
+            .tls_handshake_failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// One tunnel stream into the fast path, then Pingora, scoped to a

@@ -137,6 +137,8 @@ pub(crate) struct Metrics {
     pub(crate) tcp_bytes_to_upstream: AtomicU64,
     pub(crate) tcp_bytes_to_client: AtomicU64,
     pub(crate) header_rejections: AtomicU64,
+    /// TLS handshakes on HTTPS ports of Gateway addresses that failed.
+    pub(crate) tls_handshake_failures: AtomicU64,
     /// Requests the HTTP/1.1 fast path served (answered or failed).
     pub(crate) fast_path_requests: AtomicU64,
     /// Connections the fast path handed to Pingora.
@@ -266,7 +268,7 @@ impl Metrics {
             );
         }
 
-        let gauges: [(&str, &str, &str, i64); 12] = [
+        let gauges: [(&str, &str, &str, i64); 13] = [
             (
                 "tuna_proxy_route_table_builds_total",
                 "counter",
@@ -308,6 +310,12 @@ impl Metrics {
                 "counter",
                 "Connections refused for oversized, too many or too slow request headers.",
                 self.header_rejections.load(Relaxed) as i64,
+            ),
+            (
+                "tuna_proxy_tls_handshake_failures_total",
+                "counter",
+                "TLS handshakes on HTTPS listeners of Gateway addresses that failed or timed out (no listener for the SNI, not TLS, too slow).",
+                self.tls_handshake_failures.load(Relaxed) as i64,
             ),
             (
                 "tuna_proxy_tcp_connections_active",

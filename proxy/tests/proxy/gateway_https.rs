@@ -247,7 +247,11 @@ async fn https_listeners_terminate_tls_with_the_certificate_sni_selects_and_rout
     .expect("the stream is closed");
     assert!(!String::from_utf8_lossy(&out).contains("HTTP/1"), "{out:?}");
     serving.await.unwrap();
+    // Every handshake above succeeded but this one.
+    assert_eq!(metric(&core, HANDSHAKE_FAILURES), 1);
 }
+
+const HANDSHAKE_FAILURES: &str = "tuna_proxy_tls_handshake_failures_total";
 
 #[tokio::test]
 async fn a_name_no_https_listener_claims_gets_no_handshake_and_the_certificate_follows_the_routes()
@@ -273,6 +277,15 @@ async fn a_name_no_https_listener_claims_gets_no_handshake_and_the_certificate_f
         refused.is_err(),
         "a handshake for a name no listener claims"
     );
+    // Counted once the proxy's side has ended.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while metric(&core, HANDSHAKE_FAILURES) != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failed handshake was not counted"
+        );
+        tokio::task::yield_now().await;
+    }
     let tls = connect(&core, at, Some("shop.example.com"), &roots, &[])
         .await
         .unwrap();
