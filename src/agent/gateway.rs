@@ -971,10 +971,12 @@ async fn write_class_status(
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
     let next = conditions(&previous, &desired.conditions, desired.generation, &now());
+    // A class annotated for the shared ports claims what they can serve.
     let own_addresses = state
         .ctx
         .edge_info_now()
-        .is_some_and(|w| w.gateway_addresses);
+        .is_some_and(|w| w.gateway_addresses)
+        && !crate::plan::gateway_model::class_shares_ports(class);
     let features = crate::plan::httproute::supported_features(own_addresses);
     let current_features: Vec<String> = class
         .status

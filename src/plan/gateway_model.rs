@@ -268,6 +268,60 @@ pub(super) fn ref_reason(reason: &str) -> &'static str {
     }
 }
 
+/// The annotation of a GatewayClass that chooses the model of its
+/// Gateways on an edge with a Gateway address pool: `shared` keeps them on
+/// the edge's shared ports (reserved hosts, TCP endpoints by alias), as on
+/// an edge without a pool; `own` (the default) gives each an address of its
+/// own.
+pub const ADDRESSES_ANNOTATION: &str = "k8s.tuna.am/addresses";
+
+/// Which Gateways have an address of their own: every Gateway, when the
+/// edge has a pool ([`super::PlanOptions::gateway_addresses`]), but those of
+/// a class annotated [`ADDRESSES_ANNOTATION`]`: shared`.
+#[derive(Debug, Clone, Default)]
+pub struct AddressModel {
+    pool: bool,
+    shared_classes: std::collections::BTreeSet<String>,
+}
+
+impl AddressModel {
+    /// The model of an edge with (`pool`) or without a pool, for `classes`.
+    pub fn new(pool: bool, classes: &[Arc<GatewayClass>]) -> Self {
+        Self {
+            pool,
+            shared_classes: classes
+                .iter()
+                .filter(|c| class_shares_ports(c))
+                .filter_map(|c| c.metadata.name.clone())
+                .collect(),
+        }
+    }
+
+    /// Whether `gateway` has an address of its own.
+    pub fn own(&self, gateway: &Gateway) -> bool {
+        self.pool
+            && !self
+                .shared_classes
+                .contains(&gateway.spec.gateway_class_name)
+    }
+
+    /// Whether the Gateways of `class` have addresses of their own.
+    pub fn own_for_class(&self, class: &str) -> bool {
+        self.pool && !self.shared_classes.contains(class)
+    }
+}
+
+/// Whether a GatewayClass asks for the shared ports
+/// ([`ADDRESSES_ANNOTATION`]`: shared`).
+pub fn class_shares_ports(class: &GatewayClass) -> bool {
+    class
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ADDRESSES_ANNOTATION))
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("shared"))
+}
+
 /// What the plan knows of hosts once ownership is settled.
 pub(crate) struct HostContext<'a> {
     /// The holder of each claimed host ([`super::claims::settle`]).
@@ -282,8 +336,8 @@ pub(crate) struct HostContext<'a> {
     pub aliases: &'a super::tcpendpoint::AliasOwners,
     /// A TCP listener's alias must be declared by a TCPEndpoint (standalone).
     pub require_tcp_endpoint_objects: bool,
-    /// Each Gateway has an address of its own ([`super::PlanOptions::gateway_addresses`]).
-    pub gateway_addresses: bool,
+    /// Which Gateways have an address of their own.
+    pub addresses: &'a AddressModel,
     /// TCP endpoints tcp Tunnels publish, by [`tcp_key`] (→ the Tunnel): they keep them.
     pub tcp_taken: &'a BTreeMap<String, ObjectRef>,
     /// The holder of each claimed TCP endpoint, by [`tcp_key`].

@@ -387,9 +387,9 @@ pub(crate) struct PrepareContext<'a> {
     pub backends: Backends,
     /// Upstream policy.
     pub policy: UpstreamPolicy,
-    /// Each Gateway has an address of its own ([`super::PlanOptions::gateway_addresses`]):
-    /// the specs of each HTTP listener are kept for it.
-    pub gateway_addresses: bool,
+    /// Which Gateways have an address of their own: the specs of each of
+    /// their HTTP listeners are kept for it.
+    pub addresses: &'a super::gateway_model::AddressModel,
 }
 
 /// A match of a route on a hostname pattern, before hosts are settled.
@@ -501,13 +501,20 @@ pub(crate) fn prepare<'a>(
             continue;
         }
         let name = c.metadata.name.clone().unwrap_or_default();
+        let model = if super::gateway_model::class_shares_ports(c) {
+            " on the edge's shared ports (k8s.tuna.am/addresses: shared)"
+        } else if ctx.addresses.own_for_class(&name) {
+            ", each on an address of its own"
+        } else {
+            ""
+        };
         out.classes.push(ClassStatus {
             name: name.clone(),
             generation: c.metadata.generation,
             conditions: vec![Cond::yes(
                 "Accepted",
                 "Accepted",
-                "tuna-operator serves Gateways of this class through its tunnels",
+                format!("tuna-operator serves Gateways of this class through its tunnels{model}"),
             )],
         });
         ours.insert(c.metadata.name.as_deref().unwrap_or(""));
@@ -581,7 +588,7 @@ pub(crate) fn prepare<'a>(
                     &namespace,
                     &labels,
                     &hostnames,
-                    ctx.gateway_addresses,
+                    ctx.addresses.own(gateway),
                 ) {
                     Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, parent)),
                     Ok(listeners) => {
@@ -625,10 +632,13 @@ pub(crate) fn prepare<'a>(
                 route: object.clone(),
             }));
         }
-        if ctx.gateway_addresses {
+        {
             // On a Gateway's own address no host is reserved: every
             // hostname the route serves through the listener is its own.
             for (gi, listener, hostnames) in attached_to {
+                if !ctx.addresses.own(gateways[gi]) {
+                    continue;
+                }
                 let slot = on_listeners.entry((gi, listener)).or_default();
                 for h in &hostnames {
                     slot.extend(specs_on(h).into_iter().map(|mut spec| {
@@ -933,7 +943,8 @@ pub(crate) fn finish(
     for (gi, g) in gateways.iter().enumerate() {
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         let mut listeners = Vec::new();
-        let conflicted = super::gateway_status::conflicts(g, ctx.gateway_addresses);
+        let own_address = ctx.addresses.own(g);
+        let conflicted = super::gateway_status::conflicts(g, own_address);
         for l in &g.spec.listeners {
             let attached = attached_count
                 .get(&(gi, l.name.clone()))
@@ -941,7 +952,7 @@ pub(crate) fn finish(
                 .unwrap_or(0);
             let (kinds, conditions): (Vec<&'static str>, Vec<Cond>) = match l.protocol.as_str() {
                 "HTTP" | "HTTPS" => {
-                    let tls_note = match (l.protocol.as_str(), ctx.gateway_addresses) {
+                    let tls_note = match (l.protocol.as_str(), own_address) {
                         ("HTTPS", true) => {
                             " on the Gateway's address (TLS is terminated in the cluster with the listener's certificateRefs; on the edge's shared port 443 with the edge's own certificates)"
                         }
@@ -968,7 +979,7 @@ pub(crate) fn finish(
                     vec!["TCPRoute"],
                     super::tcproute::listener_conditions(
                         &l.name,
-                        ctx.gateway_addresses.then_some(l.port),
+                        own_address.then_some(l.port),
                         tcp_listeners.get(&(gi, l.name.clone())),
                     ),
                 ),

@@ -373,6 +373,8 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
             .insert(c.namespace.clone());
     }
     host_claims.extend(ingress_claims.into_iter().filter(|c| reserved(&c.key)));
+    let address_model =
+        gateway_model::AddressModel::new(options.gateway_addresses, inputs.gateway.classes);
     let gateway = (!inputs.gateway.is_empty()).then(|| {
         httproute::prepare(
             &inputs.gateway,
@@ -382,7 +384,7 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
                 account: &reservations.account,
                 backends: options.backends,
                 policy: options.policy,
-                gateway_addresses: options.gateway_addresses,
+                addresses: &address_model,
             },
         )
     });
@@ -580,7 +582,7 @@ pub fn plan(inputs: &Inputs<'_>, services: &dyn ServiceLookup, options: &PlanOpt
             aliases: &aliases,
             taken: &tcp_used,
         };
-        plan_http_routes(prepared, services, options, &tcp, &mut out);
+        plan_http_routes(prepared, services, options, &address_model, &tcp, &mut out);
     }
     out
 }
@@ -599,6 +601,7 @@ fn plan_http_routes(
     prepared: httproute::Prepared<'_>,
     services: &dyn ServiceLookup,
     options: &PlanOptions,
+    address_model: &gateway_model::AddressModel,
     tcp: &TcpReservations<'_>,
     out: &mut Plan,
 ) {
@@ -622,7 +625,7 @@ fn plan_http_routes(
         policy: options.policy,
         aliases: tcp.aliases,
         require_tcp_endpoint_objects: options.require_tcp_endpoint_objects,
-        gateway_addresses: options.gateway_addresses,
+        addresses: address_model,
         tcp_taken: tcp.taken,
         tcp_owners: &out.tcp_owners,
     };

@@ -99,7 +99,7 @@ pub(crate) fn reserve_listeners(
         if super::gateway::not_accepted(g).is_some() {
             continue;
         }
-        if ctx.gateway_addresses {
+        if ctx.addresses.own(g) {
             // Its own address: each TCP listener is a port of it (but one
             // that shares its port with another protocol: conflicted).
             let conflicted = super::gateway_status::conflicts(g, true);
@@ -244,10 +244,10 @@ pub(crate) fn plan_tcp_routes(
         )
     });
     let mut winners: BTreeMap<(usize, String), ObjectRef> = BTreeMap::new();
-    if ctx.gateway_addresses {
+    {
         // TCP, HTTP and HTTPS listeners are served on a Gateway's own
         // address (HTTPS terminated in the cluster with its certificateRefs).
-        for g in gateways {
+        for g in gateways.iter().filter(|g| ctx.addresses.own(g)) {
             let served = g
                 .spec
                 .listeners
@@ -295,9 +295,8 @@ pub(crate) fn plan_tcp_routes(
         );
         let resolved = resolved_refs([&action]);
         let mut parents = Vec::new();
-        // Listeners this route won, in parentRef then listener order.
-        let mut won: Vec<String> = Vec::new();
-        // The same, as (gateway index, listener name).
+        // Listeners this route won, (gateway index, listener name), in
+        // parentRef then listener order.
         let mut won_at: Vec<(usize, String)> = Vec::new();
         for parent in route.spec.parent_refs.iter().flatten().map(parent_ref) {
             let Some((gi, gateway)) = gateways
@@ -314,7 +313,7 @@ pub(crate) fn plan_tcp_routes(
                 &namespace,
                 &labels,
                 &[],
-                ctx.gateway_addresses,
+                ctx.addresses.own(gateway),
             ) {
                 Err(r) => Cond::no("Accepted", r.reason(), refusal_message(r, &parent)),
                 Ok(attached) => {
@@ -335,7 +334,7 @@ pub(crate) fn plan_tcp_routes(
                             // (the specification's conflict rule: the oldest
                             // gets the connections); on a shared TCP
                             // endpoint it is refused.
-                            _ if ctx.gateway_addresses => None,
+                            _ if ctx.addresses.own(gateway) => None,
                             _ => older.as_ref().map(|w| {
                                 Cond::no(
                                     "Accepted",
@@ -364,8 +363,7 @@ pub(crate) fn plan_tcp_routes(
                                 if winners.insert(key.clone(), object.clone()).is_none() {
                                     *attached_count.entry(key).or_default() += 1;
                                 }
-                                won_at.push((gi, a.listener.clone()));
-                                won.push(a.listener);
+                                won_at.push((gi, a.listener));
                             }
                         }
                     }
@@ -410,16 +408,19 @@ pub(crate) fn plan_tcp_routes(
                 parents,
             });
         }
+        // The listeners of Gateways with an address of their own are ports
+        // of it; those of Gateways on the shared ports are TCP endpoints by
+        // alias (a route may have both).
+        let (at_address, at_alias): (Vec<_>, Vec<_>) = won_at
+            .into_iter()
+            .partition(|(gi, _)| ctx.addresses.own(gateways[*gi]));
+        if !at_address.is_empty() && ctx.backends == Backends::Resolve {
+            serve_on_addresses(gateways, &at_address, &action, object.clone(), out);
+        }
+        let won: Vec<String> = at_alias.into_iter().map(|(_, l)| l).collect();
         let Some(alias) = won.first() else {
             continue;
         };
-        if ctx.gateway_addresses {
-            if ctx.backends != Backends::Resolve {
-                continue;
-            }
-            serve_on_addresses(gateways, &won_at, &action, object, out);
-            continue;
-        }
         if won.len() > 1 {
             out.tcp_refusals.push((
                 object.clone(),
@@ -638,6 +639,8 @@ spec:
         own_addresses: bool,
         /// The listeners' Secrets as the agent found them (`None`: not read).
         certificates: Option<&'a [CertificateSecret]>,
+        /// The GatewayClasses.
+        classes: &'a str,
     }
 
     impl Default for World<'_> {
@@ -658,12 +661,13 @@ spec: {alias: redis}
                 standalone: true,
                 own_addresses: false,
                 certificates: None,
+                classes: CLASS,
             }
         }
     }
 
     fn run(w: &World<'_>) -> Plan {
-        let classes = objects::<GatewayClass>(CLASS);
+        let classes = objects::<GatewayClass>(w.classes);
         let gateways = objects::<Gateway>(w.gateways);
         let routes = objects::<TcpRoute>(&w.routes.join("\n---\n"));
         let http_routes = objects::<HttpRoute>(w.http_routes);
@@ -1211,6 +1215,102 @@ spec:
         assert_eq!(
             (accepted.status, accepted.reason.to_string()),
             (false, "NotAllowedByListeners".to_owned())
+        );
+    }
+
+    /// On an edge with a pool, a GatewayClass annotated
+    /// `k8s.tuna.am/addresses: shared` keeps its Gateways on the shared
+    /// ports: no address, its TCP listeners on their TCPEndpoint alias. The
+    /// other class's Gateways have addresses. A TCPRoute attached to one
+    /// of each is served both ways, and an HTTPRoute of the shared one is
+    /// served by its reserved host alone.
+    #[test]
+    fn with_own_addresses_a_class_may_ask_for_the_shared_ports() {
+        let classes = "
+metadata: {name: tuna}
+spec: {controllerName: k8s.tuna.am/gateway-controller}
+---
+metadata: {name: tuna-shared, annotations: {k8s.tuna.am/addresses: shared}}
+spec: {controllerName: k8s.tuna.am/gateway-controller}
+";
+        let gateways = "
+metadata: {name: own, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  gatewayClassName: tuna
+  listeners:
+  - {name: pg, protocol: TCP, port: 5432}
+  - {name: web, protocol: HTTP, port: 80}
+---
+metadata: {name: shared, namespace: shop, creationTimestamp: '2026-01-02T00:00:00Z'}
+spec:
+  gatewayClassName: tuna-shared
+  listeners:
+  - {name: pg, protocol: TCP, port: 5432}
+  - {name: web, protocol: HTTP, port: 80}
+  - {name: web-tls, protocol: HTTPS, port: 80, tls: {certificateRefs: [{name: cert}]}}
+";
+        let tcp = "
+metadata: {name: both, namespace: shop, creationTimestamp: '2026-01-03T00:00:00Z'}
+spec:
+  parentRefs: [{name: own, sectionName: pg}, {name: shared, sectionName: pg}]
+  rules: [{backendRefs: [{name: db, port: 5432}]}]
+";
+        let http_routes = "
+metadata: {name: site, namespace: shop, creationTimestamp: '2026-01-01T00:00:00Z'}
+spec:
+  parentRefs: [{name: own, sectionName: web}, {name: shared, sectionName: web}]
+  rules: [{backendRefs: [{name: cache, port: 6379}]}]
+";
+        let p = run(&World {
+            classes,
+            gateways,
+            routes: vec![tcp.to_owned()],
+            http_routes,
+            own_addresses: true,
+            ..World::default()
+        });
+        let gateway = |name| ObjectRef::new(Kind::Gateway, "shop", name);
+        // Only the Gateway of the default class has an address.
+        assert_eq!(
+            p.gateway.addresses.keys().collect::<Vec<_>>(),
+            [&gateway("own")]
+        );
+        let own = &p.gateway.addresses[&gateway("own")];
+        assert_eq!(own.tcp.keys().collect::<Vec<_>>(), [&5432]);
+        assert_eq!(own.http[&80][0].specs.len(), 1);
+        // The shared class's listener is a TCP endpoint by its alias.
+        let on_alias = &p.tcp[&tcp_route("shop", "both")];
+        assert_eq!(on_alias.endpoint, PortOrAlias::parse("pg"));
+        // HTTP and HTTPS on one port conflict only on an address: on the
+        // shared ports they do not.
+        let shared = p
+            .gateway
+            .gateways
+            .iter()
+            .find(|g| g.object.name == "shared")
+            .unwrap();
+        for l in &shared.listeners {
+            let conflicted = l
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Conflicted")
+                .unwrap();
+            assert!(!conflicted.status, "{l:?}");
+        }
+        // The classes say which model they have.
+        let class = |name: &str| {
+            let c = p.gateway.classes.iter().find(|c| c.name == name).unwrap();
+            c.conditions[0].message.clone()
+        };
+        assert!(
+            class("tuna").ends_with("each on an address of its own"),
+            "{}",
+            class("tuna")
+        );
+        assert!(
+            class("tuna-shared").contains("shared ports"),
+            "{}",
+            class("tuna-shared")
         );
     }
 

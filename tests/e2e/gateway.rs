@@ -1149,6 +1149,77 @@ async fn a_gateway_serves_its_https_listeners_with_their_own_certificates() {
     );
 }
 
+/// Issue 41: on an edge with a pool, a GatewayClass annotated
+/// `k8s.tuna.am/addresses: shared` keeps its Gateways on the shared ports:
+/// no address of their own, their routes served by reserved host, and the
+/// class claims only what the shared ports can serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_that_asks_for_the_shared_ports_keeps_its_gateways_there() {
+    let env = Env::start_with(EdgeOptions {
+        extra: vec!["--gateway-addresses".into(), "127.0.100.56/30".into()],
+        ..EdgeOptions::default()
+    })
+    .await;
+    let web = http_backend("web", bind_loopback(8080).await).await;
+    env.cluster.apply(&service("default", "web", web));
+    env.cluster.apply(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata:\n  name: tuna-shared\n  annotations: {k8s.tuna.am/addresses: shared}\nspec: {controllerName: k8s.tuna.am/gateway-controller}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: plain, namespace: default}\nspec:\n  gatewayClassName: tuna-shared\n  listeners:\n  - {name: http, protocol: HTTP, port: 80}\n---\napiVersion: k8s.tuna.am/v1alpha1\nkind: Domain\nmetadata: {name: shared}\nspec: {subdomain: shared}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: shared, namespace: default}\nspec:\n  parentRefs: [{name: plain}]\n  hostnames: [shared.tuna.test]\n  rules: [{backendRefs: [{name: web, port: 8080}]}]\n",
+    );
+    env.serves("shared.tuna.test", "/", "", 200, "web").await;
+    let g: Gateway = wait_for(
+        &env.client,
+        "default",
+        "plain",
+        "Programmed, with the edge's host as its address",
+        &env.procs(),
+        |g: &Gateway| {
+            g.status.as_ref().is_some_and(|s| {
+                is_true(s.conditions.as_deref().unwrap_or_default(), "Programmed")
+                    && s.addresses.as_ref().is_some_and(|a| !a.is_empty())
+            })
+        },
+    )
+    .await;
+    let addresses = g.status.unwrap().addresses.unwrap();
+    assert!(
+        addresses
+            .iter()
+            .all(|a| a.r#type.as_deref() != Some("IPAddress")),
+        "{addresses:?}"
+    );
+    // Only the Env's `web` Gateway (class `tuna`) holds an address.
+    let held = env.edge.client().list_gateway_addresses().await.unwrap();
+    assert_eq!(held.len(), 1, "{held:?}");
+    // Each class claims what its model serves.
+    let classes: Api<GatewayClass> = Api::all(env.client.clone());
+    let features = |c: GatewayClass| -> Vec<String> {
+        c.status
+            .and_then(|s| s.supported_features)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| f.name)
+            .collect()
+    };
+    let deadline = tokio::time::Instant::now() + support::WAIT;
+    loop {
+        let shared = features(classes.get("tuna-shared").await.unwrap());
+        let own = features(classes.get("tuna").await.unwrap());
+        if !shared.is_empty() && own.contains(&"GatewayPort8080".to_owned()) {
+            assert!(
+                !shared.contains(&"GatewayPort8080".to_owned()),
+                "{shared:?}"
+            );
+            assert!(shared.contains(&"HTTPRoute".to_owned()), "{shared:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the classes never listed their features: {shared:?} {own:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// With every address of the pool held, a third Gateway with a TCP listener
 /// says why it has none; it gets the one the first gives back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
