@@ -323,6 +323,88 @@ pub fn not_accepted_message(gateway: &str) -> String {
     )
 }
 
+/// The listeners of `gateway` that conflict (by name): (reason, message).
+/// None of a conflicting set is served or takes a route, as the
+/// specification says ("MUST NOT pick one conflicting Listener as the
+/// winner"); the others are.
+///
+/// - `HostnameConflict`: HTTP or HTTPS listeners of one protocol with one
+///   port and one hostname (case and a trailing dot aside; none is one
+///   hostname too).
+/// - `ProtocolConflict`, on a Gateway's own address (`own_addresses`)
+///   only: listeners of different protocols on one port (HTTP, HTTPS and
+///   TCP cannot share a port of an address). On the edge's shared ports a
+///   listener's port is not opened, so its protocol conflicts with none.
+pub fn conflicts(
+    gateway: &tuna_crds::gateway::Gateway,
+    own_addresses: bool,
+) -> std::collections::BTreeMap<String, (&'static str, String)> {
+    let listeners = &gateway.spec.listeners;
+    let mut out = std::collections::BTreeMap::new();
+    if own_addresses {
+        let mut by_port: std::collections::BTreeMap<i32, std::collections::BTreeSet<&str>> =
+            std::collections::BTreeMap::new();
+        for l in listeners
+            .iter()
+            .filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS" | "TCP"))
+        {
+            by_port.entry(l.port).or_default().insert(&l.protocol);
+        }
+        for l in listeners {
+            if let Some(protocols) = by_port.get(&l.port).filter(|p| p.len() > 1)
+                && protocols.contains(l.protocol.as_str())
+            {
+                let shown: Vec<&str> = protocols.iter().copied().collect();
+                out.insert(
+                    l.name.clone(),
+                    (
+                        "ProtocolConflict",
+                        format!(
+                            "port {} has listeners of protocols {}: one port of the Gateway's address serves one protocol, so none of them is served",
+                            l.port,
+                            shown.join(", ")
+                        ),
+                    ),
+                );
+            }
+        }
+    }
+    let hostname = |l: &tuna_crds::gateway::gateways::GatewayListeners| {
+        let h = l.hostname.as_deref().unwrap_or("");
+        h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()
+    };
+    let mut by_key: std::collections::BTreeMap<(&str, i32, String), Vec<&str>> =
+        std::collections::BTreeMap::new();
+    for l in listeners
+        .iter()
+        .filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS"))
+    {
+        by_key
+            .entry((l.protocol.as_str(), l.port, hostname(l)))
+            .or_default()
+            .push(&l.name);
+    }
+    for ((protocol, port, host), names) in by_key.into_iter().filter(|(_, n)| n.len() > 1) {
+        let shown = if host.is_empty() {
+            "no hostname".to_owned()
+        } else {
+            format!("hostname {host}")
+        };
+        for name in &names {
+            out.entry((*name).to_owned()).or_insert_with(|| {
+                (
+                    "HostnameConflict",
+                    format!(
+                        "listeners {} are all {protocol} on port {port} with {shown}: none of them is served (rename a hostname or change a port)",
+                        names.join(", ")
+                    ),
+                )
+            });
+        }
+    }
+    out
+}
+
 /// Attaches a route of `kind` (`HTTPRoute`, `TCPRoute`) in namespace
 /// `route_namespace` (with `namespace_labels`) and with `hostnames`, through
 /// `parent` (already known to name `gateway`, see [`refers_to`]), to the
@@ -349,7 +431,7 @@ pub fn attach(
     }
     let gateway_namespace = gateway.metadata.namespace.as_deref().unwrap_or("default");
     // A conflicted listener is not accepted: no route attaches to it.
-    let conflicted = super::gateway_status::conflicts(gateway, own_addresses);
+    let conflicted = conflicts(gateway, own_addresses);
     let named: Vec<_> = gateway
         .spec
         .listeners

@@ -18,8 +18,6 @@
 //!   when no listener is accepted, `Accepted=True, ListenersNotValid` when
 //!   some listener is not accepted or does not resolve its references.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use tuna_crds::gateway::ReferenceGrant;
 use tuna_crds::gateway::gateways::{Gateway, GatewayListeners};
 
@@ -232,87 +230,7 @@ pub fn unresolved(conditions: &mut [Cond], reason: &str, message: String) {
     }
 }
 
-/// The listeners of `gateway` that conflict (by name): (reason, message).
-/// None of a conflicting set is served or takes a route, as the
-/// specification says ("MUST NOT pick one conflicting Listener as the
-/// winner"); the others are.
-///
-/// - `HostnameConflict`: HTTP or HTTPS listeners of one protocol with one
-///   port and one hostname (case and a trailing dot aside; none is one
-///   hostname too).
-/// - `ProtocolConflict`, on a Gateway's own address (`own_addresses`)
-///   only: listeners of different protocols on one port (HTTP, HTTPS and
-///   TCP cannot share a port of an address). On the edge's shared ports a
-///   listener's port is not opened, so its protocol conflicts with none.
-pub fn conflicts(
-    gateway: &Gateway,
-    own_addresses: bool,
-) -> BTreeMap<String, (&'static str, String)> {
-    let listeners = &gateway.spec.listeners;
-    let mut out = BTreeMap::new();
-    if own_addresses {
-        let mut by_port: BTreeMap<i32, BTreeSet<&str>> = BTreeMap::new();
-        for l in listeners
-            .iter()
-            .filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS" | "TCP"))
-        {
-            by_port.entry(l.port).or_default().insert(&l.protocol);
-        }
-        for l in listeners {
-            if let Some(protocols) = by_port.get(&l.port).filter(|p| p.len() > 1)
-                && protocols.contains(l.protocol.as_str())
-            {
-                let shown: Vec<&str> = protocols.iter().copied().collect();
-                out.insert(
-                    l.name.clone(),
-                    (
-                        "ProtocolConflict",
-                        format!(
-                            "port {} has listeners of protocols {}: one port of the Gateway's address serves one protocol, so none of them is served",
-                            l.port,
-                            shown.join(", ")
-                        ),
-                    ),
-                );
-            }
-        }
-    }
-    let hostname = |l: &GatewayListeners| {
-        let h = l.hostname.as_deref().unwrap_or("");
-        h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase()
-    };
-    let mut by_key: BTreeMap<(&str, i32, String), Vec<&str>> = BTreeMap::new();
-    for l in listeners
-        .iter()
-        .filter(|l| matches!(l.protocol.as_str(), "HTTP" | "HTTPS"))
-    {
-        by_key
-            .entry((l.protocol.as_str(), l.port, hostname(l)))
-            .or_default()
-            .push(&l.name);
-    }
-    for ((protocol, port, host), names) in by_key.into_iter().filter(|(_, n)| n.len() > 1) {
-        let shown = if host.is_empty() {
-            "no hostname".to_owned()
-        } else {
-            format!("hostname {host}")
-        };
-        for name in &names {
-            out.entry((*name).to_owned()).or_insert_with(|| {
-                (
-                    "HostnameConflict",
-                    format!(
-                        "listeners {} are all {protocol} on port {port} with {shown}: none of them is served (rename a hostname or change a port)",
-                        names.join(", ")
-                    ),
-                )
-            });
-        }
-    }
-    out
-}
-
-/// Marks a conflicted listener ([`conflicts`]): not accepted, not
+/// Marks a conflicted listener ([`super::gateway::conflicts`]): not accepted, not
 /// programmed, and `Conflicted=True`, each with the conflict's reason.
 pub fn conflicted(conditions: &mut Vec<Cond>, reason: &'static str, message: &str) {
     conditions.retain(|c| !matches!(c.type_, "Accepted" | "Programmed" | "Conflicted"));

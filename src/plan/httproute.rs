@@ -905,7 +905,7 @@ pub(crate) fn finish(
             continue;
         };
         let gateway_ns = g.metadata.namespace.as_deref().unwrap_or("default");
-        let conflicted = super::gateway_status::conflicts(g, true);
+        let conflicted = super::gateway::conflicts(g, true);
         for l in &g.spec.listeners {
             let Ok(port) = u16::try_from(l.port) else {
                 continue;
@@ -944,7 +944,7 @@ pub(crate) fn finish(
         let object = ObjectRef::of(Kind::Gateway, &g.metadata);
         let mut listeners = Vec::new();
         let own_address = ctx.addresses.own(g);
-        let conflicted = super::gateway_status::conflicts(g, own_address);
+        let conflicted = super::gateway::conflicts(g, own_address);
         for l in &g.spec.listeners {
             let attached = attached_count
                 .get(&(gi, l.name.clone()))

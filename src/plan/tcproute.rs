@@ -102,7 +102,7 @@ pub(crate) fn reserve_listeners(
         if ctx.addresses.own(g) {
             // Its own address: each TCP listener is a port of it (but one
             // that shares its port with another protocol: conflicted).
-            let conflicted = super::gateway_status::conflicts(g, true);
+            let conflicted = super::gateway::conflicts(g, true);
             for l in g
                 .spec
                 .listeners
