@@ -820,7 +820,13 @@ async fn on_address(at: (std::net::IpAddr, u16), host: &str, path: &str) -> Opti
         .await
         .ok()?
         .ok()?;
-    let text = String::from_utf8_lossy(&out);
+    status_and_backend(&out)
+}
+
+/// An HTTP answer's status and the backend its JSON body names (empty when
+/// it names none).
+fn status_and_backend(answer: &[u8]) -> Option<(u16, String)> {
+    let text = String::from_utf8_lossy(answer);
     let status = text.split(' ').nth(1)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
     let backend = serde_json::from_str::<Value>(body)
@@ -1020,14 +1026,7 @@ async fn over_tls(
     let _ = tokio::time::timeout(support::WAIT, tls.read_to_end(&mut out))
         .await
         .ok()?;
-    let text = String::from_utf8_lossy(&out);
-    let status = text.split(' ').nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let backend = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v["backend"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    Some((status, backend))
+    status_and_backend(&out)
 }
 
 /// Issue 41: a Gateway's HTTPS listeners on its own address. The edge

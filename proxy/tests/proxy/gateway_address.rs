@@ -38,15 +38,21 @@ pub(crate) fn through(hostname: Option<&str>, path: &str, backend: SocketAddr) -
     r
 }
 
-async fn exchange(core: &ProxyCore, at: SocketAddr, request: &str, on_port: bool) -> String {
-    let (mut client, server) = tokio::io::duplex(64 * 1024);
-    let info = ConnInfo {
+/// A public client's tunnel stream, as the edge opens it (plain HTTP,
+/// trusted, no host pinned).
+pub(crate) fn tunnel_client() -> ConnInfo {
+    ConnInfo {
         client_addr: "198.51.100.7:40000".parse().unwrap(),
         local_addr: None,
         scheme: Scheme::Http,
         trusted: true,
         host: None,
-    };
+    }
+}
+
+async fn exchange(core: &ProxyCore, at: SocketAddr, request: &str, on_port: bool) -> String {
+    let (mut client, server) = tokio::io::duplex(64 * 1024);
+    let info = tunnel_client();
     let core2 = core.clone();
     let serving = tokio::spawn(async move {
         if on_port {
@@ -199,13 +205,7 @@ async fn a_rule_timeout_on_a_gateway_port_answers_504() {
     // A keep-alive connection (as Go's client reuses one): a request
     // served, then one whose timeout elapses.
     let (mut client, server) = tokio::io::duplex(64 * 1024);
-    let info = ConnInfo {
-        client_addr: "198.51.100.7:40000".parse().unwrap(),
-        local_addr: None,
-        scheme: Scheme::Http,
-        trusted: true,
-        host: None,
-    };
+    let info = tunnel_client();
     let core2 = core.clone();
     tokio::spawn(async move { core2.serve_port_stream(server, info, at).await });
     client
@@ -317,13 +317,7 @@ async fn a_stream_ended_on_an_error_path_is_shut_down() {
         inner: server,
         shut: Arc::clone(&shut),
     };
-    let info = ConnInfo {
-        client_addr: "198.51.100.7:40000".parse().unwrap(),
-        local_addr: None,
-        scheme: Scheme::Http,
-        trusted: true,
-        host: None,
-    };
+    let info = tunnel_client();
     let core2 = core.clone();
     tokio::spawn(async move { core2.serve_port_stream(server, info, at).await });
     client

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio_rustls::client::TlsStream;
-use tuna_proxy::{ConnInfo, ListenerRoutes, ProxyConfig, ProxyCore, Scheme, ServerCertificate};
+use tuna_proxy::{ListenerRoutes, ProxyConfig, ProxyCore, ServerCertificate};
 
-use super::gateway_address::through;
+use super::gateway_address::{through, tunnel_client};
 use crate::common::*;
 
 /// A self-signed certificate for `names`: as the proxy takes it, and as a
@@ -42,13 +42,7 @@ async fn connect(
     alpn: &[&[u8]],
 ) -> std::io::Result<TlsStream<DuplexStream>> {
     let (client, server) = tokio::io::duplex(64 * 1024);
-    let info = ConnInfo {
-        client_addr: "198.51.100.7:40000".parse().unwrap(),
-        local_addr: None,
-        scheme: Scheme::Http,
-        trusted: true,
-        host: None,
-    };
+    let info = tunnel_client();
     let core = core.clone();
     tokio::spawn(async move { core.serve_port_stream(server, info, at).await });
     let mut store = rustls::RootCertStore::empty();
@@ -223,13 +217,7 @@ async fn https_listeners_terminate_tls_with_the_certificate_sni_selects_and_rout
 
     // Plain HTTP on an HTTPS port is no handshake: closed, never answered.
     let (mut client, server) = tokio::io::duplex(64 * 1024);
-    let info = ConnInfo {
-        client_addr: "198.51.100.7:40000".parse().unwrap(),
-        local_addr: None,
-        scheme: Scheme::Http,
-        trusted: true,
-        host: None,
-    };
+    let info = tunnel_client();
     let serving = tokio::spawn({
         let core = core.clone();
         async move { core.serve_port_stream(server, info, at).await }
